@@ -1,0 +1,61 @@
+"""Built-in models: a model shipped with Diptych, named `builtin:<name>` in the catalog.
+
+Their tokenizers are committed files; their weights are built from a config and a seed, so
+they need no download. Only plain data lives here: the workers build the torch model.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUILTIN_SOURCE_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    seed: int
+    llama_config: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(__file__).parent / self.name
+
+
+DIPTYCH_TINY = BuiltinModel(
+    name="diptych-tiny",
+    seed=0,
+    llama_config=dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        # Far above the usual 0.02: random weights at 0.02 give near-constant greedy text,
+        # which would make token-for-token equality tests weak.
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    ),
+)
+
+BUILTIN_MODELS = {DIPTYCH_TINY.name: DIPTYCH_TINY}
+
+
+def builtin_model_for(source: str) -> BuiltinModel | None:
+    """The built-in model a catalog source names, or None when the source is a local directory."""
+    if not source.startswith(BUILTIN_SOURCE_PREFIX):
+        return None
+    name = source.removeprefix(BUILTIN_SOURCE_PREFIX)
+    try:
+        return BUILTIN_MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown built-in model {name!r}; built-in models: {sorted(BUILTIN_MODELS)}") from None
+
+
+def tokenizer_dir_for(source: str) -> Path:
+    builtin = builtin_model_for(source)
+    return builtin.tokenizer_dir if builtin else Path(source)

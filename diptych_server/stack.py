@@ -1,0 +1,169 @@
+"""Starts and stops the platform's processes on this machine: the control plane, workers and gateways.
+
+`diptych up` runs it on the embedded default; the end-to-end tests run it against their own database.
+Each process logs to its own file under the state directory.
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STOP_TIMEOUT_S = 15.0
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Credentials:
+    api_key: str
+    organization_id: str
+    fleet_tokens: dict[str, str]
+
+
+@dataclass
+class Stack:
+    state_dir: Path
+    control_plane_port: int = 8000
+    database_url: str | None = None
+    internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(50))
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def control_plane_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_plane_port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DIPTYCH_INTERNAL_TOKEN=self.internal_token,
+            DIPTYCH_SECRET_KEY=self.secret_key,
+            DIPTYCH_CONTROL_PLANE_URL=self.control_plane_url,
+            DIPTYCH_STATE_DIR=str(self.state_dir.resolve()),
+            PYTHONUNBUFFERED="1",
+        )
+        if self.database_url:
+            env["DATABASE_URL"] = self.database_url
+        env.update(extra)
+        return env
+
+    def prepare_control_plane(self, *, demo: bool = True) -> Credentials:
+        """Migrates the database and issues the demo API key and fresh fleet tokens."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._manage("migrate", "--noinput")
+        command = ["bootstrap", "--json"] + (["--demo"] if demo else [])
+        output = json.loads(self._manage(*command))
+        return Credentials(output.get("api_key", ""), output["organization_id"], output["fleet_tokens"])
+
+    def start_control_plane(self, timeout: float = 60.0) -> None:
+        self._spawn("control-plane", ["control-plane", "--port", str(self.control_plane_port)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive("control-plane")
+            try:
+                if self.registry().status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise StackError(f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}")
+
+    def start_worker(self, name: str, role: str, fleet_token: str, port: int, *extra: str) -> None:
+        self._spawn(
+            name, ["worker", "--role", role, "--port", str(port), "--name", name, *extra],
+            DIPTYCH_FLEET_TOKEN=fleet_token,
+        )
+
+    def start_gateway(
+        self, name: str, port: int, metrics_port: int, mode: str = "auto", timeout: float = 60.0
+    ) -> None:
+        self._spawn(name, ["gateway", "--port", str(port), "--metrics-port", str(metrics_port), "--mode", mode])
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                self._check_alive(name)
+                try:
+                    response = health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if response.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise StackError(f"the gateway {name} did not start within {timeout:.0f} s; see {self.log_path(name)}")
+
+    def wait_for_workers(self, names: list[str], timeout: float = 120.0) -> list[dict]:
+        """Waits until every named worker is registered and ready; returns their registry entries."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in names:
+                self._check_alive(name)
+            workers = {w["name"]: w for w in self.registry().json()["workers"] if w["state"] == "ready"}
+            if all(name in workers for name in names):
+                return [workers[name] for name in names]
+            time.sleep(0.3)
+        raise StackError(f"workers {names} did not become ready within {timeout:.0f} s; see {self.state_dir}/logs")
+
+    def registry(self) -> httpx.Response:
+        return httpx.get(
+            f"{self.control_plane_url}/api/v1/internal/registry",
+            headers={"Authorization": f"Bearer {self.internal_token}"},
+            timeout=5.0,
+        )
+
+    def log_path(self, name: str) -> Path:
+        return self.state_dir / "logs" / f"{name}.log"
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes.pop(name)
+        process.send_signal(sig)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def stop(self) -> None:
+        """Stops every process, the control plane last so that the others can report to it."""
+        for name in sorted(self.processes, key=lambda n: n == "control-plane"):
+            self.stop_process(name)
+
+    def _spawn(self, name: str, args: list[str], **env: str) -> None:
+        if name in self.processes:
+            raise StackError(f"a process named {name} is already running")
+        log_path = self.log_path(name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "diptych_server.cli", *args],
+                cwd=REPO_ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _check_alive(self, name: str) -> None:
+        code = self.processes[name].poll()
+        if code is not None:
+            tail = self.log_path(name).read_text(errors="replace")[-3000:]
+            raise StackError(f"{name} exited with status {code}:\n{tail}")
+
+    def _manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "manage.py"), *args],
+            cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise StackError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        return result.stdout

@@ -1,0 +1,92 @@
+"""`diptych up`: the whole platform on this machine, on its embedded default (SQLite, the built-in
+tiny model, a broker-less Celery), with a demo organization and API key and one demo request."""
+
+import signal
+import time
+from pathlib import Path
+
+from diptych_server.stack import Stack, StackError
+
+GATEWAY_PORT = 50051
+GATEWAY_METRICS_PORT = 9090
+PREFILL_PORT = 50061
+DECODE_PORT = 50062
+DEMO_PROMPT = "The cache moves from prefill to decode, and"
+
+
+def run_up(state_dir: Path) -> int:
+    stack = Stack(state_dir)
+    try:
+        _start(stack)
+        _wait_for_interrupt(stack)
+    except StackError as error:
+        print(f"\ndiptych up failed: {error}")
+        return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nstopping every process ...", flush=True)
+        stack.stop()
+    return 0
+
+
+def _start(stack: Stack) -> None:
+    _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
+    credentials = stack.prepare_control_plane(demo=True)
+    _step(2, f"starting the control plane on {stack.control_plane_url}")
+    stack.start_control_plane()
+    _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
+    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], PREFILL_PORT)
+    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], DECODE_PORT)
+    for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
+        print(f"      {worker['role']:<8} {worker['id']} at {worker['address']}")
+    _step(4, f"starting the gateway on 127.0.0.1:{GATEWAY_PORT}")
+    stack.start_gateway("gateway", GATEWAY_PORT, GATEWAY_METRICS_PORT)
+    base_url = f"grpc://127.0.0.1:{GATEWAY_PORT}"
+    env_file = stack.state_dir / "env"
+    env_file.write_text(f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n")
+    env_file.chmod(0o600)
+    print(f"      demo credentials written to {env_file}")
+    _step(5, "one demo request through the SDK, streamed")
+    _demo_request(credentials.api_key, base_url)
+    print(f"\nThe platform is running (logs in {stack.state_dir}/logs/). Ctrl-C stops it.")
+    print(f"  export $(cat {env_file})")
+    print(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
+
+
+def _demo_request(api_key: str, base_url: str) -> None:
+    import diptych
+
+    with diptych.Client(api_key=api_key, base_url=base_url) as client:
+        print(f"      prompt: {DEMO_PROMPT!r}")
+        print("      output: ", end="", flush=True)
+        usage = None
+        with client.completions.create(
+            model="diptych-tiny", prompt=DEMO_PROMPT, max_tokens=32, temperature=0.0, stream=True
+        ) as stream:
+            for chunk in stream:
+                print(chunk.text, end="", flush=True)
+                usage = chunk.usage or usage
+    print()
+    print(
+        f"      usage: {usage.prompt_tokens} prompt tokens (prefill on {usage.prefill.worker_id}, "
+        f"{usage.prefill.kv_bytes} KV bytes sent to decode), {usage.completion_tokens} completion tokens "
+        f"(decode on {usage.decode.worker_id})"
+    )
+
+
+def _wait_for_interrupt(stack: Stack) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
+    while True:
+        for name, process in stack.processes.items():
+            if process.poll() is not None:
+                raise StackError(f"{name} stopped unexpectedly; see {stack.log_path(name)}")
+        time.sleep(0.5)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _step(number: int, text: str) -> None:
+    print(f"[{number}/5] {text}", flush=True)

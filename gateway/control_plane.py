@@ -1,0 +1,43 @@
+"""The gateway's calls to the control plane's internal REST API."""
+
+import httpx
+
+
+class ControlPlaneUnavailable(Exception):
+    pass
+
+
+class ControlPlaneClient:
+    def __init__(self, base_url: str, internal_token: str, timeout: float = 5.0) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {internal_token}"},
+            timeout=timeout,
+        )
+
+    async def verify_api_key(self, api_key: str) -> dict | None:
+        """The key's identity ({api_key_id, organization_id}), or None when the control plane refuses it."""
+        response = await self._request("POST", "/api/v1/internal/api-keys/verify", json={"api_key": api_key})
+        if response.status_code == 401:
+            return None
+        response.raise_for_status()
+        return response.json()
+
+    async def registry(self) -> dict:
+        response = await self._request("GET", "/api/v1/internal/registry")
+        response.raise_for_status()
+        return response.json()
+
+    async def post_usage_events(self, events: list[dict]) -> dict:
+        response = await self._request("POST", "/api/v1/internal/usage-events", json={"events": events})
+        response.raise_for_status()
+        return response.json()
+
+    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise ControlPlaneUnavailable(f"control plane unreachable: {error!r}") from error
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,33 @@
+from django.contrib import admin
+
+from controlplane.catalog.models import Fleet, Model, Worker
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "family", "dtype", "context_length", "source", "created_at"]
+    search_fields = ["name", "source"]
+
+
+@admin.register(Fleet)
+class FleetAdmin(admin.ModelAdmin):
+    """Tokens are issued by `manage.py bootstrap`, which shows them once; the hash is never displayed."""
+
+    list_display = ["name", "role", "model", "region", "hardware_class", "created_at"]
+    list_filter = ["role", "region", "hardware_class"]
+    search_fields = ["name"]
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    """Workers manage their own rows through registration and heartbeats; staff only look."""
+
+    list_display = ["name", "public_id", "fleet", "address", "state", "last_heartbeat_at", "queue_depth", "kv_blocks_free"]
+    list_filter = ["state", "fleet"]
+    search_fields = ["name", "public_id", "address"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

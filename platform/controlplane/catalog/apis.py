@@ -1,0 +1,187 @@
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.catalog.authentication import FleetTokenAuthentication
+from controlplane.catalog.models import Fleet, WorkerState
+from controlplane.catalog.selectors import fleet_list, model_get, model_list, worker_list_live
+from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register
+from controlplane.common.base_apis import InternalAPIView
+from controlplane.common.pagination import PaginatedListMixin
+from controlplane.tenancy.base_apis import TenantAPIView
+
+MAX_POSITIVE_INTEGER = 2**31 - 1
+
+
+def _validate_address(address: str) -> str:
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise serializers.ValidationError("Expected 'host:port' with a port between 1 and 65535.")
+    return address
+
+
+class FleetAPIView(APIView):
+    """Base of the endpoints that workers call with their fleet's token."""
+
+    authentication_classes = [FleetTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.request.user.fleet
+
+
+class ModelOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    context_length = serializers.IntegerField()
+    family = serializers.CharField()
+    dtype = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class FleetOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    role = serializers.CharField()
+    model = serializers.CharField(source="model.name")
+    region = serializers.CharField()
+    hardware_class = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class WorkerOutputSerializer(serializers.Serializer):
+    """A worker as tenants see it: no network address."""
+
+    id = serializers.CharField(source="public_id")
+    name = serializers.CharField()
+    fleet = serializers.CharField(source="fleet.name")
+    role = serializers.CharField(source="fleet.role")
+    model = serializers.CharField(source="fleet.model.name")
+    region = serializers.CharField(source="fleet.region")
+    hardware_class = serializers.CharField(source="fleet.hardware_class")
+    state = serializers.CharField()
+    queue_depth = serializers.IntegerField()
+    active_sequences = serializers.IntegerField()
+    kv_blocks_free = serializers.IntegerField()
+    kv_blocks_total = serializers.IntegerField()
+    tokens_per_second = serializers.FloatField()
+    registered_at = serializers.DateTimeField()
+    last_heartbeat_at = serializers.DateTimeField()
+
+
+class ModelListApi(PaginatedListMixin, TenantAPIView):
+    @extend_schema(responses=ModelOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return self.paginated_response(queryset=model_list(), serializer_class=ModelOutputSerializer, request=request)
+
+
+class ModelDetailApi(TenantAPIView):
+    @extend_schema(responses=ModelOutputSerializer)
+    def get(self, request: Request, name: str) -> Response:
+        return Response(ModelOutputSerializer(model_get(name=name)).data)
+
+
+class FleetListApi(PaginatedListMixin, TenantAPIView):
+    @extend_schema(responses=FleetOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return self.paginated_response(queryset=fleet_list(), serializer_class=FleetOutputSerializer, request=request)
+
+
+class WorkerListApi(PaginatedListMixin, TenantAPIView):
+    @extend_schema(responses=WorkerOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return self.paginated_response(
+            queryset=worker_list_live(now=timezone.now()), serializer_class=WorkerOutputSerializer, request=request
+        )
+
+
+class WorkerRegisterApi(FleetAPIView):
+    class WorkerRegisterInputSerializer(serializers.Serializer):
+        address = serializers.CharField(max_length=300, validators=[_validate_address])
+        name = serializers.CharField(max_length=100)
+
+    class WorkerRegisterOutputSerializer(serializers.Serializer):
+        class FleetSummarySerializer(serializers.Serializer):
+            name = serializers.CharField()
+            role = serializers.CharField()
+            model = serializers.CharField(source="model.name")
+            region = serializers.CharField()
+            hardware_class = serializers.CharField()
+
+        id = serializers.CharField(source="public_id")
+        fleet = FleetSummarySerializer()
+        heartbeat_interval_seconds = serializers.SerializerMethodField()
+
+        def get_heartbeat_interval_seconds(self, worker) -> int:
+            return settings.DIPTYCH_HEARTBEAT_INTERVAL_SECONDS
+
+    @extend_schema(request=WorkerRegisterInputSerializer, responses={201: WorkerRegisterOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.WorkerRegisterInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        worker = worker_register(fleet=self.fleet, **serializer.validated_data)
+        return Response(self.WorkerRegisterOutputSerializer(worker).data, status=status.HTTP_201_CREATED)
+
+
+class WorkerHeartbeatApi(FleetAPIView):
+    class WorkerHeartbeatInputSerializer(serializers.Serializer):
+        state = serializers.ChoiceField(choices=[WorkerState.READY, WorkerState.DRAINING])
+        queue_depth = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        active_sequences = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        kv_blocks_free = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        kv_blocks_total = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        tokens_per_second = serializers.FloatField(min_value=0, default=0.0)
+
+        def validate(self, attrs: dict) -> dict:
+            if attrs["kv_blocks_free"] > attrs["kv_blocks_total"]:
+                raise serializers.ValidationError({"kv_blocks_free": ["Cannot exceed kv_blocks_total."]})
+            return attrs
+
+    class WorkerHeartbeatOutputSerializer(serializers.Serializer):
+        state = serializers.CharField()
+
+    @extend_schema(request=WorkerHeartbeatInputSerializer, responses=WorkerHeartbeatOutputSerializer)
+    def post(self, request: Request, worker_id: str) -> Response:
+        serializer = self.WorkerHeartbeatInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        state = serializer.validated_data.pop("state")
+        worker = worker_heartbeat(
+            fleet=self.fleet, worker_id=worker_id, state=state, load=WorkerLoad(**serializer.validated_data)
+        )
+        return Response(self.WorkerHeartbeatOutputSerializer(worker).data)
+
+
+class RegistryApi(InternalAPIView):
+    class RegistryOutputSerializer(serializers.Serializer):
+        class RegistryModelSerializer(serializers.Serializer):
+            name = serializers.CharField()
+            source = serializers.CharField()
+            context_length = serializers.IntegerField()
+
+        class RegistryWorkerSerializer(serializers.Serializer):
+            id = serializers.CharField(source="public_id")
+            name = serializers.CharField()
+            role = serializers.CharField(source="fleet.role")
+            model = serializers.CharField(source="fleet.model.name")
+            region = serializers.CharField(source="fleet.region")
+            hardware_class = serializers.CharField(source="fleet.hardware_class")
+            address = serializers.CharField()
+            state = serializers.CharField()
+            queue_depth = serializers.IntegerField()
+            active_sequences = serializers.IntegerField()
+            kv_blocks_free = serializers.IntegerField()
+            kv_blocks_total = serializers.IntegerField()
+            tokens_per_second = serializers.FloatField()
+            last_heartbeat_at = serializers.DateTimeField()
+
+        models = RegistryModelSerializer(many=True)
+        workers = RegistryWorkerSerializer(many=True)
+
+    @extend_schema(responses=RegistryOutputSerializer)
+    def get(self, request: Request) -> Response:
+        registry = {"models": model_list(), "workers": worker_list_live(now=timezone.now())}
+        return Response(self.RegistryOutputSerializer(registry).data)

@@ -1,0 +1,81 @@
+from django.db import models
+from django.db.models import Q
+
+from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
+
+
+def new_worker_id() -> str:
+    return new_public_id("wrk")
+
+
+class Model(models.Model):
+    """A model the platform serves, e.g. `diptych-tiny`."""
+
+    name = models.CharField(max_length=200, unique=True)
+    source = models.CharField(max_length=1000, help_text="`builtin:<name>` or a local directory of Hugging Face weights.")
+    context_length = models.PositiveIntegerField()
+    family = models.CharField(max_length=50)
+    dtype = models.CharField(max_length=20)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FleetRole(models.TextChoices):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+class Fleet(models.Model):
+    """Workers of one role, one model, one region and one hardware class."""
+
+    name = models.CharField(max_length=100, unique=True)
+    role = models.CharField(max_length=16, choices=FleetRole.choices)
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="fleets")
+    region = models.CharField(max_length=64)
+    hardware_class = models.CharField(max_length=64)
+    # Null until a token is issued; workers register with the token, whose SHA-256 only is kept.
+    token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkerState(models.TextChoices):
+    READY = "ready"
+    DRAINING = "draining"
+    DEAD = "dead"
+
+
+LIVE_WORKER_STATES = [WorkerState.READY, WorkerState.DRAINING]
+
+
+class Worker(models.Model):
+    public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_worker_id, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="workers")
+    name = models.CharField(max_length=100)
+    address = models.CharField(max_length=300, help_text="host:port of the worker's gRPC server.")
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.READY)
+    registered_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+    queue_depth = models.PositiveIntegerField(default=0)
+    active_sequences = models.PositiveIntegerField(default=0)
+    kv_blocks_free = models.PositiveIntegerField(default=0)
+    kv_blocks_total = models.PositiveIntegerField(default=0)
+    tokens_per_second = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fleet", "address"],
+                condition=~Q(state="dead"),
+                name="catalog_worker_one_live_worker_per_address",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "last_heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.public_id})"

@@ -1,0 +1,11 @@
+"""Celery application of the control plane; configuration comes from Django settings (CELERY_*)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("controlplane")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,27 @@
+from django.db.models import Count, QuerySet, Sum
+
+from controlplane.metering.models import UsageEvent
+from controlplane.tenancy.models import Organization
+
+
+def usage_event_list(
+    *, organization: Organization, request_id: str | None = None, phase: str | None = None, model: str | None = None
+) -> QuerySet[UsageEvent]:
+    events = UsageEvent.objects.filter(organization=organization).select_related("organization", "api_key")
+    if request_id is not None:
+        events = events.filter(request_id=request_id)
+    if phase is not None:
+        events = events.filter(phase=phase)
+    if model is not None:
+        events = events.filter(model=model)
+    return events.order_by("-started_at", "-id")
+
+
+def usage_summary(*, organization: Organization) -> QuerySet:
+    """Totals per (model, phase): rows of {model, phase, requests, tokens, cached_tokens}."""
+    return (
+        UsageEvent.objects.filter(organization=organization)
+        .values("model", "phase")
+        .annotate(requests=Count("id"), tokens=Sum("tokens"), cached_tokens=Sum("cached_tokens"))
+        .order_by("model", "phase")
+    )

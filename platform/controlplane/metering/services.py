@@ -1,0 +1,163 @@
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.common.errors import InvalidInput
+from controlplane.metering.models import UsageEvent
+from controlplane.tenancy.models import ApiKey, Organization
+
+logger = logging.getLogger(__name__)
+
+MAX_EVENTS_PER_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """One usage event as the gateway reports it, before it is resolved against the database."""
+
+    request_id: str
+    phase: str
+    organization_id: str
+    api_key_id: str
+    model: str
+    region: str
+    worker_id: str
+    tokens: int
+    cached_tokens: int
+    kv_bytes: int
+    compute_ms: int
+    started_at: datetime
+    finished_at: datetime
+
+    @property
+    def idempotency_key(self) -> tuple[str, str]:
+        return self.request_id, self.phase
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+
+
+@transaction.atomic
+def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
+    """Store a batch of usage events, all or nothing; a (request_id, phase) seen before is a duplicate.
+
+    The first write of an event wins: a duplicate with different content is logged and dropped.
+    """
+    api_keys = _resolve_api_keys(reports)
+    first_reports: dict[tuple[str, str], UsageReport] = {}
+    for report in reports:
+        first = first_reports.setdefault(report.idempotency_key, report)
+        if first is not report and first != report:
+            _warn_conflicting_duplicate(report.idempotency_key, "an earlier event of the same batch")
+
+    stored = _stored_events(keys=first_reports.keys())
+    for key, report in first_reports.items():
+        if key in stored and not _same_content(stored[key], report, api_keys[report.api_key_id]):
+            _warn_conflicting_duplicate(key, "the stored event")
+
+    ingested_at = timezone.now()
+    fresh = [
+        _new_event(report, api_key=api_keys[report.api_key_id], ingested_at=ingested_at)
+        for key, report in first_reports.items()
+        if key not in stored
+    ]
+    UsageEvent.objects.bulk_create(fresh, ignore_conflicts=True)
+    # A concurrent batch can store some of the same events between our read and our insert; the
+    # conflicts are then skipped silently, so count only the rows stamped by this call.
+    accepted = UsageEvent.objects.filter(
+        request_id__in={event.request_id for event in fresh}, ingested_at=ingested_at
+    ).count()
+    return IngestResult(accepted=accepted, duplicates=len(reports) - accepted)
+
+
+def _resolve_api_keys(reports: Sequence[UsageReport]) -> dict[str, ApiKey]:
+    """The API keys the batch names, by public id; InvalidInput lists every unknown or mismatched reference."""
+    organization_ids = {report.organization_id for report in reports}
+    known_organizations = set(
+        Organization.objects.filter(public_id__in=organization_ids).values_list("public_id", flat=True)
+    )
+    api_keys = {
+        api_key.public_id: api_key
+        for api_key in ApiKey.objects.select_related("organization").filter(
+            public_id__in={report.api_key_id for report in reports}
+        )
+    }
+    problems: dict[str, list[str]] = {}
+    for index, report in enumerate(reports):
+        api_key = api_keys.get(report.api_key_id)
+        if report.organization_id not in known_organizations:
+            problems[f"events[{index}].organization_id"] = [f"Unknown organization {report.organization_id!r}."]
+        elif api_key is None:
+            problems[f"events[{index}].api_key_id"] = [f"Unknown API key {report.api_key_id!r}."]
+        elif api_key.organization.public_id != report.organization_id:
+            problems[f"events[{index}].api_key_id"] = [
+                f"API key {report.api_key_id!r} does not belong to organization {report.organization_id!r}."
+            ]
+    if problems:
+        first_path, first_messages = next(iter(problems.items()))
+        summary = f"{first_path}: {first_messages[0]}"
+        if len(problems) > 1:
+            summary += f" (and {len(problems) - 1} more)"
+        raise InvalidInput(f"No event was stored. {summary}", fields=problems)
+    return api_keys
+
+
+def _stored_events(*, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], UsageEvent]:
+    request_ids = {request_id for request_id, _ in keys}
+    return {
+        (event.request_id, event.phase): event
+        for event in UsageEvent.objects.filter(request_id__in=request_ids)
+        if (event.request_id, event.phase) in keys
+    }
+
+
+def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime) -> UsageEvent:
+    return UsageEvent(
+        request_id=report.request_id,
+        phase=report.phase,
+        organization_id=api_key.organization_id,
+        api_key=api_key,
+        model=report.model,
+        region=report.region,
+        worker_id=report.worker_id,
+        tokens=report.tokens,
+        cached_tokens=report.cached_tokens,
+        kv_bytes=report.kv_bytes,
+        compute_ms=report.compute_ms,
+        started_at=report.started_at,
+        finished_at=report.finished_at,
+        ingested_at=ingested_at,
+    )
+
+
+COMPARED_FIELDS = [
+    "model",
+    "region",
+    "worker_id",
+    "tokens",
+    "cached_tokens",
+    "kv_bytes",
+    "compute_ms",
+    "started_at",
+    "finished_at",
+]
+
+
+def _same_content(event: UsageEvent, report: UsageReport, api_key: ApiKey) -> bool:
+    return event.api_key_id == api_key.pk and all(
+        getattr(event, field) == getattr(report, field) for field in COMPARED_FIELDS
+    )
+
+
+def _warn_conflicting_duplicate(key: tuple[str, str], earlier: str) -> None:
+    request_id, phase = key
+    logger.warning(
+        "Usage event (request_id=%r, phase=%r) differs from %s; keeping the first one.", request_id, phase, earlier
+    )

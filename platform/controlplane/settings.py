@@ -1,0 +1,175 @@
+"""Django settings of the control plane, read from the environment.
+
+Embedded mode (no DATABASE_URL, no CELERY_BROKER_URL) keeps all state under `.diptych/` at the
+repository root: a SQLite database and a filesystem Celery broker, so one command runs everything.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STATE_DIR = REPO_ROOT / ".diptych"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}.") from None
+
+
+def _env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = _env_flag("DIPTYCH_DEBUG")
+EMBEDDED = not os.environ.get("DATABASE_URL")
+
+_INSECURE_SECRET_KEY = "django-insecure-diptych-embedded-only-never-use-in-production"
+SECRET_KEY = os.environ.get("DIPTYCH_SECRET_KEY") or (_INSECURE_SECRET_KEY if DEBUG or EMBEDDED else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("DIPTYCH_SECRET_KEY must be set when DATABASE_URL is set (production mode).")
+
+ALLOWED_HOSTS = _env_list("DIPTYCH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+
+# Shared secret of the gateway for the internal endpoints; empty means they refuse every call.
+DIPTYCH_INTERNAL_TOKEN = os.environ.get("DIPTYCH_INTERNAL_TOKEN", "")
+DIPTYCH_WORKER_DEAD_AFTER_SECONDS = _env_int("DIPTYCH_WORKER_DEAD_AFTER_SECONDS", 10)
+DIPTYCH_HEARTBEAT_INTERVAL_SECONDS = _env_int("DIPTYCH_HEARTBEAT_INTERVAL_SECONDS", 2)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "controlplane.tenancy",
+    "controlplane.catalog",
+    "controlplane.metering",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if EMBEDDED:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": STATE_DIR / "controlplane.sqlite3",
+            # Gateway, workers and Celery write concurrently: WAL plus immediate transactions turn
+            # "database is locked" failures into short waits.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
+        }
+    }
+else:
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = STATE_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenancy.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.DefaultPagination",
+    "EXCEPTION_HANDLER": "controlplane.common.exception_handler.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Diptych control plane API",
+    "DESCRIPTION": "Tenants, API keys, model catalog, worker fleets and per-phase metering.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    _celery_queue_dir = STATE_DIR / "celery" / "queue"
+    _celery_processed_dir = STATE_DIR / "celery" / "processed"
+    _celery_queue_dir.mkdir(parents=True, exist_ok=True)
+    _celery_processed_dir.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_celery_queue_dir),
+        "data_folder_out": str(_celery_queue_dir),
+        "processed_folder": str(_celery_processed_dir),
+        # The default of 1 s would make every task wait about a second before a worker sees it.
+        "polling_interval": 0.01,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULE = {
+    "mark-silent-workers-dead": {
+        "task": "controlplane.catalog.tasks.mark_silent_workers_dead",
+        "schedule": 5.0,
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"controlplane": {"handlers": ["stderr"], "level": "INFO"}},
+}

@@ -1,0 +1,98 @@
+"""Which failures are retried, how long to wait, and the retry loops themselves.
+
+Retried: UNAVAILABLE (the gateway unreachable or without capacity) and
+RESOURCE_EXHAUSTED (rate limited), waiting what the gateway's `retry-after` asks
+when it says, else exponential backoff with full jitter. Timeouts are not retried:
+`timeout` is the caller's budget for a call, and a generation that ran out of it
+would most likely run out again. A call is only retried until its first response
+message arrives, so a retry never repeats output the caller has seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from ._errors import (
+    APIConnectionError,
+    APITimeoutError,
+    DiptychError,
+    RateLimitError,
+    ServiceUnavailableError,
+    error_from_rpc,
+)
+
+INITIAL_BACKOFF = 0.5
+MAX_BACKOFF = 8.0
+# A longer retry-after than this is handed to the caller rather than slept through.
+MAX_RETRY_AFTER = 60.0
+
+T = TypeVar("T")
+log = logging.getLogger("diptych")
+
+
+def backoff_delay(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
+    """Full-jitter delay before retry number `attempt + 1`: uniform in [0, min(8, 0.5 * 2**attempt))."""
+    return rng() * min(MAX_BACKOFF, INITIAL_BACKOFF * 2**attempt)
+
+
+def retry_delay(error: DiptychError, attempt: int, max_retries: int) -> float | None:
+    """Seconds to wait before retrying after `error` on try `attempt` (0-based), or None to give up."""
+    if attempt >= max_retries or not _is_retryable(error):
+        return None
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is None:
+        return backoff_delay(attempt)
+    return retry_after if retry_after <= MAX_RETRY_AFTER else None
+
+
+def _is_retryable(error: DiptychError) -> bool:
+    if isinstance(error, APITimeoutError):
+        return False
+    if isinstance(error, APIConnectionError):
+        return error.code == grpc.StatusCode.UNAVAILABLE.name
+    return isinstance(error, (ServiceUnavailableError, RateLimitError))
+
+
+def with_retries(attempt_call: Callable[[], T], *, max_retries: int, request_id: str | None) -> T:
+    """Runs `attempt_call` until it returns, retrying the gRPC failures that allow it."""
+    attempt = 0
+    while True:
+        try:
+            return attempt_call()
+        except grpc.RpcError as rpc_error:
+            error = error_from_rpc(rpc_error, request_id=request_id)
+            delay = retry_delay(error, attempt, max_retries)
+            if delay is None:
+                raise error from rpc_error
+        _log_retry(error, delay, attempt)
+        time.sleep(delay)
+        attempt += 1
+
+
+async def with_retries_async(
+    attempt_call: Callable[[], Awaitable[T]], *, max_retries: int, request_id: str | None
+) -> T:
+    """The asyncio twin of `with_retries`."""
+    attempt = 0
+    while True:
+        try:
+            return await attempt_call()
+        except grpc.RpcError as rpc_error:
+            error = error_from_rpc(rpc_error, request_id=request_id)
+            delay = retry_delay(error, attempt, max_retries)
+            if delay is None:
+                raise error from rpc_error
+        _log_retry(error, delay, attempt)
+        await asyncio.sleep(delay)
+        attempt += 1
+
+
+def _log_retry(error: DiptychError, delay: float, attempt: int) -> None:
+    log.info("Retrying request %s in %.2f s (retry %d) after %s", error.request_id, delay, attempt + 1, error.code)

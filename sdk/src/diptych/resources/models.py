@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._convert import model_from_proto
+from .._proto.v1 import inference_pb2 as pb
+from .._retry import with_retries, with_retries_async
+from ..types import Model
+
+if TYPE_CHECKING:
+    from .._client import AsyncClient, Client
+
+__all__ = ["Models", "AsyncModels"]
+
+
+class Models:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self, *, timeout: float | None = None) -> list[Model]:
+        """The models the gateway serves."""
+        client = self._client
+
+        def attempt() -> pb.ListModelsResponse:
+            deadline = client.timeout if timeout is None else timeout
+            return client._transport.stub.ListModels(
+                pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
+            )
+
+        response = with_retries(attempt, max_retries=client.max_retries, request_id=None)
+        return [model_from_proto(model) for model in response.models]
+
+
+class AsyncModels:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self, *, timeout: float | None = None) -> list[Model]:
+        """The models the gateway serves."""
+        client = self._client
+
+        async def attempt() -> pb.ListModelsResponse:
+            deadline = client.timeout if timeout is None else timeout
+            return await client._transport.stub.ListModels(
+                pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
+            )
+
+        response = await with_retries_async(attempt, max_retries=client.max_retries, request_id=None)
+        return [model_from_proto(model) for model in response.models]

@@ -1,0 +1,106 @@
+"""A live platform for the end-to-end tests: the control plane on its own database, a prefill, a decode
+and a colocated worker, and two gateways (one routing split, one colocated), all real processes."""
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+
+import grpc
+import httpx
+import psycopg
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_server.stack import Credentials, Stack
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LiveStack:
+    stack: Stack
+    credentials: Credentials
+    gateways: dict[str, str]        # mode -> grpc:// base URL
+    metrics_urls: dict[str, str]    # mode -> Prometheus URL
+    workers: dict[str, dict]        # name -> registry entry
+
+    @property
+    def api_key(self) -> str:
+        return self.credentials.api_key
+
+    def rest(self, api_key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.stack.control_plane_url}/api/v1",
+            headers={"Authorization": f"Bearer {api_key or self.api_key}"},
+            timeout=10.0,
+        )
+
+    def internal(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.stack.control_plane_url}/api/v1/internal",
+            headers={"Authorization": f"Bearer {self.stack.internal_token}"},
+            timeout=10.0,
+        )
+
+    def worker_load(self, name: str) -> worker_pb2.Load:
+        with grpc.insecure_channel(self.workers[name]["address"]) as channel:
+            return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.LoadRequest(), timeout=5)
+
+    def gateway_metric(self, mode: str, name: str) -> float:
+        text = httpx.get(self.metrics_urls[mode], timeout=5).text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(tmp_path_factory):
+    """A database of its own: PostgreSQL when DATABASE_URL names one, else a SQLite file."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'controlplane.sqlite3'}"
+        return
+    server, _, _ = url.rpartition("/")
+    name = f"diptych_e2e_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory, e2e_database_url):
+    stack = Stack(tmp_path_factory.mktemp("stack"), control_plane_port=free_port(), database_url=e2e_database_url)
+    try:
+        credentials = stack.prepare_control_plane(demo=True)
+        stack.start_control_plane()
+        for role in ("prefill", "decode", "colocated"):
+            stack.start_worker(f"{role}-0", role, credentials.fleet_tokens[role], free_port())
+        names = ["prefill-0", "decode-0", "colocated-0"]
+        workers = dict(zip(names, stack.wait_for_workers(names)))
+        gateways, metrics = {}, {}
+        for mode in ("split", "colocated"):
+            port, metrics_port = free_port(), free_port()
+            stack.start_gateway(f"gateway-{mode}", port, metrics_port, mode)
+            gateways[mode] = f"grpc://127.0.0.1:{port}"
+            metrics[mode] = f"http://127.0.0.1:{metrics_port}/metrics"
+        yield LiveStack(stack, credentials, gateways, metrics, workers)
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The built-in model as `diptych model save` writes it, loaded the way any user would load it."""
+    directory = tmp_path_factory.mktemp("diptych-tiny")
+    subprocess.run([sys.executable, "-m", "diptych_server.cli", "model", "save", "diptych-tiny", str(directory)], check=True)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(directory)

@@ -1,0 +1,137 @@
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from controlplane.catalog.models import Fleet, FleetRole, Model
+from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure
+from controlplane.tenancy.models import Organization
+from controlplane.tenancy.services import IssuedApiKey, api_key_create
+
+INTERNAL_TOKEN = "internal-token-for-tests"
+
+
+def bearer_client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+@dataclass(frozen=True)
+class FleetWithToken:
+    fleet: Fleet
+    token: str
+
+
+@pytest.fixture
+def make_bearer_client() -> Callable[[str], APIClient]:
+    return bearer_client
+
+
+@pytest.fixture(autouse=True)
+def internal_token(settings) -> str:
+    settings.DIPTYCH_INTERNAL_TOKEN = INTERNAL_TOKEN
+    return INTERNAL_TOKEN
+
+
+@pytest.fixture
+def internal_client() -> APIClient:
+    return bearer_client(INTERNAL_TOKEN)
+
+
+@pytest.fixture
+def org_a(db) -> Organization:
+    return Organization.objects.create(name="Acme", slug="acme")
+
+
+@pytest.fixture
+def org_b(db) -> Organization:
+    return Organization.objects.create(name="Bravo", slug="bravo")
+
+
+@pytest.fixture
+def key_a(org_a) -> IssuedApiKey:
+    return api_key_create(organization=org_a, name="acme-main")
+
+
+@pytest.fixture
+def key_b(org_b) -> IssuedApiKey:
+    return api_key_create(organization=org_b, name="bravo-main")
+
+
+@pytest.fixture
+def client_a(key_a) -> APIClient:
+    return bearer_client(key_a.key)
+
+
+@pytest.fixture
+def client_b(key_b) -> APIClient:
+    return bearer_client(key_b.key)
+
+
+@pytest.fixture
+def tiny_model(db) -> Model:
+    return model_ensure(
+        name="diptych-tiny", source="builtin:diptych-tiny", context_length=1024, family="llama", dtype="float32"
+    )
+
+
+def make_fleet(model: Model, role: str, name: str) -> FleetWithToken:
+    fleet = fleet_ensure(name=name, role=role, model=model, region="local", hardware_class="cpu")
+    return FleetWithToken(fleet=fleet, token=fleet_token_rotate(fleet=fleet))
+
+
+@pytest.fixture
+def prefill_fleet(tiny_model) -> FleetWithToken:
+    return make_fleet(tiny_model, FleetRole.PREFILL, "tiny-prefill")
+
+
+@pytest.fixture
+def decode_fleet(tiny_model) -> FleetWithToken:
+    return make_fleet(tiny_model, FleetRole.DECODE, "tiny-decode")
+
+
+@pytest.fixture
+def prefill_client(prefill_fleet) -> APIClient:
+    return bearer_client(prefill_fleet.token)
+
+
+@pytest.fixture
+def decode_client(decode_fleet) -> APIClient:
+    return bearer_client(decode_fleet.token)
+
+
+USAGE_STARTED_AT = timezone.now().replace(microsecond=123456) - timedelta(minutes=5)
+
+
+def usage_event(issued_key: IssuedApiKey, request_id: str = "req-1", phase: str = "prefill", **overrides) -> dict:
+    """A valid usage event as the gateway posts it, for `issued_key`'s organization."""
+    event = {
+        "request_id": request_id,
+        "phase": phase,
+        "organization_id": issued_key.api_key.organization.public_id,
+        "api_key_id": issued_key.api_key.public_id,
+        "model": "diptych-tiny",
+        "region": "local",
+        "worker_id": "wrk_prefill0",
+        "tokens": 120,
+        "cached_tokens": 64,
+        "kv_bytes": 3 * 2**30,
+        "compute_ms": 35,
+        "started_at": USAGE_STARTED_AT.isoformat(),
+        "finished_at": (USAGE_STARTED_AT + timedelta(milliseconds=40)).isoformat(),
+    }
+    return {**event, **overrides}
+
+
+@pytest.fixture
+def make_usage_event() -> Callable[..., dict]:
+    return usage_event
+
+
+@pytest.fixture
+def usage_started_at():
+    return USAGE_STARTED_AT

@@ -1,0 +1,57 @@
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from rest_framework.test import APIClient
+
+from controlplane.catalog.models import Fleet, Model, Worker
+from controlplane.metering.models import UsageEvent
+from controlplane.tenancy.models import ApiKey, Organization
+
+
+def test_schema_is_served_without_credentials(db):
+    response = APIClient().get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    for path in [
+        "/api/v1/internal/workers/register",
+        "/api/v1/internal/workers/{worker_id}/heartbeat",
+        "/api/v1/internal/registry",
+        "/api/v1/internal/api-keys/verify",
+        "/api/v1/internal/usage-events",
+        "/api/v1/usage/summary",
+    ]:
+        assert path in schema["paths"]
+
+
+def test_unknown_api_paths_answer_the_error_shape(client_a):
+    response = client_a.get("/api/v1/nothing-here")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found"
+
+
+def test_invalid_json_answers_the_error_shape(client_a):
+    response = client_a.post("/api/v1/api-keys", data="{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert response.data["error"]["type"] == "parse_error"
+
+
+def test_wrong_method_answers_the_error_shape(client_a):
+    response = client_a.delete("/api/v1/organization")
+    assert response.status_code == 405
+    assert response.data["error"]["type"] == "method_not_allowed"
+
+
+ADMIN_MODELS = [Organization, ApiKey, Model, Fleet, Worker, UsageEvent]
+
+
+@pytest.mark.parametrize("model", ADMIN_MODELS)
+def test_admin_lists_every_model_for_staff_only(db, model):
+    url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+    anonymous = Client().get(url)
+    assert anonymous.status_code == 302
+    assert "/admin/login/" in anonymous["Location"]
+
+    staff = get_user_model().objects.create_user("staff", password="pw-irrelevant", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(staff)
+    assert client.get(url).status_code == 200

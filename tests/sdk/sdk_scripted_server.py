@@ -1,0 +1,90 @@
+"""A scripted in-process Inference server: real gRPC on loopback, with responses the test decides.
+
+It is not the gateway; it lets the SDK's own claims (metadata, retries, cancellation,
+error mapping of real statuses) be checked over a real channel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from diptych._proto.v1 import inference_pb2 as pb
+from diptych._proto.v1 import inference_pb2_grpc as pb_grpc
+
+Handler = Callable[[pb.GenerateRequest, grpc.ServicerContext], Iterator[pb.GenerateResponse]]
+
+
+def final_usage() -> pb.Usage:
+    return pb.Usage(
+        prompt_tokens=5,
+        completion_tokens=2,
+        cached_tokens=1,
+        prefill=pb.PhaseUsage(tokens=5, cached_tokens=1, kv_bytes=4096, compute_ms=12, worker_id="prefill-0"),
+        decode=pb.PhaseUsage(tokens=2, kv_bytes=0, compute_ms=30, worker_id="decode-0"),
+    )
+
+
+def tokens(*deltas: tuple[str, list[int]], finish: int = pb.FINISH_REASON_STOP) -> Handler:
+    """Streams the deltas; the last one carries finish_reason and usage."""
+
+    def handler(request, context):
+        for index, (text, ids) in enumerate(deltas):
+            message = pb.GenerateResponse(request_id=request.request_id, text=text, token_ids=ids)
+            if index == len(deltas) - 1:
+                message.finish_reason = finish
+                message.usage.CopyFrom(final_usage())
+            yield message
+
+    return handler
+
+
+def fail(code: grpc.StatusCode, details: str = "scripted failure", trailers=(), after: int = 0) -> Handler:
+    """Streams `after` deltas without finishing, then ends the call with `code`."""
+
+    def handler(request, context):
+        for index in range(after):
+            yield pb.GenerateResponse(request_id=request.request_id, text=f"t{index}", token_ids=[index])
+        context.set_trailing_metadata(tuple(trailers))
+        context.abort(code, details)
+
+    return handler
+
+
+def unfinished(request, context):
+    yield pb.GenerateResponse(request_id=request.request_id, text="partial", token_ids=[1])
+
+
+def endless(request, context):
+    while context.is_active():
+        yield pb.GenerateResponse(request_id=request.request_id, text="x", token_ids=[7])
+        time.sleep(0.01)
+
+
+@dataclass
+class ScriptedInference(pb_grpc.InferenceServicer):
+    script: list[Handler] = field(default_factory=list)  # one handler per call; the last one repeats
+    requests: list[pb.GenerateRequest] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    call_ended: threading.Event = field(default_factory=threading.Event)
+    models: list[pb.Model] = field(default_factory=list)
+
+    def Generate(self, request, context):
+        self.requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata()))
+        context.add_callback(self.call_ended.set)
+        handler = self.script[min(len(self.requests), len(self.script)) - 1]
+        yield from handler(request, context)
+
+    def ListModels(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        return pb.ListModelsResponse(models=self.models)
+
+
+@dataclass
+class Server:
+    servicer: ScriptedInference
+    base_url: str

@@ -1,0 +1,189 @@
+"""The SDK against a scripted in-process gRPC server (see sdk_scripted_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from sdk_scripted_server import endless, fail, tokens, unfinished
+
+import diptych
+from diptych._proto.v1 import inference_pb2 as pb
+
+HELLO = tokens(("Hel", [1, 2]), ("lo", [3]))
+RETRY_NOW = (("retry-after", "0"),)
+
+
+@pytest.fixture
+def client(server):
+    with diptych.Client(api_key="sk-test", base_url=server.base_url, timeout=5, max_retries=2) as client:
+        yield client
+
+
+@pytest.fixture
+async def async_client(server):
+    async with diptych.AsyncClient(api_key="sk-test", base_url=server.base_url, timeout=5, max_retries=2) as client:
+        yield client
+
+
+def test_completion(server, client):
+    server.servicer.script = [HELLO]
+    completion = client.completions.create(model="m", prompt="Say hello", max_tokens=4, temperature=0)
+    assert (completion.text, completion.token_ids, completion.finish_reason) == ("Hello", [1, 2, 3], "stop")
+    assert completion.model == "m"
+    assert completion.usage.total_tokens == 7 and completion.usage.prefill.worker_id == "prefill-0"
+    request = server.servicer.requests[0]
+    assert completion.id == request.request_id and request.request_id.startswith("req_")
+    assert request.prompt == "Say hello" and request.max_tokens == 4 and request.HasField("temperature")
+    assert server.servicer.metadata[0]["authorization"] == "Bearer sk-test"
+
+
+def test_stream(server, client):
+    server.servicer.script = [HELLO]
+    with client.completions.create(model="m", prompt=[5, 6], stream=True, request_id="req_mine") as stream:
+        chunks = list(stream)
+    assert [(c.id, c.text, c.token_ids, c.finish_reason) for c in chunks] == [
+        ("req_mine", "Hel", [1, 2], None),
+        ("req_mine", "lo", [3], "stop"),
+    ]
+    assert chunks[0].usage is None and chunks[1].usage.completion_tokens == 2
+    assert list(server.servicer.requests[0].prompt_token_ids.ids) == [5, 6]
+
+
+def test_chat_uses_the_chat_input(server, client):
+    server.servicer.script = [HELLO]
+    messages = [{"role": "user", "content": "Hi"}]
+    completion = client.chat.completions.create(model="m", messages=messages, stop="\n")
+    assert completion.text == "Hello"
+    request = server.servicer.requests[0]
+    assert request.WhichOneof("input") == "chat" and list(request.stop) == ["\n"]
+
+
+def test_models_list(server, client):
+    server.servicer.models = [pb.Model(id="qwen", context_length=4096, has_chat_template=True)]
+    assert client.models.list() == [diptych.Model(id="qwen", context_length=4096, has_chat_template=True)]
+    assert server.servicer.metadata[0]["authorization"] == "Bearer sk-test"
+
+
+def test_breaking_out_of_a_stream_cancels_the_call(server, client):
+    server.servicer.script = [endless]
+    stream = client.completions.create(model="m", prompt="x", stream=True)
+    for chunk in stream:
+        assert chunk.text == "x"
+        break
+    assert server.servicer.call_ended.wait(5)
+
+
+def test_closing_a_stream_cancels_the_call(server, client):
+    server.servicer.script = [endless]
+    with client.completions.create(model="m", prompt="x", stream=True) as stream:
+        next(stream)
+    assert server.servicer.call_ended.wait(5)
+    assert list(stream) == []
+
+
+def test_retries_reuse_the_request_id(server, client):
+    server.servicer.script = [
+        fail(grpc.StatusCode.UNAVAILABLE, "no decode worker", RETRY_NOW),
+        fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", RETRY_NOW),
+        HELLO,
+    ]
+    assert client.completions.create(model="m", prompt="x").text == "Hello"
+    ids = {request.request_id for request in server.servicer.requests}
+    assert len(server.servicer.requests) == 3 and len(ids) == 1
+
+
+def test_retries_stop_at_max_retries(server, client):
+    server.servicer.script = [fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", (("retry-after", "0.01"),))]
+    with pytest.raises(diptych.RateLimitError) as raised:
+        client.completions.create(model="m", prompt="x", request_id="req_limited")
+    assert len(server.servicer.requests) == 3
+    assert (raised.value.retry_after, raised.value.request_id) == (0.01, "req_limited")
+
+
+def test_client_errors_are_not_retried(server, client):
+    server.servicer.script = [fail(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens exceeds the context")]
+    with pytest.raises(diptych.BadRequestError, match="max_tokens exceeds the context"):
+        client.completions.create(model="m", prompt="x", stream=True)
+    assert len(server.servicer.requests) == 1
+
+
+def test_no_retry_once_output_was_received(server, client):
+    server.servicer.script = [fail(grpc.StatusCode.UNAVAILABLE, "decode worker lost", RETRY_NOW, after=2)]
+    stream = client.completions.create(model="m", prompt="x", stream=True)
+    texts = []
+    with pytest.raises(diptych.ServiceUnavailableError, match="decode worker lost") as raised:
+        for chunk in stream:
+            texts.append(chunk.text)
+    assert texts == ["t0", "t1"]
+    assert raised.value.request_id == stream.request_id
+    with pytest.raises(diptych.ServiceUnavailableError):
+        client.completions.create(model="m", prompt="x")
+    assert len(server.servicer.requests) == 2
+
+
+@pytest.mark.parametrize("status", [s for s in grpc.StatusCode if s is not grpc.StatusCode.OK], ids=lambda s: s.name)
+def test_every_status_from_the_server_is_mapped(server, client, status):
+    server.servicer.script = [fail(status, "scripted", after=1)]
+    stream = client.with_options(max_retries=0).completions.create(model="m", prompt="x", stream=True)
+    with pytest.raises(diptych.DiptychError) as raised:
+        list(stream)
+    assert raised.value.code == status.name and raised.value.message == "scripted"
+    assert not isinstance(raised.value, grpc.RpcError)
+
+
+def test_stream_ending_without_a_final_message(server, client):
+    server.servicer.script = [unfinished]
+    with pytest.raises(diptych.APIResponseValidationError):
+        client.completions.create(model="m", prompt="x")
+
+
+def test_deadline_is_a_timeout_and_not_retried(server, client):
+    server.servicer.script = [endless]
+    with pytest.raises(diptych.APITimeoutError):
+        client.completions.create(model="m", prompt="x", timeout=0.3)
+    assert len(server.servicer.requests) == 1
+
+
+async def test_async_completion_and_chat(server, async_client):
+    server.servicer.script = [HELLO]
+    completion = await async_client.completions.create(model="m", prompt="x")
+    assert (completion.text, completion.usage.total_tokens) == ("Hello", 7)
+    chat = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    assert chat.token_ids == [1, 2, 3]
+    assert server.servicer.requests[1].WhichOneof("input") == "chat"
+    assert server.servicer.metadata[1]["authorization"] == "Bearer sk-test"
+
+
+async def test_async_stream(server, async_client):
+    server.servicer.script = [HELLO]
+    async with await async_client.completions.create(model="m", prompt="x", stream=True) as stream:
+        chunks = [chunk async for chunk in stream]
+    assert [chunk.finish_reason for chunk in chunks] == [None, "stop"]
+
+
+async def test_async_break_cancels_the_call(server, async_client):
+    server.servicer.script = [endless]
+    stream = await async_client.completions.create(model="m", prompt="x", stream=True)
+    async for _ in stream:
+        break
+    assert await asyncio.to_thread(server.servicer.call_ended.wait, 5)
+
+
+async def test_async_retries_then_mid_stream_error(server, async_client):
+    server.servicer.script = [
+        fail(grpc.StatusCode.UNAVAILABLE, "warming up", RETRY_NOW),
+        fail(grpc.StatusCode.INTERNAL, "worker crashed", after=1),
+    ]
+    stream = await async_client.completions.create(model="m", prompt="x", stream=True)
+    with pytest.raises(diptych.InternalServerError, match="worker crashed"):
+        async for _ in stream:
+            pass
+    assert len({request.request_id for request in server.servicer.requests}) == 1
+    assert len(server.servicer.requests) == 2
+
+
+async def test_async_models_list(server, async_client):
+    server.servicer.models = [pb.Model(id="a", context_length=1), pb.Model(id="b", context_length=2)]
+    assert [model.id for model in await async_client.models.list()] == ["a", "b"]

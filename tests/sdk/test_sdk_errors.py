@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import grpc
+import pytest
+
+import diptych
+from diptych._errors import error_from_rpc
+
+EXPECTED = {
+    grpc.StatusCode.CANCELLED: diptych.APIConnectionError,
+    grpc.StatusCode.UNKNOWN: diptych.InternalServerError,
+    grpc.StatusCode.INVALID_ARGUMENT: diptych.BadRequestError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: diptych.APITimeoutError,
+    grpc.StatusCode.NOT_FOUND: diptych.NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: diptych.ConflictError,
+    grpc.StatusCode.PERMISSION_DENIED: diptych.PermissionDeniedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: diptych.RateLimitError,
+    grpc.StatusCode.FAILED_PRECONDITION: diptych.BadRequestError,
+    grpc.StatusCode.ABORTED: diptych.ConflictError,
+    grpc.StatusCode.OUT_OF_RANGE: diptych.BadRequestError,
+    grpc.StatusCode.UNIMPLEMENTED: diptych.InternalServerError,
+    grpc.StatusCode.INTERNAL: diptych.InternalServerError,
+    grpc.StatusCode.UNAVAILABLE: diptych.ServiceUnavailableError,
+    grpc.StatusCode.DATA_LOSS: diptych.InternalServerError,
+    grpc.StatusCode.UNAUTHENTICATED: diptych.AuthenticationError,
+}
+
+
+class FailedCall(grpc.RpcError, grpc.Call):
+    """The status part of a failed call, as grpcio's sync and aio errors expose it."""
+
+    def __init__(self, code, details="", trailing_metadata=()):
+        self._code, self._details, self._trailing_metadata = code, details, trailing_metadata
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailing_metadata
+
+    def initial_metadata(self):
+        return ()
+
+    def is_active(self):
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self):
+        return False
+
+    def add_callback(self, callback):
+        return False
+
+
+def test_every_status_code_is_mapped():
+    assert set(EXPECTED) == set(grpc.StatusCode) - {grpc.StatusCode.OK}
+
+
+@pytest.mark.parametrize("status", list(EXPECTED), ids=lambda status: status.name)
+def test_error_from_rpc(status):
+    error = error_from_rpc(FailedCall(status, "gateway says no"), request_id="req_1")
+    assert type(error) is EXPECTED[status]
+    assert isinstance(error, diptych.DiptychError)
+    assert (error.message, error.code, error.request_id) == ("gateway says no", status.name, "req_1")
+    assert str(error) == f"{status.name}: gateway says no (request_id=req_1)"
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused",
+        "Socket closed",
+        "DNS resolution failed for nowhere.invalid:50051",
+        "keepalive watchdog timeout",
+    ],
+)
+def test_unavailable_from_the_transport_is_a_connection_error(details):
+    error = error_from_rpc(FailedCall(grpc.StatusCode.UNAVAILABLE, details), request_id=None)
+    assert type(error) is diptych.APIConnectionError
+    assert error.code == "UNAVAILABLE"
+
+
+def test_timeout_is_a_connection_error():
+    error = error_from_rpc(FailedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), request_id=None)
+    assert isinstance(error, diptych.APIConnectionError)
+    assert not isinstance(error, diptych.APIStatusError)
+
+
+@pytest.mark.parametrize(
+    ("trailers", "retry_after"),
+    [
+        ((("retry-after", "2.5"),), 2.5),
+        ((("Retry-After", "3"),), 3.0),
+        ((("other", "x"), ("retry-after", "0")), 0.0),
+        ((("retry-after", "soon"),), None),
+        ((("retry-after", "-1"),), None),
+        ((), None),
+        (None, None),
+    ],
+)
+def test_retry_after_is_parsed_from_trailing_metadata(trailers, retry_after):
+    error = error_from_rpc(FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down", trailers), request_id=None)
+    assert isinstance(error, diptych.RateLimitError)
+    assert error.retry_after == retry_after
+
+
+def test_bare_rpc_error_is_internal():
+    error = error_from_rpc(grpc.RpcError(), request_id="req_2")
+    assert type(error) is diptych.InternalServerError
+    assert error.code == "UNKNOWN"
+
+
+def test_hierarchy():
+    for status_error in set(EXPECTED.values()) - {diptych.APIConnectionError, diptych.APITimeoutError}:
+        assert issubclass(status_error, diptych.APIStatusError)
+    assert issubclass(diptych.APITimeoutError, diptych.APIConnectionError)
+    assert not issubclass(diptych.APIConnectionError, diptych.APIStatusError)
+    assert str(diptych.DiptychError("plain")) == "plain"

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+import diptych
+from diptych._retry import INITIAL_BACKOFF, MAX_BACKOFF, MAX_RETRY_AFTER, backoff_delay, retry_delay
+
+
+@pytest.mark.parametrize("attempt", range(10))
+def test_backoff_is_full_jitter_within_bounds(attempt):
+    ceiling = min(MAX_BACKOFF, INITIAL_BACKOFF * 2**attempt)
+    assert backoff_delay(attempt, rng=lambda: 0.0) == 0.0
+    assert backoff_delay(attempt, rng=lambda: 0.999999) == pytest.approx(ceiling, rel=1e-5)
+    assert all(0 <= backoff_delay(attempt) < ceiling for _ in range(200))
+
+
+def test_backoff_schedule():
+    ceilings = [backoff_delay(attempt, rng=lambda: 1.0) for attempt in range(7)]
+    assert ceilings == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+def _status(error_class, **fields):
+    return error_class("x", code="X", request_id="req_1", **fields)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _status(diptych.ServiceUnavailableError),
+        _status(diptych.RateLimitError),
+        diptych.APIConnectionError("refused", code="UNAVAILABLE"),
+    ],
+)
+def test_transient_errors_are_retried_up_to_max_retries(error):
+    assert 0 <= retry_delay(error, attempt=0, max_retries=2) <= INITIAL_BACKOFF
+    assert 0 <= retry_delay(error, attempt=1, max_retries=2) <= 2 * INITIAL_BACKOFF
+    assert retry_delay(error, attempt=2, max_retries=2) is None
+    assert retry_delay(error, attempt=0, max_retries=0) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _status(diptych.BadRequestError),
+        _status(diptych.AuthenticationError),
+        _status(diptych.PermissionDeniedError),
+        _status(diptych.NotFoundError),
+        _status(diptych.ConflictError),
+        _status(diptych.InternalServerError),
+        diptych.APITimeoutError("late", code="DEADLINE_EXCEEDED"),
+        diptych.APIConnectionError("cancelled", code="CANCELLED"),
+    ],
+)
+def test_other_errors_are_not_retried(error):
+    assert retry_delay(error, attempt=0, max_retries=5) is None
+
+
+def test_retry_after_is_honoured_and_bounded():
+    assert retry_delay(_status(diptych.RateLimitError, retry_after=3.0), attempt=0, max_retries=2) == 3.0
+    assert retry_delay(_status(diptych.ServiceUnavailableError, retry_after=0.0), attempt=1, max_retries=2) == 0.0
+    too_long = _status(diptych.RateLimitError, retry_after=MAX_RETRY_AFTER + 1)
+    assert retry_delay(too_long, attempt=0, max_retries=2) is None
+
+
+def test_closed_port_raises_connection_error_after_retries(closed_port, caplog):
+    caplog.set_level(logging.INFO, logger="diptych")
+    started = time.monotonic()
+    with diptych.Client(api_key="k", base_url=f"127.0.0.1:{closed_port}", timeout=2.0, max_retries=1) as client:
+        with pytest.raises(diptych.APIConnectionError) as raised:
+            client.completions.create(model="m", prompt="hi", request_id="req_closed")
+    assert time.monotonic() - started < 3.0
+    assert type(raised.value) is diptych.APIConnectionError
+    assert (raised.value.code, raised.value.request_id) == ("UNAVAILABLE", "req_closed")
+    assert [record.message.startswith("Retrying request req_closed") for record in caplog.records] == [True]
+
+
+async def test_closed_port_raises_connection_error_after_retries_async(closed_port, caplog):
+    caplog.set_level(logging.INFO, logger="diptych")
+    started = time.monotonic()
+    async with diptych.AsyncClient(api_key="k", base_url=f"grpc://127.0.0.1:{closed_port}", max_retries=1) as client:
+        with pytest.raises(diptych.APIConnectionError) as raised:
+            await client.with_options(timeout=2.0).models.list()
+    assert time.monotonic() - started < 3.0
+    assert type(raised.value) is diptych.APIConnectionError
+    assert len(caplog.records) == 1

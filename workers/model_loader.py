@@ -1,0 +1,74 @@
+"""Loads a model for serving: a built-in model from its config and seed, or a local Hugging Face directory."""
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from diptych_common.builtin import BuiltinModel, builtin_model_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    eos_token_ids: frozenset[int]
+    context_length: int
+
+
+def build_builtin_model(builtin: BuiltinModel, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    config = LlamaConfig(**builtin.llama_config)
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(builtin.seed)
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model.to(dtype)
+
+
+def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    started = time.monotonic()
+    log.info("loading model %s from %s", name, source)
+    builtin = builtin_model_for(source)
+    if builtin is not None:
+        model = build_builtin_model(builtin, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(builtin.tokenizer_dir)
+    else:
+        path = Path(source)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    model.eval()
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) if eos is not None else frozenset()
+    parameters = sum(p.numel() for p in model.parameters())
+    log.info(
+        "loaded %s: %.1f M parameters, %s, in %.1f s",
+        name, parameters / 1e6, dtype, time.monotonic() - started,
+    )
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_ids,
+        context_length=model.config.max_position_embeddings,
+    )
+
+
+def save_builtin_model(name: str, directory: Path) -> None:
+    """Writes a built-in model as a standard Hugging Face model directory."""
+    builtin = builtin_model_for(f"builtin:{name}")
+    model = build_builtin_model(builtin)
+    model.generation_config.do_sample = False
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(builtin.tokenizer_dir).save_pretrained(directory)

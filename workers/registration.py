@@ -1,0 +1,83 @@
+"""Keeps a worker registered with the control plane: registers with its fleet token, then heartbeats
+its load; registers again when the control plane has forgotten it or marked it dead."""
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAY_S = 1.0
+
+
+class RegistrationError(Exception):
+    pass
+
+
+class ControlPlaneLink:
+    def __init__(
+        self,
+        control_plane_url: str,
+        fleet_token: str,
+        address: str,
+        name: str,
+        load: Callable[[], dict],
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=control_plane_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {fleet_token}"},
+            timeout=5.0,
+        )
+        self._address = address
+        self._name = name
+        self._load = load
+        self.worker_id = ""
+        self.fleet: dict = {}
+        self.heartbeat_interval = 2.0
+        self.draining = False
+
+    async def register(self) -> None:
+        response = await self._http.post(
+            "/api/v1/internal/workers/register", json={"address": self._address, "name": self._name}
+        )
+        if response.status_code == 401:
+            raise RegistrationError(f"the control plane refused the fleet token: {response.text}")
+        response.raise_for_status()
+        body = response.json()
+        self.worker_id = body["id"]
+        self.fleet = body["fleet"]
+        self.heartbeat_interval = float(body["heartbeat_interval_seconds"])
+        log.info("registered as %s in fleet %s", self.worker_id, self.fleet.get("name"))
+
+    async def register_until_accepted(self) -> None:
+        while True:
+            try:
+                await self.register()
+                return
+            except httpx.HTTPError as error:
+                log.warning("cannot register with the control plane yet (%s); retrying", error)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self.heartbeat()
+            except httpx.HTTPError as error:
+                log.warning("heartbeat failed: %s", error)
+
+    async def heartbeat(self) -> None:
+        state = "draining" if self.draining else "ready"
+        response = await self._http.post(
+            f"/api/v1/internal/workers/{self.worker_id}/heartbeat", json={"state": state, **self._load()}
+        )
+        if response.status_code in (404, 410):
+            log.warning("the control plane no longer knows this worker (%s); registering again", response.status_code)
+            await self.register()
+            return
+        response.raise_for_status()
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,69 @@
+"""Sampling parameters and the sampler.
+
+A seeded sequence draws each token from a generator seeded by (seed, token index), so its output
+depends neither on the batch it ran in nor on which worker produced which token.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+_SEED_MIX = 0x9E3779B97F4A7C15
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int = 16
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]) -> list[int]:
+    """Picks one token per row of logits [batch, vocab]; token_indices[i] is the index of the token
+    being sampled in row i's output (0 for the first)."""
+    greedy_ids = logits.argmax(dim=-1).tolist()
+    return [
+        greedy_ids[row] if p.greedy else _sample_row(logits[row], p, token_indices[row])
+        for row, p in enumerate(params)
+    ]
+
+
+def _sample_row(logits: torch.Tensor, params: SamplingParams, token_index: int) -> int:
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs[before >= params.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator().manual_seed(((params.seed * _SEED_MIX) + token_index) & _MASK63)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    eos_token_ids: frozenset[int]
+    context_length: int
+
+    def check(self, token_id: int, num_output_tokens: int, prompt_length: int, params: SamplingParams) -> tuple[bool, bool]:
+        """(finished, finished_by_eos) after `token_id` became output token number `num_output_tokens`."""
+        by_eos = token_id in self.eos_token_ids and not params.ignore_eos
+        finished = (
+            by_eos
+            or num_output_tokens >= params.max_tokens
+            or prompt_length + num_output_tokens >= self.context_length
+        )
+        return finished, by_eos
