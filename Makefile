@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 up: $(STAMP)
 	$(VENV)/bin/diptych up
 
+# The control plane refuses to start on PostgreSQL without a secret key; tests get a throwaway one.
 test: $(STAMP)
-	$(PY) -m pytest
+	DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key} $(PY) -m pytest
 
 install: $(STAMP)
 

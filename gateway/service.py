@@ -103,7 +103,7 @@ def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) ->
         completion_tokens=completion_tokens,
         cached_tokens=trace.prefill.cached_tokens if trace.prefill else 0,
         prefill=_phase_usage(trace.prefill, len(plan.prompt_token_ids)),
-        decode=_phase_usage(trace.decode, completion_tokens),
+        decode=_phase_usage(_decode_record(trace), completion_tokens),
     )
 
 
@@ -116,14 +116,22 @@ def _phase_usage(record: PhaseRecord | None, tokens: int) -> inference_pb2.Phase
     )
 
 
+def _decode_record(trace: RequestTrace) -> PhaseRecord | None:
+    """The decode phase; when the first token ended the request, the prefill worker that sampled it."""
+    if trace.decode is not None or trace.prefill is None:
+        return trace.decode
+    return PhaseRecord(trace.prefill.worker, started_at=trace.prefill.finished_at, finished_at=trace.prefill.finished_at)
+
+
 def _usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[dict]:
     """The prefill event bills the prompt; the decode event bills every output token, the first one
     (sampled by prefill) included. Nothing is billed when no token was produced."""
     if trace.prefill is None or completion_tokens == 0:
         return []
-    decode = trace.decode or PhaseRecord(trace.prefill.worker, started_at=trace.prefill.finished_at,
-                                         finished_at=trace.prefill.finished_at)
-    phases = (("prefill", trace.prefill, len(plan.prompt_token_ids)), ("decode", decode, completion_tokens))
+    phases = (
+        ("prefill", trace.prefill, len(plan.prompt_token_ids)),
+        ("decode", _decode_record(trace), completion_tokens),
+    )
     return [
         {
             "request_id": plan.request_id,

@@ -56,6 +56,12 @@ class DecodeEngine:
     def active_sequences(self) -> int:
         return len(self._running)
 
+    @property
+    def kv_tokens_held(self) -> int:
+        """Tokens of KV this engine holds, in the batch and waiting to join it."""
+        waiting = sum(seq.kv.length for seq in self._waiting.values() if seq.kv is not None)
+        return sum(self._batch.lengths) + waiting
+
     def add(
         self, request_id: str, prompt_length: int, first_token_id: int, kv: SequenceKV, sampling: SamplingParams
     ) -> DecodeSequence:

@@ -34,6 +34,7 @@ class PrefillEngine:
         self._waiting: deque[_PrefillJob] = deque()
         self._wakeup = asyncio.Event()
         self.prompt_tokens_processed = 0
+        self.batches_run = 0
 
     @property
     def queue_depth(self) -> int:
@@ -56,6 +57,7 @@ class PrefillEngine:
                 self._wakeup.clear()
                 continue
             started = time.monotonic()
+            self.batches_run += 1
             try:
                 logits, kvs = await loop.run_in_executor(
                     self._executor, self._runner.prefill, [job.prompt_token_ids for job in batch]

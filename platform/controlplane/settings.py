@@ -149,12 +149,14 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     _celery_queue_dir = STATE_DIR / "celery" / "queue"
     _celery_processed_dir = STATE_DIR / "celery" / "processed"
-    _celery_queue_dir.mkdir(parents=True, exist_ok=True)
-    _celery_processed_dir.mkdir(parents=True, exist_ok=True)
+    _celery_control_dir = STATE_DIR / "celery" / "control"
+    for _folder in (_celery_queue_dir, _celery_processed_dir, _celery_control_dir):
+        _folder.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_celery_queue_dir),
         "data_folder_out": str(_celery_queue_dir),
         "processed_folder": str(_celery_processed_dir),
+        "control_folder": str(_celery_control_dir),
         # The default of 1 s would make every task wait about a second before a worker sees it.
         "polling_interval": 0.01,
     }
@@ -171,5 +173,6 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"controlplane": {"handlers": ["stderr"], "level": "INFO"}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "loggers": {"controlplane": {"level": "INFO"}},
 }

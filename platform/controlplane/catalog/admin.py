@@ -22,7 +22,16 @@ class FleetAdmin(admin.ModelAdmin):
 class WorkerAdmin(admin.ModelAdmin):
     """Workers manage their own rows through registration and heartbeats; staff only look."""
 
-    list_display = ["name", "public_id", "fleet", "address", "state", "last_heartbeat_at", "queue_depth", "kv_blocks_free"]
+    list_display = [
+        "name",
+        "public_id",
+        "fleet",
+        "address",
+        "state",
+        "last_heartbeat_at",
+        "queue_depth",
+        "kv_blocks_free",
+    ]
     list_filter = ["state", "fleet"]
     search_fields = ["name", "public_id", "address"]
 

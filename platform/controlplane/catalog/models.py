@@ -12,7 +12,9 @@ class Model(models.Model):
     """A model the platform serves, e.g. `diptych-tiny`."""
 
     name = models.CharField(max_length=200, unique=True)
-    source = models.CharField(max_length=1000, help_text="`builtin:<name>` or a local directory of Hugging Face weights.")
+    source = models.CharField(
+        max_length=1000, help_text="`builtin:<name>` or a local directory of Hugging Face weights."
+    )
     context_length = models.PositiveIntegerField()
     family = models.CharField(max_length=50)
     dtype = models.CharField(max_length=20)

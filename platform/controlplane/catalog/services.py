@@ -52,13 +52,13 @@ def fleet_token_rotate(*, fleet: Fleet) -> str:
 def worker_register(*, fleet: Fleet, name: str, address: str) -> Worker:
     """Register a worker; a live worker already at this address in the fleet is replaced (marked dead)."""
     # Serialises registrations of one fleet, so two of them cannot both see the address as free.
-    Fleet.objects.select_for_update().filter(pk=fleet.pk).first()
+    Fleet.objects.select_for_update().get(pk=fleet.pk)
     replaced = (
         Worker.objects.filter(fleet=fleet, address=address, state__in=LIVE_WORKER_STATES)
         .update(state=WorkerState.DEAD)
     )
     if replaced:
-        logger.info("Worker at %s in fleet %s re-registered; its previous registration is now dead.", address, fleet.name)
+        logger.info("Worker at %s in fleet %s re-registered; its previous registration is dead.", address, fleet.name)
     now = timezone.now()
     return Worker.objects.create(
         fleet=fleet,

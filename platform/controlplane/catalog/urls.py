@@ -8,6 +8,10 @@ urlpatterns = [
     path("fleets", apis.FleetListApi.as_view(), name="fleet-list"),
     path("workers", apis.WorkerListApi.as_view(), name="worker-list"),
     path("internal/workers/register", apis.WorkerRegisterApi.as_view(), name="internal-worker-register"),
-    path("internal/workers/<str:worker_id>/heartbeat", apis.WorkerHeartbeatApi.as_view(), name="internal-worker-heartbeat"),
+    path(
+        "internal/workers/<str:worker_id>/heartbeat",
+        apis.WorkerHeartbeatApi.as_view(),
+        name="internal-worker-heartbeat",
+    ),
     path("internal/registry", apis.RegistryApi.as_view(), name="internal-registry"),
 ]

@@ -18,7 +18,9 @@ class PaginatedListMixin:
 
     pagination_class = DefaultPagination
 
-    def paginated_response(self: APIView, *, queryset: QuerySet, serializer_class: type[Serializer], request: Request) -> Response:
+    def paginated_response(
+        self: APIView, *, queryset: QuerySet, serializer_class: type[Serializer], request: Request
+    ) -> Response:
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(serializer_class(page, many=True).data)

@@ -30,8 +30,12 @@ class UsageEvent(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["request_id", "phase"], name="metering_usageevent_one_per_request_phase"),
-            models.CheckConstraint(condition=Q(cached_tokens__lte=F("tokens")), name="metering_usageevent_cached_within_tokens"),
-            models.CheckConstraint(condition=Q(started_at__lte=F("finished_at")), name="metering_usageevent_starts_before_finish"),
+            models.CheckConstraint(
+                condition=Q(cached_tokens__lte=F("tokens")), name="metering_usageevent_cached_within_tokens"
+            ),
+            models.CheckConstraint(
+                condition=Q(started_at__lte=F("finished_at")), name="metering_usageevent_starts_before_finish"
+            ),
         ]
         indexes = [models.Index(fields=["organization", "-started_at"])]
 

@@ -19,7 +19,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     search_fields = ["name", "prefix", "public_id", "organization__name"]
     readonly_fields = ["public_id", "organization", "name", "prefix", "key_hash", "created_at", "last_used_at"]
-    fields = ["public_id", "organization", "name", "prefix", "key_hash", "created_at", "last_used_at", "revoked_at", "expires_at"]
+    fields = [*readonly_fields, "revoked_at", "expires_at"]
 
     def has_add_permission(self, request) -> bool:
         return False

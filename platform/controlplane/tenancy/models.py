@@ -12,7 +12,9 @@ def new_api_key_id() -> str:
 
 
 class Organization(models.Model):
-    public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_organization_id, editable=False)
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_organization_id, editable=False
+    )
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -22,11 +24,15 @@ class Organization(models.Model):
 
 
 class ApiKey(models.Model):
-    public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False)
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False
+    )
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, help_text="The first characters of the key, to recognise it in lists.")
-    key_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the full key; the key itself is never stored.")
+    key_hash = models.CharField(
+        max_length=64, unique=True, help_text="SHA-256 of the full key; the key itself is never stored."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

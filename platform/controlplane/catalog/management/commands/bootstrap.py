@@ -34,7 +34,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print the JSON object on one line, for programs.")
-        parser.add_argument("--demo", action="store_true", help="Ensure the Demo organization and issue it a new API key.")
+        parser.add_argument(
+            "--demo", action="store_true", help="Ensure the Demo organization and issue it a new API key."
+        )
         parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="Name of the model to serve.")
         parser.add_argument("--source", help="builtin:<name> or a local model directory (default builtin:<model>).")
         parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)

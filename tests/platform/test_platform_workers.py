@@ -189,7 +189,9 @@ def test_registry_lists_models_and_only_live_workers(
 
     response = internal_client.get(REGISTRY_URL)
     assert response.status_code == 200
-    assert response.data["models"] == [{"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024}]
+    assert response.data["models"] == [
+        {"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024}
+    ]
     workers = {worker["id"]: worker for worker in response.data["workers"]}
     assert set(workers) == {ready_id, draining_id}
     draining = workers[draining_id]

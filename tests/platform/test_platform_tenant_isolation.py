@@ -44,10 +44,18 @@ def test_created_keys_belong_to_the_callers_organization(client_b, org_b):
     assert ApiKey.objects.get(public_id=response.data["id"]).organization == org_b
 
 
-def test_usage_of_another_organization_is_invisible(internal_client, client_a, client_b, key_a, key_b, make_usage_event):
+def test_usage_of_another_organization_is_invisible(
+    internal_client, client_a, client_b, key_a, key_b, make_usage_event
+):
     internal_client.post(
         INGEST_URL,
-        {"events": [make_usage_event(key_a, "req-a"), make_usage_event(key_a, "req-shared"), make_usage_event(key_b, "req-b")]},
+        {
+            "events": [
+                make_usage_event(key_a, "req-a"),
+                make_usage_event(key_a, "req-shared"),
+                make_usage_event(key_b, "req-b"),
+            ]
+        },
     )
     assert UsageEvent.objects.count() == 3
 
@@ -57,7 +65,9 @@ def test_usage_of_another_organization_is_invisible(internal_client, client_a, c
     assert client_b.get("/api/v1/usage-events", {"model": "diptych-tiny", "phase": "prefill"}).data["count"] == 1
 
     b_summary = client_b.get("/api/v1/usage/summary").data
-    assert b_summary == [{"model": "diptych-tiny", "phase": "prefill", "requests": 1, "tokens": 120, "cached_tokens": 64}]
+    assert b_summary == [
+        {"model": "diptych-tiny", "phase": "prefill", "requests": 1, "tokens": 120, "cached_tokens": 64}
+    ]
     assert client_a.get("/api/v1/usage/summary").data[0]["requests"] == 2
 
 

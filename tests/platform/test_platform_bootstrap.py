@@ -8,6 +8,7 @@ from controlplane.tenancy.api_keys import looks_like_api_key
 from controlplane.tenancy.models import ApiKey, Organization
 
 REGISTER_URL = "/api/v1/internal/workers/register"
+WORKER = {"address": "127.0.0.1:50061", "name": "worker-0"}
 
 
 def bootstrap(*args: str) -> tuple[dict, str]:
@@ -44,7 +45,7 @@ def test_bootstrap_creates_the_catalog_and_fleets(db):
 def test_fleet_tokens_work_for_their_own_fleet(db, make_bearer_client):
     output, _ = bootstrap()
     for role, token in output["fleet_tokens"].items():
-        response = make_bearer_client(token).post(REGISTER_URL, {"address": f"127.0.0.1:{50060 + len(role)}", "name": role})
+        response = make_bearer_client(token).post(REGISTER_URL, WORKER)
         assert response.status_code == 201
         assert response.data["fleet"]["role"] == role
 
@@ -58,8 +59,8 @@ def test_bootstrap_is_idempotent_on_the_catalog_and_rotates_tokens(db, make_bear
     assert first["organization_id"] == second["organization_id"]
     for role in ("prefill", "decode", "colocated"):
         assert first["fleet_tokens"][role] != second["fleet_tokens"][role]
-        old = make_bearer_client(first["fleet_tokens"][role]).post(REGISTER_URL, {"address": "127.0.0.1:1", "name": "x"})
-        new = make_bearer_client(second["fleet_tokens"][role]).post(REGISTER_URL, {"address": "127.0.0.1:1", "name": "x"})
+        old = make_bearer_client(first["fleet_tokens"][role]).post(REGISTER_URL, WORKER)
+        new = make_bearer_client(second["fleet_tokens"][role]).post(REGISTER_URL, WORKER)
         assert (old.status_code, new.status_code) == (401, 201)
 
 

@@ -43,7 +43,8 @@ def test_ingesting_the_same_batch_twice_stores_it_once(internal_client, key_a, m
 
 def test_a_partly_new_batch_stores_only_the_new_events(internal_client, key_a, make_usage_event):
     internal_client.post(INGEST_URL, {"events": [make_usage_event(key_a, "req-1")]})
-    response = internal_client.post(INGEST_URL, {"events": [make_usage_event(key_a, "req-1"), make_usage_event(key_a, "req-2")]})
+    batch = {"events": [make_usage_event(key_a, "req-1"), make_usage_event(key_a, "req-2")]}
+    response = internal_client.post(INGEST_URL, batch)
     assert response.data == {"accepted": 1, "duplicates": 1}
     assert sorted(UsageEvent.objects.values_list("request_id", flat=True)) == ["req-1", "req-2"]
 
