@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     return args.run(args) or 0
 
 

@@ -58,7 +58,7 @@ def _demo_request(api_key: str, base_url: str) -> None:
     import diptych
 
     with diptych.Client(api_key=api_key, base_url=base_url) as client:
-        print(f"      prompt: {DEMO_PROMPT!r}")
+        print(f"      prompt: {DEMO_PROMPT!r}  (diptych-tiny has seeded random weights: expect gibberish)")
         print("      output: ", end="", flush=True)
         usage = None
         with client.completions.create(
