@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="run the whole platform on this machine and send a demo request")
     up.add_argument("--state-dir", type=Path, default=Path(".diptych"))
+    up.add_argument("--control-plane-port", type=int, default=8000)
+    up.add_argument("--gateway-port", type=int, default=50051)
+    up.add_argument("--metrics-port", type=int, default=9090)
     up.set_defaults(run=_run_up)
 
     control_plane = commands.add_parser("control-plane", help="run the control plane's HTTP server")
@@ -33,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     control_plane.add_argument("--port", type=int, default=8000)
     control_plane.add_argument("--processes", type=int, default=2)
     control_plane.set_defaults(run=_run_control_plane)
+
+    jobs = commands.add_parser("jobs", help="run the control plane's background jobs (a Celery worker with beat)")
+    jobs.set_defaults(run=_run_jobs)
 
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
     gateway.add_argument("--host", default="127.0.0.1")
@@ -79,13 +85,19 @@ def _require_env(name: str) -> str:
 def _run_up(args) -> int:
     from diptych_server.up import run_up
 
-    return run_up(args.state_dir)
+    return run_up(args.state_dir, args.control_plane_port, args.gateway_port, args.metrics_port)
 
 
 def _run_control_plane(args) -> None:
     from diptych_server.control_plane import run_control_plane
 
     run_control_plane(args.host, args.port, args.processes)
+
+
+def _run_jobs(args) -> None:
+    from diptych_server.control_plane import run_jobs
+
+    run_jobs()
 
 
 def _run_gateway(args) -> None:

@@ -1,4 +1,4 @@
-"""Serves the control plane's WSGI application with gunicorn."""
+"""Runs the control plane's processes: the WSGI application under gunicorn, and the Celery jobs."""
 
 import os
 
@@ -30,3 +30,14 @@ def run_control_plane(host: str, port: int, processes: int) -> None:
         "accesslog": None,
         "graceful_timeout": 10,
     }).run()
+
+
+def run_jobs() -> None:
+    """One Celery worker with the beat scheduler embedded: enough for a single machine."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    from django.conf import settings
+
+    from controlplane.celery import app
+
+    schedule = settings.STATE_DIR / "celerybeat-schedule"
+    app.worker_main(["worker", "--beat", "--pool", "solo", "--loglevel", "INFO", "--schedule", str(schedule)])

@@ -81,6 +81,9 @@ class Stack:
             time.sleep(0.2)
         raise StackError(f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}")
 
+    def start_jobs(self) -> None:
+        self._spawn("jobs", ["jobs"])
+
     def start_worker(self, name: str, role: str, fleet_token: str, port: int, *extra: str) -> None:
         self._spawn(
             name, ["worker", "--role", role, "--port", str(port), "--name", name, *extra],

@@ -7,17 +7,13 @@ from pathlib import Path
 
 from diptych_server.stack import Stack, StackError
 
-GATEWAY_PORT = 50051
-GATEWAY_METRICS_PORT = 9090
-PREFILL_PORT = 50061
-DECODE_PORT = 50062
 DEMO_PROMPT = "The cache moves from prefill to decode, and"
 
 
-def run_up(state_dir: Path) -> int:
-    stack = Stack(state_dir)
+def run_up(state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int) -> int:
+    stack = Stack(state_dir, control_plane_port=control_plane_port)
     try:
-        _start(stack)
+        _start(stack, gateway_port, metrics_port)
         _wait_for_interrupt(stack)
     except StackError as error:
         print(f"\ndiptych up failed: {error}")
@@ -30,19 +26,20 @@ def run_up(state_dir: Path) -> int:
     return 0
 
 
-def _start(stack: Stack) -> None:
+def _start(stack: Stack, gateway_port: int, metrics_port: int) -> None:
     _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
     credentials = stack.prepare_control_plane(demo=True)
-    _step(2, f"starting the control plane on {stack.control_plane_url}")
+    _step(2, f"starting the control plane on {stack.control_plane_url} and its background jobs")
     stack.start_control_plane()
+    stack.start_jobs()
     _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
-    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], PREFILL_PORT)
-    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], DECODE_PORT)
+    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], port=0)
+    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], port=0)
     for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
         print(f"      {worker['role']:<8} {worker['id']} at {worker['address']}")
-    _step(4, f"starting the gateway on 127.0.0.1:{GATEWAY_PORT}")
-    stack.start_gateway("gateway", GATEWAY_PORT, GATEWAY_METRICS_PORT)
-    base_url = f"grpc://127.0.0.1:{GATEWAY_PORT}"
+    _step(4, f"starting the gateway on 127.0.0.1:{gateway_port} (metrics on :{metrics_port})")
+    stack.start_gateway("gateway", gateway_port, metrics_port)
+    base_url = f"grpc://127.0.0.1:{gateway_port}"
     env_file = stack.state_dir / "env"
     env_file.write_text(f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n")
     env_file.chmod(0o600)

@@ -4,7 +4,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
+from gateway.control_plane import ControlPlaneClient
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,7 @@ class Registry:
         while True:
             try:
                 await self.refresh()
-            except (ControlPlaneUnavailable, OSError, ValueError) as error:
-                log.warning("registry refresh failed, keeping the last snapshot: %s", error)
-            except Exception as error:  # an HTTP error status: keep serving from the last snapshot
+            except Exception as error:  # unreachable, an error status or a bad body: keep the last snapshot
                 log.warning("registry refresh failed, keeping the last snapshot: %r", error)
             await asyncio.sleep(self._refresh_interval_s)
 

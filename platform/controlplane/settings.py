@@ -1,7 +1,8 @@
 """Django settings of the control plane, read from the environment.
 
-Embedded mode (no DATABASE_URL, no CELERY_BROKER_URL) keeps all state under `.diptych/` at the
-repository root: a SQLite database and a filesystem Celery broker, so one command runs everything.
+Embedded mode (no DATABASE_URL, no CELERY_BROKER_URL) keeps all state under DIPTYCH_STATE_DIR
+(default `.diptych/` at the repository root): a SQLite database and a filesystem Celery broker, so one
+command runs everything.
 """
 
 import os
@@ -11,7 +12,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STATE_DIR = REPO_ROOT / ".diptych"
+STATE_DIR = Path(os.environ.get("DIPTYCH_STATE_DIR") or REPO_ROOT / ".diptych")
 
 
 def _env_flag(name: str) -> bool:
