@@ -121,7 +121,7 @@ def test_leaving_a_stream_early_frees_the_sequence_on_the_workers(live, mode):
         with stream:
             for index, _ in enumerate(stream):
                 if index == 3:
-                    assert live.worker_load(decode_worker).active_sequences == 1
+                    assert live.worker_load(decode_worker).active_sequences >= 1
                     break
     deadline = time.monotonic() + 10
     while live.worker_load(decode_worker).active_sequences and time.monotonic() < deadline:
