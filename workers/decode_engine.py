@@ -27,7 +27,7 @@ class DecodeSequence:
     kv: SequenceKV | None  # set while the sequence waits to join the batch
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     compute_ms: float = 0.0
-    aborted: bool = False
+    leaving: bool = False  # finished or aborted: leaves the batch before the next step
 
 
 class DecodeEngine:
@@ -78,7 +78,7 @@ class DecodeEngine:
         """Stops a sequence; its KV is released before the next step."""
         seq = self._waiting.pop(request_id, None) or self._running.get(request_id)
         if seq is not None:
-            seq.aborted = True
+            seq.leaving = True
             seq.kv = None
             self._wakeup.set()
 
@@ -100,7 +100,7 @@ class DecodeEngine:
             share_ms = (time.monotonic() - started) * 1000 / len(sequences)
             for seq, token in zip(sequences, tokens):
                 seq.compute_ms += share_ms
-                if not seq.aborted:
+                if not seq.leaving:
                     self._emit(seq, token)
 
     def _emit(self, seq: DecodeSequence, token_id: int) -> None:
@@ -109,12 +109,12 @@ class DecodeEngine:
         finished, by_eos = self._stop.check(token_id, len(seq.output_token_ids), seq.prompt_length, seq.sampling)
         seq.outputs.put_nowait(TokenOutput(token_id, finished, by_eos))
         if finished:
-            seq.aborted = True  # leaves the batch at the next step, like an aborted one
+            seq.leaving = True
 
     def _update_batch(self) -> None:
         """Drops finished and aborted sequences, admits waiting ones, and repacks when that changed
         the membership."""
-        leaving = [request_id for request_id, seq in self._running.items() if seq.aborted]
+        leaving = [request_id for request_id, seq in self._running.items() if seq.leaving]
         joining = []
         while self._waiting and len(self._running) - len(leaving) + len(joining) < self._max_running:
             joining.append(self._waiting.pop(next(iter(self._waiting))))

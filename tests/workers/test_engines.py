@@ -67,4 +67,4 @@ async def test_decode_frees_every_sequence_whatever_ends_it(runner, executor):
     assert engine.kv_tokens_held == 0
     assert engine.active_sequences == 0 and engine.queue_depth == 0
     assert all(len(seq.output_token_ids) == GREEDY.max_tokens for seq in finishing)
-    assert never_started.aborted and never_started.outputs.empty()
+    assert never_started.leaving and never_started.outputs.empty()
