@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -6,8 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_INTERACTIVE: _ClassVar[Priority]
+    PRIORITY_BATCH: _ClassVar[Priority]
+PRIORITY_INTERACTIVE: Priority
+PRIORITY_BATCH: Priority
+
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "has_seed", "seed", "max_tokens", "ignore_eos")
+    __slots__ = ("temperature", "top_p", "top_k", "has_seed", "seed", "max_tokens", "ignore_eos", "tokens_already_generated")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +23,7 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ALREADY_GENERATED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -22,21 +31,24 @@ class SamplingParams(_message.Message):
     seed: int
     max_tokens: int
     ignore_eos: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    tokens_already_generated: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., tokens_already_generated: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "transfer_token")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "transfer_token", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     decode_address: str
     transfer_token: bytes
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class PrefillEvent(_message.Message):
     __slots__ = ("first_token", "kv_delivered")
@@ -71,26 +83,30 @@ class KvDelivered(_message.Message):
     def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens")
+    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_token: bytes
     sampling: SamplingParams
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class GenerateWork(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "finished", "finished_by_eos", "stats")
@@ -171,17 +187,43 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second")
+    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_INTERACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_BATCH_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queue_depth: int
     active_sequences: int
     kv_bytes_received: int
     kv_bytes_sent: int
     tokens_per_second: float
-    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    kv_blocks_total: int
+    kv_blocks_free: int
+    block_size: int
+    waiting_interactive: int
+    waiting_batch: int
+    draining: bool
+    prefix_cache: PrefixCacheSummary
+    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheSummary(_message.Message):
+    __slots__ = ("version", "block_hashes", "hits_tokens", "queried_tokens")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    HITS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    hits_tokens: int
+    queried_tokens: int
+    def __init__(self, version: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., hits_tokens: _Optional[int] = ..., queried_tokens: _Optional[int] = ...) -> None: ...

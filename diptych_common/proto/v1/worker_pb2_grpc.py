@@ -59,6 +59,11 @@ class WorkerStub:
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
                 response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
                 _registered_method=True)
+        self.WatchLoad = channel.unary_stream(
+                '/diptych.internal.v1.Worker/WatchLoad',
+                request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+                response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -100,6 +105,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLoad(self, request, context):
+        """The worker's live load: one message at once, then one whenever it changes (at most every 50 ms) and
+        at least every second. The gateway routes on these reports; it never polls per request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +138,11 @@ def add_WorkerServicer_to_server(servicer, server):
             ),
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
+                    request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.FromString,
+                    response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.SerializeToString,
+            ),
+            'WatchLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoad,
                     request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.FromString,
                     response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.SerializeToString,
             ),
@@ -262,6 +280,33 @@ class Worker:
             request,
             target,
             '/diptych.internal.v1.Worker/GetLoad',
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/diptych.internal.v1.Worker/WatchLoad',
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
             options,

@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!diptych/_proto/v1/inference.proto\x12\ndiptych.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.diptych.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe3\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.diptych.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.diptych.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nrequest_id\x18\x0b \x01(\tB\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"l\n\nPhaseUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x12\n\ncompute_ms\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xa1\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\'\n\x07prefill\x18\x04 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\x12&\n\x06\x64\x65\x63ode\x18\x05 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.diptych.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.diptych.v1.Usage\"\x13\n\x11ListModelsRequest\"F\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x19\n\x11has_chat_template\x18\x03 \x01(\x08\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.diptych.v1.Model*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xa1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.diptych.v1.GenerateRequest\x1a\x1c.diptych.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.diptych.v1.ListModelsRequest\x1a\x1e.diptych.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!diptych/_proto/v1/inference.proto\x12\ndiptych.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.diptych.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb8\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.diptych.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.diptych.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12&\n\x08priority\x18\r \x01(\x0e\x32\x14.diptych.v1.Priority\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"l\n\nPhaseUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x12\n\ncompute_ms\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xa1\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\'\n\x07prefill\x18\x04 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\x12&\n\x06\x64\x65\x63ode\x18\x05 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.diptych.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.diptych.v1.Usage\"\x13\n\x11ListModelsRequest\"F\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x19\n\x11has_chat_template\x18\x03 \x01(\x08\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.diptych.v1.Model*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xa1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.diptych.v1.GenerateRequest\x1a\x1c.diptych.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.diptych.v1.ListModelsRequest\x1a\x1e.diptych.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'diptych._proto.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1118
-  _globals['_FINISHREASON']._serialized_end=1213
+  _globals['_PRIORITY']._serialized_start=1203
+  _globals['_PRIORITY']._serialized_end=1259
+  _globals['_FINISHREASON']._serialized_start=1261
+  _globals['_FINISHREASON']._serialized_end=1356
   _globals['_CHATMESSAGE']._serialized_start=49
   _globals['_CHATMESSAGE']._serialized_end=93
   _globals['_CHATMESSAGES']._serialized_start=95
@@ -40,19 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=154
   _globals['_TOKENIDS']._serialized_end=177
   _globals['_GENERATEREQUEST']._serialized_start=180
-  _globals['_GENERATEREQUEST']._serialized_end=535
-  _globals['_PHASEUSAGE']._serialized_start=537
-  _globals['_PHASEUSAGE']._serialized_end=645
-  _globals['_USAGE']._serialized_start=648
-  _globals['_USAGE']._serialized_end=809
-  _globals['_GENERATERESPONSE']._serialized_start=812
-  _globals['_GENERATERESPONSE']._serialized_end=966
-  _globals['_LISTMODELSREQUEST']._serialized_start=968
-  _globals['_LISTMODELSREQUEST']._serialized_end=987
-  _globals['_MODEL']._serialized_start=989
-  _globals['_MODEL']._serialized_end=1059
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1061
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1116
-  _globals['_INFERENCE']._serialized_start=1216
-  _globals['_INFERENCE']._serialized_end=1377
+  _globals['_GENERATEREQUEST']._serialized_end=620
+  _globals['_PHASEUSAGE']._serialized_start=622
+  _globals['_PHASEUSAGE']._serialized_end=730
+  _globals['_USAGE']._serialized_start=733
+  _globals['_USAGE']._serialized_end=894
+  _globals['_GENERATERESPONSE']._serialized_start=897
+  _globals['_GENERATERESPONSE']._serialized_end=1051
+  _globals['_LISTMODELSREQUEST']._serialized_start=1053
+  _globals['_LISTMODELSREQUEST']._serialized_end=1072
+  _globals['_MODEL']._serialized_start=1074
+  _globals['_MODEL']._serialized_end=1144
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1146
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1201
+  _globals['_INFERENCE']._serialized_start=1359
+  _globals['_INFERENCE']._serialized_end=1520
 # @@protoc_insertion_point(module_scope)
