@@ -2,17 +2,31 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# The dashboard's bundle, served by the control plane at /dashboard/.
+DASHBOARD := frontend/dist/index.html
+DASHBOARD_SOURCES := $(wildcard frontend/src/*.ts frontend/src/*/*.ts frontend/src/*.css) frontend/index.html \
+	frontend/package.json frontend/package-lock.json frontend/vite.config.ts frontend/tsconfig.json
 
-.PHONY: up test install proto clean
+.PHONY: up test install proto clean bench bench-full
 
-up: $(STAMP)
+# The serving benchmark (bench/, docs/benchmarks.md): quick on the tiny model, full on the 100 M model.
+bench: $(STAMP)
+	$(PY) -m bench.run --profile quick --chart docs/benchmark-quick.png --json .diptych/bench/quick.json
+
+bench-full: $(STAMP)
+	$(PY) -m bench.run --profile full --chart docs/benchmark-full.png --json .diptych/bench/full.json
+
+up: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/diptych up
 
 # The control plane refuses to start on PostgreSQL without a secret key; tests get a throwaway one.
-test: $(STAMP)
+test: $(STAMP) $(DASHBOARD)
 	DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key} $(PY) -m pytest
 
-install: $(STAMP)
+install: $(STAMP) $(DASHBOARD)
+
+$(DASHBOARD): $(DASHBOARD_SOURCES)
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
 # torch goes first, from the local CPU build; the constraints file keeps every later install from replacing it.
 $(STAMP): pyproject.toml sdk/pyproject.toml constraints.txt
@@ -29,4 +43,4 @@ proto: $(STAMP)
 		--grpc_python_out=. proto/diptych/internal/v1/worker.proto
 
 clean:
-	rm -rf $(VENV) .diptych
+	rm -rf $(VENV) .diptych frontend/dist

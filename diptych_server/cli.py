@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", type=Path, default=Path(".diptych"))
     up.add_argument("--control-plane-port", type=int, default=8000)
     up.add_argument("--gateway-port", type=int, default=50051)
+    up.add_argument("--http-port", type=int, default=8080, help="the gateway's OpenAI-compatible HTTP API")
     up.add_argument("--metrics-port", type=int, default=9090)
     up.set_defaults(run=_run_up)
 
@@ -44,7 +45,18 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=50051)
     gateway.add_argument("--mode", choices=["auto", "split", "colocated"], default="auto")
+    gateway.add_argument("--http-port", type=int, default=8080, help="the OpenAI-compatible HTTP API")
     gateway.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics over HTTP")
+    gateway.add_argument("--region", default=os.environ.get("DIPTYCH_REGION", ""),
+                         help="prefer workers of this region; other regions serve when none is usable here")
+    gateway.add_argument("--state-dir", type=Path, default=Path(os.environ.get("DIPTYCH_STATE_DIR", ".diptych")),
+                         help="where the usage spool lives while the control plane is unreachable")
+    gateway.add_argument("--skip-split-below", type=int, default=32, metavar="TOKENS",
+                         help="run prompts with at most this many uncached tokens wholly on the decode worker (0: never)")
+    gateway.add_argument("--worker-timeout", type=float, default=30.0,
+                         help="seconds to wait for a prefill's first token or KV hand-off")
+    gateway.add_argument("--token-timeout", type=float, default=10.0,
+                         help="seconds to wait for each following token of a stream")
     _add_control_plane_url(gateway)
     gateway.set_defaults(run=_run_gateway)
 
@@ -57,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
     worker.add_argument("--name", default="")
     worker.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    worker.add_argument("--kv-port", type=int, default=0, help="decode workers: the KV data port (0 picks a free port)")
+    worker.add_argument("--kv-cache-mib", type=int, default=256, help="memory for the paged KV cache")
+    worker.add_argument("--block-size", type=int, default=16, help="tokens per KV block (equal on prefill and decode)")
+    worker.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)")
+    worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
+    worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
 
@@ -85,7 +103,7 @@ def _require_env(name: str) -> str:
 def _run_up(args) -> int:
     from diptych_server.up import run_up
 
-    return run_up(args.state_dir, args.control_plane_port, args.gateway_port, args.metrics_port)
+    return run_up(args.state_dir, args.control_plane_port, args.gateway_port, args.metrics_port, args.http_port)
 
 
 def _run_control_plane(args) -> None:
@@ -101,23 +119,33 @@ def _run_jobs(args) -> None:
 
 
 def _run_gateway(args) -> None:
-    from gateway.main import serve
+    from gateway.main import GatewayConfig, serve
+    from gateway.request_path import Timeouts
     from gateway.routing import ServingMode
 
-    asyncio.run(serve(
-        host=args.host, port=args.port, metrics_port=args.metrics_port, control_plane_url=args.control_plane_url,
-        internal_token=_require_env("DIPTYCH_INTERNAL_TOKEN"), mode=ServingMode(args.mode),
-    ))
+    asyncio.run(serve(GatewayConfig(
+        host=args.host, port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
+        control_plane_url=args.control_plane_url, internal_token=_require_env("DIPTYCH_INTERNAL_TOKEN"),
+        mode=ServingMode(args.mode), state_dir=args.state_dir, region=args.region,
+        redis_url=os.environ.get("REDIS_URL") or None, skip_split_below=args.skip_split_below,
+        timeouts=Timeouts(first_token_s=args.worker_timeout, kv_delivery_s=args.worker_timeout,
+                          next_token_s=args.token_timeout),
+    )))
 
 
 def _run_worker(args) -> None:
+    from workers.engine import EngineConfig
     from workers.main import serve
     from workers.server import Role
 
     asyncio.run(serve(
         role=Role(args.role), model=args.model, model_source=args.model_source, host=args.host, port=args.port,
         control_plane_url=args.control_plane_url, fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
-        name=args.name or f"{args.role}-{os.getpid()}", threads=args.threads,
+        name=args.name or f"{args.role}-{os.getpid()}", threads=args.threads, kv_port=args.kv_port,
+        engine_config=EngineConfig(
+            block_size=args.block_size, kv_cache_mib=args.kv_cache_mib, token_budget=args.token_budget,
+            max_running=args.max_running, device=args.device,
+        ),
     ))
 
 

@@ -31,6 +31,8 @@ class Credentials:
     api_key: str
     organization_id: str
     fleet_tokens: dict[str, str]
+    dashboard_email: str = ""       # the demo owner, who signs in to /dashboard/
+    dashboard_password: str = ""
 
 
 @dataclass
@@ -66,7 +68,10 @@ class Stack:
         self._manage("migrate", "--noinput")
         command = ["bootstrap", "--json"] + (["--demo"] if demo else [])
         output = json.loads(self._manage(*command))
-        return Credentials(output.get("api_key", ""), output["organization_id"], output["fleet_tokens"])
+        return Credentials(
+            output.get("api_key", ""), output["organization_id"], output["fleet_tokens"],
+            output.get("dashboard_email", ""), output.get("dashboard_password", ""),
+        )
 
     def start_control_plane(self, timeout: float = 60.0) -> None:
         self._spawn("control-plane", ["control-plane", "--port", str(self.control_plane_port)])
@@ -91,9 +96,15 @@ class Stack:
         )
 
     def start_gateway(
-        self, name: str, port: int, metrics_port: int, mode: str = "auto", timeout: float = 60.0
+        self, name: str, port: int, metrics_port: int, mode: str = "auto", timeout: float = 60.0,
+        http_port: int = 8080, extra: tuple[str, ...] = (), **env: str,
     ) -> None:
-        self._spawn(name, ["gateway", "--port", str(port), "--metrics-port", str(metrics_port), "--mode", mode])
+        self._spawn(
+            name,
+            ["gateway", "--port", str(port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+             "--mode", mode, *extra],
+            **env,
+        )
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
@@ -140,8 +151,13 @@ class Stack:
             process.wait()
 
     def stop(self) -> None:
-        """Stops every process, the control plane last so that the others can report to it."""
-        for name in sorted(self.processes, key=lambda n: n == "control-plane"):
+        """Stops every process: gateways first (they hold streams open on the workers, which would keep
+        a draining worker waiting), then workers and jobs, the control plane last so that the others
+        can report to it."""
+        def order(name: str) -> int:
+            return 0 if name.startswith("gateway") else 2 if name == "control-plane" else 1
+
+        for name in sorted(self.processes, key=order):
             self.stop_process(name)
 
     def _spawn(self, name: str, args: list[str], **env: str) -> None:

@@ -10,10 +10,10 @@ from diptych_server.stack import Stack, StackError
 DEMO_PROMPT = "The cache moves from prefill to decode, and"
 
 
-def run_up(state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int) -> int:
+def run_up(state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int, http_port: int = 8080) -> int:
     stack = Stack(state_dir, control_plane_port=control_plane_port)
     try:
-        _start(stack, gateway_port, metrics_port)
+        _start(stack, gateway_port, metrics_port, http_port)
         _wait_for_interrupt(stack)
     except StackError as error:
         print(f"\ndiptych up failed: {error}")
@@ -26,7 +26,7 @@ def run_up(state_dir: Path, control_plane_port: int, gateway_port: int, metrics_
     return 0
 
 
-def _start(stack: Stack, gateway_port: int, metrics_port: int) -> None:
+def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -> None:
     _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
     credentials = stack.prepare_control_plane(demo=True)
     _step(2, f"starting the control plane on {stack.control_plane_url} and its background jobs")
@@ -37,11 +37,15 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int) -> None:
     stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], port=0)
     for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
         print(f"      {worker['role']:<8} {worker['id']} at {worker['address']}")
-    _step(4, f"starting the gateway on 127.0.0.1:{gateway_port} (metrics on :{metrics_port})")
-    stack.start_gateway("gateway", gateway_port, metrics_port)
+    _step(4, f"starting the gateway on 127.0.0.1:{gateway_port}, OpenAI-compatible HTTP on :{http_port} "
+             f"(metrics on :{metrics_port})")
+    stack.start_gateway("gateway", gateway_port, metrics_port, http_port=http_port)
     base_url = f"grpc://127.0.0.1:{gateway_port}"
     env_file = stack.state_dir / "env"
-    env_file.write_text(f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n")
+    env_file.write_text(
+        f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n"
+        f"DIPTYCH_ADMIN_URL={stack.control_plane_url}\n"
+    )
     env_file.chmod(0o600)
     print(f"      demo credentials written to {env_file}")
     _step(5, "one demo request through the SDK, streamed")
@@ -49,6 +53,10 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int) -> None:
     print(f"\nThe platform is running (logs in {stack.state_dir}/logs/). Ctrl-C stops it.")
     print(f"  export $(cat {env_file})")
     print(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
+    print(f"  OpenAI-compatible API: http://127.0.0.1:{http_port}/v1 (Authorization: Bearer $DIPTYCH_API_KEY)")
+    if credentials.dashboard_password:
+        print(f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
+              f"password {credentials.dashboard_password})")
 
 
 def _demo_request(api_key: str, base_url: str) -> None:
@@ -65,11 +73,12 @@ def _demo_request(api_key: str, base_url: str) -> None:
                 print(chunk.text, end="", flush=True)
                 usage = chunk.usage or usage
     print()
-    print(
-        f"      usage: {usage.prompt_tokens} prompt tokens (prefill on {usage.prefill.worker_id}, "
-        f"{usage.prefill.kv_bytes} KV bytes sent to decode), {usage.completion_tokens} completion tokens "
-        f"(decode on {usage.decode.worker_id})"
-    )
+    if usage.prefill.worker_id == usage.decode.worker_id:
+        where = f"both phases on the decode worker {usage.decode.worker_id}: a prompt this short skips the KV hand-off"
+    else:
+        where = (f"prefill on {usage.prefill.worker_id}, {usage.prefill.kv_bytes} KV bytes sent to decode on "
+                 f"{usage.decode.worker_id}")
+    print(f"      usage: {usage.prompt_tokens} prompt tokens, {usage.completion_tokens} completion tokens ({where})")
 
 
 def _wait_for_interrupt(stack: Stack) -> None:

@@ -35,9 +35,12 @@ class ControlPlaneClient:
 
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         try:
-            return await self._http.request(method, path, **kwargs)
+            response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise ControlPlaneUnavailable(f"control plane unreachable: {error!r}") from error
+        if response.status_code >= 500:
+            raise ControlPlaneUnavailable(f"control plane answered {response.status_code} to {method} {path}")
+        return response
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -1,10 +1,18 @@
-"""Runs the gateway process: the public Inference API on gRPC, with health checking and reflection."""
+"""Runs the gateway process: the public Inference API on gRPC (with health checking and reflection) and
+the OpenAI-compatible HTTP API, in one event loop, sharing one pipeline.
+
+SIGTERM or SIGINT drains: health turns NOT_SERVING, new requests are refused, in-flight streams run to
+their end (up to DRAIN_GRACE_S), usage is flushed (or spooled), then the process exits.
+"""
 
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
@@ -12,11 +20,15 @@ from prometheus_client import start_http_server
 from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway.auth import Authenticator
 from gateway.control_plane import ControlPlaneClient
+from gateway.http_api import build_app
+from gateway.limits import RateLimiter
+from gateway.live_load import Channels, LoadBoard
+from gateway.pipeline import Pipeline
 from gateway.registry import Registry
-from gateway.request_path import RequestPath
+from gateway.request_path import RequestPath, Timeouts
 from gateway.routing import Router, ServingMode
 from gateway.service import InferenceService
-from gateway.usage import UsageReporter
+from gateway.usage import UsageReporter, UsageSpool
 
 log = logging.getLogger(__name__)
 
@@ -24,28 +36,54 @@ DRAIN_GRACE_S = 30.0
 STARTUP_RETRY_S = 0.5
 
 
-async def serve(
-    *, host: str, port: int, metrics_port: int, control_plane_url: str, internal_token: str, mode: ServingMode
-) -> None:
-    start_http_server(metrics_port, addr=host)
-    control_plane = ControlPlaneClient(control_plane_url, internal_token)
-    registry = Registry(control_plane)
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str
+    port: int
+    http_port: int
+    metrics_port: int
+    control_plane_url: str
+    internal_token: str
+    mode: ServingMode
+    state_dir: Path
+    region: str = ""
+    redis_url: str | None = None
+    skip_split_below: int = 0
+    timeouts: Timeouts = Timeouts()
+
+
+async def serve(config: GatewayConfig) -> None:
+    start_http_server(config.metrics_port, addr=config.host)
+    control_plane = ControlPlaneClient(config.control_plane_url, config.internal_token)
+    channels = Channels()
+    board = LoadBoard(channels)
+    registry = Registry(control_plane, on_refresh=board.sync)
     await _first_refresh(registry)
-    usage = UsageReporter(control_plane)
-    path = RequestPath()
-    service = InferenceService(Authenticator(control_plane), registry, Router(registry, mode), path, usage)
+    spool = UsageSpool(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
+    usage = UsageReporter(control_plane, spool)
+    limiter = RateLimiter(config.redis_url)
+    router = Router(registry, board, config.mode, config.region, config.skip_split_below)
+    pipeline = Pipeline(Authenticator(control_plane), registry, limiter, RequestPath(channels, board, router, config.timeouts), usage)
 
     server = grpc.aio.server()
-    inference_pb2_grpc.add_InferenceServicer_to_server(service, server)
+    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(pipeline), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name, reflection.SERVICE_NAME), server
     )
-    bound_port = server.add_insecure_port(f"{host}:{port}")
+    bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
+    http_runner = web.AppRunner(build_app(pipeline), handler_cancellation=True, access_log=None)
+    await http_runner.setup()
+    http_site = web.TCPSite(http_runner, config.host, config.http_port)
+    await http_site.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("gateway serving on %s:%d (%s mode)", host, bound_port, mode)
+    log.info(
+        "gateway serving gRPC on %s:%d and HTTP on %s:%d (%s mode, region %r, rate limits %s, usage spool %s)",
+        config.host, bound_port, config.host, config.http_port, config.mode, config.region, limiter.backend,
+        spool.count(),
+    )
 
     tasks = [asyncio.create_task(registry.refresh_forever()), asyncio.create_task(usage.flush_forever())]
     stopping = asyncio.Event()
@@ -54,17 +92,35 @@ async def serve(
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
 
-    log.info("draining: finishing in-flight streams, taking no new ones")
+    log.info("draining: finishing %d in-flight streams, taking no new ones", pipeline.in_flight)
+    pipeline.draining = True
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(DRAIN_GRACE_S)
+    await http_site.stop()   # no new HTTP connections
+    await asyncio.gather(server.stop(DRAIN_GRACE_S), _wait_idle(pipeline, DRAIN_GRACE_S))
+    await http_runner.cleanup()
     for task in tasks:
         task.cancel()
-    try:
-        await usage.flush()
-    except Exception as error:
-        log.error("could not send %d usage events before stopping: %r", usage.pending, error)
-    await path.close()
+    await _last_flush(usage)
+    board.close()
+    await limiter.close()
+    await channels.close()
     await control_plane.close()
+    spool.close()
+    log.info("gateway stopped")
+
+
+async def _wait_idle(pipeline: Pipeline, grace_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while pipeline.in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def _last_flush(usage: UsageReporter) -> None:
+    try:
+        await asyncio.wait_for(usage.flush(), 5.0)
+    except Exception as error:
+        usage.spool_pending()
+        log.warning("control plane unreachable at shutdown; %d usage events stay spooled: %r", usage.pending, error)
 
 
 async def _first_refresh(registry: Registry) -> None:

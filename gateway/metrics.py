@@ -1,8 +1,12 @@
 """The gateway's Prometheus metrics."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-REQUESTS = Counter("diptych_gateway_requests_total", "Generate requests by outcome", ["model", "mode", "code"])
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+REQUESTS = Counter(
+    "diptych_gateway_requests_total", "Generate requests by outcome", ["model", "mode", "code", "protocol"]
+)
 OUTPUT_TOKENS = Counter("diptych_gateway_output_tokens_total", "Output tokens streamed to clients", ["model"])
 WORKER_BYTES_RECEIVED = Counter(
     "diptych_gateway_worker_bytes_received_total",
@@ -10,5 +14,42 @@ WORKER_BYTES_RECEIVED = Counter(
 )
 TIME_TO_FIRST_TOKEN = Histogram(
     "diptych_gateway_time_to_first_token_seconds", "From request arrival to the first token", ["model", "mode"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    buckets=_LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "diptych_gateway_inter_token_latency_seconds", "Between consecutive output tokens of a stream", ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_DEPTH = Gauge(
+    "diptych_gateway_worker_queue_depth", "Requests waiting on the workers of a role, from their live load reports",
+    ["role"],
+)
+KV_TRANSFER_BYTES = Counter(
+    "diptych_gateway_kv_transfer_bytes_total", "KV cache bytes the prefill workers reported delivered to decode workers"
+)
+KV_TRANSFER_SECONDS = Histogram(
+    "diptych_gateway_kv_transfer_seconds", "KV cache transfer time reported by the prefill workers",
+    buckets=_LATENCY_BUCKETS,
+)
+ROUTING_DECISIONS = Counter(
+    "diptych_gateway_routing_decisions_total",
+    "Routes chosen: split, split_skipped (prefill on the decode worker itself) or colocated",
+    ["model", "decision"],
+)
+PREFIX_CACHE_MATCHED_TOKENS = Counter(
+    "diptych_gateway_prefix_matched_tokens_total",
+    "Prompt tokens the chosen prefill worker already held in its prefix cache, by the workers' published block hashes",
+)
+RETRIES = Counter(
+    "diptych_gateway_retries_total", "Worker calls retried on another worker after a failure", ["phase"]
+)
+MIGRATIONS = Counter(
+    "diptych_gateway_decode_migrations_total",
+    "Streams moved to another decode worker mid-way (prefill re-run on prompt plus the tokens already sent)",
+)
+RATE_LIMITED = Counter(
+    "diptych_gateway_rate_limited_total", "Requests refused by a rate limit", ["scope", "kind"]
+)
+USAGE_SPOOLED = Gauge(
+    "diptych_gateway_usage_events_spooled", "Usage events waiting in the local spool for the control plane"
 )

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.control_plane import ControlPlaneClient
@@ -29,9 +30,15 @@ class WorkerInfo:
 
 
 class Registry:
-    def __init__(self, control_plane: ControlPlaneClient, refresh_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        control_plane: ControlPlaneClient,
+        refresh_interval_s: float = 1.0,
+        on_refresh: Callable[[list["WorkerInfo"]], None] | None = None,
+    ) -> None:
         self._control_plane = control_plane
         self._refresh_interval_s = refresh_interval_s
+        self._on_refresh = on_refresh
         self.models: dict[str, ModelInfo] = {}
         self.workers: list[WorkerInfo] = []
 
@@ -48,6 +55,8 @@ class Registry:
             )
             for w in snapshot["workers"]
         ]
+        if self._on_refresh is not None:
+            self._on_refresh(self.workers)
 
     async def refresh_forever(self) -> None:
         while True:

@@ -1,24 +1,50 @@
-"""Runs a planned request on its route and yields every output token, the first one included.
+"""Runs a planned request on workers and yields every output token, the first one included, surviving
+worker failures.
 
 Split mode opens the decode call first (so the decode worker expects the KV cache and its one-time
 transfer token), then the prefill call, which returns the first token and pushes the KV cache straight
-to the decode worker; the KV cache never passes through here. Leaving the generator early cancels
-both calls, which frees the KV cache on both workers.
+to the decode worker; the KV cache never passes through here.
+
+Failures: every read from a worker has a deadline. A prefill worker that fails before its KV cache
+arrived is replaced and the prompt runs again elsewhere. A decode worker that fails mid-stream is
+replaced too: prefill runs again on the prompt plus every token already produced, on another pair, and
+the stream goes on from the next token, so the client sees no token twice and none missing (sampling
+continues at the same token index, so seeded sampling gives the same tokens). Closing the generator
+cancels the calls on both workers at once, which frees the KV cache on both.
 """
 
+import asyncio
+import logging
 import secrets
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import grpc
 
-from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.proto.v1 import worker_pb2
 from gateway.errors import GatewayError
-from gateway.metrics import WORKER_BYTES_RECEIVED
+from gateway.live_load import Channels, LoadBoard
+from gateway.metrics import (
+    KV_TRANSFER_BYTES, KV_TRANSFER_SECONDS, MIGRATIONS, PREFIX_CACHE_MATCHED_TOKENS, RETRIES, ROUTING_DECISIONS,
+    WORKER_BYTES_RECEIVED,
+)
 from gateway.registry import WorkerInfo
-from gateway.routing import Route
+from gateway.routing import Decision, Lease, Route, Router, RouteRequest
 from gateway.validation import GenerationPlan
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 4
+_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    first_token_s: float = 30.0   # a prefill call's first token (queueing included)
+    kv_delivery_s: float = 30.0   # the KV hand-off, after the first token
+    next_token_s: float = 10.0    # each following token of a stream
 
 
 @dataclass
@@ -36,116 +62,281 @@ class RequestTrace:
     """What each phase did, for usage: filled in as the request runs."""
     prefill: PhaseRecord | None = None
     decode: PhaseRecord | None = None
+    decision: Decision | None = None
+    attempts: int = 0
+
+
+class WorkerFailure(Exception):
+    def __init__(self, error: GatewayError, culprits: tuple[WorkerInfo, ...], dead: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.culprits = culprits
+        self.dead = dead
 
 
 class RequestPath:
-    def __init__(self, call_timeout_s: float = 300.0) -> None:
-        self._call_timeout_s = call_timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+    def __init__(self, channels: Channels, board: LoadBoard, router: Router, timeouts: Timeouts = Timeouts()) -> None:
+        self._channels = channels
+        self._board = board
+        self._router = router
+        self._timeouts = timeouts
 
-    def run(self, plan: GenerationPlan, route: Route, trace: RequestTrace) -> AsyncIterator[worker_pb2.TokenEvent]:
+    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncIterator[worker_pb2.TokenEvent]:
         """The request's output tokens. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
-        return self._colocated(plan, route, trace) if route.colocated else self._split(plan, route, trace)
+        produced: list[int] = []
+        avoid: set[str] = set()
+        while True:
+            route = self._router.route(RouteRequest(
+                plan.model.name, plan.prompt_token_ids + produced, plan.sampling.max_tokens - len(produced),
+                frozenset(avoid),
+            ))
+            trace.decision = route.decision
+            trace.attempts += 1
+            ROUTING_DECISIONS.labels(plan.model.name, route.decision.value).inc()
+            PREFIX_CACHE_MATCHED_TOKENS.inc(route.matched_tokens)
+            lease = self._router.acquire(route)
+            try:
+                async with aclosing(self._attempt(plan, route, produced, trace, lease)) as attempt:
+                    async for event in attempt:
+                        produced.append(event.token_id)
+                        if len(produced) >= plan.sampling.max_tokens and not event.finished:
+                            event = _last_of_budget(event)   # a worker that counts the budget per call
+                        yield event
+                        if event.finished:
+                            return
+                raise WorkerFailure(_ended_early(route), (route.decode or route.prefill,), dead=False)
+            except WorkerFailure as failure:
+                if self._not_served(route, failure):
+                    continue
+                self._after_failure(plan, failure, produced, trace, avoid)
+            finally:
+                lease.release()
 
-    async def _split(self, plan: GenerationPlan, route: Route, trace: RequestTrace):
+    def _attempt(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
+        if route.colocated:
+            return self._colocated(plan, route, produced, trace)
+        return self._split(plan, route, produced, trace, lease)
+
+    def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
+        """A decode worker that does not serve Generate: go back to the split, without counting a failure."""
+        if route.decision is Decision.SPLIT_SKIPPED and failure.error.code in _NOT_SERVED and not failure.dead:
+            self._router.note_no_generate(route.prefill.id)
+            return True
+        return False
+
+    def _after_failure(self, plan, failure: WorkerFailure, produced: list[int], trace: RequestTrace, avoid: set[str]):
+        names = ", ".join(w.id for w in failure.culprits)
+        if trace.attempts >= MAX_ATTEMPTS:
+            log.warning("request %s failed on its last attempt (%s): %s", plan.request_id, names, failure)
+            raise failure.error
+        for worker in failure.culprits:
+            avoid.add(worker.id)
+            if failure.dead:
+                self._board.mark_broken(worker.id)
+        if produced:
+            MIGRATIONS.inc()
+            log.warning("request %s: moving the stream after %d tokens away from %s: %s",
+                        plan.request_id, len(produced), names, failure)
+        else:
+            RETRIES.labels("prefill").inc()
+            log.warning("request %s: retrying the prompt away from %s: %s", plan.request_id, names, failure)
+
+    async def _split(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
+        prompt = plan.prompt_token_ids + produced
+        sampling = _remaining_sampling(plan, produced)
         transfer_token = secrets.token_bytes(32)
-        decode_call = self._stub(route.decode).Decode(
+        deadline = self._call_deadline(sampling.max_tokens - len(produced))
+        decode_call = self._channels.stub(route.decode.address).Decode(
             worker_pb2.DecodeRequest(
-                request_id=plan.request_id, transfer_token=transfer_token, sampling=plan.sampling,
-                prompt_tokens=len(plan.prompt_token_ids),
+                request_id=plan.request_id, transfer_token=transfer_token, sampling=sampling,
+                prompt_tokens=len(prompt), priority=plan.priority,
             ),
-            timeout=self._call_timeout_s,
+            timeout=deadline,
         )
-        prefill_call = self._stub(route.prefill).Prefill(
+        prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
-                request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids, sampling=plan.sampling,
-                decode_address=route.decode.address, transfer_token=transfer_token,
+                request_id=plan.request_id, prompt_token_ids=prompt, sampling=sampling,
+                decode_address=route.decode.address, transfer_token=transfer_token, priority=plan.priority,
             ),
-            timeout=self._call_timeout_s,
+            timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
         )
-        trace.prefill = PhaseRecord(route.prefill, started_at=_now())
+        kv_task = None
+        started = _now()
         try:
-            first = (await _read(prefill_call, route.prefill, "prefill")).first_token
-            trace.prefill.finished_at = _now()
-            trace.prefill.compute_ms = first.compute_ms
-            trace.prefill.cached_tokens = first.cached_tokens
+            message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.first_token_s)
+            first = message.first_token
+            lease.release(route.prefill.id)   # the prompt is done: it no longer weighs on the prefill worker
+            _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
             yield worker_pb2.TokenEvent(
                 token_id=first.token_id, finished=first.finished, finished_by_eos=first.finished_by_eos
             )
             if first.finished:
                 return
-            trace.decode = PhaseRecord(route.decode, started_at=_now())
-            async for event in _stream(decode_call, route.decode, "decode"):
+            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route))
+            _start_decode(trace, route.decode)
+            while True:
+                event = await self._next_decode_event(decode_call, route, kv_task)
                 if event.finished:
-                    trace.decode.compute_ms = event.stats.compute_ms
-                    delivered = (await _read(prefill_call, route.prefill, "prefill")).kv_delivered
-                    trace.prefill.kv_bytes = trace.decode.kv_bytes = delivered.kv_bytes
+                    trace.decode.compute_ms += event.stats.compute_ms
+                    await self._account_kv(kv_task, trace)
                 yield event
+                if event.finished:
+                    return
         finally:
-            _finish(trace.decode)
+            if kv_task is not None:
+                kv_task.cancel()
+                if kv_task.done() and not kv_task.cancelled():
+                    kv_task.exception()   # retrieved: a failed hand-off was already handled or moot
             decode_call.cancel()
             prefill_call.cancel()
 
-    async def _colocated(self, plan: GenerationPlan, route: Route, trace: RequestTrace):
-        call = self._stub(route.prefill).Generate(
-            worker_pb2.GenerateWork(
-                request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids, sampling=plan.sampling
-            ),
-            timeout=self._call_timeout_s,
-        )
-        trace.prefill = PhaseRecord(route.prefill, started_at=_now())
+    async def _next_decode_event(self, decode_call, route: Route, kv_task: asyncio.Task) -> worker_pb2.TokenEvent:
+        """The next decode token; fails when the KV hand-off failed before it or no token came in time."""
+        read = asyncio.ensure_future(decode_call.read())
         try:
-            async for event in _stream(call, route.prefill, "colocated"):
-                if trace.decode is None:
-                    trace.prefill.finished_at = _now()
-                    trace.prefill.compute_ms = event.stats.compute_ms
-                    trace.decode = PhaseRecord(route.prefill, started_at=trace.prefill.finished_at)
-                elif event.finished:
-                    trace.decode.compute_ms = event.stats.compute_ms
-                yield event
+            while not read.done():
+                waiting = {read} if kv_task.done() else {read, kv_task}
+                done, _ = await asyncio.wait(waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise WorkerFailure(_timed_out(route.decode, "decode"), (route.decode,), dead=False)
+                if kv_task in done and kv_task.exception() is not None and not read.done():
+                    raise kv_task.exception()
+            message = read.result()
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (route.decode,), "decode") from None
         finally:
-            _finish(trace.decode)
+            read.cancel()
+        if message is grpc.aio.EOF:
+            raise WorkerFailure(_ended_early(route), (route.decode,), dead=False)
+        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
+        return message
+
+    async def _kv_delivered(self, prefill_call, route: Route) -> worker_pb2.KvDelivered:
+        """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
+        be at fault (a dead decode worker makes the push fail): the request moves to another pair."""
+        try:
+            message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.kv_delivery_s)
+        except WorkerFailure as failure:
+            raise WorkerFailure(failure.error, (route.prefill, route.decode), dead=False) from None
+        if not message.HasField("kv_delivered"):
+            raise WorkerFailure(
+                GatewayError(grpc.StatusCode.UNAVAILABLE, f"the prefill worker {route.prefill.id} sent no KV delivery"),
+                (route.prefill, route.decode), dead=False,
+            )
+        delivered = message.kv_delivered
+        KV_TRANSFER_BYTES.inc(delivered.kv_bytes)
+        KV_TRANSFER_SECONDS.observe(delivered.transfer_ms / 1000)
+        return delivered
+
+    async def _account_kv(self, kv_task: asyncio.Task, trace: RequestTrace) -> None:
+        """Every token is in: the KV cache arrived, so its delivery report only adds to usage."""
+        try:
+            delivered = await asyncio.wait_for(asyncio.shield(kv_task), self._timeouts.kv_delivery_s)
+        except (WorkerFailure, TimeoutError) as error:
+            log.warning("no KV delivery report after the stream ended: %s", error)
+            return
+        trace.prefill.kv_bytes += delivered.kv_bytes
+        trace.decode.kv_bytes += delivered.kv_bytes
+
+    async def _colocated(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace):
+        sampling = _remaining_sampling(plan, produced)
+        call = self._channels.stub(route.prefill.address).Generate(
+            worker_pb2.GenerateWork(
+                request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids + produced, sampling=sampling,
+                priority=plan.priority,
+            ),
+            timeout=self._call_deadline(sampling.max_tokens - len(produced)),
+        )
+        phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
+        started = _now()
+        try:
+            first = await self._read(call, route.prefill, phase, self._timeouts.first_token_s)
+            _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
+            _start_decode(trace, route.prefill)
+            event = first
+            while True:
+                if event.finished and event is not first:
+                    trace.decode.compute_ms += event.stats.compute_ms
+                yield event
+                if event.finished:
+                    return
+                event = await self._read(call, route.prefill, phase, self._timeouts.next_token_s)
+        finally:
             call.cancel()
 
-    def _stub(self, worker: WorkerInfo) -> worker_pb2_grpc.WorkerStub:
-        channel = self._channels.get(worker.address)
-        if channel is None:
-            channel = self._channels[worker.address] = grpc.aio.insecure_channel(worker.address)
-        return worker_pb2_grpc.WorkerStub(channel)
+    async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
+        try:
+            message = await asyncio.wait_for(call.read(), timeout)
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (worker,), phase) from None
+        if message is grpc.aio.EOF:
+            raise WorkerFailure(
+                GatewayError(grpc.StatusCode.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
+                (worker,), dead=False,
+            )
+        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
+        return message
 
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-
-
-async def _read(call, worker: WorkerInfo, phase: str):
-    try:
-        message = await call.read()
-    except grpc.aio.AioRpcError as error:
-        raise _worker_failure(error, worker, phase) from None
-    if message is grpc.aio.EOF:
-        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early")
-    WORKER_BYTES_RECEIVED.inc(message.ByteSize())
-    return message
+    def _call_deadline(self, max_tokens: int) -> float:
+        t = self._timeouts
+        return t.first_token_s + t.kv_delivery_s + max_tokens * t.next_token_s
 
 
-async def _stream(call, worker: WorkerInfo, phase: str):
-    try:
-        async for message in call:
-            WORKER_BYTES_RECEIVED.inc(message.ByteSize())
-            yield message
-    except grpc.aio.AioRpcError as error:
-        raise _worker_failure(error, worker, phase) from None
+def _remaining_sampling(plan: GenerationPlan, produced: list[int]) -> worker_pb2.SamplingParams:
+    """The request's sampling after `produced` tokens: max_tokens stays the request's budget in all (the
+    tokens already produced count against it, as the worker knows from tokens_already_generated)."""
+    sampling = worker_pb2.SamplingParams()
+    sampling.CopyFrom(plan.sampling)
+    sampling.tokens_already_generated = len(produced)
+    return sampling
 
 
-def _worker_failure(error: grpc.aio.AioRpcError, worker: WorkerInfo, phase: str) -> GatewayError:
-    code = grpc.StatusCode.DEADLINE_EXCEEDED if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED else grpc.StatusCode.UNAVAILABLE
-    return GatewayError(code, f"the {phase} worker {worker.id} failed ({error.code().name}: {error.details()}); retry the request")
+def _last_of_budget(event: worker_pb2.TokenEvent) -> worker_pb2.TokenEvent:
+    last = worker_pb2.TokenEvent()
+    last.CopyFrom(event)
+    last.finished = True
+    last.finished_by_eos = False
+    return last
 
 
-def _finish(record: PhaseRecord | None) -> None:
-    if record is not None and record.finished_at is None:
-        record.finished_at = _now()
+def _record_prefill(trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int) -> None:
+    """The first prefill is the one billed; a prefill re-run after a failure only adds compute time."""
+    if trace.prefill is None:
+        trace.prefill = PhaseRecord(worker, started_at=started, finished_at=_now(), cached_tokens=cached)
+    trace.prefill.compute_ms += compute_ms
+
+
+def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> None:
+    if trace.decode is None:
+        trace.decode = PhaseRecord(worker, started_at=_now())
+    else:
+        trace.decode.worker = worker   # the stream moved: the last decode worker is the one on record
+
+
+def finish_trace(trace: RequestTrace) -> None:
+    if trace.decode is not None and trace.decode.finished_at is None:
+        trace.decode.finished_at = _now()
+
+
+def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phase: str) -> WorkerFailure:
+    code = error.code()
+    client_code = grpc.StatusCode.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else grpc.StatusCode.UNAVAILABLE
+    if code in _NOT_SERVED:
+        client_code = code
+    names = ", ".join(w.id for w in culprits)
+    message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
+    return WorkerFailure(GatewayError(client_code, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE)
+
+
+def _timed_out(worker: WorkerInfo, phase: str) -> GatewayError:
+    return GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {phase} worker {worker.id} did not answer in time; retry the request")
+
+
+def _ended_early(route: Route) -> GatewayError:
+    worker = route.decode or route.prefill
+    return GatewayError(grpc.StatusCode.UNAVAILABLE, f"the worker {worker.id} ended its stream before the last token")
 
 
 def _now() -> datetime:

@@ -1,13 +1,29 @@
-"""Picks the workers for a request: a prefill and a decode worker in split mode, or one colocated worker."""
+"""Picks the workers for a request from the workers' live load reports.
+
+- Prefill worker: the least estimated work, where work is the prompt tokens it does not already hold in
+  its prefix cache (matched against the block hashes it publishes) plus a fixed price per request
+  waiting on it. Each worker is scored on its own, so one hot worker loses only its own requests.
+- Decode worker: room for the sequence in its free KV blocks, then the fewest active and waiting sequences.
+- Split skip: a prompt that is short, or held by the decode worker's own prefix cache, is run whole on
+  the decode worker (Generate) when its uncached part is at most `skip_split_below` tokens: the KV
+  hand-off would cost more than the prefill it saves.
+- Same-region workers first (the gateway's `--region`), other regions when none is usable there;
+  workers that failed this request are avoided; workers that stopped reporting load are not used.
+"""
 
 import enum
+import math
 from collections import Counter
 from dataclasses import dataclass
 
 import grpc
 
+from diptych_common.prefix_hash import block_hashes
 from gateway.errors import GatewayError
+from gateway.live_load import LiveLoad, LoadBoard
 from gateway.registry import Registry, WorkerInfo
+
+QUEUED_REQUEST_TOKENS = 128   # the work one waiting request stands for, in prompt tokens
 
 
 class ServingMode(enum.StrEnum):
@@ -16,47 +32,167 @@ class ServingMode(enum.StrEnum):
     COLOCATED = "colocated"
 
 
+class Decision(enum.StrEnum):
+    SPLIT = "split"
+    SPLIT_SKIPPED = "split_skipped"   # both phases on the decode worker
+    COLOCATED = "colocated"
+
+
 @dataclass(frozen=True)
 class Route:
-    prefill: WorkerInfo
-    decode: WorkerInfo | None  # None: the prefill worker is colocated and does both phases
+    prefill: WorkerInfo            # the worker that runs the prompt (both phases unless `decode` is set)
+    decode: WorkerInfo | None
+    decision: Decision
+    matched_tokens: int = 0        # prompt tokens the prefill worker holds, by its published block hashes
 
     @property
     def colocated(self) -> bool:
         return self.decode is None
 
 
+@dataclass(frozen=True)
+class RouteRequest:
+    model: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    avoid: frozenset[str] = frozenset()   # worker ids that already failed this request
+
+
+class Lease:
+    def __init__(self, in_flight: Counter, held: list[str]) -> None:
+        self._in_flight = in_flight
+        self._held = held
+
+    def release(self, worker_id: str | None = None) -> None:
+        """Releases one worker (a prefill worker once its first token came), or all that are still held."""
+        targets = list(self._held) if worker_id is None else [w for w in self._held if w == worker_id]
+        for target in targets:
+            self._held.remove(target)
+            self._in_flight[target] -= 1
+
+
 class Router:
-    def __init__(self, registry: Registry, mode: ServingMode) -> None:
+    def __init__(
+        self, registry: Registry, board: LoadBoard, mode: ServingMode, region: str = "", skip_split_below: int = 0
+    ) -> None:
         self._registry = registry
+        self._board = board
         self._mode = mode
+        self._region = region
+        self._skip_split_below = skip_split_below
         self._in_flight: Counter[str] = Counter()
+        self._no_generate: set[str] = set()   # decode workers that refused Generate
 
-    def route(self, model: str) -> Route:
-        prefill = self._registry.ready_workers(model, "prefill")
-        decode = self._registry.ready_workers(model, "decode")
-        colocated = self._registry.ready_workers(model, "colocated")
-        split_ready = bool(prefill and decode)
-        if self._mode is ServingMode.SPLIT or (self._mode is ServingMode.AUTO and split_ready):
-            if not split_ready:
+    def route(self, request: RouteRequest) -> Route:
+        model = request.model
+        if self._mode is not ServingMode.COLOCATED:
+            prefill = self._candidates(model, "prefill", request.avoid)
+            decode = self._candidates(model, "decode", request.avoid)
+            if prefill and decode:
+                return self._split_route(request, prefill, decode)
+            if self._mode is ServingMode.SPLIT:
                 raise _no_workers(model, "prefill and decode")
-            return Route(prefill=self._least_loaded(prefill), decode=self._least_loaded(decode))
+        colocated = self._candidates(model, "colocated", request.avoid)
         if not colocated:
-            raise _no_workers(model, "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated")
-        return Route(prefill=self._least_loaded(colocated), decode=None)
+            roles = "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated"
+            raise _no_workers(model, roles)
+        worker = min(colocated, key=lambda w: (self._pending(w), w.id))
+        return Route(prefill=worker, decode=None, decision=Decision.COLOCATED)
 
-    def acquire(self, route: Route) -> None:
-        for worker in (route.prefill, route.decode):
-            if worker is not None:
-                self._in_flight[worker.id] += 1
+    def acquire(self, route: Route) -> "Lease":
+        """Counts the request on its workers until the lease is released."""
+        held = [route.prefill.id] + ([route.decode.id] if route.decode else [])
+        for worker_id in held:
+            self._in_flight[worker_id] += 1
+        return Lease(self._in_flight, held)
 
-    def release(self, route: Route) -> None:
-        for worker in (route.prefill, route.decode):
-            if worker is not None:
-                self._in_flight[worker.id] -= 1
+    def note_no_generate(self, worker_id: str) -> None:
+        """The decode worker does not serve Generate: never skip the split onto it again."""
+        self._no_generate.add(worker_id)
 
-    def _least_loaded(self, workers: list[WorkerInfo]) -> WorkerInfo:
-        return min(workers, key=lambda w: (self._in_flight[w.id], w.queue_depth + w.active_sequences))
+    def _split_route(self, request: RouteRequest, prefill: list[WorkerInfo], decode: list[WorkerInfo]) -> Route:
+        prompt = request.prompt_token_ids
+        chains: dict[int, list[int]] = {}   # the prompt's block hashes, per block size
+        decode_worker = self._pick_decode(request, decode)
+        if self._skip_split_below and decode_worker.id not in self._no_generate:
+            held = self._matched_tokens(decode_worker, prompt, chains)
+            if len(prompt) - held <= self._skip_split_below:
+                return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held)
+        matched = {w.id: self._matched_tokens(w, prompt, chains) for w in prefill}
+
+        def work(worker: WorkerInfo) -> tuple[int, int, str]:
+            pending = self._pending(worker)
+            return len(prompt) - matched[worker.id] + QUEUED_REQUEST_TOKENS * pending, pending, worker.id
+
+        worker = min(prefill, key=work)
+        return Route(worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id])
+
+    def _pick_decode(self, request: RouteRequest, workers: list[WorkerInfo]) -> WorkerInfo:
+        tokens = len(request.prompt_token_ids) + request.max_tokens
+
+        def room(worker: WorkerInfo) -> bool:
+            load = self._load(worker)
+            if load is None or not load.kv_blocks_total or not load.block_size:
+                return True   # no block accounting published: assume room
+            return load.kv_blocks_free >= math.ceil(tokens / load.block_size)
+
+        def free_blocks(worker: WorkerInfo) -> int:
+            load = self._load(worker)
+            return load.kv_blocks_free if load is not None else 0
+
+        with_room = [w for w in workers if room(w)] or workers
+        return min(with_room, key=lambda w: (self._pending(w), -free_blocks(w), w.id))
+
+    def _pending(self, worker: WorkerInfo) -> int:
+        """Requests on the worker: its own report, or this gateway's count when that is higher (the
+        report lags by up to 50 ms)."""
+        load = self._load(worker)
+        reported = 0
+        if load is not None:
+            reported = load.queue_depth + (load.active_sequences if worker.role != "prefill" else 0)
+        return max(reported, self._in_flight[worker.id])
+
+    def _matched_tokens(self, worker: WorkerInfo, prompt: list[int], chains: dict[int, list[int]]) -> int:
+        """Prompt tokens the worker holds: its published blocks that match the prompt's leading blocks."""
+        live = self._board.get(worker.id)
+        if live is None or not live.cached_blocks or not live.load.block_size:
+            return 0
+        block_size = live.load.block_size
+        if block_size not in chains:
+            chains[block_size] = block_hashes(prompt, block_size)
+        matched = 0
+        for block in chains[block_size]:
+            if block not in live.cached_blocks:
+                break
+            matched += block_size
+        return matched
+
+    def _load(self, worker: WorkerInfo):
+        live = self._board.get(worker.id)
+        return live.load if live is not None and live.fresh else None
+
+    def _candidates(self, model: str, role: str, avoid: frozenset[str]) -> list[WorkerInfo]:
+        """Usable workers of the role, best tier first: same region, other regions, then workers that
+        already failed this request but still report load, then workers with no load report yet."""
+        ready = self._registry.ready_workers(model, role)
+        live = {w.id: self._board.get(w.id) for w in ready}
+        usable = [w for w in ready if _usable(live[w.id])]
+        fresh = [w for w in usable if w.id not in avoid]
+        tiers = [
+            [w for w in fresh if w.region == self._region or not self._region],
+            fresh,
+            usable,
+            [w for w in ready if w.id not in avoid and _unreported(live[w.id])],
+        ]
+        return next((tier for tier in tiers if tier), [])
+
+
+def _usable(live: LiveLoad | None) -> bool:
+    return live is not None and live.fresh and not live.load.draining
+
+
+def _unreported(live: LiveLoad | None) -> bool:
+    return live is None or (live.load is None and not live.broken)
 
 
 def _no_workers(model: str, roles: str) -> GatewayError:

@@ -28,15 +28,19 @@ class TextStream:
         return self._emit_until(len(self._text) - self._hold_back)
 
     def flush(self) -> str:
-        """The held-back text, once the stream has ended for another reason than a stop string."""
-        return "" if self.stopped else self._emit_until(len(self._text))
+        """The held-back text, once the stream has ended for another reason than a stop string. An
+        incomplete character at the very end is decoded as the tokenizer does (a replacement character)."""
+        if self.stopped:
+            return ""
+        self._text += self._decode_new(final=True)
+        return self._emit_until(len(self._text))
 
-    def _decode_new(self) -> str:
+    def _decode_new(self, final: bool = False) -> str:
         ids = self._token_ids
         decode = self._tokenizer.decode
         before = decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
         after = decode(ids[self._prefix_offset:], skip_special_tokens=True)
-        if len(after) <= len(before) or after.endswith("\ufffd"):
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         self._prefix_offset, self._read_offset = self._read_offset, len(ids)
         return after[len(before):]

@@ -1,6 +1,7 @@
 """Checks a Generate request and turns it into a plan the request path can run. Every refusal says
 what to change."""
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ DEFAULT_MAX_TOKENS = 16
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 64
 CHAT_ROLES = ("system", "user", "assistant")
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -28,10 +30,13 @@ class GenerationPlan:
     prompt_token_ids: list[int]
     sampling: worker_pb2.SamplingParams
     stop: list[str]
+    priority: int = worker_pb2.PRIORITY_INTERACTIVE
 
 
-def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry) -> GenerationPlan:
-    request_id = _request_id(request.request_id)
+def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, organization_id: str) -> GenerationPlan:
+    request_id = _request_id(request.request_id, request.idempotency_key, organization_id)
+    if request.priority not in (inference_pb2.PRIORITY_INTERACTIVE, inference_pb2.PRIORITY_BATCH):
+        raise _invalid(f"priority {request.priority} is unknown; use PRIORITY_INTERACTIVE or PRIORITY_BATCH")
     model = registry.models.get(request.model)
     if model is None:
         available = ", ".join(sorted(registry.models)) or "none"
@@ -50,10 +55,18 @@ def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry) 
         prompt_token_ids=prompt,
         sampling=_sampling(request, model, len(prompt)),
         stop=_stop_strings(request.stop),
+        priority=int(request.priority),
     )
 
 
-def _request_id(client_id: str) -> str:
+def _request_id(client_id: str, idempotency_key: str, organization_id: str) -> str:
+    """An idempotency key names one logical request of an organization across retries: the request id
+    is derived from both, so the ledger (unique on request id and phase) bills a retried request once."""
+    if idempotency_key:
+        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH or not idempotency_key.isprintable():
+            raise _invalid(f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters")
+        digest = hashlib.blake2b(f"{organization_id}\0{idempotency_key}".encode(), digest_size=16).hexdigest()
+        return f"idem_{digest}"
     if not client_id:
         return f"req_{uuid.uuid4().hex}"
     if not _REQUEST_ID.fullmatch(client_id):
@@ -118,6 +131,7 @@ def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_l
         has_seed=request.HasField("seed"),
         seed=request.seed,
         max_tokens=max_tokens,
+        ignore_eos=request.ignore_eos,
     )
 
 

@@ -1,20 +1,24 @@
-"""Runs one worker process: loads the model, serves the worker gRPC API and stays registered."""
+"""Runs one worker process: loads the model, serves the worker gRPC API (and, on decode workers, the
+KV data port) and stays registered."""
 
 import asyncio
 import logging
+import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import grpc
+import httpx
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.proto.v1 import worker_pb2_grpc
-from workers.decode_engine import DecodeEngine
-from workers.kv_transfer import KvInbox, KvSender
+from workers.engine import Engine, EngineConfig
+from workers.kv_transfer import KvInbox, KvReceiver, KvSender, StagingPool, sweep_stale_files
+from workers.metrics import serve_metrics
 from workers.model_loader import load_model
-from workers.model_runner import ModelRunner
-from workers.prefill_engine import PrefillEngine
+from workers.model_runner import ModelRunner, kv_layout_of
 from workers.registration import ControlPlaneLink, RegistrationError
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
@@ -23,6 +27,16 @@ log = logging.getLogger(__name__)
 
 DRAIN_GRACE_S = 30.0
 MAX_MESSAGE_BYTES = 64 << 20
+
+
+def build_engine(loaded, config: EngineConfig, executor) -> Engine:
+    """The model runner and engine for a loaded model; the KV pool takes `config.kv_cache_mib`."""
+    model = loaded.model.to(config.device)
+    layout = kv_layout_of(model.config, config.block_size, next(model.parameters()).dtype)
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_mib << 20) // layout.block_nbytes)
+    runner = ModelRunner(model, num_blocks, config.block_size, config.device)
+    stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
+    return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 
 
 async def serve(
@@ -36,19 +50,27 @@ async def serve(
     fleet_token: str,
     name: str,
     threads: int,
+    engine_config: EngineConfig = EngineConfig(),
+    kv_port: int = 0,
 ) -> None:
     torch.set_num_threads(threads)
-    loaded = load_model(model, model_source)
-    runner = ModelRunner(loaded)
-    stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
+    if swept := sweep_stale_files():
+        log.info("removed %d shared-memory files left by workers that no longer run", swept)
+    cuda = engine_config.device.startswith("cuda")
+    loaded = load_model(model, model_source, dtype=torch.bfloat16 if cuda else torch.float32)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    engine = build_engine(loaded, engine_config, executor)
+    layout = engine.runner.layout
 
     state = WorkerState(role=role)
-    prefill = PrefillEngine(runner, executor) if role in (Role.PREFILL, Role.COLOCATED) else None
-    decode = DecodeEngine(runner, executor, stop) if role in (Role.DECODE, Role.COLOCATED) else None
-    inbox = KvInbox() if role is Role.DECODE else None
-    sender = KvSender() if role is Role.PREFILL else None
-    service = WorkerService(state, stop, prefill=prefill, decode=decode, inbox=inbox, sender=sender)
+    receiver = sender = None
+    if role is Role.DECODE:
+        receiver = KvReceiver(KvInbox(), layout, host=host, port=kv_port, staging=StagingPool(pin=cuda))
+        receiver.start()
+    if role is Role.PREFILL:
+        sender = KvSender(layout, pin=cuda)
+    service = WorkerService(state, engine, receiver=receiver, sender=sender)
+    serve_metrics(int(os.environ.get("DIPTYCH_WORKER_METRICS_PORT", "0")), host, role.value, service.load)
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -61,7 +83,10 @@ async def serve(
     await server.start()
     address = f"{host}:{bound_port}"
 
-    link = ControlPlaneLink(control_plane_url, fleet_token, address, name, service.load_report)
+    link = ControlPlaneLink(
+        control_plane_url, fleet_token, address, name, service.load_report,
+        on_state=lambda _: service.set_draining(link.draining),
+    )
     await link.register_until_accepted()
     if link.fleet.get("model") != model or link.fleet.get("role") != role:
         raise RegistrationError(
@@ -70,25 +95,34 @@ async def serve(
         )
     state.worker_id = link.worker_id
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("%s worker %s serving %s on %s", role, link.worker_id, model, address)
+    data = f", KV data port {receiver.host}:{receiver.port}" if receiver else ""
+    log.info(
+        "%s worker %s serving %s on %s%s; %d KV blocks of %d tokens on %s",
+        role, link.worker_id, model, address, data, engine.kv.num_blocks, engine.kv.block_size, engine_config.device,
+    )
 
-    tasks = [asyncio.create_task(link.heartbeat_forever())]
-    tasks += [asyncio.create_task(engine.run()) for engine in (prefill, decode) if engine is not None]
+    tasks = [asyncio.create_task(link.heartbeat_forever()), asyncio.create_task(engine.run())]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
 
-    log.info("draining: finishing in-flight requests, taking no new ones")
     link.draining = True
-    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await link.heartbeat()
-    await server.stop(DRAIN_GRACE_S)
-    for task in tasks:
-        task.cancel()
-    await link.close()
-    if sender is not None:
-        await sender.close()
-    executor.shutdown(wait=False)
-
+    service.set_draining(True)
+    try:
+        await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            await link.heartbeat()
+        except httpx.HTTPError as error:
+            log.warning("could not tell the control plane this worker drains: %s", error)
+        await server.stop(DRAIN_GRACE_S)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await link.close()
+        if receiver is not None:
+            receiver.close()
+        if sender is not None:
+            sender.close()  # removes its shared-memory segments
+        executor.shutdown(wait=False)

@@ -1,49 +1,202 @@
-"""Runs the model's forward passes: batched prefill and one batched decode step."""
+"""Runs the model over paged KV: one forward pass per engine step, whatever mix of prompt chunks and
+decoding tokens the scheduler chose.
+
+The KV of every layer lives in one pool tensor shaped [layers, 2 (keys, values), blocks, block_size,
+kv_heads, head_dim]. A step packs the new tokens of all scheduled requests into one row, runs the
+decoder layers' own modules (norms, projections, rotary embedding, MLP) on it, writes each new token's
+keys and values into its slot of the pool, and attends over each request's blocks. Only the rows
+whose logits are sampled go through the final norm and the LM head.
+"""
+
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from workers.kv_cache import DecodeBatch, SequenceKV
-from workers.model_loader import LoadedModel
+
+@dataclass
+class StepInput:
+    """One request's part of a step: tokens at positions start.. of the request, over its blocks."""
+
+    token_ids: list[int]
+    start: int
+    block_ids: list[int]
+    sample: bool
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.block_size, self.kv_heads, self.head_dim)
+
+    @property
+    def token_nbytes(self) -> int:
+        return self.num_layers * 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.block_size * self.token_nbytes
+
+
+def kv_layout_of(config, block_size: int, dtype: torch.dtype) -> KvLayout:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return KvLayout(config.num_hidden_layers, kv_heads, head_dim, block_size, dtype)
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel) -> None:
-        self.model = loaded.model
-        self.config = loaded.model.config
-        self.pad_token_id = self.config.pad_token_id or 0
-
-    @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, list[SequenceKV]]:
-        """Runs the prompts right-padded in one pass; causal attention keeps the padding out of every
-        real position, so no attention mask is needed. Returns the last position's logits per prompt,
-        shaped [batch, vocab], and each prompt's KV."""
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        out = self.model(input_ids=input_ids, use_cache=True)
-        last = torch.tensor([len(p) - 1 for p in prompts])
-        logits = out.logits[torch.arange(len(prompts)), last].float()
-        kvs = [
-            SequenceKV(
-                [(layer.keys[row, :, : len(prompt)].clone(), layer.values[row, :, : len(prompt)].clone())
-                 for layer in out.past_key_values.layers]
-            )
-            for row, prompt in enumerate(prompts)
-        ]
-        return logits, kvs
-
-    @torch.inference_mode()
-    def decode_step(self, batch: DecodeBatch, input_token_ids: list[int]) -> torch.Tensor:
-        """Feeds one token per running sequence; returns next-token logits shaped [batch, vocab]."""
-        input_ids = torch.tensor(input_token_ids, dtype=torch.long).unsqueeze(1)
-        position_ids = torch.tensor(batch.lengths, dtype=torch.long).unsqueeze(1)
-        batch.advance()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=position_ids,
-            past_key_values=batch.cache,
-            use_cache=True,
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, device: str = "cpu") -> None:
+        self.model = model
+        self.config = model.config
+        self.device = torch.device(device)
+        dtype = next(model.parameters()).dtype
+        self.layout = kv_layout_of(self.config, block_size, dtype)
+        lay = self.layout
+        self.kv = torch.zeros(
+            lay.num_layers, 2, num_blocks, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
-        return out.logits[:, -1].float()
+        self.num_heads = self.config.num_attention_heads
+
+    @torch.inference_mode()
+    def execute(self, inputs: list[StepInput]) -> torch.Tensor:
+        """Runs one step; returns float32 logits [number of sampling inputs, vocab], in input order."""
+        base = self.model.model
+        token_ids = torch.tensor([t for step in inputs for t in step.token_ids], dtype=torch.long)
+        positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in inputs])
+        slot_blocks, slot_offsets = self._slots(inputs, positions)
+        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        hidden = base.embed_tokens(token_ids).unsqueeze(0)
+        cos, sin = base.rotary_emb(hidden, positions.unsqueeze(0))
+        plan = _AttentionPlan(inputs, self.layout.block_size, self.device)
+        for layer_index, layer in enumerate(base.layers):
+            residual = hidden
+            attn = layer.self_attn
+            query, key, value = self._project(attn, layer.input_layernorm(hidden), cos, sin)
+            layer_kv = self.kv[layer_index]
+            layer_kv[0, slot_blocks, slot_offsets] = key[0].transpose(0, 1)
+            layer_kv[1, slot_blocks, slot_offsets] = value[0].transpose(0, 1)
+            attended = plan.attend(query[0], layer_kv, attn.scaling)
+            hidden = residual + attn.o_proj(attended.unsqueeze(0))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        rows = plan.sample_rows
+        if not rows:
+            return torch.empty(0, self.config.vocab_size)
+        last = base.norm(hidden[0, rows])
+        return self.model.lm_head(last).float().cpu()
+
+    def _project(self, attn, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        shape = (*hidden.shape[:-1], -1, self.layout.head_dim)
+        query = attn.q_proj(hidden).view(shape)
+        key = attn.k_proj(hidden).view(shape)
+        if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms
+            query, key = attn.q_norm(query), attn.k_norm(key)
+        value = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
+        return query, key, value
+
+    def _slots(self, inputs: list[StepInput], positions: torch.Tensor):
+        size = self.layout.block_size
+        tables = torch.cat([
+            torch.tensor(s.block_ids, dtype=torch.long)[torch.arange(s.start, s.start + len(s.token_ids)) // size]
+            for s in inputs
+        ])
+        return tables.to(self.device), (positions % size).to(self.device)
+
+    @torch.inference_mode()
+    def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
+        """Copies blocks into `out` [layers, 2, len(block_ids), block_size, kv_heads, head_dim] (host)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        if self.device.type == "cpu":
+            torch.index_select(self.kv, 2, index, out=out)
+        else:
+            out.copy_(torch.index_select(self.kv, 2, index), non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def block_views(self, block_ids: list[int]) -> list[memoryview]:
+        """The blocks' bytes in pool memory, in the order read_blocks would copy them (layer, keys then
+        values, block), each run of consecutive blocks as one view. Host-memory pools only."""
+        runs, start = [], 0
+        for index in range(1, len(block_ids) + 1):
+            if index == len(block_ids) or block_ids[index] != block_ids[index - 1] + 1:
+                runs.append((block_ids[start], block_ids[index - 1] + 1))
+                start = index
+        return [
+            memoryview(self.kv[layer, kind, first:end].numpy()).cast("B")
+            for layer in range(self.layout.num_layers) for kind in (0, 1) for first, end in runs
+        ]
+
+    @torch.inference_mode()
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        self.kv.index_copy_(2, index, data.to(self.device, non_blocking=True))
+
+
+class _AttentionPlan:
+    """How a step's packed queries meet the KV of their requests: all single-token inputs (decoding)
+    attend in one padded batch; each longer input (a prompt chunk) attends on its own."""
+
+    def __init__(self, inputs: list[StepInput], block_size: int, device: torch.device) -> None:
+        self.sample_rows: list[int] = []
+        self.decode_rows: list[int] = []
+        decode_tables, decode_lengths = [], []
+        self.chunks: list[tuple[int, int, int, torch.Tensor]] = []  # (row, length, start, block ids)
+        row = 0
+        for step in inputs:
+            length = len(step.token_ids)
+            if step.sample:
+                self.sample_rows.append(row + length - 1)
+            if length == 1:
+                self.decode_rows.append(row)
+                decode_tables.append(step.block_ids)
+                decode_lengths.append(step.start + 1)
+            else:
+                blocks = torch.tensor(step.block_ids[: -(-(step.start + length) // block_size)], device=device)
+                self.chunks.append((row, length, step.start, blocks))
+            row += length
+        if self.decode_rows:
+            width = max(len(t) for t in decode_tables)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
+            lengths = torch.tensor(decode_lengths)
+            self.decode_tables = tables.to(device)
+            mask = torch.arange(width * block_size)[None, :] < lengths[:, None]
+            self.decode_mask = mask[:, None, None, :].to(device)
+            self.decode_index = torch.tensor(self.decode_rows, device=device)
+
+    def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [heads, tokens, head_dim] → [tokens, heads * head_dim]."""
+        heads, tokens, head_dim = query.shape
+        out = torch.empty(tokens, heads, head_dim, dtype=query.dtype, device=query.device)
+        if self.decode_rows:
+            keys, values = (_gather(layer_kv[i], self.decode_tables) for i in (0, 1))
+            q = query[:, self.decode_index].transpose(0, 1).unsqueeze(2)  # [batch, heads, 1, dim]
+            attended = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=self.decode_mask, scale=scale, enable_gqa=True
+            )
+            out[self.decode_index] = attended[:, :, 0]
+        for row, length, start, blocks in self.chunks:
+            keys, values = (_gather(layer_kv[i], blocks[None])[:, :, : start + length] for i in (0, 1))
+            q = query[None, :, row:row + length]
+            if start == 0:
+                attended = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                mask = torch.arange(start + length, device=q.device)[None, :] <= (
+                    start + torch.arange(length, device=q.device)[:, None]
+                )
+                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[row:row + length] = attended[0].transpose(0, 1)
+        return out.reshape(tokens, heads * head_dim)
+
+
+def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """pool [blocks, block_size, kv_heads, dim], tables [batch, n] → [batch, kv_heads, n * block_size, dim]."""
+    batch, width = tables.shape
+    gathered = pool[tables]  # [batch, n, block_size, kv_heads, dim]
+    return gathered.reshape(batch, width * pool.shape[1], pool.shape[2], pool.shape[3]).transpose(1, 2)

@@ -24,6 +24,7 @@ class ControlPlaneLink:
         address: str,
         name: str,
         load: Callable[[], dict],
+        on_state: Callable[[str], None] = lambda state: None,
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=control_plane_url.rstrip("/"),
@@ -33,6 +34,7 @@ class ControlPlaneLink:
         self._address = address
         self._name = name
         self._load = load
+        self._on_state = on_state  # told the state the control plane holds for this worker
         self.worker_id = ""
         self.fleet: dict = {}
         self.heartbeat_interval = 2.0
@@ -78,6 +80,11 @@ class ControlPlaneLink:
             await self.register()
             return
         response.raise_for_status()
+        state = response.json().get("state", "")
+        if state == "draining" and not self.draining:
+            log.info("the control plane asks this worker to drain")
+            self.draining = True
+        self._on_state(state)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -20,6 +20,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     ignore_eos: bool = False
+    tokens_already_generated: int = 0  # produced before this call (decode migration): seeded draws continue
 
     @property
     def greedy(self) -> bool:

@@ -42,7 +42,27 @@ DIPTYCH_TINY = BuiltinModel(
     ),
 )
 
-BUILTIN_MODELS = {DIPTYCH_TINY.name: DIPTYCH_TINY}
+# The benchmark's model: the shape of a small production Llama (100 M parameters with tied embeddings).
+DIPTYCH_100M = BuiltinModel(
+    name="diptych-100m",
+    seed=0,
+    llama_config=dict(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    ),
+)
+
+BUILTIN_MODELS = {model.name: model for model in (DIPTYCH_TINY, DIPTYCH_100M)}
 
 
 def builtin_model_for(source: str) -> BuiltinModel | None:

@@ -1,16 +1,19 @@
-"""Rebuilds the tokenizer files of the built-in `diptych-tiny` model.
+"""Rebuilds the tokenizer files of the built-in models (`diptych-tiny`, `diptych-100m`).
 
-The files are committed next to this script, so running it is only needed to change the tokenizer:
+The files are committed next to this script, so running it is only needed to change a tokenizer:
 
-    python -m diptych_common.builtin.build_tokenizer
+    python -m diptych_common.builtin.build_tokenizer [diptych-tiny|diptych-100m]
 """
 
+import random
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 VOCAB_SIZE = 512
+VOCAB_SIZE_100M = 32000
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -19,7 +22,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-OUTPUT_DIR = Path(__file__).parent / "diptych-tiny"
 
 # A small, fixed corpus: the merges only need to be plausible, the model's weights are random.
 CORPUS = """
@@ -36,17 +38,34 @@ Once upon a time, in a land far away, there lived a model that answered every qu
 """
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def pseudo_word_corpus(seed: int = 0, draws: int = 40000) -> list[str]:
+    """Deterministic text with enough distinct words for a 32000-token vocabulary, each word repeated
+    by a Zipf-like count so that the merges come out in a stable order. Built here, so nothing is downloaded."""
+    rng = random.Random(seed)
+    onsets = "b c d f g h j k l m n p r s t v w z br cl dr fl gr pl pr st tr sh ch th".split()
+    vowels = "a e i o u ai ea ou io".split()
+    codas = ["", "n", "r", "s", "t", "l", "m", "nd", "st", "ck"]
+
+    def word() -> str:
+        return "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+
+    words = sorted({word() for _ in range(draws)})
+    return [CORPUS] * 4 + [" ".join([" " + w] * (1 + 2000 // (rank + 1))) for rank, w in enumerate(words)]
+
+
+def build_tokenizer(
+    vocab_size: int = VOCAB_SIZE, texts: list[str] | None = None, model_max_length: int = 1024
+) -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tokenizer.train_from_iterator(texts or [CORPUS] * 4, trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
     )
@@ -57,10 +76,24 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         additional_special_tokens=ROLE_TOKENS,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=1024,
+        model_max_length=model_max_length,
     )
 
 
+def write_tokenizer(name: str) -> Path:
+    output_dir = Path(__file__).parent / name
+    if name == "diptych-tiny":
+        build_tokenizer().save_pretrained(output_dir)
+    elif name == "diptych-100m":
+        tokenizer = build_tokenizer(VOCAB_SIZE_100M, pseudo_word_corpus(), model_max_length=2048)
+        tokenizer.save_pretrained(output_dir)
+        # On one line instead of pretty-printed: half the size for a 32000-token vocabulary.
+        tokenizer.backend_tokenizer.save(str(output_dir / "tokenizer.json"), pretty=False)
+    else:
+        raise SystemExit(f"unknown built-in model {name!r}")
+    return output_dir
+
+
 if __name__ == "__main__":
-    build_tokenizer().save_pretrained(OUTPUT_DIR)
-    print(f"wrote {OUTPUT_DIR}")
+    for model_name in sys.argv[1:] or ["diptych-tiny"]:
+        print(f"wrote {write_tokenizer(model_name)}")

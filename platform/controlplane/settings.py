@@ -51,6 +51,17 @@ DIPTYCH_INTERNAL_TOKEN = os.environ.get("DIPTYCH_INTERNAL_TOKEN", "")
 DIPTYCH_WORKER_DEAD_AFTER_SECONDS = _env_int("DIPTYCH_WORKER_DEAD_AFTER_SECONDS", 10)
 DIPTYCH_HEARTBEAT_INTERVAL_SECONDS = _env_int("DIPTYCH_HEARTBEAT_INTERVAL_SECONDS", 2)
 
+# Stripe: empty STRIPE_API_KEY keeps invoices as drafts here; STRIPE_API_BASE points the library at
+# another server (a local stand-in in tests).
+STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "")
+STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
+STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_DAYS_UNTIL_DUE = _env_int("STRIPE_DAYS_UNTIL_DUE", 30)
+
+# Spend alerts go to the organization's owners by email (printed to stderr unless configured).
+EMAIL_BACKEND = os.environ.get("DIPTYCH_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DIPTYCH_FROM_EMAIL", "billing@diptych.local")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -63,6 +74,8 @@ INSTALLED_APPS = [
     "controlplane.tenancy",
     "controlplane.catalog",
     "controlplane.metering",
+    "controlplane.billing",
+    "controlplane.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -141,9 +154,22 @@ REST_FRAMEWORK = {
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Diptych control plane API",
-    "DESCRIPTION": "Tenants, API keys, model catalog, worker fleets and per-phase metering.",
+    "DESCRIPTION": "Tenants, members, API keys, model catalog and prices, worker fleets, per-phase metering, "
+    "usage, billing and invoices.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Request bodies get their own components, so required text fields are documented as non-empty,
+    # and PATCH bodies are documented with the fields they require.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "COMPONENT_SPLIT_PATCH": False,
+    "ENUM_NAME_OVERRIDES": {
+        "LedgerPhaseEnum": "controlplane.metering.models.Phase",
+        "BilledPhaseEnum": "controlplane.catalog.models.PricePhase",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.common.openapi.document_error_responses",
+    ],
 }
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
@@ -168,6 +194,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "controlplane.catalog.tasks.mark_silent_workers_dead",
         "schedule": 5.0,
     },
+    # The spend the gateway enforces is as fresh as the last rollup.
+    "roll-up-usage": {"task": "controlplane.billing.tasks.roll_up_usage", "schedule": 10.0},
+    "close-billing-periods": {"task": "controlplane.billing.tasks.close_billing_periods", "schedule": 600.0},
+    "sync-invoices-with-stripe": {"task": "controlplane.billing.tasks.sync_invoices_with_stripe", "schedule": 300.0},
 }
 
 LOGGING = {

@@ -10,11 +10,13 @@ api_v1_urlpatterns = [
     path("", include("controlplane.tenancy.urls")),
     path("", include("controlplane.catalog.urls")),
     path("", include("controlplane.metering.urls")),
+    path("", include("controlplane.billing.urls")),
 ]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1_urlpatterns)),
+    path("dashboard/", include("controlplane.dashboard.urls")),
 ]
 
 

@@ -6,7 +6,8 @@ import socket
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import grpc
 import httpx
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_server.stack import Credentials, Stack
+from diptych_server.stack import REPO_ROOT as STACK_REPO_ROOT
 
 
 def free_port() -> int:
@@ -31,6 +33,7 @@ class LiveStack:
     gateways: dict[str, str]        # mode -> grpc:// base URL
     metrics_urls: dict[str, str]    # mode -> Prometheus URL
     workers: dict[str, dict]        # name -> registry entry
+    http_urls: dict[str, str] = field(default_factory=dict)   # mode -> OpenAI-compatible base URL (…/v1)
 
     @property
     def api_key(self) -> str:
@@ -59,20 +62,28 @@ class LiveStack:
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
-@pytest.fixture(scope="session")
-def e2e_database_url(tmp_path_factory):
-    """A database of its own: PostgreSQL when DATABASE_URL names one, else a SQLite file."""
+@contextmanager
+def own_database(directory):
+    """A database of its own: PostgreSQL when DATABASE_URL names one, else a SQLite file in `directory`."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
-        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'controlplane.sqlite3'}"
+        yield f"sqlite:///{directory / 'controlplane.sqlite3'}"
         return
     server, _, _ = url.rpartition("/")
     name = f"diptych_e2e_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"{server}/{name}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(tmp_path_factory):
+    with own_database(tmp_path_factory.mktemp("db")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -85,13 +96,14 @@ def live(tmp_path_factory, e2e_database_url):
             stack.start_worker(f"{role}-0", role, credentials.fleet_tokens[role], free_port())
         names = ["prefill-0", "decode-0", "colocated-0"]
         workers = dict(zip(names, stack.wait_for_workers(names)))
-        gateways, metrics = {}, {}
+        gateways, metrics, http_urls = {}, {}, {}
         for mode in ("split", "colocated"):
-            port, metrics_port = free_port(), free_port()
-            stack.start_gateway(f"gateway-{mode}", port, metrics_port, mode)
+            port, metrics_port, http_port = free_port(), free_port(), free_port()
+            stack.start_gateway(f"gateway-{mode}", port, metrics_port, mode, http_port=http_port)
             gateways[mode] = f"grpc://127.0.0.1:{port}"
             metrics[mode] = f"http://127.0.0.1:{metrics_port}/metrics"
-        yield LiveStack(stack, credentials, gateways, metrics, workers)
+            http_urls[mode] = f"http://127.0.0.1:{http_port}/v1"
+        yield LiveStack(stack, credentials, gateways, metrics, workers, http_urls)
     finally:
         stack.stop()
 
@@ -104,3 +116,22 @@ def reference(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(directory)
     model.eval()
     return model, AutoTokenizer.from_pretrained(directory)
+
+
+@pytest.fixture(scope="session")
+def control_plane_shell(live):
+    """Runs Python code in the live control plane's Django environment (`manage.py shell -c`); returns its stdout.
+
+    For what the tests cannot do through the API: a scheduled job run now, a dashboard password set.
+    """
+    def run(code: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=STACK_REPO_ROOT,
+            env=live.stack.env(), capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise AssertionError(f"manage.py shell failed:\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    return run

@@ -10,7 +10,7 @@ def usage_events(live, request_id: str, expected: int, seconds: float = 15.0) ->
     deadline = time.monotonic() + seconds
     with live.rest() as rest:
         while True:
-            events = rest.get("/usage-events", params={"request_id": request_id}).json()["results"]
+            events = rest.get("/usage-events", params={"request_id": request_id}).json()["data"]
             if len(events) >= expected or time.monotonic() > deadline:
                 return events
             time.sleep(0.1)

@@ -36,7 +36,7 @@ def test_up_runs_the_platform_serves_a_request_and_stops_everything_on_ctrl_c(tm
     up = subprocess.Popen(
         [sys.executable, "-m", "diptych_server.cli", "up", "--state-dir", str(state_dir),
          "--control-plane-port", str(free_port()), "--gateway-port", str(gateway_port),
-         "--metrics-port", str(free_port())],
+         "--metrics-port", str(free_port()), "--http-port", str(free_port())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     lines: queue.Queue[str] = queue.Queue()

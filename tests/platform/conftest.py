@@ -9,9 +9,10 @@ from rest_framework.test import APIClient
 from controlplane.catalog.models import Fleet, FleetRole, Model
 from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure
 from controlplane.tenancy.models import Organization
-from controlplane.tenancy.services import IssuedApiKey, api_key_create
+from controlplane.tenancy.services import IssuedApiKey, api_key_create, user_ensure
 
 INTERNAL_TOKEN = "internal-token-for-tests"
+ALL_SCOPES = ["inference", "admin:read", "admin:write"]
 
 
 def bearer_client(token: str) -> APIClient:
@@ -29,6 +30,11 @@ class FleetWithToken:
 @pytest.fixture
 def make_bearer_client() -> Callable[[str], APIClient]:
     return bearer_client
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -54,12 +60,12 @@ def org_b(db) -> Organization:
 
 @pytest.fixture
 def key_a(org_a) -> IssuedApiKey:
-    return api_key_create(organization=org_a, name="acme-main")
+    return api_key_create(organization=org_a, name="acme-main", scopes=ALL_SCOPES)
 
 
 @pytest.fixture
 def key_b(org_b) -> IssuedApiKey:
-    return api_key_create(organization=org_b, name="bravo-main")
+    return api_key_create(organization=org_b, name="bravo-main", scopes=ALL_SCOPES)
 
 
 @pytest.fixture
@@ -135,3 +141,15 @@ def make_usage_event() -> Callable[..., dict]:
 @pytest.fixture
 def usage_started_at():
     return USAGE_STARTED_AT
+
+
+@pytest.fixture
+def staff_user(db):
+    return user_ensure(email="staff@diptych.local", password="staff-password-for-tests", is_staff=True)
+
+
+@pytest.fixture
+def staff_client(staff_user) -> APIClient:
+    client = APIClient()
+    client.force_login(staff_user)
+    return client

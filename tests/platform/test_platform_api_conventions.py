@@ -3,9 +3,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.catalog.models import Fleet, Model, Worker
+from controlplane.billing.models import BillingPeriod, Invoice, SpendAlert
+from controlplane.catalog.models import Fleet, Model, Price, Worker
 from controlplane.metering.models import UsageEvent
-from controlplane.tenancy.models import ApiKey, Organization
+from controlplane.tenancy.models import ApiKey, AuditEvent, Membership, Organization
 
 
 def test_schema_is_served_without_credentials(db):
@@ -19,6 +20,13 @@ def test_schema_is_served_without_credentials(db):
         "/api/v1/internal/api-keys/verify",
         "/api/v1/internal/usage-events",
         "/api/v1/usage/summary",
+        "/api/v1/usage/daily",
+        "/api/v1/billing/current",
+        "/api/v1/spend-limit",
+        "/api/v1/invoices/{invoice_id}",
+        "/api/v1/auth/login",
+        "/api/v1/audit-log",
+        "/api/v1/stripe/webhook",
     ]:
         assert path in schema["paths"]
 
@@ -41,7 +49,20 @@ def test_wrong_method_answers_the_error_shape(client_a):
     assert response.data["error"]["type"] == "method_not_allowed"
 
 
-ADMIN_MODELS = [Organization, ApiKey, Model, Fleet, Worker, UsageEvent]
+ADMIN_MODELS = [
+    Organization,
+    Membership,
+    ApiKey,
+    AuditEvent,
+    Model,
+    Price,
+    Fleet,
+    Worker,
+    UsageEvent,
+    BillingPeriod,
+    Invoice,
+    SpendAlert,
+]
 
 
 @pytest.mark.parametrize("model", ADMIN_MODELS)
@@ -55,3 +76,31 @@ def test_admin_lists_every_model_for_staff_only(db, model):
     client = Client()
     client.force_login(staff)
     assert client.get(url).status_code == 200
+
+
+def test_every_operation_documents_the_error_shape(db):
+    schema = APIClient().get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert schema["components"]["schemas"]["Error"]["required"] == ["error"]
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            assert operation["responses"]["default"]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/Error"
+            }, f"{method} {path}"
+
+
+@pytest.mark.parametrize("query", [{"limit": "lots"}, {"limit": 0}, {"limit": 1001}, {"offset": -1}, {"offset": "x"}])
+def test_malformed_pagination_is_refused(client_a, query):
+    response = client_a.get("/api/v1/api-keys", query)
+    assert response.status_code == 400
+    assert set(response.data["error"]["fields"]) == set(query)
+
+
+def test_pagination_envelope(client_a, key_a):
+    response = client_a.get("/api/v1/api-keys", {"limit": 1, "offset": 0})
+    assert response.data == {"data": [response.data["data"][0]], "has_more": False, "total": 1}
+
+
+def test_empty_filter_value_is_refused(client_a):
+    response = client_a.get("/api/v1/invoices", {"status": ""})
+    assert response.status_code == 400
+    assert response.data["error"]["fields"] == {"status": ["Must not be empty."]}

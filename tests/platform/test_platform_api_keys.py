@@ -51,8 +51,9 @@ def test_only_the_sha256_of_the_key_is_stored(org_a):
 
 
 def test_create_returns_the_key_once(client_a, org_a, make_bearer_client):
-    response = client_a.post("/api/v1/api-keys", {"name": "deploy"})
+    response = client_a.post("/api/v1/api-keys", {"name": "deploy", "scopes": ["inference", "admin:read"]})
     assert response.status_code == 201
+    assert response.data["scopes"] == ["inference", "admin:read"]
     key = response.data["key"]
     assert looks_like_api_key(key)
     assert response.data["prefix"] == key[:12]
@@ -62,7 +63,7 @@ def test_create_returns_the_key_once(client_a, org_a, make_bearer_client):
     detail = client_a.get(f"/api/v1/api-keys/{response.data['id']}")
     listing = client_a.get("/api/v1/api-keys")
     assert "key" not in detail.data
-    assert all("key" not in item for item in listing.data["results"])
+    assert all("key" not in item for item in listing.data["data"])
     assert key not in detail.content.decode() + listing.content.decode()
     assert make_bearer_client(key).get("/api/v1/organization").status_code == 200
 
@@ -98,9 +99,9 @@ def test_list_is_paginated(client_a, org_a):
         api_key_create(organization=org_a, name=f"key-{index}")
     response = client_a.get("/api/v1/api-keys", {"limit": 2})
     assert response.status_code == 200
-    assert response.data["count"] == 4
-    assert len(response.data["results"]) == 2
-    assert response.data["next"] is not None
+    assert response.data["total"] == 4
+    assert len(response.data["data"]) == 2
+    assert response.data["has_more"] is True
 
 
 def test_revoke_is_idempotent(client_a, org_a):
@@ -119,8 +120,7 @@ PUBLIC_GET_ENDPOINTS = [
     "/api/v1/api-keys",
     "/api/v1/models",
     "/api/v1/models/diptych-tiny",
-    "/api/v1/fleets",
-    "/api/v1/workers",
+    "/api/v1/prices",
     "/api/v1/usage-events",
     "/api/v1/usage/summary",
 ]

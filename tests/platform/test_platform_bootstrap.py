@@ -1,11 +1,13 @@
 import json
 from io import StringIO
 
-from django.core.management import call_command
+import pytest
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
 
-from controlplane.catalog.models import Fleet, Model
+from controlplane.catalog.models import Fleet, Model, Price
 from controlplane.tenancy.api_keys import looks_like_api_key
-from controlplane.tenancy.models import ApiKey, Organization
+from controlplane.tenancy.models import ApiKey, Membership, Organization
 
 REGISTER_URL = "/api/v1/internal/workers/register"
 WORKER = {"address": "127.0.0.1:50061", "name": "worker-0"}
@@ -87,3 +89,54 @@ def test_bootstrap_model_overrides(db, tmp_path):
         "qwen2-0.5b-colocated",
     }
     assert set(output["fleet_tokens"]) == {"prefill", "decode", "colocated"}
+
+
+def test_demo_creates_the_dashboard_owner_with_a_fresh_password(db):
+    first, _ = bootstrap("--demo")
+    second, _ = bootstrap("--demo")
+    assert first["dashboard_email"] == "demo@diptych.local"
+    assert first["dashboard_password"] != second["dashboard_password"]
+    client = APIClient()
+    old = client.post("/api/v1/auth/login", {"email": "demo@diptych.local", "password": first["dashboard_password"]})
+    assert old.status_code == 401
+    login = client.post("/api/v1/auth/login", {"email": "demo@diptych.local", "password": second["dashboard_password"]})
+    assert login.status_code == 200
+    assert login.data["user"]["role"] == "owner"
+    assert login.data["user"]["organization"]["id"] == second["organization_id"]
+    assert Membership.objects.count() == 1
+
+
+def test_demo_key_has_every_scope(db, internal_client):
+    output, _ = bootstrap("--demo")
+    verified = internal_client.post("/api/v1/internal/api-keys/verify", {"api_key": output["api_key"]})
+    assert verified.data["scopes"] == ["inference", "admin:read", "admin:write"]
+
+
+def test_staff_user_from_bootstrap_sees_fleets(db):
+    output, _ = bootstrap("--staff-email", "ops@diptych.local", "--staff-password", "ops-password-123")
+    assert output["staff_email"] == "ops@diptych.local"
+    client = APIClient()
+    login = client.post("/api/v1/auth/login", {"email": "ops@diptych.local", "password": "ops-password-123"})
+    assert login.data["user"]["is_staff"]
+    assert client.get("/api/v1/fleets").data["total"] == 3
+
+
+def test_staff_email_needs_a_password(db):
+    with pytest.raises(CommandError):
+        bootstrap("--staff-email", "ops@diptych.local")
+
+
+def test_bootstrap_seeds_prices_once(db):
+    bootstrap()
+    bootstrap("--model", "diptych-100m")
+    prices = {(p.model.name, p.phase): p.micros_per_million for p in Price.objects.select_related("model")}
+    assert prices == {
+        ("diptych-tiny", "prefill"): 100_000,
+        ("diptych-tiny", "cached_prefill"): 25_000,
+        ("diptych-tiny", "decode"): 400_000,
+        ("diptych-100m", "prefill"): 200_000,
+        ("diptych-100m", "cached_prefill"): 50_000,
+        ("diptych-100m", "decode"): 800_000,
+    }
+    bootstrap()
+    assert Price.objects.count() == 6

@@ -13,7 +13,15 @@ VERIFY_URL = "/api/v1/internal/api-keys/verify"
 def test_verify_returns_the_ids_and_records_use(internal_client, key_a, org_a):
     response = internal_client.post(VERIFY_URL, {"api_key": key_a.key})
     assert response.status_code == 200
-    assert response.data == {"api_key_id": key_a.api_key.public_id, "organization_id": org_a.public_id}
+    unlimited = {"requests_per_minute": None, "input_tokens_per_minute": None, "output_tokens_per_minute": None}
+    assert response.data == {
+        "api_key_id": key_a.api_key.public_id,
+        "organization_id": org_a.public_id,
+        "scopes": ["inference", "admin:read", "admin:write"],
+        "expires_at": None,
+        "limits": {"organization": unlimited, "api_key": unlimited},
+        "spend": {"limit_micros": None, "spent_micros": 0, "over_limit": False},
+    }
     assert ApiKey.objects.get(pk=key_a.api_key.pk).last_used_at is not None
 
 
@@ -62,3 +70,20 @@ def test_verify_rejects_a_bad_body(internal_client, db, body):
     response = internal_client.post(VERIFY_URL, body)
     assert response.status_code == 400
     assert "api_key" in response.data["error"]["fields"]
+
+
+def test_verify_reports_limits_expiry_and_spend(internal_client, org_a):
+    expires_at = timezone.now() + timedelta(days=1)
+    issued = api_key_create(organization=org_a, name="limited", scopes=["inference"], expires_at=expires_at)
+    ApiKey.objects.filter(pk=issued.api_key.pk).update(requests_per_minute=60)
+    org_a.input_tokens_per_minute = 10_000
+    org_a.spend_limit_micros = 0
+    org_a.save()
+    data = internal_client.post(VERIFY_URL, {"api_key": issued.key}).data
+    assert data["scopes"] == ["inference"]
+    assert data["expires_at"] == expires_at.isoformat().replace("+00:00", "Z")
+    assert data["limits"]["organization"]["input_tokens_per_minute"] == 10_000
+    assert data["limits"]["api_key"] == {
+        "requests_per_minute": 60, "input_tokens_per_minute": None, "output_tokens_per_minute": None
+    }
+    assert data["spend"] == {"limit_micros": 0, "spent_micros": 0, "over_limit": True}

@@ -167,22 +167,22 @@ def test_usage_events_list_filters_and_paginates(internal_client, client_a, key_
     )
     everything = client_a.get("/api/v1/usage-events")
     assert everything.status_code == 200
-    assert everything.data["count"] == 3
-    assert {(row["request_id"], row["phase"]) for row in everything.data["results"]} == {
+    assert everything.data["total"] == 3
+    assert {(row["request_id"], row["phase"]) for row in everything.data["data"]} == {
         ("req-1", "prefill"),
         ("req-1", "decode"),
         ("req-2", "prefill"),
     }
     by_request = client_a.get("/api/v1/usage-events", {"request_id": "req-1"}).data
-    assert {row["phase"] for row in by_request["results"]} == {"prefill", "decode"}
+    assert {row["phase"] for row in by_request["data"]} == {"prefill", "decode"}
     by_phase = client_a.get("/api/v1/usage-events", {"phase": "decode"}).data
-    assert [(row["request_id"], row["api_key_id"]) for row in by_phase["results"]] == [
+    assert [(row["request_id"], row["api_key_id"]) for row in by_phase["data"]] == [
         ("req-1", key_a.api_key.public_id)
     ]
     by_model = client_a.get("/api/v1/usage-events", {"model": "other-model"}).data
-    assert [row["request_id"] for row in by_model["results"]] == ["req-2"]
+    assert [row["request_id"] for row in by_model["data"]] == ["req-2"]
     page = client_a.get("/api/v1/usage-events", {"limit": 1, "offset": 1}).data
-    assert page["count"] == 3 and len(page["results"]) == 1
+    assert page["total"] == 3 and len(page["data"]) == 1
 
 
 def test_usage_events_list_rejects_an_unknown_phase(client_a):

@@ -33,3 +33,4 @@ def closed_port() -> int:
 def _no_env_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DIPTYCH_API_KEY", raising=False)
     monkeypatch.delenv("DIPTYCH_BASE_URL", raising=False)
+    monkeypatch.delenv("DIPTYCH_ADMIN_URL", raising=False)

@@ -18,6 +18,11 @@ from diptych._proto.v1 import inference_pb2_grpc as pb_grpc
 Handler = Callable[[pb.GenerateRequest, grpc.ServicerContext], Iterator[pb.GenerateResponse]]
 
 
+def request_id_of(request: pb.GenerateRequest) -> str:
+    """Like the gateway, names the request after its idempotency key."""
+    return f"req_{request.idempotency_key.replace('-', '')[:24]}"
+
+
 def final_usage() -> pb.Usage:
     return pb.Usage(
         prompt_tokens=5,
@@ -33,7 +38,7 @@ def tokens(*deltas: tuple[str, list[int]], finish: int = pb.FINISH_REASON_STOP) 
 
     def handler(request, context):
         for index, (text, ids) in enumerate(deltas):
-            message = pb.GenerateResponse(request_id=request.request_id, text=text, token_ids=ids)
+            message = pb.GenerateResponse(request_id=request_id_of(request), text=text, token_ids=ids)
             if index == len(deltas) - 1:
                 message.finish_reason = finish
                 message.usage.CopyFrom(final_usage())
@@ -47,21 +52,37 @@ def fail(code: grpc.StatusCode, details: str = "scripted failure", trailers=(), 
 
     def handler(request, context):
         for index in range(after):
-            yield pb.GenerateResponse(request_id=request.request_id, text=f"t{index}", token_ids=[index])
-        context.set_trailing_metadata(tuple(trailers))
+            yield pb.GenerateResponse(request_id=request_id_of(request), text=f"t{index}", token_ids=[index])
+        context.set_trailing_metadata((("request-id", request_id_of(request)), *trailers))
         context.abort(code, details)
 
     return handler
 
 
 def unfinished(request, context):
-    yield pb.GenerateResponse(request_id=request.request_id, text="partial", token_ids=[1])
+    yield pb.GenerateResponse(request_id=request_id_of(request), text="partial", token_ids=[1])
+
+
+def final_without_usage(request, context):
+    yield pb.GenerateResponse(request_id=request_id_of(request), text="x", finish_reason=pb.FINISH_REASON_STOP)
 
 
 def endless(request, context):
     while context.is_active():
-        yield pb.GenerateResponse(request_id=request.request_id, text="x", token_ids=[7])
+        yield pb.GenerateResponse(request_id=request_id_of(request), text="x", token_ids=[7])
         time.sleep(0.01)
+
+
+def silent_after(count: int) -> Handler:
+    """Streams `count` deltas, then sends nothing more until the client gives up."""
+
+    def handler(request, context):
+        for index in range(count):
+            yield pb.GenerateResponse(request_id=request_id_of(request), text=f"t{index}", token_ids=[index])
+        while context.is_active():
+            time.sleep(0.01)
+
+    return handler
 
 
 @dataclass

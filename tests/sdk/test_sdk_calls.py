@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 
 import grpc
 import pytest
-from sdk_scripted_server import endless, fail, tokens, unfinished
+from sdk_scripted_server import endless, fail, final_without_usage, request_id_of, silent_after, tokens, unfinished
 
 import diptych
 from diptych._proto.v1 import inference_pb2 as pb
 
 HELLO = tokens(("Hel", [1, 2]), ("lo", [3]))
-RETRY_NOW = (("retry-after", "0"),)
+RETRY_NOW = (("retry-after-ms", "0"),)
 
 
 @pytest.fixture
@@ -33,22 +35,53 @@ def test_completion(server, client):
     assert (completion.text, completion.token_ids, completion.finish_reason) == ("Hello", [1, 2, 3], "stop")
     assert completion.model == "m"
     assert completion.usage.total_tokens == 7 and completion.usage.prefill.worker_id == "prefill-0"
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.cached_tokens) == (5, 2, 1)
     request = server.servicer.requests[0]
-    assert completion.id == request.request_id and request.request_id.startswith("req_")
+    assert completion.id == request_id_of(request)
+    assert uuid.UUID(request.idempotency_key) and request.request_id == ""
     assert request.prompt == "Say hello" and request.max_tokens == 4 and request.HasField("temperature")
+    assert (request.priority, request.ignore_eos) == (pb.PRIORITY_INTERACTIVE, False)
     assert server.servicer.metadata[0]["authorization"] == "Bearer sk-test"
+
+
+def test_priority_and_ignore_eos_are_sent(server, client):
+    server.servicer.script = [HELLO]
+    client.completions.create(model="m", prompt="x", priority="batch", ignore_eos=True)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], priority="interactive")
+    first, second = server.servicer.requests
+    assert (first.priority, first.ignore_eos) == (pb.PRIORITY_BATCH, True)
+    assert (second.priority, second.ignore_eos) == (pb.PRIORITY_INTERACTIVE, False)
+
+
+@pytest.mark.parametrize("options", [{"priority": "urgent"}, {"idempotency_key": ""}, {"idempotency_key": "k" * 256}])
+def test_bad_options_are_refused_before_sending(server, client, options):
+    with pytest.raises(ValueError):
+        client.completions.create(model="m", prompt="x", **options)
+    assert server.servicer.requests == []
 
 
 def test_stream(server, client):
     server.servicer.script = [HELLO]
-    with client.completions.create(model="m", prompt=[5, 6], stream=True, request_id="req_mine") as stream:
+    with client.completions.create(model="m", prompt=[5, 6], stream=True, idempotency_key="order-42") as stream:
+        assert stream.usage is None
         chunks = list(stream)
+    request = server.servicer.requests[0]
+    assert request.idempotency_key == "order-42"
+    request_id = request_id_of(request)
     assert [(c.id, c.text, c.token_ids, c.finish_reason) for c in chunks] == [
-        ("req_mine", "Hel", [1, 2], None),
-        ("req_mine", "lo", [3], "stop"),
+        (request_id, "Hel", [1, 2], None),
+        (request_id, "lo", [3], "stop"),
     ]
     assert chunks[0].usage is None and chunks[1].usage.completion_tokens == 2
-    assert list(server.servicer.requests[0].prompt_token_ids.ids) == [5, 6]
+    assert stream.usage == chunks[1].usage and stream.request_id == request_id
+    assert list(request.prompt_token_ids.ids) == [5, 6]
+
+
+def test_each_create_has_its_own_idempotency_key(server, client):
+    server.servicer.script = [HELLO]
+    for _ in range(3):
+        client.completions.create(model="m", prompt="x")
+    assert len({request.idempotency_key for request in server.servicer.requests}) == 3
 
 
 def test_chat_uses_the_chat_input(server, client):
@@ -83,30 +116,35 @@ def test_closing_a_stream_cancels_the_call(server, client):
     assert list(stream) == []
 
 
-def test_retries_reuse_the_request_id(server, client):
+def test_retries_reuse_the_idempotency_key(server, client):
     server.servicer.script = [
         fail(grpc.StatusCode.UNAVAILABLE, "no decode worker", RETRY_NOW),
         fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", RETRY_NOW),
         HELLO,
     ]
-    assert client.completions.create(model="m", prompt="x").text == "Hello"
-    ids = {request.request_id for request in server.servicer.requests}
-    assert len(server.servicer.requests) == 3 and len(ids) == 1
+    completion = client.completions.create(model="m", prompt="x")
+    assert completion.text == "Hello"
+    keys = {request.idempotency_key for request in server.servicer.requests}
+    assert len(server.servicer.requests) == 3 and len(keys) == 1
+    assert completion.id == request_id_of(server.servicer.requests[0])
 
 
 def test_retries_stop_at_max_retries(server, client):
-    server.servicer.script = [fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", (("retry-after", "0.01"),))]
+    server.servicer.script = [fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", (("retry-after-ms", "10"),))]
     with pytest.raises(diptych.RateLimitError) as raised:
-        client.completions.create(model="m", prompt="x", request_id="req_limited")
+        client.completions.create(model="m", prompt="x", idempotency_key="limited")
     assert len(server.servicer.requests) == 3
-    assert (raised.value.retry_after, raised.value.request_id) == (0.01, "req_limited")
+    error = raised.value
+    assert (error.retry_after, error.idempotency_key) == (0.01, "limited")
+    assert error.request_id == request_id_of(server.servicer.requests[0])
 
 
 def test_client_errors_are_not_retried(server, client):
     server.servicer.script = [fail(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens exceeds the context")]
-    with pytest.raises(diptych.BadRequestError, match="max_tokens exceeds the context"):
+    with pytest.raises(diptych.BadRequestError, match="max_tokens exceeds the context") as raised:
         client.completions.create(model="m", prompt="x", stream=True)
     assert len(server.servicer.requests) == 1
+    assert raised.value.request_id == request_id_of(server.servicer.requests[0])
 
 
 def test_no_retry_once_output_was_received(server, client):
@@ -117,7 +155,7 @@ def test_no_retry_once_output_was_received(server, client):
         for chunk in stream:
             texts.append(chunk.text)
     assert texts == ["t0", "t1"]
-    assert raised.value.request_id == stream.request_id
+    assert raised.value.request_id == stream.request_id is not None
     with pytest.raises(diptych.ServiceUnavailableError):
         client.completions.create(model="m", prompt="x")
     assert len(server.servicer.requests) == 2
@@ -133,8 +171,9 @@ def test_every_status_from_the_server_is_mapped(server, client, status):
     assert not isinstance(raised.value, grpc.RpcError)
 
 
-def test_stream_ending_without_a_final_message(server, client):
-    server.servicer.script = [unfinished]
+@pytest.mark.parametrize("handler", [unfinished, final_without_usage], ids=["no final message", "no usage"])
+def test_stream_ending_without_usage_is_refused(server, client, handler):
+    server.servicer.script = [handler]
     with pytest.raises(diptych.APIResponseValidationError):
         client.completions.create(model="m", prompt="x")
 
@@ -146,13 +185,37 @@ def test_deadline_is_a_timeout_and_not_retried(server, client):
     assert len(server.servicer.requests) == 1
 
 
+@pytest.mark.parametrize("silent_from", [0, 2], ids=["before the first token", "mid-stream"])
+def test_silent_stream_times_out_and_is_cancelled(server, client, silent_from):
+    server.servicer.script = [silent_after(silent_from)]
+    quick = client.with_options(stream_idle_timeout=0.3)
+    received = []
+    with pytest.raises(diptych.APITimeoutError, match="stream_idle_timeout") as raised:
+        with quick.completions.create(model="m", prompt="x", stream=True) as stream:
+            received.extend(chunk.text for chunk in stream)
+    assert received == [f"t{index}" for index in range(silent_from)]
+    assert raised.value.idempotency_key == server.servicer.requests[0].idempotency_key
+    assert server.servicer.call_ended.wait(5)
+    assert len(server.servicer.requests) == 1
+
+
+def test_a_slow_reader_is_not_an_idle_stream(server, client):
+    server.servicer.script = [HELLO]
+    with client.with_options(stream_idle_timeout=0.2).completions.create(model="m", prompt="x", stream=True) as stream:
+        first = next(stream)
+        time.sleep(0.5)  # the caller's own work between chunks: the gateway's answer is already buffered
+        rest = list(stream)
+    assert [first.text, *(chunk.text for chunk in rest)] == ["Hel", "lo"]
+
+
 async def test_async_completion_and_chat(server, async_client):
     server.servicer.script = [HELLO]
     completion = await async_client.completions.create(model="m", prompt="x")
     assert (completion.text, completion.usage.total_tokens) == ("Hello", 7)
-    chat = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    chat = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], priority="batch")
     assert chat.token_ids == [1, 2, 3]
     assert server.servicer.requests[1].WhichOneof("input") == "chat"
+    assert server.servicer.requests[1].priority == pb.PRIORITY_BATCH
     assert server.servicer.metadata[1]["authorization"] == "Bearer sk-test"
 
 
@@ -161,6 +224,7 @@ async def test_async_stream(server, async_client):
     async with await async_client.completions.create(model="m", prompt="x", stream=True) as stream:
         chunks = [chunk async for chunk in stream]
     assert [chunk.finish_reason for chunk in chunks] == [None, "stop"]
+    assert stream.usage.prompt_tokens == 5 and stream.request_id == chunks[0].id
 
 
 async def test_async_break_cancels_the_call(server, async_client):
@@ -180,8 +244,20 @@ async def test_async_retries_then_mid_stream_error(server, async_client):
     with pytest.raises(diptych.InternalServerError, match="worker crashed"):
         async for _ in stream:
             pass
-    assert len({request.request_id for request in server.servicer.requests}) == 1
+    assert len({request.idempotency_key for request in server.servicer.requests}) == 1
     assert len(server.servicer.requests) == 2
+
+
+@pytest.mark.parametrize("silent_from", [0, 1], ids=["before the first token", "mid-stream"])
+async def test_async_silent_stream_times_out_and_is_cancelled(server, async_client, silent_from):
+    server.servicer.script = [silent_after(silent_from)]
+    quick = async_client.with_options(stream_idle_timeout=0.3)
+    with pytest.raises(diptych.APITimeoutError, match="stream_idle_timeout"):
+        async with await quick.completions.create(model="m", prompt="x", stream=True) as stream:
+            async for _ in stream:
+                pass
+    assert await asyncio.to_thread(server.servicer.call_ended.wait, 5)
+    assert len(server.servicer.requests) == 1
 
 
 async def test_async_models_list(server, async_client):

@@ -16,12 +16,14 @@ def test_missing_api_key_fails_at_construction():
 def test_configuration_from_environment(monkeypatch):
     monkeypatch.setenv("DIPTYCH_API_KEY", "env-key")
     monkeypatch.setenv("DIPTYCH_BASE_URL", "grpcs://api.example.com:8443")
+    monkeypatch.setenv("DIPTYCH_ADMIN_URL", "https://admin.example.com/")
     with diptych.Client() as client:
+        assert client.admin_url == "https://admin.example.com"
         assert client.api_key == "env-key"
         assert client.base_url == "grpcs://api.example.com:8443"
         assert client._endpoint == Endpoint("api.example.com:8443", secure=True)
         assert client._metadata == (("authorization", "Bearer env-key"),)
-        assert (client.timeout, client.max_retries) == (60.0, 2)
+        assert (client.timeout, client.max_retries, client.stream_idle_timeout) == (600.0, 2, 60.0)
 
 
 def test_arguments_take_precedence_over_environment(monkeypatch):
@@ -35,6 +37,7 @@ def test_arguments_take_precedence_over_environment(monkeypatch):
 
 def test_default_base_url():
     with diptych.Client(api_key="k") as client:
+        assert client.admin_url == "http://127.0.0.1:8000"
         assert client.base_url == "grpc://127.0.0.1:50051"
         assert client._endpoint == Endpoint("127.0.0.1:50051", secure=False)
 
@@ -80,7 +83,20 @@ def test_client_rejects_bad_base_url():
         diptych.Client(api_key="k", base_url="https://api.example.com")
 
 
-@pytest.mark.parametrize("options", [{"timeout": 0}, {"timeout": -1.0}, {"max_retries": -1}, {"max_retries": 1.5}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"timeout": 0},
+        {"timeout": -1.0},
+        {"timeout": "5"},
+        {"max_retries": -1},
+        {"max_retries": 1.5},
+        {"stream_idle_timeout": 0},
+        {"admin_url": "ftp://host"},
+        {"admin_url": "http://"},
+        {"admin_url": "http://host:99999"},
+    ],
+)
 def test_client_rejects_bad_options(options):
     with pytest.raises(ValueError):
         diptych.Client(api_key="k", **options)
@@ -90,12 +106,15 @@ def test_with_options_shares_the_channel_and_keeps_the_original():
     with diptych.Client(api_key="k") as client:
         fast = client.with_options(timeout=1.5, max_retries=0)
         assert (fast.timeout, fast.max_retries) == (1.5, 0)
-        assert (client.timeout, client.max_retries) == (60.0, 2)
+        assert (client.timeout, client.max_retries, client.stream_idle_timeout) == (600.0, 2, 60.0)
+        assert client.admin_url == "http://127.0.0.1:8000"
         assert fast._transport is client._transport
         assert fast.completions._client is fast and client.completions._client is client
         assert fast.chat.completions._client is fast and fast.models._client is fast
         assert client.with_options(timeout=None).timeout is None
-        assert client.with_options(max_retries=5).timeout == 60.0
+        assert client.with_options(max_retries=5).timeout == 600.0
+        assert client.with_options(stream_idle_timeout=None).stream_idle_timeout is None
+        assert fast.admin.api_keys._client is fast and fast._admin_transport is client._admin_transport
 
 
 def test_closed_client_refuses_calls():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pytest
 
@@ -11,7 +12,7 @@ from diptych._convert import (
     completion_from_chunks,
     generate_request,
     model_from_proto,
-    new_request_id,
+    new_idempotency_key,
     prompt_input,
 )
 from diptych._proto.v1 import inference_pb2 as pb
@@ -19,9 +20,10 @@ from diptych.types import PhaseUsage, Usage
 
 
 def test_text_prompt_request_leaves_unset_options_unset():
-    request = generate_request(model="m", input_field=prompt_input(""), request_id="req_1")
+    request = generate_request(model="m", input_field=prompt_input(""), idempotency_key="key-1")
     assert request.WhichOneof("input") == "prompt" and request.prompt == ""
-    assert (request.model, request.request_id, list(request.stop)) == ("m", "req_1", [])
+    assert (request.model, request.idempotency_key, request.request_id, list(request.stop)) == ("m", "key-1", "", [])
+    assert (request.priority, request.ignore_eos) == (pb.PRIORITY_INTERACTIVE, False)
     for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
         assert not request.HasField(name)
 
@@ -30,7 +32,9 @@ def test_token_prompt_and_every_option():
     request = generate_request(
         model="m",
         input_field=prompt_input([1, 2, 3]),
-        request_id="req_2",
+        idempotency_key="key-2",
+        priority="batch",
+        ignore_eos=True,
         max_tokens=32,
         temperature=0.0,
         top_p=0.5,
@@ -43,34 +47,37 @@ def test_token_prompt_and_every_option():
     assert request.HasField("temperature") and request.temperature == 0.0  # 0 means greedy, so it must be sent
     assert (request.max_tokens, request.top_p, request.top_k, request.seed) == (32, 0.5, 40, 2**40)
     assert list(request.stop) == ["\n", "END"]
+    assert (request.priority, request.ignore_eos) == (pb.PRIORITY_BATCH, True)
 
 
 def test_single_stop_string():
-    request = generate_request(model="m", input_field=prompt_input("x"), request_id="r", stop="###")
+    request = generate_request(model="m", input_field=prompt_input("x"), idempotency_key="k", stop="###")
     assert list(request.stop) == ["###"]
 
 
 def test_chat_request():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    request = generate_request(model="m", input_field=chat_input(messages), request_id="r")
+    request = generate_request(model="m", input_field=chat_input(messages), idempotency_key="k")
     assert request.WhichOneof("input") == "chat"
     assert [(m.role, m.content) for m in request.chat.messages] == [("system", "Be brief."), ("user", "Hi")]
 
 
-def test_request_ids_are_unique_and_prefixed():
-    ids = {new_request_id() for _ in range(100)}
-    assert len(ids) == 100
-    assert all(request_id.startswith("req_") and len(request_id) == 36 for request_id in ids)
+def test_idempotency_keys_are_unique_uuids():
+    keys = {new_idempotency_key() for _ in range(100)}
+    assert len(keys) == 100
+    assert all(str(uuid.UUID(key)) == key for key in keys)
 
 
 def test_intermediate_chunk():
-    chunk = chunk_from_proto(pb.GenerateResponse(request_id="req_s", text="Hel", token_ids=[9, 10]), request_id="x")
+    chunk = chunk_from_proto(pb.GenerateResponse(request_id="req_s", text="Hel", token_ids=[9, 10]))
     assert chunk == diptych.CompletionChunk(id="req_s", text="Hel", token_ids=[9, 10])
     assert chunk.finish_reason is None and chunk.usage is None
 
 
-def test_chunk_without_request_id_uses_the_clients():
-    assert chunk_from_proto(pb.GenerateResponse(text="a"), request_id="req_c").id == "req_c"
+def test_final_chunk_without_usage_is_a_validation_error():
+    with pytest.raises(diptych.APIResponseValidationError, match="no usage") as raised:
+        chunk_from_proto(pb.GenerateResponse(request_id="req_u", finish_reason=pb.FINISH_REASON_STOP))
+    assert raised.value.request_id == "req_u"
 
 
 def test_final_chunk_with_usage():
@@ -86,7 +93,7 @@ def test_final_chunk_with_usage():
             prefill=pb.PhaseUsage(tokens=7, cached_tokens=4, kv_bytes=2**33, compute_ms=15, worker_id="p0"),
         ),
     )
-    chunk = chunk_from_proto(message, request_id="req_f")
+    chunk = chunk_from_proto(message)
     assert chunk.finish_reason == "length"
     assert chunk.usage == Usage(
         prompt_tokens=7,
@@ -100,7 +107,7 @@ def test_final_chunk_with_usage():
 
 def test_unknown_finish_reason_is_a_validation_error():
     with pytest.raises(diptych.APIResponseValidationError, match="finish_reason 9"):
-        chunk_from_proto(pb.GenerateResponse(finish_reason=9), request_id="r")
+        chunk_from_proto(pb.GenerateResponse(finish_reason=9))
 
 
 def test_completion_from_chunks():
@@ -110,7 +117,7 @@ def test_completion_from_chunks():
         diptych.CompletionChunk(id="req_a", text="", token_ids=[]),
         diptych.CompletionChunk(id="req_a", text="lo", token_ids=[3], finish_reason="stop", usage=usage),
     ]
-    completion = completion_from_chunks(chunks, model="m", request_id="req_a")
+    completion = completion_from_chunks(chunks, model="m")
     assert completion == diptych.Completion(
         id="req_a", model="m", text="Hello", token_ids=[1, 2, 3], finish_reason="stop", usage=usage
     )
@@ -118,11 +125,13 @@ def test_completion_from_chunks():
         completion.text = "changed"
 
 
-@pytest.mark.parametrize("chunks", [[], [diptych.CompletionChunk(id="r", text="x", token_ids=[1])]])
-def test_completion_needs_a_final_chunk(chunks):
+@pytest.mark.parametrize(
+    ("chunks", "request_id"), [([], None), ([diptych.CompletionChunk(id="req_v", text="x", token_ids=[1])], "req_v")]
+)
+def test_completion_needs_a_final_chunk(chunks, request_id):
     with pytest.raises(diptych.APIResponseValidationError) as raised:
-        completion_from_chunks(chunks, model="m", request_id="req_v")
-    assert raised.value.request_id == "req_v"
+        completion_from_chunks(chunks, model="m")
+    assert raised.value.request_id == request_id
 
 
 def test_model_from_proto():

@@ -4,7 +4,7 @@ import grpc
 import pytest
 
 import diptych
-from diptych._errors import error_from_rpc
+from diptych._errors import error_from_http, error_from_rpc
 
 EXPECTED = {
     grpc.StatusCode.CANCELLED: diptych.APIConnectionError,
@@ -94,11 +94,13 @@ def test_timeout_is_a_connection_error():
 @pytest.mark.parametrize(
     ("trailers", "retry_after"),
     [
-        ((("retry-after", "2.5"),), 2.5),
-        ((("Retry-After", "3"),), 3.0),
-        ((("other", "x"), ("retry-after", "0")), 0.0),
-        ((("retry-after", "soon"),), None),
-        ((("retry-after", "-1"),), None),
+        ((("retry-after-ms", "2500"),), 2.5),
+        ((("Retry-After-Ms", "3"),), 0.003),
+        ((("other", "x"), ("retry-after-ms", "0")), 0.0),
+        ((("retry-after-ms", "soon"),), None),
+        ((("retry-after-ms", "-1"),), None),
+        ((("retry-after-ms", "nan"),), None),
+        ((("retry-after", "2"),), None),
         ((), None),
         (None, None),
     ],
@@ -107,6 +109,43 @@ def test_retry_after_is_parsed_from_trailing_metadata(trailers, retry_after):
     error = error_from_rpc(FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down", trailers), request_id=None)
     assert isinstance(error, diptych.RateLimitError)
     assert error.retry_after == retry_after
+
+
+def test_request_id_from_trailing_metadata_wins():
+    trailers = (("request-id", "req_gateway"),)
+    error = error_from_rpc(
+        FailedCall(grpc.StatusCode.NOT_FOUND, "no such model", trailers), request_id="req_seen", idempotency_key="k1"
+    )
+    assert (error.request_id, error.idempotency_key) == ("req_gateway", "k1")
+    assert error_from_rpc(FailedCall(grpc.StatusCode.NOT_FOUND, "x"), request_id="req_seen").request_id == "req_seen"
+
+
+@pytest.mark.parametrize(
+    ("status_code", "error_class"),
+    [
+        (400, diptych.BadRequestError),
+        (401, diptych.AuthenticationError),
+        (403, diptych.PermissionDeniedError),
+        (404, diptych.NotFoundError),
+        (409, diptych.ConflictError),
+        (418, diptych.BadRequestError),
+        (429, diptych.RateLimitError),
+        (500, diptych.InternalServerError),
+        (502, diptych.InternalServerError),
+        (503, diptych.ServiceUnavailableError),
+    ],
+)
+def test_error_from_http(status_code, error_class):
+    body = {"error": {"type": "some_type", "message": "told so"}}
+    error = error_from_http(status_code, body, {"Retry-After": "7"}, request_id="req_h")
+    assert type(error) is error_class
+    assert (error.message, error.code, error.status_code, error.request_id) == ("told so", "some_type", status_code, "req_h")
+    assert error.retry_after == 7.0
+
+
+def test_error_from_http_without_an_error_body():
+    error = error_from_http(502, "<html>bad gateway</html>", {})
+    assert (error.message, error.code, error.retry_after) == ("HTTP 502", "502", None)
 
 
 def test_bare_rpc_error_is_internal():

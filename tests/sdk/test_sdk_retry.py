@@ -32,6 +32,7 @@ def _status(error_class, **fields):
         _status(diptych.ServiceUnavailableError),
         _status(diptych.RateLimitError),
         diptych.APIConnectionError("refused", code="UNAVAILABLE"),
+        diptych.APIConnectionError("refused", code="connection_error"),
     ],
 )
 def test_transient_errors_are_retried_up_to_max_retries(error):
@@ -52,6 +53,8 @@ def test_transient_errors_are_retried_up_to_max_retries(error):
         _status(diptych.InternalServerError),
         diptych.APITimeoutError("late", code="DEADLINE_EXCEEDED"),
         diptych.APIConnectionError("cancelled", code="CANCELLED"),
+        diptych.APIConnectionError("reset after sending a POST", code="connection_lost"),
+        diptych.APITimeoutError("admin API too slow", code="timeout"),
     ],
 )
 def test_other_errors_are_not_retried(error):
@@ -70,11 +73,11 @@ def test_closed_port_raises_connection_error_after_retries(closed_port, caplog):
     started = time.monotonic()
     with diptych.Client(api_key="k", base_url=f"127.0.0.1:{closed_port}", timeout=2.0, max_retries=1) as client:
         with pytest.raises(diptych.APIConnectionError) as raised:
-            client.completions.create(model="m", prompt="hi", request_id="req_closed")
+            client.completions.create(model="m", prompt="hi", idempotency_key="closed-1")
     assert time.monotonic() - started < 3.0
     assert type(raised.value) is diptych.APIConnectionError
-    assert (raised.value.code, raised.value.request_id) == ("UNAVAILABLE", "req_closed")
-    assert [record.message.startswith("Retrying request req_closed") for record in caplog.records] == [True]
+    assert (raised.value.code, raised.value.idempotency_key, raised.value.request_id) == ("UNAVAILABLE", "closed-1", None)
+    assert [record.message.startswith("Retrying request closed-1") for record in caplog.records] == [True]
 
 
 async def test_closed_port_raises_connection_error_after_retries_async(closed_port, caplog):

@@ -75,12 +75,14 @@ class FirstToken(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compute_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ...) -> None: ...
 
 class KvDelivered(_message.Message):
-    __slots__ = ("kv_bytes", "transfer_ms")
+    __slots__ = ("kv_bytes", "transfer_ms", "data_path")
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PATH_FIELD_NUMBER: _ClassVar[int]
     kv_bytes: int
     transfer_ms: int
-    def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ...) -> None: ...
+    data_path: str
+    def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority")
@@ -227,3 +229,23 @@ class PrefixCacheSummary(_message.Message):
     hits_tokens: int
     queried_tokens: int
     def __init__(self, version: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., hits_tokens: _Optional[int] = ..., queried_tokens: _Optional[int] = ...) -> None: ...
+
+class KvEndpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KvEndpoint(_message.Message):
+    __slots__ = ("data_host", "data_port", "shm_probe_name", "shm_probe_nonce", "block_size", "dtype")
+    DATA_HOST_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    SHM_PROBE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHM_PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    data_host: str
+    data_port: int
+    shm_probe_name: str
+    shm_probe_nonce: bytes
+    block_size: int
+    dtype: str
+    def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...

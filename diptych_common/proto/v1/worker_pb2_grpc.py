@@ -54,6 +54,11 @@ class WorkerStub:
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.SerializeToString,
                 response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.FromString,
                 _registered_method=True)
+        self.GetKvEndpoint = channel.unary_unary(
+                '/diptych.internal.v1.Worker/GetKvEndpoint',
+                request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpointRequest.SerializeToString,
+                response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpoint.FromString,
+                _registered_method=True)
         self.GetLoad = channel.unary_unary(
                 '/diptych.internal.v1.Worker/GetLoad',
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
@@ -94,6 +99,16 @@ class WorkerServicer:
 
     def PushKv(self, request_iterator, context):
         """Decode role: receives a KV cache from a prefill worker. The first chunk is a header.
+        Superseded by the KV data path (GetKvEndpoint); kept in the contract, no longer served by workers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetKvEndpoint(self, request, context):
+        """Decode role (and any worker that imports KV): where and how a prefill worker sends KV bytes. gRPC
+        carries only this control exchange; the bytes go over a raw TCP connection to data_port, or through
+        shared memory when the prefill worker can open the probe file (then both run on one host).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +150,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.PushKv,
                     request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.FromString,
                     response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.SerializeToString,
+            ),
+            'GetKvEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKvEndpoint,
+                    request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpointRequest.FromString,
+                    response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpoint.SerializeToString,
             ),
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
@@ -255,6 +275,33 @@ class Worker:
             '/diptych.internal.v1.Worker/PushKv',
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.SerializeToString,
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKvEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/diptych.internal.v1.Worker/GetKvEndpoint',
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpointRequest.SerializeToString,
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpoint.FromString,
             options,
             channel_credentials,
             insecure,

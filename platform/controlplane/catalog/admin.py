@@ -1,12 +1,29 @@
 from django.contrib import admin
 
-from controlplane.catalog.models import Fleet, Model, Worker
+from controlplane.catalog.models import Fleet, Model, Price, Worker
 
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
     list_display = ["name", "family", "dtype", "context_length", "source", "created_at"]
     search_fields = ["name", "source"]
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    """Prices are added through the API (staff), which refuses to rewrite the past; here they are read."""
+
+    list_display = ["model", "phase", "micros_per_million", "effective_from", "created_at"]
+    list_filter = ["phase", "model"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(Fleet)
@@ -28,6 +45,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "fleet",
         "address",
         "state",
+        "drain_requested_at",
         "last_heartbeat_at",
         "queue_depth",
         "kv_blocks_free",

@@ -8,14 +8,26 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.catalog.authentication import FleetTokenAuthentication
-from controlplane.catalog.models import Fleet, WorkerState
-from controlplane.catalog.selectors import fleet_list, model_get, model_list, worker_list_live
-from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register
+from controlplane.catalog.models import Fleet, PricePhase, WorkerState
+from controlplane.catalog.selectors import (
+    fleet_list,
+    heartbeat_deadline,
+    model_get,
+    model_list,
+    price_list,
+    worker_get,
+    worker_list,
+    worker_list_live,
+)
+from controlplane.catalog.services import WorkerLoad, price_set, worker_drain, worker_heartbeat, worker_register
 from controlplane.common.base_apis import InternalAPIView
+from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
-from controlplane.tenancy.base_apis import TenantAPIView
+from controlplane.tenancy.access import Permission
+from controlplane.tenancy.base_apis import IsStaff, StaffAPIView, TenantAPIView
 
 MAX_POSITIVE_INTEGER = 2**31 - 1
+MAX_BIG_INTEGER = 2**63 - 1
 
 
 def _validate_address(address: str) -> str:
@@ -38,9 +50,23 @@ class FleetAPIView(APIView):
 
 class ModelOutputSerializer(serializers.Serializer):
     name = serializers.CharField()
-    context_length = serializers.IntegerField()
     family = serializers.CharField()
+    source = serializers.CharField(help_text="`builtin:<name>` or the local directory of the weights.")
+    context_length = serializers.IntegerField()
     dtype = serializers.CharField()
+    tokenizer = serializers.CharField()
+    fleets = serializers.SerializerMethodField(help_text="Names of the fleets that serve the model.")
+    created_at = serializers.DateTimeField()
+
+    def get_fleets(self, model) -> list[str]:
+        return [fleet.name for fleet in model.fleets.all()]
+
+
+class PriceOutputSerializer(serializers.Serializer):
+    model = serializers.CharField(source="model.name")
+    phase = serializers.ChoiceField(choices=PricePhase.choices)
+    micros_per_million = serializers.IntegerField(help_text="Micro-dollars per million tokens.")
+    effective_from = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
 
 
@@ -54,7 +80,7 @@ class FleetOutputSerializer(serializers.Serializer):
 
 
 class WorkerOutputSerializer(serializers.Serializer):
-    """A worker as tenants see it: no network address."""
+    """A worker as staff see it, with its state as of now (a silent worker reads dead at once)."""
 
     id = serializers.CharField(source="public_id")
     name = serializers.CharField()
@@ -63,7 +89,8 @@ class WorkerOutputSerializer(serializers.Serializer):
     model = serializers.CharField(source="fleet.model.name")
     region = serializers.CharField(source="fleet.region")
     hardware_class = serializers.CharField(source="fleet.hardware_class")
-    state = serializers.CharField()
+    address = serializers.CharField()
+    state = serializers.SerializerMethodField()
     queue_depth = serializers.IntegerField()
     active_sequences = serializers.IntegerField()
     kv_blocks_free = serializers.IntegerField()
@@ -71,32 +98,96 @@ class WorkerOutputSerializer(serializers.Serializer):
     tokens_per_second = serializers.FloatField()
     registered_at = serializers.DateTimeField()
     last_heartbeat_at = serializers.DateTimeField()
+    drain_requested_at = serializers.DateTimeField(allow_null=True)
+
+    def get_state(self, worker) -> str:
+        if worker.state != WorkerState.DEAD and worker.last_heartbeat_at < heartbeat_deadline(now=timezone.now()):
+            return WorkerState.DEAD
+        return worker.state
 
 
 class ModelListApi(PaginatedListMixin, TenantAPIView):
+    required_permissions = {"GET": Permission.CATALOG_READ}
+
     @extend_schema(responses=ModelOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         return self.paginated_response(queryset=model_list(), serializer_class=ModelOutputSerializer, request=request)
 
 
 class ModelDetailApi(TenantAPIView):
+    required_permissions = {"GET": Permission.CATALOG_READ}
+
     @extend_schema(responses=ModelOutputSerializer)
     def get(self, request: Request, name: str) -> Response:
         return Response(ModelOutputSerializer(model_get(name=name)).data)
 
 
-class FleetListApi(PaginatedListMixin, TenantAPIView):
+class PriceListCreateApi(PaginatedListMixin, TenantAPIView):
+    """Anyone in an organization reads the price book; only staff add prices."""
+
+    required_permissions = {"GET": Permission.CATALOG_READ}
+
+    class PriceFilterSerializer(QueryFilterSerializer):
+        model = serializers.CharField(required=False, max_length=200)
+        phase = serializers.ChoiceField(choices=PricePhase.choices, required=False)
+
+    class PriceCreateInputSerializer(serializers.Serializer):
+        model = serializers.CharField(max_length=200)
+        phase = serializers.ChoiceField(choices=PricePhase.choices)
+        micros_per_million = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+        effective_from = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+    def get_permissions(self):
+        return [IsStaff()] if self.request.method == "POST" else super().get_permissions()
+
+    @extend_schema(parameters=[PriceFilterSerializer], responses=PriceOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        filters = self.PriceFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        return self.paginated_response(
+            queryset=price_list(**filters.validated_data), serializer_class=PriceOutputSerializer, request=request
+        )
+
+    @extend_schema(request=PriceCreateInputSerializer, responses={201: PriceOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.PriceCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        price = price_set(
+            model=model_get(name=data["model"]),
+            phase=data["phase"],
+            micros_per_million=data["micros_per_million"],
+            effective_from=data["effective_from"],
+            actor=self.principal,
+        )
+        return Response(PriceOutputSerializer(price).data, status=status.HTTP_201_CREATED)
+
+
+class FleetListApi(PaginatedListMixin, StaffAPIView):
     @extend_schema(responses=FleetOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         return self.paginated_response(queryset=fleet_list(), serializer_class=FleetOutputSerializer, request=request)
 
 
-class WorkerListApi(PaginatedListMixin, TenantAPIView):
-    @extend_schema(responses=WorkerOutputSerializer(many=True))
+class WorkerListApi(PaginatedListMixin, StaffAPIView):
+    class WorkerFilterSerializer(QueryFilterSerializer):
+        state = serializers.ChoiceField(choices=WorkerState.choices, required=False)
+        fleet = serializers.CharField(required=False, max_length=100)
+
+    @extend_schema(parameters=[WorkerFilterSerializer], responses=WorkerOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
+        filters = self.WorkerFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
         return self.paginated_response(
-            queryset=worker_list_live(now=timezone.now()), serializer_class=WorkerOutputSerializer, request=request
+            queryset=worker_list(**filters.validated_data), serializer_class=WorkerOutputSerializer, request=request
         )
+
+
+class WorkerDrainApi(StaffAPIView):
+    @extend_schema(request=None, responses=WorkerOutputSerializer)
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker = worker_drain(worker=worker_get(public_id=worker_id), actor=self.principal)
+        return Response(WorkerOutputSerializer(worker).data)
 
 
 class WorkerRegisterApi(FleetAPIView):

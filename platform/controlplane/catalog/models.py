@@ -18,10 +18,43 @@ class Model(models.Model):
     context_length = models.PositiveIntegerField()
     family = models.CharField(max_length=50)
     dtype = models.CharField(max_length=20)
+    tokenizer = models.CharField(
+        max_length=1000, blank=True, default="", help_text="Where the tokenizer comes from; empty means the source."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return self.name
+
+
+class PricePhase(models.TextChoices):
+    """What a token is billed as: prompt tokens computed, prompt tokens from the prefix cache, output tokens."""
+
+    PREFILL = "prefill"
+    CACHED_PREFILL = "cached_prefill"
+    DECODE = "decode"
+
+
+class Price(models.Model):
+    """Price of one phase of one model from `effective_from` on, until the next price of that pair.
+
+    Rows are never updated: a change of price is a new row, so usage is always rated at the price in
+    effect when it happened.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="prices")
+    phase = models.CharField(max_length=16, choices=PricePhase.choices)
+    micros_per_million = models.PositiveBigIntegerField(help_text="Micro-dollars per million tokens.")
+    effective_from = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model", "phase", "effective_from"], name="catalog_price_one_per_instant"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}/{self.phase}: {self.micros_per_million} µ$/Mtok from {self.effective_from}"
 
 
 class FleetRole(models.TextChoices):
@@ -68,6 +101,9 @@ class Worker(models.Model):
     kv_blocks_free = models.PositiveIntegerField(default=0)
     kv_blocks_total = models.PositiveIntegerField(default=0)
     tokens_per_second = models.FloatField(default=0.0)
+    drain_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set by staff: the worker finishes its work and takes no new work."
+    )
 
     class Meta:
         constraints = [

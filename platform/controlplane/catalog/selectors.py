@@ -1,9 +1,11 @@
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
-from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Worker
+from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, Worker
 from controlplane.common.errors import ObjectNotFound
 from controlplane.common.tokens import hash_token
 
@@ -14,11 +16,11 @@ def heartbeat_deadline(*, now: datetime) -> datetime:
 
 
 def model_list() -> QuerySet[Model]:
-    return Model.objects.order_by("name")
+    return Model.objects.prefetch_related(Prefetch("fleets", queryset=Fleet.objects.order_by("name"))).order_by("name")
 
 
 def model_get(*, name: str) -> Model:
-    model = Model.objects.filter(name=name).first()
+    model = model_list().filter(name=name).first()
     if model is None:
         raise ObjectNotFound(f"Model {name!r} not found.")
     return model
@@ -38,3 +40,56 @@ def worker_list_live(*, now: datetime) -> QuerySet[Worker]:
         .filter(state__in=LIVE_WORKER_STATES, last_heartbeat_at__gte=heartbeat_deadline(now=now))
         .order_by("fleet__name", "name", "id")
     )
+
+
+def worker_list(*, state: str | None = None, fleet: str | None = None) -> QuerySet[Worker]:
+    """Every registered worker, dead ones included (staff view)."""
+    workers = Worker.objects.select_related("fleet__model")
+    if state is not None:
+        workers = workers.filter(state=state)
+    if fleet is not None:
+        workers = workers.filter(fleet__name=fleet)
+    return workers.order_by("fleet__name", "name", "-registered_at", "id")
+
+
+def worker_get(*, public_id: str) -> Worker:
+    worker = Worker.objects.select_related("fleet__model").filter(public_id=public_id).first()
+    if worker is None:
+        raise ObjectNotFound(f"Worker {public_id!r} not found.")
+    return worker
+
+
+def price_list(*, model: str | None = None, phase: str | None = None) -> QuerySet[Price]:
+    prices = Price.objects.select_related("model")
+    if model is not None:
+        prices = prices.filter(model__name=model)
+    if phase is not None:
+        prices = prices.filter(phase=phase)
+    return prices.order_by("model__name", "phase", "-effective_from")
+
+
+@dataclass
+class PriceBook:
+    """Every price, in memory, to rate many events without a query each."""
+
+    _starts: dict[tuple[str, str], list[datetime]] = field(default_factory=dict)
+    _prices: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    def unit_price(self, *, model: str, phase: str, at: datetime) -> int | None:
+        """Micro-dollars per million tokens of (model, phase) in effect at `at`; None when unpriced."""
+        starts = self._starts.get((model, phase))
+        if not starts:
+            return None
+        index = bisect_right(starts, at) - 1
+        return self._prices[(model, phase)][index] if index >= 0 else None
+
+
+def price_book() -> PriceBook:
+    book = PriceBook()
+    rows = Price.objects.order_by("effective_from").values_list(
+        "model__name", "phase", "effective_from", "micros_per_million"
+    )
+    for model_name, phase, effective_from, micros in rows:
+        book._starts.setdefault((model_name, phase), []).append(effective_from)
+        book._prices.setdefault((model_name, phase), []).append(micros)
+    return book

@@ -29,3 +29,7 @@ class CredentialRejected(ApplicationError):
 
 class ObjectGone(ApplicationError):
     error_type = "gone"
+
+
+class PermissionRefused(ApplicationError):
+    error_type = "permission_denied"

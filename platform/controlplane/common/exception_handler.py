@@ -16,12 +16,14 @@ from controlplane.common.errors import (
     InvalidInput,
     ObjectGone,
     ObjectNotFound,
+    PermissionRefused,
 )
 
 STATUS_BY_APPLICATION_ERROR = {
     InvalidInput: status.HTTP_400_BAD_REQUEST,
     CredentialRejected: status.HTTP_401_UNAUTHORIZED,
     ObjectNotFound: status.HTTP_404_NOT_FOUND,
+    PermissionRefused: status.HTTP_403_FORBIDDEN,
     ObjectGone: status.HTTP_410_GONE,
 }
 

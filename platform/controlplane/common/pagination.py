@@ -1,6 +1,7 @@
-"""Limit/offset pagination for list endpoints built on APIView."""
+"""Limit/offset pagination for list endpoints built on APIView: `{"data": [...], "has_more", "total"}`."""
 
 from django.db.models import QuerySet
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -8,9 +9,60 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 
+MAX_OFFSET = 2**63 - 1
+
+
 class DefaultPagination(LimitOffsetPagination):
+    """Malformed `limit` or `offset` values are refused (400), never silently replaced by defaults."""
+
     default_limit = 50
     max_limit = 1000
+
+    def get_limit(self, request: Request) -> int:
+        return self._integer_param(
+            request, self.limit_query_param, default=self.default_limit, low=1, high=self.max_limit
+        )
+
+    def get_offset(self, request: Request) -> int:
+        return self._integer_param(request, self.offset_query_param, default=0, low=0, high=MAX_OFFSET)
+
+    @staticmethod
+    def _integer_param(request: Request, name: str, *, default: int, low: int, high: int) -> int:
+        values = request.query_params.getlist(name)
+        if not values:
+            return default
+        if len(values) > 1:
+            raise ValidationError({name: ["Give it at most once."]})
+        try:
+            value = int(values[0])
+        except ValueError:
+            raise ValidationError({name: [f"Must be an integer between {low} and {high}."]}) from None
+        if not low <= value <= high:
+            raise ValidationError({name: [f"Must be an integer between {low} and {high}."]})
+        return value
+
+    def get_paginated_response(self, data) -> Response:
+        has_more = self.offset + self.limit < self.count
+        return Response({"data": data, "has_more": has_more, "total": self.count})
+
+    def get_schema_operation_parameters(self, view) -> list[dict]:
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.limit_query_param: (1, self.max_limit), self.offset_query_param: (0, MAX_OFFSET)}
+        for parameter in parameters:
+            low, high = bounds[parameter["name"]]
+            parameter["schema"].update(minimum=low, maximum=high)
+        return parameters
+
+    def get_paginated_response_schema(self, schema: dict) -> dict:
+        return {
+            "type": "object",
+            "required": ["data", "has_more", "total"],
+            "properties": {
+                "data": schema,
+                "has_more": {"type": "boolean"},
+                "total": {"type": "integer", "minimum": 0},
+            },
+        }
 
 
 class PaginatedListMixin:

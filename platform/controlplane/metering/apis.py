@@ -6,10 +6,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.common.base_apis import InternalAPIView
+from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.metering.models import Phase
 from controlplane.metering.selectors import usage_event_list, usage_summary
 from controlplane.metering.services import MAX_EVENTS_PER_BATCH, UsageReport, usage_events_ingest
+from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
 
 MAX_BIG_INTEGER = 2**63 - 1
@@ -80,7 +82,9 @@ class UsageEventIngestApi(InternalAPIView):
 
 
 class UsageEventListApi(PaginatedListMixin, TenantAPIView):
-    class UsageEventFilterSerializer(serializers.Serializer):
+    required_permissions = {"GET": Permission.USAGE_READ}
+
+    class UsageEventFilterSerializer(QueryFilterSerializer):
         request_id = serializers.CharField(required=False)
         phase = serializers.ChoiceField(choices=Phase.choices, required=False)
         model = serializers.CharField(required=False)
@@ -97,6 +101,8 @@ class UsageEventListApi(PaginatedListMixin, TenantAPIView):
 
 
 class UsageSummaryApi(TenantAPIView):
+    required_permissions = {"GET": Permission.USAGE_READ}
+
     @extend_schema(responses=UsageSummaryRowSerializer(many=True))
     def get(self, request: Request) -> Response:
         rows = usage_summary(organization=self.organization)

@@ -26,6 +26,9 @@ class UsageEvent(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
     ingested_at = models.DateTimeField()
+    period_start = models.DateField(
+        help_text="First day of the billing period the event is billed in (see billing.periods for late events)."
+    )
 
     class Meta:
         constraints = [
@@ -37,7 +40,11 @@ class UsageEvent(models.Model):
                 condition=Q(started_at__lte=F("finished_at")), name="metering_usageevent_starts_before_finish"
             ),
         ]
-        indexes = [models.Index(fields=["organization", "-started_at"])]
+        indexes = [
+            models.Index(fields=["organization", "-started_at"]),
+            models.Index(fields=["ingested_at"]),
+            models.Index(fields=["organization", "period_start"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id}/{self.phase}"

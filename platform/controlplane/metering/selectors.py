@@ -2,12 +2,13 @@ from django.db.models import Count, QuerySet, Sum
 
 from controlplane.metering.models import UsageEvent
 from controlplane.tenancy.models import Organization
+from controlplane.tenancy.scoping import organization_rows
 
 
 def usage_event_list(
     *, organization: Organization, request_id: str | None = None, phase: str | None = None, model: str | None = None
 ) -> QuerySet[UsageEvent]:
-    events = UsageEvent.objects.filter(organization=organization).select_related("organization", "api_key")
+    events = organization_rows(UsageEvent, organization=organization).select_related("organization", "api_key")
     if request_id is not None:
         events = events.filter(request_id=request_id)
     if phase is not None:
@@ -20,7 +21,7 @@ def usage_event_list(
 def usage_summary(*, organization: Organization) -> QuerySet:
     """Totals per (model, phase): rows of {model, phase, requests, tokens, cached_tokens}."""
     return (
-        UsageEvent.objects.filter(organization=organization)
+        organization_rows(UsageEvent, organization=organization)
         .values("model", "phase")
         .annotate(requests=Count("id"), tokens=Sum("tokens"), cached_tokens=Sum("cached_tokens"))
         .order_by("model", "phase")

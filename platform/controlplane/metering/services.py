@@ -1,11 +1,12 @@
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.billing.periods import billing_periods_assign, period_start_of
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import UsageEvent
 from controlplane.tenancy.models import ApiKey, Organization
@@ -63,10 +64,18 @@ def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
             _warn_conflicting_duplicate(key, "the stored event")
 
     ingested_at = timezone.now()
+    new_reports = [report for key, report in first_reports.items() if key not in stored]
+    billed_in = billing_periods_assign(
+        wanted={_period_key(report, api_keys) for report in new_reports}, now=ingested_at
+    )
     fresh = [
-        _new_event(report, api_key=api_keys[report.api_key_id], ingested_at=ingested_at)
-        for key, report in first_reports.items()
-        if key not in stored
+        _new_event(
+            report,
+            api_key=api_keys[report.api_key_id],
+            ingested_at=ingested_at,
+            period_start=billed_in[_period_key(report, api_keys)],
+        )
+        for report in new_reports
     ]
     UsageEvent.objects.bulk_create(fresh, ignore_conflicts=True)
     # A concurrent batch can store some of the same events between our read and our insert; the
@@ -118,7 +127,11 @@ def _stored_events(*, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str]
     }
 
 
-def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime) -> UsageEvent:
+def _period_key(report: UsageReport, api_keys: dict[str, ApiKey]) -> tuple[int, date]:
+    return api_keys[report.api_key_id].organization_id, period_start_of(report.started_at)
+
+
+def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, period_start: date) -> UsageEvent:
     return UsageEvent(
         request_id=report.request_id,
         phase=report.phase,
@@ -134,6 +147,7 @@ def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime) -
         started_at=report.started_at,
         finished_at=report.finished_at,
         ingested_at=ingested_at,
+        period_start=period_start,
     )
 
 

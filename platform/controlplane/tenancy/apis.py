@@ -1,13 +1,30 @@
+from django.contrib.auth import login, logout
+from django.middleware.csrf import get_token
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from controlplane.billing.selectors import spend_status
 from controlplane.common.base_apis import InternalAPIView
+from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
-from controlplane.tenancy.base_apis import TenantAPIView
-from controlplane.tenancy.selectors import api_key_get, api_key_list
-from controlplane.tenancy.services import api_key_authenticate, api_key_create, api_key_revoke
+from controlplane.tenancy.access import Permission, Principal
+from controlplane.tenancy.authentication import MemberSessionAuthentication
+from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
+from controlplane.tenancy.models import Role, Scope
+from controlplane.tenancy.selectors import api_key_get, api_key_list, audit_event_list, membership_get, membership_list
+from controlplane.tenancy.services import (
+    api_key_authenticate,
+    api_key_create,
+    api_key_revoke,
+    member_add,
+    member_remove,
+    member_set_role,
+    user_authenticate,
+)
 
 
 class OrganizationOutputSerializer(serializers.Serializer):
@@ -21,21 +38,68 @@ class ApiKeyOutputSerializer(serializers.Serializer):
     id = serializers.CharField(source="public_id")
     name = serializers.CharField()
     prefix = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
     last_used_at = serializers.DateTimeField(allow_null=True)
     revoked_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
 
 
+class MemberOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    email = serializers.EmailField(source="user.email")
+    role = serializers.ChoiceField(choices=Role.choices)
+    created_at = serializers.DateTimeField()
+
+
+class AuditEventOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    actor = serializers.CharField()
+    action = serializers.CharField()
+    target_type = serializers.CharField()
+    target_id = serializers.CharField()
+    details = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+
+class MeOutputSerializer(serializers.Serializer):
+    class MeOrganizationSerializer(serializers.Serializer):
+        id = serializers.CharField(source="public_id")
+        name = serializers.CharField()
+
+    email = serializers.CharField(allow_null=True)
+    is_staff = serializers.BooleanField()
+    organization = MeOrganizationSerializer(allow_null=True)
+    role = serializers.CharField(allow_null=True)
+
+
+def _me(principal: Principal) -> dict:
+    return MeOutputSerializer(
+        {
+            "email": principal.user.email if principal.user is not None else None,
+            "is_staff": principal.is_staff,
+            "organization": principal.organization,
+            "role": principal.role,
+        }
+    ).data
+
+
 class OrganizationDetailApi(TenantAPIView):
+    required_permissions = {"GET": Permission.ORGANIZATION_READ}
+
     @extend_schema(responses=OrganizationOutputSerializer)
     def get(self, request: Request) -> Response:
         return Response(OrganizationOutputSerializer(self.organization).data)
 
 
 class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
+    required_permissions = {"GET": Permission.KEYS_READ, "POST": Permission.KEYS_WRITE}
+
     class ApiKeyCreateInputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100)
+        scopes = serializers.ListField(
+            child=serializers.ChoiceField(choices=Scope.choices), default=[Scope.INFERENCE], max_length=3
+        )
         expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
     class ApiKeyCreatedOutputSerializer(ApiKeyOutputSerializer):
@@ -44,7 +108,7 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
     @extend_schema(responses=ApiKeyOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         return self.paginated_response(
-            queryset=api_key_list(organization=self.organization),
+            queryset=api_key_list(organization=self.organization, created_by=_own_keys_of(self.principal)),
             serializer_class=ApiKeyOutputSerializer,
             request=request,
         )
@@ -53,24 +117,156 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
     def post(self, request: Request) -> Response:
         serializer = self.ApiKeyCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        issued = api_key_create(organization=self.organization, **serializer.validated_data)
+        issued = api_key_create(organization=self.organization, actor=self.principal, **serializer.validated_data)
         data = {**ApiKeyOutputSerializer(issued.api_key).data, "key": issued.key}
         return Response(data, status=status.HTTP_201_CREATED)
 
 
+def _own_keys_of(principal: Principal):
+    """Developers see and manage only the keys they created."""
+    return principal.user if principal.limited_to_own_keys else None
+
+
 class ApiKeyDetailApi(TenantAPIView):
+    required_permissions = {"GET": Permission.KEYS_READ}
+
     @extend_schema(responses=ApiKeyOutputSerializer)
     def get(self, request: Request, key_id: str) -> Response:
-        api_key = api_key_get(organization=self.organization, public_id=key_id)
+        api_key = api_key_get(organization=self.organization, public_id=key_id, created_by=_own_keys_of(self.principal))
         return Response(ApiKeyOutputSerializer(api_key).data)
 
 
 class ApiKeyRevokeApi(TenantAPIView):
+    required_permissions = {"POST": Permission.KEYS_WRITE}
+
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)
     def post(self, request: Request, key_id: str) -> Response:
-        api_key = api_key_get(organization=self.organization, public_id=key_id)
-        api_key = api_key_revoke(api_key=api_key)
+        api_key = api_key_get(organization=self.organization, public_id=key_id, created_by=_own_keys_of(self.principal))
+        api_key = api_key_revoke(api_key=api_key, actor=self.principal)
         return Response(ApiKeyOutputSerializer(api_key).data)
+
+
+class MemberListCreateApi(PaginatedListMixin, TenantAPIView):
+    required_permissions = {"GET": Permission.MEMBERS_READ, "POST": Permission.MEMBERS_WRITE}
+
+    class MemberCreateInputSerializer(serializers.Serializer):
+        email = serializers.EmailField(max_length=254)
+        role = serializers.ChoiceField(choices=Role.choices)
+        password = serializers.CharField(
+            required=False, allow_null=True, default=None, max_length=128, trim_whitespace=False,
+            help_text="Required when no user has this email yet; the user is created with it.",
+        )
+
+    @extend_schema(responses=MemberOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return self.paginated_response(
+            queryset=membership_list(organization=self.organization),
+            serializer_class=MemberOutputSerializer,
+            request=request,
+        )
+
+    @extend_schema(request=MemberCreateInputSerializer, responses={201: MemberOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.MemberCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = member_add(organization=self.organization, actor=self.principal, **serializer.validated_data)
+        return Response(MemberOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+class MemberDetailApi(TenantAPIView):
+    required_permissions = {
+        "GET": Permission.MEMBERS_READ,
+        "PATCH": Permission.MEMBERS_WRITE,
+        "DELETE": Permission.MEMBERS_WRITE,
+    }
+
+    class MemberUpdateInputSerializer(serializers.Serializer):
+        role = serializers.ChoiceField(choices=Role.choices)
+
+    @extend_schema(responses=MemberOutputSerializer)
+    def get(self, request: Request, member_id: str) -> Response:
+        membership = membership_get(organization=self.organization, public_id=member_id)
+        return Response(MemberOutputSerializer(membership).data)
+
+    @extend_schema(request=MemberUpdateInputSerializer, responses=MemberOutputSerializer)
+    def patch(self, request: Request, member_id: str) -> Response:
+        serializer = self.MemberUpdateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = membership_get(organization=self.organization, public_id=member_id)
+        membership = member_set_role(membership=membership, actor=self.principal, **serializer.validated_data)
+        return Response(MemberOutputSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, member_id: str) -> Response:
+        membership = membership_get(organization=self.organization, public_id=member_id)
+        member_remove(membership=membership, actor=self.principal)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditLogApi(PaginatedListMixin, TenantAPIView):
+    required_permissions = {"GET": Permission.AUDIT_READ}
+
+    class AuditLogFilterSerializer(QueryFilterSerializer):
+        action = serializers.CharField(required=False, max_length=64)
+
+    @extend_schema(parameters=[AuditLogFilterSerializer], responses=AuditEventOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        filters = self.AuditLogFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        return self.paginated_response(
+            queryset=audit_event_list(organization=self.organization, **filters.validated_data),
+            serializer_class=AuditEventOutputSerializer,
+            request=request,
+        )
+
+
+class LoginApi(APIView):
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    class LoginInputSerializer(serializers.Serializer):
+        email = serializers.CharField(max_length=254)
+        password = serializers.CharField(max_length=128, trim_whitespace=False)
+
+    class LoginOutputSerializer(serializers.Serializer):
+        user = MeOutputSerializer()
+
+    @extend_schema(request=LoginInputSerializer, responses=LoginOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.LoginInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = user_authenticate(**serializer.validated_data)
+        login(request._request, user)
+        get_token(request._request)  # sets the csrftoken cookie the dashboard echoes in X-CSRFToken
+        return Response({"user": _me(Principal.of_user(user))})
+
+
+class LogoutApi(APIView):
+    authentication_classes = [MemberSessionAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request) -> Response:
+        logout(request._request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MeApi(APIView):
+    authentication_classes = PUBLIC_AUTHENTICATION
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=MeOutputSerializer)
+    def get(self, request: Request) -> Response:
+        get_token(request._request)
+        return Response(_me(request.user))
+
+
+class LimitsSerializer(serializers.Serializer):
+    """Per-minute limits the gateway enforces; null is unlimited."""
+
+    requests_per_minute = serializers.IntegerField(allow_null=True)
+    input_tokens_per_minute = serializers.IntegerField(allow_null=True)
+    output_tokens_per_minute = serializers.IntegerField(allow_null=True)
 
 
 class ApiKeyVerifyApi(InternalAPIView):
@@ -78,12 +274,34 @@ class ApiKeyVerifyApi(InternalAPIView):
         api_key = serializers.CharField(trim_whitespace=False)
 
     class ApiKeyVerifyOutputSerializer(serializers.Serializer):
-        api_key_id = serializers.CharField(source="public_id")
-        organization_id = serializers.CharField(source="organization.public_id")
+        class VerifyLimitsSerializer(serializers.Serializer):
+            organization = LimitsSerializer()
+            api_key = LimitsSerializer()
+
+        class SpendSerializer(serializers.Serializer):
+            limit_micros = serializers.IntegerField(allow_null=True)
+            spent_micros = serializers.IntegerField()
+            over_limit = serializers.BooleanField()
+
+        api_key_id = serializers.CharField()
+        organization_id = serializers.CharField()
+        scopes = serializers.ListField(child=serializers.CharField())
+        expires_at = serializers.DateTimeField(allow_null=True)
+        limits = VerifyLimitsSerializer()
+        spend = SpendSerializer()
 
     @extend_schema(request=ApiKeyVerifyInputSerializer, responses=ApiKeyVerifyOutputSerializer)
     def post(self, request: Request) -> Response:
         serializer = self.ApiKeyVerifyInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         api_key = api_key_authenticate(key=serializer.validated_data["api_key"])
-        return Response(self.ApiKeyVerifyOutputSerializer(api_key).data)
+        organization = api_key.organization
+        verified = {
+            "api_key_id": api_key.public_id,
+            "organization_id": organization.public_id,
+            "scopes": api_key.scopes,
+            "expires_at": api_key.expires_at,
+            "limits": {"organization": organization, "api_key": api_key},
+            "spend": spend_status(organization=organization),
+        }
+        return Response(self.ApiKeyVerifyOutputSerializer(verified).data)

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
@@ -11,19 +12,69 @@ def new_api_key_id() -> str:
     return new_public_id("key")
 
 
-class Organization(models.Model):
+def new_membership_id() -> str:
+    return new_public_id("mem")
+
+
+def new_audit_event_id() -> str:
+    return new_public_id("aud")
+
+
+class Role(models.TextChoices):
+    OWNER = "owner"
+    ADMIN = "admin"
+    DEVELOPER = "developer"
+    BILLING_VIEWER = "billing_viewer"
+
+
+class Scope(models.TextChoices):
+    INFERENCE = "inference"
+    ADMIN_READ = "admin:read"
+    ADMIN_WRITE = "admin:write"
+
+
+class RateLimits(models.Model):
+    """Per-minute limits the gateway enforces; null means unlimited."""
+
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    input_tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    output_tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Organization(RateLimits):
     public_id = models.CharField(
         max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_organization_id, editable=False
     )
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
+    spend_limit_micros = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Spend cap per billing period in micro-dollars; null is no cap."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.public_id})"
 
 
-class ApiKey(models.Model):
+class Membership(models.Model):
+    """A user's place in an organization; a user belongs to at most one organization."""
+
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_membership_id, editable=False
+    )
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization.name} as {self.role}"
+
+
+class ApiKey(RateLimits):
     public_id = models.CharField(
         max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False
     )
@@ -32,6 +83,10 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, help_text="The first characters of the key, to recognise it in lists.")
     key_hash = models.CharField(
         max_length=64, unique=True, help_text="SHA-256 of the full key; the key itself is never stored."
+    )
+    scopes = models.JSONField(default=list, help_text="Subset of inference, admin:read, admin:write.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="api_keys"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -43,3 +98,31 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class AuditEvent(models.Model):
+    """An administrative action: who did what to which object, when. Append-only."""
+
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_audit_event_id, editable=False
+    )
+    organization = models.ForeignKey(
+        Organization, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events",
+        help_text="Null for platform-wide actions by staff (e.g. draining a worker).",
+    )
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=300, help_text="The user's email or the key's id, kept if either is deleted.")
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    details = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.target_type}:{self.target_id}"

@@ -1,7 +1,7 @@
 """Python client for the Diptych LLM serving API."""
 
 from . import types
-from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
+from ._client import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_TIMEOUT, AsyncClient, Client
 from ._errors import (
     APIConnectionError,
     APIResponseValidationError,
@@ -19,32 +19,56 @@ from ._errors import (
 )
 from ._streaming import AsyncStream, Stream
 from ._version import __version__
-from .types import ChatMessageParam, Completion, CompletionChunk, Model, PhaseUsage, Usage
+from .types import (
+    ApiKey,
+    BillingSummary,
+    ChatMessageParam,
+    Completion,
+    CompletionChunk,
+    DailyUsage,
+    Invoice,
+    InvoiceLine,
+    Model,
+    Page,
+    PhaseUsage,
+    SpendAlert,
+    SpendLimit,
+    Usage,
+)
 
 __all__ = [
     "APIConnectionError",
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "ApiKey",
     "AsyncClient",
     "AsyncStream",
     "AuthenticationError",
     "BadRequestError",
+    "BillingSummary",
     "ChatMessageParam",
     "Client",
     "Completion",
     "CompletionChunk",
     "ConflictError",
     "DEFAULT_MAX_RETRIES",
+    "DEFAULT_STREAM_IDLE_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "DailyUsage",
     "DiptychError",
     "InternalServerError",
+    "Invoice",
+    "InvoiceLine",
     "Model",
     "NotFoundError",
+    "Page",
     "PermissionDeniedError",
     "PhaseUsage",
     "RateLimitError",
     "ServiceUnavailableError",
+    "SpendAlert",
+    "SpendLimit",
     "Stream",
     "Usage",
     "__version__",

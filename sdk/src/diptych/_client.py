@@ -9,13 +9,16 @@ from types import TracebackType
 from typing import Final, Self
 
 from ._errors import AuthenticationError
+from ._http import DEFAULT_ADMIN_URL, AdminTransport
 from ._transport import DEFAULT_BASE_URL, AsyncTransport, SyncTransport, auth_metadata, parse_base_url
 from .resources import AsyncChat, AsyncCompletions, AsyncModels, Chat, Completions, Models
+from .resources.admin import Admin, AsyncAdmin
 
-__all__ = ["Client", "AsyncClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES"]
+__all__ = ["Client", "AsyncClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES", "DEFAULT_STREAM_IDLE_TIMEOUT"]
 
-DEFAULT_TIMEOUT: Final = 60.0
+DEFAULT_TIMEOUT: Final = 600.0
 DEFAULT_MAX_RETRIES: Final = 2
+DEFAULT_STREAM_IDLE_TIMEOUT: Final = 60.0
 
 
 class _NotGiven:
@@ -29,10 +32,21 @@ _NOT_GIVEN: Final = _NotGiven()
 class _BaseClient(ABC):
     api_key: str
     base_url: str
+    admin_url: str
     timeout: float | None
     max_retries: int
+    stream_idle_timeout: float | None
 
-    def __init__(self, *, api_key: str | None, base_url: str | None, timeout: float | None, max_retries: int) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None,
+        admin_url: str | None,
+        timeout: float | None,
+        max_retries: int,
+        stream_idle_timeout: float | None,
+    ) -> None:
         api_key = api_key if api_key is not None else os.environ.get("DIPTYCH_API_KEY")
         if not api_key:
             raise AuthenticationError(
@@ -43,56 +57,79 @@ class _BaseClient(ABC):
         self.base_url = base_url or os.environ.get("DIPTYCH_BASE_URL") or DEFAULT_BASE_URL
         self._endpoint = parse_base_url(self.base_url)
         self._metadata = auth_metadata(api_key)
-        self._set_options(timeout, max_retries)
+        self._admin_transport = AdminTransport(
+            admin_url or os.environ.get("DIPTYCH_ADMIN_URL") or DEFAULT_ADMIN_URL, api_key
+        )
+        self.admin_url = self._admin_transport.admin_url
+        self._set_options(timeout, max_retries, stream_idle_timeout)
 
     def with_options(
-        self, *, timeout: float | None | _NotGiven = _NOT_GIVEN, max_retries: int | _NotGiven = _NOT_GIVEN
+        self,
+        *,
+        timeout: float | None | _NotGiven = _NOT_GIVEN,
+        max_retries: int | _NotGiven = _NOT_GIVEN,
+        stream_idle_timeout: float | None | _NotGiven = _NOT_GIVEN,
     ) -> Self:
-        """A client with other defaults that shares this one's channel (closing either closes it).
+        """A client with other defaults that shares this one's connection (closing either closes it).
 
-        `timeout=None` here means no deadline.
+        `None` for a timeout means none.
         """
         clone = copy.copy(self)
         clone._set_options(
             self.timeout if isinstance(timeout, _NotGiven) else timeout,
             self.max_retries if isinstance(max_retries, _NotGiven) else max_retries,
+            self.stream_idle_timeout if isinstance(stream_idle_timeout, _NotGiven) else stream_idle_timeout,
         )
         clone._bind_resources()
         return clone
 
-    def _set_options(self, timeout: float | None, max_retries: int) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+    def _set_options(self, timeout: float | None, max_retries: int, stream_idle_timeout: float | None) -> None:
+        for name, seconds in (("timeout", timeout), ("stream_idle_timeout", stream_idle_timeout)):
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+                raise ValueError(f"{name} must be a positive number of seconds or None, not {seconds!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be a non-negative integer, not {max_retries!r}")
         self.timeout = timeout
         self.max_retries = max_retries
+        self.stream_idle_timeout = stream_idle_timeout
 
     @abstractmethod
     def _bind_resources(self) -> None:
-        """Creates the resource namespaces (completions, chat, models) bound to this client."""
+        """Creates the resource namespaces (completions, chat, models, admin) bound to this client."""
 
 
 class Client(_BaseClient):
-    """A client of the Diptych gateway. Thread-safe; holds one gRPC channel.
+    """A client of the Diptych API. Thread-safe; holds one gRPC channel to the gateway.
 
-    `api_key` defaults to $DIPTYCH_API_KEY and `base_url` to $DIPTYCH_BASE_URL, then
-    grpc://127.0.0.1:50051. `timeout` is each call's deadline in seconds (None: none).
+    `api_key` defaults to $DIPTYCH_API_KEY, `base_url` (the gateway) to $DIPTYCH_BASE_URL then
+    grpc://127.0.0.1:50051, `admin_url` (the control plane's REST API, for `client.admin`) to
+    $DIPTYCH_ADMIN_URL then http://127.0.0.1:8000. `timeout` is each call's deadline in seconds,
+    `stream_idle_timeout` the longest wait for the next streamed message (None: no limit).
     """
 
     completions: Completions
     chat: Chat
     models: Models
+    admin: Admin
 
     def __init__(
         self,
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        admin_url: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT,
     ) -> None:
-        super().__init__(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries)
+        super().__init__(
+            api_key=api_key,
+            base_url=base_url,
+            admin_url=admin_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            stream_idle_timeout=stream_idle_timeout,
+        )
         self._transport = SyncTransport(self._endpoint)
         self._bind_resources()
 
@@ -100,6 +137,7 @@ class Client(_BaseClient):
         self.completions = Completions(self)
         self.chat = Chat(self)
         self.models = Models(self)
+        self.admin = Admin(self)
 
     def close(self) -> None:
         self._transport.close()
@@ -119,16 +157,26 @@ class AsyncClient(_BaseClient):
     completions: AsyncCompletions
     chat: AsyncChat
     models: AsyncModels
+    admin: AsyncAdmin
 
     def __init__(
         self,
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        admin_url: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT,
     ) -> None:
-        super().__init__(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries)
+        super().__init__(
+            api_key=api_key,
+            base_url=base_url,
+            admin_url=admin_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            stream_idle_timeout=stream_idle_timeout,
+        )
         self._transport = AsyncTransport(self._endpoint)
         self._bind_resources()
 
@@ -136,6 +184,7 @@ class AsyncClient(_BaseClient):
         self.completions = AsyncCompletions(self)
         self.chat = AsyncChat(self)
         self.models = AsyncModels(self)
+        self.admin = AsyncAdmin(self)
 
     async def close(self) -> None:
         await self._transport.close()

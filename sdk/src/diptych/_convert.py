@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from ._errors import APIResponseValidationError
 from ._proto.v1 import inference_pb2 as pb
-from .types import ChatMessageParam, Completion, CompletionChunk, FinishReason, Model, PhaseUsage, Usage
+from .types import ChatMessageParam, Completion, CompletionChunk, FinishReason, Model, PhaseUsage, Priority, Usage
 
 _FINISH_REASONS: dict[int, FinishReason] = {
     pb.FINISH_REASON_STOP: "stop",
@@ -15,8 +15,11 @@ _FINISH_REASONS: dict[int, FinishReason] = {
 }
 
 
-def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
+_PRIORITIES: dict[str, int] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
+
+
+def new_idempotency_key() -> str:
+    return str(uuid.uuid4())
 
 
 def prompt_input(prompt: str | Sequence[int]) -> dict[str, object]:
@@ -35,40 +38,54 @@ def generate_request(
     *,
     model: str,
     input_field: dict[str, object],
-    request_id: str,
+    idempotency_key: str,
     max_tokens: int | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
+    priority: Priority = "interactive",
+    ignore_eos: bool = False,
 ) -> pb.GenerateRequest:
+    if priority not in _PRIORITIES:
+        raise ValueError(f"priority must be 'interactive' or 'batch', not {priority!r}")
+    if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
+        raise ValueError("idempotency_key must be a non-empty string of at most 255 characters")
     sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     return pb.GenerateRequest(
         model=model,
-        request_id=request_id,
+        idempotency_key=idempotency_key,
+        priority=_PRIORITIES[priority],
+        ignore_eos=ignore_eos,
         stop=[stop] if isinstance(stop, str) else (stop or []),
         **input_field,
         **{name: value for name, value in sampling.items() if value is not None},
     )
 
 
-def chunk_from_proto(message: pb.GenerateResponse, *, request_id: str) -> CompletionChunk:
+def chunk_from_proto(message: pb.GenerateResponse) -> CompletionChunk:
+    """One streamed message; the final one (with a finish reason) must carry usage."""
+    finish_reason = _finish_reason(message.finish_reason, message.request_id)
+    if finish_reason is not None and not message.HasField("usage"):
+        raise APIResponseValidationError(
+            "The final message of the stream carries no usage", request_id=message.request_id or None
+        )
     return CompletionChunk(
-        id=message.request_id or request_id,
+        id=message.request_id,
         text=message.text,
         token_ids=list(message.token_ids),
-        finish_reason=_finish_reason(message.finish_reason, request_id),
+        finish_reason=finish_reason,
         usage=usage_from_proto(message.usage) if message.HasField("usage") else None,
     )
 
 
-def completion_from_chunks(chunks: Sequence[CompletionChunk], *, model: str, request_id: str) -> Completion:
+def completion_from_chunks(chunks: Sequence[CompletionChunk], *, model: str) -> Completion:
     last = chunks[-1] if chunks else None
     if last is None or last.finish_reason is None or last.usage is None:
         raise APIResponseValidationError(
             "The response stream ended without a final message carrying finish_reason and usage",
-            request_id=request_id,
+            request_id=last.id if last else None,
         )
     return Completion(
         id=last.id,
@@ -111,4 +128,4 @@ def _finish_reason(value: int, request_id: str) -> FinishReason | None:
     try:
         return _FINISH_REASONS[value]
     except KeyError:
-        raise APIResponseValidationError(f"Unknown finish_reason {value}", request_id=request_id) from None
+        raise APIResponseValidationError(f"Unknown finish_reason {value}", request_id=request_id or None) from None

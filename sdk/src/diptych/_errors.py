@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 
 __all__ = [
@@ -19,21 +21,32 @@ __all__ = [
     "ServiceUnavailableError",
     "InternalServerError",
     "error_from_rpc",
+    "error_from_http",
 ]
 
 
 class DiptychError(Exception):
     """Base class of every error the SDK raises.
 
-    `code` is the gRPC status name ("UNAVAILABLE", ...) or None when no gRPC status
-    is involved; `request_id` identifies the logical request when there is one.
+    `code` is the gRPC status name ("UNAVAILABLE", ...) for inference calls, the error type
+    of the REST API ("validation_error", ...) for admin calls, or None. `request_id` is the
+    gateway's id of the request when it assigned one; `idempotency_key` is the key the
+    failed create() call sent, so that the same logical request can be retried later.
     """
 
-    def __init__(self, message: str, *, code: str | None = None, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.request_id = request_id
+        self.idempotency_key = idempotency_key
 
     def __str__(self) -> str:
         text = f"{self.code}: {self.message}" if self.code else self.message
@@ -53,10 +66,11 @@ class APIResponseValidationError(DiptychError):
 
 
 class APIStatusError(DiptychError):
-    """The gateway ended the call with an error status.
+    """The gateway (or the control plane, for admin calls) answered with an error status.
 
-    `retry_after` is the delay in seconds the gateway asked for in the `retry-after`
-    trailing metadata, or None.
+    `retry_after` is the delay in seconds the server asked for (gRPC trailing metadata
+    `retry-after-ms`, HTTP header `Retry-After`), or None. `status_code` is the HTTP
+    status of a failed admin call, None for inference calls.
     """
 
     def __init__(
@@ -65,10 +79,13 @@ class APIStatusError(DiptychError):
         *,
         code: str | None = None,
         request_id: str | None = None,
+        idempotency_key: str | None = None,
         retry_after: float | None = None,
+        status_code: int | None = None,
     ) -> None:
-        super().__init__(message, code=code, request_id=request_id)
+        super().__init__(message, code=code, request_id=request_id, idempotency_key=idempotency_key)
         self.retry_after = retry_after
+        self.status_code = status_code
 
 
 class BadRequestError(APIStatusError):
@@ -139,22 +156,59 @@ _TRANSPORT_FAILURE_PHRASES = (
 )
 
 
-def error_from_rpc(error: grpc.RpcError, *, request_id: str | None) -> DiptychError:
-    """Maps a failed gRPC call (sync or asyncio) to the matching SDK exception."""
+def error_from_rpc(
+    error: grpc.RpcError, *, request_id: str | None = None, idempotency_key: str | None = None
+) -> DiptychError:
+    """Maps a failed gRPC call (sync or asyncio) to the matching SDK exception.
+
+    The gateway names its request in the trailing metadata `request-id`; that wins over
+    `request_id`, the id known from the stream's messages.
+    """
     status = _call_attribute(error, "code") or grpc.StatusCode.UNKNOWN
     details = _call_attribute(error, "details") or status.name
+    trailers = _metadata_dict(_call_attribute(error, "trailing_metadata"))
+    ids = {"request_id": trailers.get("request-id") or request_id, "idempotency_key": idempotency_key}
     code = status.name
 
     if status is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return APITimeoutError(details, code=code, request_id=request_id)
+        return APITimeoutError(details, code=code, **ids)
     if status is grpc.StatusCode.CANCELLED:
-        return APIConnectionError(details, code=code, request_id=request_id)
+        return APIConnectionError(details, code=code, **ids)
     if status is grpc.StatusCode.UNAVAILABLE and _is_transport_failure(details):
-        return APIConnectionError(details, code=code, request_id=request_id)
+        return APIConnectionError(details, code=code, **ids)
 
     error_class = _STATUS_ERRORS.get(status, InternalServerError)
-    retry_after = _retry_after(_call_attribute(error, "trailing_metadata"))
-    return error_class(details, code=code, request_id=request_id, retry_after=retry_after)
+    return error_class(details, code=code, retry_after=_retry_after_ms(trailers.get("retry-after-ms")), **ids)
+
+
+def error_from_http(
+    status_code: int, body: object, headers: Mapping[str, str], *, request_id: str | None = None
+) -> APIStatusError:
+    """Maps a failed REST call of the admin API (`{"error": {"type", "message"}}`) to an SDK exception."""
+    error = body.get("error") if isinstance(body, dict) else None
+    error = error if isinstance(error, dict) else {}
+    message = str(error.get("message") or f"HTTP {status_code}")
+    error_class = _HTTP_ERRORS.get(status_code) or (InternalServerError if status_code >= 500 else BadRequestError)
+    return error_class(
+        message,
+        code=str(error.get("type") or status_code),
+        request_id=request_id,
+        retry_after=_retry_after_seconds(headers.get("Retry-After")),
+        status_code=status_code,
+    )
+
+
+_HTTP_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    410: NotFoundError,
+    422: BadRequestError,
+    429: RateLimitError,
+    503: ServiceUnavailableError,
+}
 
 
 def _call_attribute(error: grpc.RpcError, name: str):
@@ -163,17 +217,28 @@ def _call_attribute(error: grpc.RpcError, name: str):
     return method() if callable(method) else None
 
 
+def _metadata_dict(metadata) -> dict[str, str]:
+    return {str(key).lower(): value for key, value in metadata or ()}
+
+
 def _is_transport_failure(details: str) -> bool:
     lowered = details.lower()
     return any(phrase in lowered for phrase in _TRANSPORT_FAILURE_PHRASES)
 
 
-def _retry_after(metadata) -> float | None:
-    for key, value in metadata or ():
-        if key.lower() == "retry-after":
-            try:
-                seconds = float(value)
-            except (TypeError, ValueError):
-                return None
-            return seconds if seconds >= 0 else None
-    return None
+def _retry_after_ms(value) -> float | None:
+    seconds = _non_negative_number(value)
+    return None if seconds is None else seconds / 1000
+
+
+def _retry_after_seconds(value) -> float | None:
+    # An HTTP date in Retry-After is not supported: the control plane sends seconds.
+    return _non_negative_number(value)
+
+
+def _non_negative_number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number >= 0 and number != float("inf") else None

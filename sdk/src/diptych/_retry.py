@@ -1,11 +1,12 @@
 """Which failures are retried, how long to wait, and the retry loops themselves.
 
 Retried: UNAVAILABLE (the gateway unreachable or without capacity) and
-RESOURCE_EXHAUSTED (rate limited), waiting what the gateway's `retry-after` asks
+RESOURCE_EXHAUSTED (rate limited), waiting what the server asks (`retry-after-ms`)
 when it says, else exponential backoff with full jitter. Timeouts are not retried:
 `timeout` is the caller's budget for a call, and a generation that ran out of it
 would most likely run out again. A call is only retried until its first response
-message arrives, so a retry never repeats output the caller has seen.
+message arrives, so a retry never repeats output the caller has seen; every retry of
+one create() call carries the same idempotency key, so it is billed once.
 """
 
 from __future__ import annotations
@@ -17,15 +18,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import grpc
-
 from ._errors import (
     APIConnectionError,
     APITimeoutError,
     DiptychError,
     RateLimitError,
     ServiceUnavailableError,
-    error_from_rpc,
 )
 
 INITIAL_BACKOFF = 0.5
@@ -56,43 +54,41 @@ def _is_retryable(error: DiptychError) -> bool:
     if isinstance(error, APITimeoutError):
         return False
     if isinstance(error, APIConnectionError):
-        return error.code == grpc.StatusCode.UNAVAILABLE.name
+        # Refused or reset before an answer; CANCELLED is never retried.
+        return error.code in ("UNAVAILABLE", "connection_error")
     return isinstance(error, (ServiceUnavailableError, RateLimitError))
 
 
-def with_retries(attempt_call: Callable[[], T], *, max_retries: int, request_id: str | None) -> T:
-    """Runs `attempt_call` until it returns, retrying the gRPC failures that allow it."""
+def with_retries(attempt_call: Callable[[], T], *, max_retries: int) -> T:
+    """Runs `attempt_call` until it returns, retrying the SDK errors that allow it."""
     attempt = 0
     while True:
         try:
             return attempt_call()
-        except grpc.RpcError as rpc_error:
-            error = error_from_rpc(rpc_error, request_id=request_id)
+        except DiptychError as error:
             delay = retry_delay(error, attempt, max_retries)
             if delay is None:
-                raise error from rpc_error
-        _log_retry(error, delay, attempt)
+                raise
+            _log_retry(error, delay, attempt)
         time.sleep(delay)
         attempt += 1
 
 
-async def with_retries_async(
-    attempt_call: Callable[[], Awaitable[T]], *, max_retries: int, request_id: str | None
-) -> T:
+async def with_retries_async(attempt_call: Callable[[], Awaitable[T]], *, max_retries: int) -> T:
     """The asyncio twin of `with_retries`."""
     attempt = 0
     while True:
         try:
             return await attempt_call()
-        except grpc.RpcError as rpc_error:
-            error = error_from_rpc(rpc_error, request_id=request_id)
+        except DiptychError as error:
             delay = retry_delay(error, attempt, max_retries)
             if delay is None:
-                raise error from rpc_error
-        _log_retry(error, delay, attempt)
+                raise
+            _log_retry(error, delay, attempt)
         await asyncio.sleep(delay)
         attempt += 1
 
 
 def _log_retry(error: DiptychError, delay: float, attempt: int) -> None:
-    log.info("Retrying request %s in %.2f s (retry %d) after %s", error.request_id, delay, attempt + 1, error.code)
+    subject = error.idempotency_key or error.request_id or "(no id)"
+    log.info("Retrying request %s in %.2f s (retry %d) after %s", subject, delay, attempt + 1, error.code)

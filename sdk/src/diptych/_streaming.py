@@ -1,50 +1,136 @@
-"""Streams of parsed responses over a server-streaming call, sync and asyncio."""
+"""Streams of completion chunks over a Generate call, sync and asyncio.
+
+Both guard the call with an idle timeout: when no message arrives for
+`stream_idle_timeout` seconds the call is cancelled and `APITimeoutError` raised,
+so a silent gateway cannot hang the caller (the call's `timeout` bounds it as a whole).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Self
 
 import grpc
 import grpc.aio
 
-from ._errors import APIResponseValidationError, error_from_rpc
+from ._convert import chunk_from_proto
+from ._errors import APIResponseValidationError, APITimeoutError, DiptychError, error_from_rpc
 from ._proto.v1 import inference_pb2 as pb
+from .types import CompletionChunk, Usage
 
 __all__ = ["Stream", "AsyncStream"]
-
-T = TypeVar("T")
 
 _INCOMPLETE = "The response stream ended before its final message"
 
 
-class Stream(Generic[T]):
-    """Chunks as the gateway produces them.
+class _StreamState:
+    """What sync and async streams share: ids, usage and the end-of-stream checks."""
 
-    Iterate it, ideally inside `with`. Leaving early (break, `close()`, the end
-    of the `with` block) cancels the call so the gateway stops generating.
+    def __init__(self, idle_timeout: float | None, idempotency_key: str) -> None:
+        self.request_id: str | None = None
+        """The gateway's id of this request, known from the first message on."""
+        self.idempotency_key = idempotency_key
+        self.usage: Usage | None = None
+        """Set once the final chunk has been read."""
+        self._idle_timeout = idle_timeout
+        self._closed = False
+        self._first: pb.GenerateResponse | None = None
+
+    def _chunk(self, message: pb.GenerateResponse) -> CompletionChunk:
+        chunk = chunk_from_proto(message)
+        self.request_id = self.request_id or chunk.id or None
+        if chunk.usage is not None and chunk.finish_reason is not None:
+            self.usage = chunk.usage
+        return chunk
+
+    def _idle_error(self) -> APITimeoutError:
+        return APITimeoutError(
+            f"No message from the gateway for {self._idle_timeout:g} s (stream_idle_timeout); the call was cancelled",
+            code="DEADLINE_EXCEEDED",
+            request_id=self.request_id,
+            idempotency_key=self.idempotency_key,
+        )
+
+    def _rpc_error(self, rpc_error: grpc.RpcError) -> DiptychError:
+        return error_from_rpc(rpc_error, request_id=self.request_id, idempotency_key=self.idempotency_key)
+
+    def _incomplete_error(self) -> APIResponseValidationError:
+        return APIResponseValidationError(
+            _INCOMPLETE, request_id=self.request_id, idempotency_key=self.idempotency_key
+        )
+
+
+class _IdleWatchdog:
+    """Cancels a sync call when the caller has waited `idle_timeout` seconds for its next message.
+
+    Only time spent waiting counts: a caller that is slow to read buffered messages is no gateway silence.
     """
 
-    def __init__(
-        self,
-        call: grpc.Call,
-        first_message: pb.GenerateResponse | None,
-        *,
-        parse: Callable[[pb.GenerateResponse], T],
-        request_id: str,
-    ) -> None:
-        self.request_id = request_id
+    def __init__(self, call: grpc.Call, idle_timeout: float | None) -> None:
+        self.fired = False
         self._call = call
-        self._first_message = first_message
-        self._parse = parse
-        self._closed = False
-        self._chunks = self._read_chunks()
+        self._idle_timeout = idle_timeout
+        self._waiting_since: float | None = None
+        self._stopped = False
+        self._state = threading.Condition()
+        if idle_timeout is not None:
+            threading.Thread(target=self._watch, name="diptych-stream-idle", daemon=True).start()
 
-    def __next__(self) -> T:
+    def waiting(self) -> None:
+        with self._state:
+            self._waiting_since = time.monotonic()
+            self._state.notify()
+
+    def received(self) -> None:
+        with self._state:
+            self._waiting_since = None
+
+    def stop(self) -> None:
+        with self._state:
+            self._stopped = True
+            self._state.notify()
+
+    def _watch(self) -> None:
+        with self._state:
+            while not self._stopped:
+                if self._waiting_since is None:
+                    self._state.wait()
+                    continue
+                remaining = self._waiting_since + self._idle_timeout - time.monotonic()
+                if remaining <= 0:
+                    self.fired = True
+                    break
+                self._state.wait(remaining)
+        if self.fired:
+            self._call.cancel()
+
+
+class Stream(_StreamState):
+    """Completion chunks as the gateway produces them.
+
+    Iterate it, ideally inside `with`. Leaving early (break, `close()`, the end of the
+    `with` block) cancels the call so the gateway stops generating. The last chunk
+    carries `finish_reason` and `usage`; `stream.usage` holds it too once read.
+    """
+
+    def __init__(self, call: grpc.Call, *, idle_timeout: float | None, idempotency_key: str) -> None:
+        super().__init__(idle_timeout, idempotency_key)
+        self._call = call
+        self._watchdog = _IdleWatchdog(call, idle_timeout)
+        self._chunks = self._iterate()
+
+    def _wait_first_message(self) -> None:
+        """Reads the first message now, so that a failure to start the call can still be retried."""
+        self._first = self._read()
+
+    def __next__(self) -> CompletionChunk:
         return next(self._chunks)
 
-    def __iter__(self) -> Iterator[T]:
+    def __iter__(self) -> Iterator[CompletionChunk]:
         # A fresh generator per loop: when a `for` loop breaks, CPython finalizes it
         # at once, and its `finally` cancels the call.
         try:
@@ -63,50 +149,56 @@ class Stream(Generic[T]):
     def close(self) -> None:
         """Cancels the call if it is still running; idempotent."""
         self._closed = True
+        self._watchdog.stop()
         self._call.cancel()
 
-    def _read_chunks(self) -> Iterator[T]:
-        finished = False
-        while not self._closed:
-            if self._first_message is not None:
-                message, self._first_message = self._first_message, None
-            else:
-                try:
-                    message = next(self._call)
-                except StopIteration:
-                    break
-                except grpc.RpcError as rpc_error:
-                    if self._closed:
-                        return
-                    raise error_from_rpc(rpc_error, request_id=self.request_id) from rpc_error
-            finished = message.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-            yield self._parse(message)
-        if not finished and not self._closed:
-            raise APIResponseValidationError(_INCOMPLETE, request_id=self.request_id)
+    def _read(self) -> pb.GenerateResponse | None:
+        self._watchdog.waiting()
+        try:
+            message = next(self._call)
+        except StopIteration:
+            return None
+        except grpc.RpcError as rpc_error:
+            if self._watchdog.fired:
+                raise self._idle_error() from rpc_error
+            if self._closed:
+                return None
+            raise self._rpc_error(rpc_error) from rpc_error
+        finally:
+            self._watchdog.received()
+        return message
+
+    def _iterate(self) -> Iterator[CompletionChunk]:
+        try:
+            message = self._first if self._first is not None else self._read()
+            self._first = None
+            while message is not None and not self._closed:
+                chunk = self._chunk(message)
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+                message = self._read()
+            if not self._closed:
+                raise self._incomplete_error()
+        finally:
+            self._watchdog.stop()
 
 
-class AsyncStream(Generic[T]):
+class AsyncStream(_StreamState):
     """The asyncio twin of `Stream`: `async for` it, ideally inside `async with`."""
 
-    def __init__(
-        self,
-        call: grpc.aio.UnaryStreamCall,
-        first_message: pb.GenerateResponse | None,
-        *,
-        parse: Callable[[pb.GenerateResponse], T],
-        request_id: str,
-    ) -> None:
-        self.request_id = request_id
+    def __init__(self, call: grpc.aio.UnaryStreamCall, *, idle_timeout: float | None, idempotency_key: str) -> None:
+        super().__init__(idle_timeout, idempotency_key)
         self._call = call
-        self._first_message = first_message
-        self._parse = parse
-        self._closed = False
-        self._chunks = self._read_chunks()
+        self._chunks = self._iterate()
 
-    async def __anext__(self) -> T:
+    async def _wait_first_message(self) -> None:
+        self._first = await self._read()
+
+    async def __anext__(self) -> CompletionChunk:
         return await anext(self._chunks)
 
-    async def __aiter__(self) -> AsyncIterator[T]:
+    async def __aiter__(self) -> AsyncIterator[CompletionChunk]:
         # asyncio finalizes an abandoned async generator soon after an `async for`
         # breaks out of it, and this `finally` then cancels the call.
         try:
@@ -128,21 +220,27 @@ class AsyncStream(Generic[T]):
         self._closed = True
         self._call.cancel()
 
-    async def _read_chunks(self) -> AsyncIterator[T]:
-        finished = False
-        while not self._closed:
-            if self._first_message is not None:
-                message, self._first_message = self._first_message, None
-            else:
-                try:
-                    message = await self._call.read()
-                except grpc.RpcError as rpc_error:
-                    if self._closed:
-                        return
-                    raise error_from_rpc(rpc_error, request_id=self.request_id) from rpc_error
-                if message is grpc.aio.EOF:
-                    break
-            finished = message.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-            yield self._parse(message)
-        if not finished and not self._closed:
-            raise APIResponseValidationError(_INCOMPLETE, request_id=self.request_id)
+    async def _read(self) -> pb.GenerateResponse | None:
+        try:
+            async with asyncio.timeout(self._idle_timeout):
+                message = await self._call.read()
+        except TimeoutError:
+            self._call.cancel()
+            raise self._idle_error() from None
+        except grpc.RpcError as rpc_error:
+            if self._closed:
+                return None
+            raise self._rpc_error(rpc_error) from rpc_error
+        return None if message is grpc.aio.EOF else message
+
+    async def _iterate(self) -> AsyncIterator[CompletionChunk]:
+        message = self._first if self._first is not None else await self._read()
+        self._first = None
+        while message is not None and not self._closed:
+            chunk = self._chunk(message)
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+            message = await self._read()
+        if not self._closed:
+            raise self._incomplete_error()

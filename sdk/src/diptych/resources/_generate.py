@@ -2,72 +2,64 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 import grpc
-import grpc.aio
 
-from .._convert import chunk_from_proto, completion_from_chunks
+from .._convert import completion_from_chunks
+from .._errors import error_from_rpc
 from .._proto.v1 import inference_pb2 as pb
 from .._retry import with_retries, with_retries_async
 from .._streaming import AsyncStream, Stream
-from ..types import Completion, CompletionChunk
+from ..types import Completion
 
 if TYPE_CHECKING:
     from .._client import AsyncClient, Client
 
 
-def generate(
-    client: Client, request: pb.GenerateRequest, *, stream: bool, timeout: float | None
-) -> Completion | Stream[CompletionChunk]:
+def generate(client: Client, request: pb.GenerateRequest, *, stream: bool, timeout: float | None) -> Completion | Stream:
     """Opens the call, retrying until its first message arrives, then streams or collects it."""
     deadline = client.timeout if timeout is None else timeout
 
-    def attempt() -> tuple[grpc.Call, pb.GenerateResponse | None]:
-        call = client._transport.stub.Generate(request, timeout=deadline, metadata=client._metadata)
+    def attempt() -> Stream:
         try:
-            return call, next(call)
-        except StopIteration:
-            return call, None
+            call = client._transport.stub.Generate(request, timeout=deadline, metadata=client._metadata)
+        except grpc.RpcError as rpc_error:
+            raise error_from_rpc(rpc_error, idempotency_key=request.idempotency_key) from rpc_error
+        chunks = Stream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
+        try:
+            chunks._wait_first_message()
         except BaseException:
-            call.cancel()
+            chunks.close()
             raise
+        return chunks
 
-    call, first_message = with_retries(attempt, max_retries=client.max_retries, request_id=request.request_id)
-    chunks = Stream(call, first_message, parse=_chunk_parser(request), request_id=request.request_id)
+    chunks = with_retries(attempt, max_retries=client.max_retries)
     if stream:
         return chunks
     with chunks:
-        return completion_from_chunks(list(chunks), model=request.model, request_id=request.request_id)
+        return completion_from_chunks(list(chunks), model=request.model)
 
 
 async def generate_async(
     client: AsyncClient, request: pb.GenerateRequest, *, stream: bool, timeout: float | None
-) -> Completion | AsyncStream[CompletionChunk]:
+) -> Completion | AsyncStream:
     """The asyncio twin of `generate`."""
     deadline = client.timeout if timeout is None else timeout
 
-    async def attempt() -> tuple[grpc.aio.UnaryStreamCall, pb.GenerateResponse | None]:
+    async def attempt() -> AsyncStream:
         call = client._transport.stub.Generate(request, timeout=deadline, metadata=client._metadata)
+        chunks = AsyncStream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
         try:
-            message = await call.read()
+            await chunks._wait_first_message()
         except BaseException:
-            call.cancel()
+            await chunks.close()
             raise
-        return call, None if message is grpc.aio.EOF else message
+        return chunks
 
-    call, first_message = await with_retries_async(
-        attempt, max_retries=client.max_retries, request_id=request.request_id
-    )
-    chunks = AsyncStream(call, first_message, parse=_chunk_parser(request), request_id=request.request_id)
+    chunks = await with_retries_async(attempt, max_retries=client.max_retries)
     if stream:
         return chunks
     async with chunks:
         collected = [chunk async for chunk in chunks]
-    return completion_from_chunks(collected, model=request.model, request_id=request.request_id)
-
-
-def _chunk_parser(request: pb.GenerateRequest) -> Callable[[pb.GenerateResponse], CompletionChunk]:
-    return partial(chunk_from_proto, request_id=request.request_id)
+    return completion_from_chunks(collected, model=request.model)

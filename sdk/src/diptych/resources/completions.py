@@ -3,9 +3,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
-from .._convert import generate_request, new_request_id, prompt_input
+from .._convert import generate_request, new_idempotency_key, prompt_input
 from .._streaming import AsyncStream, Stream
-from ..types import Completion, CompletionChunk
+from ..types import Completion, Priority
 from ._generate import generate, generate_async
 
 if TYPE_CHECKING:
@@ -30,9 +30,11 @@ class Completions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: Literal[False] = False,
         timeout: float | None = None,
-        request_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Completion: ...
 
     @overload
@@ -47,10 +49,12 @@ class Completions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: Literal[True],
         timeout: float | None = None,
-        request_id: str | None = None,
-    ) -> Stream[CompletionChunk]: ...
+        idempotency_key: str | None = None,
+    ) -> Stream: ...
 
     def create(
         self,
@@ -63,25 +67,32 @@ class Completions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: bool = False,
         timeout: float | None = None,
-        request_id: str | None = None,
-    ) -> Completion | Stream[CompletionChunk]:
+        idempotency_key: str | None = None,
+    ) -> Completion | Stream:
         """Completes `prompt`, given as text or as token ids.
 
-        `timeout` (seconds) overrides the client's deadline for this call; `request_id`
-        (generated when omitted) is sent unchanged on every retry, as the idempotency key.
+        `timeout` (seconds) overrides the client's deadline for this call. `idempotency_key`
+        (a fresh UUID when omitted) is sent unchanged on every retry, so the gateway runs and
+        bills the request once; pass your own to make retries of your own idempotent too.
+        `priority="batch"` yields to interactive traffic; `ignore_eos` generates past the
+        end-of-sequence token (exactly `max_tokens` tokens, for benchmarks).
         """
         request = generate_request(
             model=model,
             input_field=prompt_input(prompt),
-            request_id=request_id or new_request_id(),
+            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
             seed=seed,
             stop=stop,
+            priority=priority,
+            ignore_eos=ignore_eos,
         )
         return generate(self._client, request, stream=stream, timeout=timeout)
 
@@ -102,9 +113,11 @@ class AsyncCompletions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: Literal[False] = False,
         timeout: float | None = None,
-        request_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Completion: ...
 
     @overload
@@ -119,10 +132,12 @@ class AsyncCompletions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: Literal[True],
         timeout: float | None = None,
-        request_id: str | None = None,
-    ) -> AsyncStream[CompletionChunk]: ...
+        idempotency_key: str | None = None,
+    ) -> AsyncStream: ...
 
     async def create(
         self,
@@ -135,20 +150,24 @@ class AsyncCompletions:
         top_k: int | None = None,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        priority: Priority = "interactive",
+        ignore_eos: bool = False,
         stream: bool = False,
         timeout: float | None = None,
-        request_id: str | None = None,
-    ) -> Completion | AsyncStream[CompletionChunk]:
+        idempotency_key: str | None = None,
+    ) -> Completion | AsyncStream:
         """The asyncio twin of `Completions.create`."""
         request = generate_request(
             model=model,
             input_field=prompt_input(prompt),
-            request_id=request_id or new_request_id(),
+            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
             seed=seed,
             stop=stop,
+            priority=priority,
+            ignore_eos=ignore_eos,
         )
         return await generate_async(self._client, request, stream=stream, timeout=timeout)

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import grpc
+
 from .._convert import model_from_proto
+from .._errors import error_from_rpc
 from .._proto.v1 import inference_pb2 as pb
 from .._retry import with_retries, with_retries_async
 from ..types import Model
@@ -23,11 +26,14 @@ class Models:
 
         def attempt() -> pb.ListModelsResponse:
             deadline = client.timeout if timeout is None else timeout
-            return client._transport.stub.ListModels(
-                pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
-            )
+            try:
+                return client._transport.stub.ListModels(
+                    pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
+                )
+            except grpc.RpcError as rpc_error:
+                raise error_from_rpc(rpc_error) from rpc_error
 
-        response = with_retries(attempt, max_retries=client.max_retries, request_id=None)
+        response = with_retries(attempt, max_retries=client.max_retries)
         return [model_from_proto(model) for model in response.models]
 
 
@@ -41,9 +47,12 @@ class AsyncModels:
 
         async def attempt() -> pb.ListModelsResponse:
             deadline = client.timeout if timeout is None else timeout
-            return await client._transport.stub.ListModels(
-                pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
-            )
+            try:
+                return await client._transport.stub.ListModels(
+                    pb.ListModelsRequest(), timeout=deadline, metadata=client._metadata
+                )
+            except grpc.RpcError as rpc_error:
+                raise error_from_rpc(rpc_error) from rpc_error
 
-        response = await with_retries_async(attempt, max_retries=client.max_retries, request_id=None)
+        response = await with_retries_async(attempt, max_retries=client.max_retries)
         return [model_from_proto(model) for model in response.models]

@@ -1,0 +1,310 @@
+"""KV transfer bandwidth on this machine, every path in one run, against a raw-socket baseline.
+
+    .venv/bin/python bench/kv_transfer.py [--sizes-mb 1 25 100] [--repeats 5]
+
+Paths:
+  raw socket   plain sendall / recv_into of one warm buffer over loopback TCP: the ceiling
+  tcp path     the workers' data path: blocks staged from a KV pool in chunks, framed, checksummed
+               (xxh3-64), sent on one TCP connection, received into a warm staging buffer and checked
+  shm path     the same-host path: chunks staged in a shared-memory segment, frames over TCP
+  grpc stream  the previous hand-off: a client-streaming gRPC call of 1 MiB messages
+The receiving side runs in another process, as on a decode worker. Each figure is the median of the
+repeats, from the first byte (the first staged chunk) to the sender holding the receiver's acknowledgement
+that the whole cache arrived and checked out. The KV layout is a 12-layer model with 4 KV heads of 64 (the 100M built-in model's shape).
+"""
+
+import argparse
+import asyncio
+import multiprocessing
+import queue
+import signal
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+import zlib
+
+import grpc
+import numpy as np
+import torch
+import xxhash
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+
+from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
+from workers.kv_transfer import KvInbox, KvReceiver, KvSender, Peer  # noqa: E402
+from workers.model_runner import KvLayout, ModelRunner  # noqa: E402
+
+LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)
+CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged
+GRPC_MESSAGE = 1 << 20
+TINY_LAYOUT = KvLayout(num_layers=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)  # diptych-tiny
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- the receiving side: another process, as on a real decode worker --------------------------------
+
+def receiver_process(ready, max_bytes: int, requests: int) -> None:
+    """Serves every path's receiving end: the raw socket (u64 size, bytes, a 1-byte ack), the workers'
+    data port (expecting requests bench-0.. with token b"token"), and a gRPC PushKv server."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the finally below removes the probe file
+    inbox = KvInbox()
+    for index in range(requests):
+        inbox.expect(f"bench-{index}", b"token", lambda received: getattr(received, "release", lambda: None)())
+    receiver = KvReceiver(inbox, LAYOUT)
+    receiver.start()
+    tiny_inbox = KvInbox()  # the overlap run: the built-in model's own KV layout
+    tiny_inbox.expect("overlap-0", b"token", lambda received: getattr(received, "release", lambda: None)())
+    tiny_receiver = KvReceiver(tiny_inbox, TINY_LAYOUT)
+    tiny_receiver.start()
+    raw = socket.create_server(("127.0.0.1", 0))
+    target = np.ones(max_bytes, dtype=np.uint8)  # written, so its pages exist before the first run
+
+    def serve_raw():
+        while True:
+            conn, _ = raw.accept()
+            with conn:
+                (size,) = struct.unpack("<Q", conn.recv(8, socket.MSG_WAITALL))
+                view, got = memoryview(target)[:size], 0
+                while got < size:
+                    got += conn.recv_into(view[got:])
+                conn.sendall(b"k")
+
+    threading.Thread(target=serve_raw, daemon=True).start()
+
+    async def serve_grpc():
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        server = grpc.aio.server(options=options)
+        worker_pb2_grpc.add_WorkerServicer_to_server(_PushKvServicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ready.send((raw.getsockname()[1], receiver.port, port, tiny_receiver.port))
+        await server.wait_for_termination()
+
+    try:
+        asyncio.run(serve_grpc())
+    finally:
+        receiver.close()
+        tiny_receiver.close()
+
+
+class _PushKvServicer(worker_pb2_grpc.WorkerServicer):
+    async def PushKv(self, request_iterator, context):
+        parts, total = [], 0
+        async for chunk in request_iterator:
+            if chunk.HasField("tensor"):
+                parts.append(chunk.tensor.data)
+                total += len(chunk.tensor.data)
+        np.frombuffer(b"".join(parts), dtype=np.uint8)  # the cache assembled on the receiving side
+        return worker_pb2.KvAck(bytes_received=total)
+
+
+# ---- the sending side -----------------------------------------------------------------------------
+
+class RawSocket:
+    """One warm source buffer, a fresh connection per run (opened before the clock starts)."""
+
+    def __init__(self, port: int, nbytes: int) -> None:
+        self.port = port
+        self.nbytes = nbytes
+        self.source = np.ones(nbytes, dtype=np.uint8)
+
+    def run(self) -> float:
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            time.sleep(0.02)
+            started = time.perf_counter()
+            sock.sendall(struct.pack("<Q", self.nbytes))
+            sock.sendall(memoryview(self.source))
+            assert sock.recv(1) == b"k"
+            return time.perf_counter() - started
+
+
+class PoolRunner:
+    """A KV pool like the model runner's, filled with random values."""
+
+    def __init__(self, num_blocks: int) -> None:
+        lay = LAYOUT
+        self.kv = torch.randn(lay.num_layers, 2, num_blocks, lay.block_size, lay.kv_heads, lay.head_dim)
+
+    layout = LAYOUT
+    block_views = ModelRunner.block_views
+
+    def read_blocks(self, block_ids, out) -> None:
+        torch.index_select(self.kv, 2, torch.tensor(block_ids), out=out)
+
+
+class DataPath:
+    """The prefill side of the workers' data path, against the receiver process's data port."""
+
+    def __init__(self, port: int, num_blocks: int) -> None:
+        self.port = port
+        self.runner = PoolRunner(num_blocks)
+        self.sender = KvSender(LAYOUT)
+        self.counter = 0
+
+    def transfer(self, num_blocks: int, same_host: bool) -> float:
+        request_id = f"bench-{self.counter}"
+        self.counter += 1
+        tokens = num_blocks * LAYOUT.block_size
+        outgoing = self.sender.open(request_id, b"token", [5] * tokens, Peer("127.0.0.1", self.port, same_host))
+        result = queue.Queue()
+        thread = threading.Thread(target=lambda: result.put(outgoing.send()))
+        thread.start()
+        time.sleep(0.02)  # the connection opens while the prefill computes, before the first chunk
+        blocks = list(range(num_blocks))
+        step = -(-num_blocks // CHUNKS)
+        started = time.perf_counter()
+        for first in range(0, num_blocks, step):
+            outgoing.write_blocks(self.runner, blocks[first:first + step], first)
+        outgoing.finish(7)
+        thread.join()
+        elapsed = time.perf_counter() - started  # send() returns once the receiver checked every block
+        assert result.get() == num_blocks * LAYOUT.block_nbytes
+        return elapsed
+
+    def close(self) -> None:
+        self.sender.close()
+
+
+async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    data = np.ones(nbytes, dtype=np.uint8).tobytes()
+    times = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+
+        def chunks():
+            yield worker_pb2.KvChunk(header=worker_pb2.KvHeader(request_id="bench"))
+            for start in range(0, nbytes, GRPC_MESSAGE):
+                yield worker_pb2.KvChunk(tensor=worker_pb2.KvTensor(data=data[start:start + GRPC_MESSAGE]))
+            yield worker_pb2.KvChunk(trailer=worker_pb2.KvTrailer(crc32=0))
+
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            ack = await stub.PushKv(chunks())
+            times.append(time.perf_counter() - started)
+            assert ack.bytes_received == nbytes
+    return times[1:]
+
+
+# ---- checksums ------------------------------------------------------------------------------------
+
+def checksum_rates(nbytes: int) -> dict[str, float]:
+    data = memoryview(np.ones(nbytes, dtype=np.uint8))
+    rates = {}
+    for name, function in (("xxh3-64", xxhash.xxh3_64_intdigest), ("crc32 (zlib)", zlib.crc32)):
+        function(data)
+        started = time.perf_counter()
+        for _ in range(5):
+            function(data)
+        rates[name] = 5 * nbytes / (time.perf_counter() - started) / 1e9
+    return rates
+
+
+async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tuple[float, float, int]:
+    """A real chunked prefill on the built-in model whose KV streams out while it computes: returns the
+    prefill's time to its first token, the transfer time left after it, and the bytes sent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diptych_common.builtin import DIPTYCH_TINY
+    from workers.engine import Engine, EngineConfig
+    from workers.model_loader import build_builtin_model
+    from workers.request import EngineRequest
+    from workers.sampling import SamplingParams, StopCriteria
+
+    model = build_builtin_model(DIPTYCH_TINY).eval()
+    config = EngineConfig(block_size=LAYOUT.block_size, token_budget=token_budget)
+    runner = ModelRunner(model, prompt_tokens // config.block_size + 2, config.block_size)
+    with ThreadPoolExecutor(max_workers=1) as forward, ThreadPoolExecutor(max_workers=1) as transfers:
+        engine = Engine(runner, config, StopCriteria(frozenset(), 1 << 20), forward)
+        loop_task = asyncio.create_task(engine.run())
+        sender = KvSender(runner.layout)
+        prompt = [(7 * i) % 500 + 3 for i in range(prompt_tokens)]
+        outgoing = sender.open("overlap-0", b"token", prompt, Peer("127.0.0.1", data_port, False))
+        sending = asyncio.get_running_loop().run_in_executor(transfers, outgoing.send)
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        handle = engine.add(EngineRequest(
+            "overlap-0", prompt, SamplingParams(temperature=0.0, max_tokens=1), prefill_only=True, kv_stage=outgoing
+        ))
+        first = await handle.outputs.get()
+        first_token_at = time.perf_counter()
+        outgoing.finish(first.token_id)
+        nbytes = await sending
+        delivered_at = time.perf_counter()
+        loop_task.cancel()
+        sender.close()
+    return first_token_at - started, delivered_at - first_token_at, nbytes
+
+
+def median_rate(nbytes: int, times: list[float]) -> float:
+    return nbytes / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 25, 100])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    block_mb = LAYOUT.block_nbytes / 1e6
+    max_blocks = max(1, round(max(args.sizes_mb) / block_mb))
+    progress("starting the receiving process ...")
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    transfers = len(args.sizes_mb) * 2 * (args.repeats + 1)
+    receiver = context.Process(
+        target=receiver_process, args=(theirs, max_blocks * LAYOUT.block_nbytes, transfers), daemon=True
+    )
+    receiver.start()
+    raw_port, data_port, grpc_port, tiny_port = ours.recv()
+    path = DataPath(data_port, max_blocks)
+    rows = []
+    try:
+        for size_mb in args.sizes_mb:
+            num_blocks = max(1, round(size_mb / block_mb))
+            nbytes = num_blocks * LAYOUT.block_nbytes
+            progress(f"{nbytes / 1e6:.1f} MB ({num_blocks} blocks of {LAYOUT.block_size} tokens):")
+            raw = RawSocket(raw_port, nbytes)
+            runs = {"raw socket": raw.run, "tcp path": lambda: path.transfer(num_blocks, False),
+                    "shm path": lambda: path.transfer(num_blocks, True)}
+            times = {name: [] for name in runs}
+            for repeat in range(args.repeats + 1):  # interleaved, so every path sees the same machine load
+                progress(f"  round {repeat + 1} of {args.repeats + 1}" + (" (warm-up)" if repeat == 0 else ""))
+                for name, run in runs.items():
+                    elapsed = run()
+                    if repeat:
+                        times[name].append(elapsed)
+            figures = {name: median_rate(nbytes, elapsed) for name, elapsed in times.items()}
+            progress("  grpc stream ...")
+            figures["grpc stream"] = median_rate(nbytes, asyncio.run(grpc_stream(grpc_port, nbytes, args.repeats)))
+            rows.append((nbytes, figures))
+        progress("overlap: a chunked prefill streaming its KV as it computes ...")
+        prefill_s, tail_s, overlap_bytes = asyncio.run(overlap(tiny_port, prompt_tokens=2048, token_budget=256))
+    finally:
+        path.close()
+        receiver.terminate()
+        receiver.join(10)
+    print(f"\nKV transfer on loopback, receiver in another process, median of {args.repeats};"
+          " ratio = against the raw socket of the same size\n")
+    print(f"{'size':>9}  {'path':<12} {'GB/s':>7} {'ratio':>6}")
+    for nbytes, figures in rows:
+        for name, rate in figures.items():
+            print(f"{nbytes / 1e6:>7.1f}MB  {name:<12} {rate:>7.2f} {rate / figures['raw socket']:>6.2f}")
+    print(f"\noverlap: diptych-tiny, 2048-token prompt in chunks of 256, {overlap_bytes / 1e6:.1f} MB of KV over the"
+          f" tcp path\n  prefill to first token {prefill_s * 1000:.0f} ms; transfer left after the first token"
+          f" {tail_s * 1000:.1f} ms (the rest was sent while later chunks computed)")
+    sys.stdout.flush()
+    print("\nintegrity check cost, single thread:")
+    for name, rate in checksum_rates(25 << 20).items():
+        print(f"  {name:<13} {rate:>6.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

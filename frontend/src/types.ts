@@ -1,0 +1,87 @@
+// The shapes of the control plane's public REST API (see docs/sdk.md and /api/v1/schema/).
+
+export interface Me {
+  email: string | null;
+  is_staff: boolean;
+  organization: { id: string; name: string } | null;
+  role: string | null;
+}
+
+export interface ListPage<T> {
+  data: T[];
+  has_more: boolean;
+  total: number;
+}
+
+export interface DailyUsageRow {
+  day: string; // YYYY-MM-DD
+  key: string; // a phase, a model name or an API key id
+  tokens: number;
+  amount_micros: number;
+}
+
+export interface BillingCurrent {
+  period_start: string;
+  period_end: string;
+  currency: string;
+  amount_to_date_micros: number;
+  projected_micros: number;
+  spend_limit_micros: number | null;
+  alerts: { threshold_percent: number; triggered_at: string }[];
+}
+
+export interface InvoiceLine {
+  model: string;
+  phase: string;
+  tokens: number;
+  unit_price_micros_per_million: number;
+  amount_micros: number;
+}
+
+export interface Invoice {
+  id: string;
+  period_start: string;
+  period_end: string;
+  status: string;
+  currency: string;
+  total_cents: number;
+  lines: InvoiceLine[];
+  stripe_invoice_id: string | null;
+}
+
+export interface ApiKey {
+  id: string;
+  name: string;
+  prefix: string;
+  scopes: string[];
+  created_at: string;
+  last_used_at: string | null;
+  expires_at: string | null;
+  revoked_at: string | null;
+  key?: string;
+}
+
+export interface Fleet {
+  name: string;
+  role: string;
+  model: string;
+  region: string;
+  hardware_class: string;
+}
+
+export interface Worker {
+  id: string;
+  name: string;
+  fleet: string;
+  role: string;
+  model: string;
+  region: string;
+  address: string;
+  state: string;
+  queue_depth: number;
+  active_sequences: number;
+  kv_blocks_free: number;
+  kv_blocks_total: number;
+  tokens_per_second: number;
+  last_heartbeat_at: string;
+}

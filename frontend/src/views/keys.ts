@@ -1,0 +1,68 @@
+import { api } from "../api";
+import { errorText, h, table, when } from "../format";
+import type { ApiKey } from "../types";
+
+const SCOPES = ["inference", "admin:read", "admin:write"];
+
+// The organization's API keys: create (the secret is shown once), list, revoke.
+export function keysView(keys: ApiKey[], onChanged: () => void): HTMLElement {
+  const name = h("input", { name: "name", required: true, maxlength: "100", placeholder: "e.g. production" });
+  const scopes = SCOPES.map((scope) => h("input", { type: "checkbox", name: "scope", value: scope, checked: scope === "inference" }));
+  const message = h("p", { class: "error", role: "alert" });
+  const created = h("div", { class: "created-key", hidden: true });
+  const form = h("form", { class: "inline", "aria-label": "Create API key" },
+    h("label", {}, "Name", name),
+    h("fieldset", {}, h("legend", {}, "Scopes"), ...scopes.map((box) => h("label", { class: "check" }, box, box.value))),
+    h("button", { type: "submit" }, "Create key"),
+    message,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    message.textContent = "";
+    try {
+      const key = await api<ApiKey>("POST", "/api-keys", {
+        name: name.value, scopes: scopes.filter((box) => box.checked).map((box) => box.value), expires_at: null,
+      });
+      created.replaceChildren(
+        h("p", {}, `Key "${key.name}" created. Copy it now: it is shown only once.`),
+        h("code", { "data-new-key": "" }, key.key ?? ""),
+        h("button", { type: "button", onclick: () => { created.hidden = true; onChanged(); } }, "Done"),
+      );
+      created.hidden = false;
+      name.value = "";
+    } catch (error) {
+      message.textContent = errorText(error);
+    }
+  });
+
+  const rows = keys.map((key) => [
+    key.name,
+    h("code", {}, key.prefix),
+    key.scopes.join(", "),
+    when(key.created_at),
+    when(key.last_used_at),
+    key.revoked_at ? h("span", { class: "badge revoked" }, `revoked ${when(key.revoked_at)}`) : revokeButton(key, onChanged),
+  ]);
+  const list = table(["Name", "Prefix", "Scopes", "Created", "Last used", "Status"], rows, { "data-table": "api-keys" });
+  return h("div", {}, form, created, list);
+}
+
+function revokeButton(key: ApiKey, onChanged: () => void): HTMLElement {
+  // Two steps instead of a browser dialog: "Revoke", then "Confirm revoke".
+  const button = h("button", { type: "button", class: "danger", "data-revoke": key.id }, "Revoke");
+  button.addEventListener("click", async () => {
+    if (button.dataset.armed !== "yes") {
+      button.dataset.armed = "yes";
+      button.textContent = "Confirm revoke";
+      return;
+    }
+    button.disabled = true;
+    try {
+      await api("POST", `/api-keys/${encodeURIComponent(key.id)}/revoke`);
+      onChanged();
+    } catch (error) {
+      button.textContent = errorText(error);
+    }
+  });
+  return h("span", {}, h("span", { class: "badge active" }, "active"), " ", button);
+}

@@ -1,0 +1,204 @@
+"""Rate limits per organization and per API key: requests, input tokens and output tokens per minute.
+
+Each limit is a token bucket holding up to one minute's allowance and refilling continuously. A request
+takes from every bucket that applies to it at once, or from none: it is admitted only when all of them
+hold enough. With `REDIS_URL` the buckets live in Redis and one Lua script checks and takes them
+atomically, so that several gateways share the limits; otherwise they live in this process.
+
+Output tokens are reserved up front (the request's max_tokens) and the unused part is refunded when the
+request ends, so that concurrent long generations cannot overrun the output limit.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from gateway.auth import Caller
+from gateway.errors import GatewayError
+from gateway.metrics import RATE_LIMITED
+
+log = logging.getLogger(__name__)
+
+WINDOW_MS = 60_000
+KEY_TTL_MS = 2 * WINDOW_MS
+
+_KINDS = (
+    ("requests_per_minute", "requests"),
+    ("input_tokens_per_minute", "input tokens"),
+    ("output_tokens_per_minute", "output tokens"),
+)
+
+# KEYS: the buckets. ARGV: for each bucket its capacity then its cost. Returns {0, 0} when taken, else
+# {milliseconds until every bucket holds enough, index (1-based) of the bucket that needs the longest}.
+_TAKE = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local levels = {}
+local wait = 0
+local blocking = 0
+for i = 1, #KEYS do
+  local capacity = tonumber(ARGV[2 * i - 1])
+  local cost = tonumber(ARGV[2 * i])
+  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local tokens = tonumber(state[1]) or capacity
+  local ts = tonumber(state[2]) or now
+  local rate = capacity / 60000.0
+  tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+  levels[i] = tokens
+  if tokens < cost then
+    local needed = math.ceil((cost - tokens) / rate)
+    if needed > wait then
+      wait = needed
+      blocking = i
+    end
+  end
+end
+if wait > 0 then return {wait, blocking} end
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], 'tokens', tostring(levels[i] - tonumber(ARGV[2 * i])), 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], 120000)
+end
+return {0, 0}
+"""
+
+# KEYS: the buckets. ARGV: for each bucket its capacity then the amount to give back.
+_REFUND = """
+for i = 1, #KEYS do
+  local tokens = tonumber(redis.call('HGET', KEYS[i], 'tokens'))
+  if tokens then
+    local capacity = tonumber(ARGV[2 * i - 1])
+    redis.call('HSET', KEYS[i], 'tokens', tostring(math.min(capacity, tokens + tonumber(ARGV[2 * i]))))
+  end
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    key: str          # e.g. "org:<id>:input tokens"
+    scope: str        # "organization" or "API key"
+    kind: str         # "requests", "input tokens" or "output tokens"
+    capacity: int     # the per-minute limit
+    cost: int
+
+
+@dataclass
+class Reservation:
+    """What a request took; `settle` gives back the output tokens it did not use."""
+    output_buckets: list[Bucket]
+    reserved_output_tokens: int
+
+
+class RateLimiter:
+    def __init__(self, redis_url: str | None = None) -> None:
+        self._local: dict[str, tuple[float, float]] = {}   # key -> (tokens, updated at in ms)
+        self._redis = None
+        if redis_url:
+            import redis.asyncio as redis_asyncio
+
+            self._redis = redis_asyncio.from_url(redis_url)
+            self._take_script = self._redis.register_script(_TAKE)
+            self._refund_script = self._redis.register_script(_REFUND)
+
+    @property
+    def backend(self) -> str:
+        return "redis" if self._redis is not None else "in-process"
+
+    async def admit(self, caller: Caller, input_tokens: int, max_output_tokens: int) -> Reservation:
+        """Takes one request, its input tokens and its max_tokens from every bucket that applies, or
+        raises RESOURCE_EXHAUSTED with the time after which the same request would be admitted."""
+        buckets = _buckets(caller, input_tokens, max_output_tokens)
+        for bucket in buckets:
+            if bucket.cost > bucket.capacity:
+                RATE_LIMITED.labels(bucket.scope, bucket.kind).inc()
+                raise GatewayError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this request needs {bucket.cost} {bucket.kind} but the {bucket.scope} limit is "
+                    f"{bucket.capacity} {bucket.kind} per minute; "
+                    + ("lower max_tokens" if bucket.kind == "output tokens" else "shorten the prompt"),
+                )
+        wait_ms, blocking_index = await self._take(buckets) if buckets else (0, 0)
+        if wait_ms > 0:
+            blocking = buckets[blocking_index]
+            RATE_LIMITED.labels(blocking.scope, blocking.kind).inc()
+            raise GatewayError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"rate limit reached: the {blocking.scope} limit of {blocking.capacity} {blocking.kind} per minute; "
+                f"retry after {wait_ms} ms",
+                retry_after_ms=wait_ms,
+            )
+        output = [b for b in buckets if b.kind == "output tokens"]
+        return Reservation(output_buckets=output, reserved_output_tokens=max_output_tokens)
+
+    async def settle(self, reservation: Reservation, output_tokens: int) -> None:
+        unused = max(0, reservation.reserved_output_tokens - output_tokens)
+        if not unused or not reservation.output_buckets:
+            return
+        refunds = [Bucket(b.key, b.scope, b.kind, b.capacity, unused) for b in reservation.output_buckets]
+        if self._redis is not None:
+            try:
+                await self._refund_script(keys=[b.key for b in refunds], args=_script_args(refunds))
+                return
+            except Exception as error:
+                log.warning("Redis refund failed, refunding in process: %r", error)
+        for bucket in refunds:
+            tokens, updated = self._local.get(bucket.key, (float(bucket.capacity), _now_ms()))
+            self._local[bucket.key] = (min(float(bucket.capacity), tokens + bucket.cost), updated)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def _take(self, buckets: list[Bucket]) -> tuple[int, int]:
+        """(0, 0) when taken, else (milliseconds to wait, index of the bucket that needs the longest)."""
+        if self._redis is not None:
+            try:
+                wait, blocking = await self._take_script(keys=[b.key for b in buckets], args=_script_args(buckets))
+                return int(wait), max(0, int(blocking) - 1)
+            except Exception as error:  # Redis down: keep limiting, in this process only
+                log.warning("Redis rate limiting failed, limiting in process: %r", error)
+        return self._take_local(buckets)
+
+    def _take_local(self, buckets: list[Bucket]) -> tuple[int, int]:
+        now = _now_ms()
+        levels = [self._level(bucket, now) for bucket in buckets]
+        waits = [
+            math.ceil((b.cost - level) * WINDOW_MS / b.capacity) if level < b.cost else 0
+            for b, level in zip(buckets, levels)
+        ]
+        longest = max(range(len(waits)), key=waits.__getitem__)
+        if waits[longest]:
+            return waits[longest], longest
+        for bucket, level in zip(buckets, levels):
+            self._local[bucket.key] = (level - bucket.cost, now)
+        return 0, 0
+
+    def _level(self, bucket: Bucket, now: float) -> float:
+        tokens, updated = self._local.get(bucket.key, (float(bucket.capacity), now))
+        return min(float(bucket.capacity), tokens + (now - updated) * bucket.capacity / WINDOW_MS)
+
+
+def _buckets(caller: Caller, input_tokens: int, max_output_tokens: int) -> list[Bucket]:
+    costs = {"requests": 1, "input tokens": input_tokens, "output tokens": max_output_tokens}
+    buckets = []
+    for scope, prefix, owner, limits in (
+        ("organization", "org", caller.organization_id, caller.organization_limits),
+        ("API key", "key", caller.api_key_id, caller.key_limits),
+    ):
+        for field_name, kind in _KINDS:
+            limit = getattr(limits, field_name)
+            if limit is not None:
+                buckets.append(Bucket(f"diptych:rl:{prefix}:{owner}:{kind}", scope, kind, limit, costs[kind]))
+    return buckets
+
+
+def _script_args(buckets: list[Bucket]) -> list[int]:
+    return [value for b in buckets for value in (b.capacity, b.cost)]
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000

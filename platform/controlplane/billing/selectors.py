@@ -1,0 +1,127 @@
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
+
+from controlplane.billing.models import BillingPeriod, DailyUsage, Invoice, SpendAlert
+from controlplane.billing.periods import period_bounds, period_end_of, period_start_of
+from controlplane.billing.rating import amount_micros, micros_from_token_price_product
+from controlplane.common.errors import ObjectNotFound
+from controlplane.tenancy.models import Organization
+from controlplane.tenancy.scoping import organization_rows
+
+GROUP_BY_FIELDS = {"phase": "phase", "model": "model", "api_key": "api_key__public_id"}
+
+
+@dataclass(frozen=True)
+class RatedLine:
+    model: str
+    phase: str
+    tokens: int
+    unit_price_micros_per_million: int
+    amount_micros: int
+
+
+def rated_lines(rows) -> list[RatedLine]:
+    """Invoice lines from rows of {model, phase, unit_price_micros_per_million, tokens}; unpriced rows are left out."""
+    lines = [
+        RatedLine(
+            model=row["model"],
+            phase=row["phase"],
+            tokens=row["tokens"],
+            unit_price_micros_per_million=row["unit_price_micros_per_million"],
+            amount_micros=amount_micros(
+                tokens=row["tokens"], unit_price_micros_per_million=row["unit_price_micros_per_million"]
+            ),
+        )
+        for row in rows
+        if row["unit_price_micros_per_million"] is not None and row["tokens"]
+    ]
+    return sorted(lines, key=lambda line: (line.model, line.phase, line.unit_price_micros_per_million))
+
+
+def period_lines_to_date(*, organization: Organization, period_start: date) -> list[RatedLine]:
+    """The lines the period's invoice would have now, from the daily rollup."""
+    rows = (
+        organization_rows(DailyUsage, organization=organization)
+        .filter(period_start=period_start)
+        .values("model", "phase", "unit_price_micros_per_million")
+        .annotate(tokens=Sum("tokens"))
+        .order_by()
+    )
+    return rated_lines(rows)
+
+
+def usage_daily(*, organization: Organization, start: date, end: date, group_by: str) -> list[dict]:
+    """Rows of {day, key, tokens, amount_micros} for start <= day <= end, amount rounded once per row."""
+    rows = (
+        organization_rows(DailyUsage, organization=organization)
+        .filter(day__gte=start, day__lte=end)
+        .values("day", GROUP_BY_FIELDS[group_by], "unit_price_micros_per_million")
+        .annotate(tokens=Sum("tokens"))
+        .order_by()
+    )
+    tokens: dict[tuple[date, str], int] = defaultdict(int)
+    exact_amount: dict[tuple[date, str], int] = defaultdict(int)  # sum of tokens × unit price
+    for row in rows:
+        key = (row["day"], row[GROUP_BY_FIELDS[group_by]])
+        tokens[key] += row["tokens"]
+        exact_amount[key] += row["tokens"] * (row["unit_price_micros_per_million"] or 0)
+    return [
+        {
+            "day": day,
+            "key": key,
+            "tokens": tokens[(day, key)],
+            "amount_micros": micros_from_token_price_product(exact_amount[(day, key)]),
+        }
+        for day, key in sorted(tokens)
+    ]
+
+
+def billing_period_current(*, organization: Organization, now: datetime | None = None) -> BillingPeriod | None:
+    start = period_start_of(now or timezone.now())
+    return organization_rows(BillingPeriod, organization=organization).filter(start=start).first()
+
+
+def spend_status(*, organization: Organization, now: datetime | None = None) -> dict:
+    """{limit_micros, spent_micros, over_limit} for the period open now, as of the last rollup."""
+    period = billing_period_current(organization=organization, now=now)
+    spent = period.amount_to_date_micros if period is not None else 0
+    limit = organization.spend_limit_micros
+    return {"limit_micros": limit, "spent_micros": spent, "over_limit": limit is not None and spent >= limit}
+
+
+def billing_current(*, organization: Organization, now: datetime | None = None) -> dict:
+    now = now or timezone.now()
+    start = period_start_of(now)
+    period = billing_period_current(organization=organization, now=now)
+    amount = period.amount_to_date_micros if period is not None else 0
+    begins, ends = period_bounds(start)
+    elapsed = max(int((now - begins).total_seconds()), 1)
+    length = int((ends - begins).total_seconds())
+    alerts = organization_rows(SpendAlert, organization=organization).filter(period_start=start)
+    return {
+        "period_start": start,
+        "period_end": period_end_of(start),
+        "currency": "usd",
+        "amount_to_date_micros": amount,
+        "projected_micros": amount * length // elapsed,
+        "spend_limit_micros": organization.spend_limit_micros,
+        "alerts": alerts.order_by("threshold_percent"),
+    }
+
+
+def invoice_list(*, organization: Organization, status: str | None = None) -> QuerySet[Invoice]:
+    invoices = organization_rows(Invoice, organization=organization).prefetch_related("lines")
+    if status is not None:
+        invoices = invoices.filter(status=status)
+    return invoices.order_by("-period_start", "-id")
+
+
+def invoice_get(*, organization: Organization, public_id: str) -> Invoice:
+    invoice = invoice_list(organization=organization).filter(public_id=public_id).first()
+    if invoice is None:
+        raise ObjectNotFound(f"Invoice {public_id!r} not found.")
+    return invoice

@@ -1,0 +1,137 @@
+"""The benchmark's arithmetic and workload generator on known data, and `generate`'s static batch on the
+tiny model: cheap checks that the figures the benchmark prints mean what they say."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from bench.baseline import StaticBatchGenerate
+from bench.report import BenchReport, GreedyCheck, PrefixEffect, render_report
+from bench.stats import RequestResult, Slo, percentile, summarize
+from bench.workload import (
+    FIRST_ORDINARY_TOKEN, BenchRequest, WorkloadSpec, make_requests, poisson_arrivals, shared_prefix_prompts,
+    with_arrivals,
+)
+from diptych_common.builtin import DIPTYCH_TINY
+
+SPEC = WorkloadSpec(
+    requests=200, prompt_tokens_mean=64, prompt_tokens_min=8, prompt_tokens_max=256, output_tokens_min=4,
+    output_tokens_max=12, shared_prefix_share=0.5, shared_prefix_tokens=16, vocab_size=512, seed=7,
+)
+
+
+def test_percentile_interpolates_between_ranks():
+    values = list(range(1, 101))
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 90) == pytest.approx(90.1)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([5, 1, 3], 0) == 1 and percentile([5, 1, 3], 100) == 5
+    assert math.isnan(percentile([], 50))
+
+
+def _result(sent: float, first: float, gap: float, tokens: int, **fields) -> RequestResult:
+    return RequestResult(sent_at=sent, token_times=[first + i * gap for i in range(tokens)], **fields)
+
+
+def test_summarize_counts_throughput_goodput_and_prefix_hits():
+    results = [
+        _result(0.0, 0.1, 0.01, 11, prompt_tokens=100, cached_tokens=50),   # meets the SLO
+        _result(0.0, 0.5, 0.01, 11, prompt_tokens=100),                     # TTFT too long
+        _result(1.0, 1.1, 0.05, 11, prompt_tokens=100),                     # TPOT too long; ends at 1.6 s
+        RequestResult(sent_at=0.5, error="UNAVAILABLE: worker gone"),
+    ]
+    summary = summarize(results, Slo(ttft_s=0.2, tpot_s=0.02))
+    assert (summary.requests, summary.failed, summary.output_tokens) == (4, 1, 33)
+    assert summary.duration_s == pytest.approx(1.6)
+    assert summary.output_tokens_per_s == pytest.approx(33 / 1.6)
+    assert summary.goodput_per_s == pytest.approx(1 / 1.6)
+    assert summary.ttft[0] == pytest.approx(0.1)
+    assert summary.tpot[0] == pytest.approx(0.01) and summary.tpot[2] == pytest.approx(0.0492)
+    assert summary.itl[0] == pytest.approx(0.01)
+    assert summary.prefix_hit_rate == pytest.approx(50 / 300)
+    assert summary.ttft_p50_prefix_hit == pytest.approx(0.1)
+    assert summary.ttft_p50_prefix_miss == pytest.approx(0.3)
+
+
+def test_workload_is_deterministic_and_within_its_bounds():
+    requests = make_requests(SPEC)
+    assert requests == make_requests(SPEC)
+    assert requests != make_requests(dataclasses.replace(SPEC, seed=8))
+    assert len(requests) == SPEC.requests
+    for request in requests:
+        assert SPEC.prompt_tokens_min <= len(request.prompt_token_ids) <= SPEC.prompt_tokens_max
+        assert SPEC.output_tokens_min <= request.output_tokens <= SPEC.output_tokens_max
+        assert all(FIRST_ORDINARY_TOKEN <= t < SPEC.vocab_size for t in request.prompt_token_ids)
+    sharing = [r for r in requests if r.shares_prefix]
+    assert 0.35 < len(sharing) / len(requests) < 0.65
+    prefix = sharing[0].prompt_token_ids[:SPEC.shared_prefix_tokens]
+    assert all(r.prompt_token_ids[:SPEC.shared_prefix_tokens] == prefix for r in sharing)
+    assert not any(r.prompt_token_ids[:SPEC.shared_prefix_tokens] == prefix for r in requests if not r.shares_prefix)
+
+
+def test_poisson_arrivals_have_the_rate_and_replay_identically():
+    arrivals = poisson_arrivals(20000, rate_per_s=4.0, seed=3)
+    assert arrivals == poisson_arrivals(20000, rate_per_s=4.0, seed=3)
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals)
+    assert (len(arrivals) - 1) / arrivals[-1] == pytest.approx(4.0, rel=0.03)
+    timed = with_arrivals(make_requests(SPEC), 4.0, seed=3)
+    assert [r.arrival_s for r in timed] == arrivals[:SPEC.requests]
+    with pytest.raises(ValueError, match="must be positive"):
+        poisson_arrivals(3, rate_per_s=0.0, seed=0)
+
+
+def test_shared_prefix_prompts_share_exactly_the_fraction():
+    cold, warm = shared_prefix_prompts(100, 0.9, 3, vocab_size=512, seed=1)
+    assert len(cold) == 3 and len(warm) == 4
+    assert all(len(p) == 100 for p in cold + warm)
+    assert all(p[:90] == warm[0][:90] for p in warm)
+    assert len({tuple(p[90:]) for p in warm}) == 4
+    assert len({tuple(p[:90]) for p in cold + warm[:1]}) == 4   # cold prompts share nothing of it
+
+
+def test_report_says_no_when_a_greedy_output_differs():
+    report = BenchReport(profile="quick", model="diptych-tiny", concurrency=32, slo=Slo(0.5, 0.05),
+                         split_threads=1, colocated_threads=2)
+    report.greedy = [GreedyCheck("split", 8, 8, []), GreedyCheck("colocated", 8, 7, [])]
+    report.prefix = [PrefixEffect("split", 768, 0.9, cold_ttft_p50=0.2, warm_ttft_p50=0.05,
+                                  warm_cached_tokens=[672], errors=[])]
+    text = render_report(report)
+    assert "split: identical: yes (8/8 prompts)" in text
+    assert "colocated: identical: no (7/8 prompts)" in text
+    assert "greedy outputs identical to generate: no" in text
+    assert "split: 25% (target ≤ 30%: met)" in text
+
+
+def test_static_batch_gives_every_request_its_length_with_timestamps_in_order():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**DIPTYCH_TINY.llama_config)).eval()
+    generate = StaticBatchGenerate(model, pad_token_id=2)
+    requests = [BenchRequest(0, [10, 11, 12], 3), BenchRequest(1, [20, 21, 22, 23, 24], 6)]
+    results = generate.run_batch(requests, [0.0, 0.0])
+    assert [len(r.token_times) for r in results] == [3, 6]
+    assert [len(r.token_ids) for r in results] == [3, 6]
+    assert all(r.token_times == sorted(r.token_times) for r in results)
+    # The longer, unpadded row must decode exactly as batch-1 greedy does (EOS suppressed in both).
+    alone = generate.run_batch([requests[1]], [0.0])[0]
+    assert results[1].token_ids == alone.token_ids
+
+
+def test_kv_target_is_read_from_the_microbenchmark_table():
+    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3, 0.3),
+                         split_threads=1, colocated_threads=2)
+    report.kv_transfer_output = "\n".join([
+        "     size  path            GB/s  ratio",
+        "    1.0MB  tcp path        1.00   0.40",
+        "   25.2MB  raw socket      4.00   1.00",
+        "   25.2MB  tcp path        3.20   0.80",
+        "   25.2MB  grpc stream     0.80   0.20",
+    ])
+    text = render_report(report)
+    assert "KV transfer of 25.2 MB, tcp path: 3.20 GB/s = 80% of the raw socket (target ≥ 70%: met)" in text
+    assert "KV transfer of 25.2 MB, grpc stream: 0.80 GB/s = 20% of the raw socket (target ≥ 70%: NOT met)" in text
+    assert "KV transfer of 1.0 MB" not in text and "KV transfer of 1 MB" not in text
+    assert "25.2 MB, raw socket" not in text

@@ -1,0 +1,64 @@
+"""The built-in model, its reference greedy outputs, and engines built on it."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from diptych_common.builtin import DIPTYCH_TINY
+from workers.engine import Engine, EngineConfig
+from workers.model_loader import build_builtin_model
+from workers.model_runner import ModelRunner
+from workers.sampling import StopCriteria
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return build_builtin_model(DIPTYCH_TINY).eval()
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model):
+    """Greedy tokens of `transformers` generate, one prompt at a time, cached per (prompt, count)."""
+    cache: dict[tuple, list[int]] = {}
+
+    def generate(prompt: list[int], count: int) -> list[int]:
+        key = (tuple(prompt), count)
+        if key not in cache:
+            ids = torch.tensor([prompt])
+            out = tiny_model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=count, min_new_tokens=count, do_sample=False
+            )
+            cache[key] = out[0, len(prompt):].tolist()
+        return cache[key]
+
+    return generate
+
+
+@pytest.fixture
+def executor():
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool
+
+
+@pytest.fixture
+def make_engine(tiny_model, executor):
+    """Starts engines on the built-in model; every engine is stopped after the test."""
+    tasks = []
+
+    def make(**options) -> Engine:
+        config = EngineConfig(**{"num_kv_blocks": 256, "block_size": 16, **options})
+        runner = ModelRunner(tiny_model, config.num_kv_blocks, config.block_size)
+        engine = Engine(runner, config, StopCriteria(frozenset(), 1024), executor)
+        tasks.append(asyncio.get_running_loop().create_task(engine.run()))
+        return engine
+
+    yield make
+    for task in tasks:
+        task.cancel()
+
+
+def prompts(lengths, salt: int = 0) -> list[list[int]]:
+    """Token ids 3..502 (no special tokens) in a pattern that varies with the length and the salt."""
+    return [[(7 * n + 13 * salt + i * i) % 500 + 3 for i in range(n)] for n in lengths]

@@ -1,0 +1,106 @@
+"""The scheduler alone: token budget, chunked prompts, priorities, queueing and preemption."""
+
+from workers.kv_cache_manager import KVCacheManager
+from workers.request import BATCH, EngineRequest, RequestStatus
+from workers.sampling import SamplingParams
+from workers.scheduler import Scheduler
+
+SIZE = 4
+
+
+def request(name: str, length: int, priority: int = 0) -> EngineRequest:
+    return EngineRequest(name, list(range(10, 10 + length)), SamplingParams(temperature=0.0, max_tokens=100), priority)
+
+
+def step(scheduler: Scheduler):
+    """Schedules a step and plays the engine's part: computed tokens advance, samplers add a token."""
+    out = scheduler.schedule()
+    out.sampling = [chunk.samples for chunk in out.chunks]
+    for chunk in out.chunks:
+        chunk.request.num_computed_tokens += chunk.num_tokens
+        if chunk.samples:
+            chunk.request.output_token_ids.append(1)
+    return out
+
+
+def planned(out) -> dict[str, int]:
+    return {chunk.request.request_id: chunk.num_tokens for chunk in out.chunks}
+
+
+def test_decodes_go_first_and_prompts_share_what_is_left_of_the_budget():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=20)
+    for name in ("a", "b"):
+        scheduler.add(request(name, 6))
+    assert planned(step(scheduler)) == {"a": 6, "b": 6}
+    scheduler.add(request("long", 50))
+    assert planned(step(scheduler)) == {"a": 1, "b": 1, "long": 18}
+    assert planned(step(scheduler)) == {"a": 1, "b": 1, "long": 18}
+    assert planned(step(scheduler)) == {"a": 1, "b": 1, "long": 14}
+
+
+def test_a_long_prompt_is_chunked_and_samples_only_at_its_end():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=16)
+    scheduler.add(request("long", 40))
+    outs = [step(scheduler) for _ in range(3)]
+    assert [o.chunks[0].num_tokens for o in outs] == [16, 16, 8]
+    assert [o.sampling[0] for o in outs] == [False, False, True]
+
+
+def test_interactive_requests_are_admitted_before_batch_ones():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=100, max_running=2)
+    scheduler.add(request("batch-1", 5, BATCH))
+    scheduler.add(request("batch-2", 5, BATCH))
+    scheduler.add(request("interactive", 5))
+    assert list(planned(step(scheduler))) == ["interactive", "batch-1"]
+    assert scheduler.waiting_count(BATCH) == 1
+
+
+def test_new_requests_wait_when_blocks_run_out_and_no_running_request_is_disturbed():
+    scheduler = Scheduler(KVCacheManager(4, SIZE), token_budget=100)
+    scheduler.add(request("a", 12))
+    scheduler.add(request("b", 8))
+    out = step(scheduler)
+    assert planned(out) == {"a": 12} and not out.preempted
+    assert scheduler.num_waiting == 1
+
+
+def test_when_a_running_request_needs_a_block_the_latest_lowest_priority_one_is_preempted():
+    kv = KVCacheManager(5, SIZE)
+    scheduler = Scheduler(kv, token_budget=100)
+    first, second, third = request("first", 4), request("second", 4, BATCH), request("third", 4)
+    for r in (first, second, third):
+        scheduler.add(r)
+    step(scheduler)  # three prompts of one block each, three more tokens each
+    out = step(scheduler)  # each needs a second block: only two are free
+    assert [r.request_id for r in out.preempted] == ["second"]
+    assert second.status is RequestStatus.WAITING and second.num_computed_tokens == 0
+    assert "second" not in kv.block_tables and second.num_preemptions == 1
+    assert planned(out) == {"first": 1, "third": 1}
+    # Once memory is back, the preempted request is recomputed from all its tokens.
+    scheduler.finish(first)
+    out = step(scheduler)
+    assert planned(out)["second"] == 5
+
+
+def test_a_request_that_is_the_only_victim_preempts_itself():
+    kv = KVCacheManager(2, SIZE)
+    scheduler = Scheduler(kv, token_budget=100)
+    a, b = request("a", 4), request("b", 4)
+    scheduler.add(a)
+    scheduler.add(b)
+    step(scheduler)
+    out = step(scheduler)  # both need a second block; none is free
+    assert [r.request_id for r in out.preempted] == ["b"]
+    assert planned(out) == {"a": 1}
+
+
+def test_finish_frees_blocks_wherever_the_request_is():
+    kv = KVCacheManager(8, SIZE)
+    scheduler = Scheduler(kv, token_budget=100)
+    running, waiting = request("running", 6), request("waiting", 60)
+    scheduler.add(running)
+    step(scheduler)
+    scheduler.add(waiting)
+    scheduler.finish(running)
+    scheduler.finish(waiting)
+    assert kv.num_free_blocks == 8 and not scheduler.running and scheduler.num_waiting == 0

@@ -1,0 +1,153 @@
+"""Prefill and decode workers' gRPC services in process, the KV moving between them on the data path."""
+
+import asyncio
+import secrets
+
+import grpc
+import pytest
+
+from diptych_common.prefix_hash import block_hashes
+from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from tests.workers.conftest import prompts
+from workers.engine import Engine, EngineConfig
+from workers.kv_transfer import KvInbox, KvReceiver, KvSender
+from workers.model_runner import ModelRunner
+from workers.sampling import StopCriteria
+from workers.server import Role, WorkerService, WorkerState
+
+
+class Worker:
+    def __init__(self, role: Role, model, executor, allow_shm: bool) -> None:
+        config = EngineConfig(num_kv_blocks=128, token_budget=64)
+        runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
+        self.engine = Engine(runner, config, StopCriteria(frozenset(), 1024), executor)
+        self.receiver = KvReceiver(KvInbox(), runner.layout) if role is Role.DECODE else None
+        self.sender = KvSender(runner.layout, allow_shm=allow_shm) if role is Role.PREFILL else None
+        self.state = WorkerState(role, worker_id=f"{role}-0")
+        self.service = WorkerService(self.state, self.engine, self.receiver, self.sender)
+
+    async def start(self) -> None:
+        if self.receiver:
+            self.receiver.start()
+        self.server = grpc.aio.server()
+        worker_pb2_grpc.add_WorkerServicer_to_server(self.service, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        await self.server.start()
+        self.task = asyncio.create_task(self.engine.run())
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await self.channel.close()
+        await self.server.stop(None)
+        if self.receiver:
+            self.receiver.close()
+        if self.sender:
+            self.sender.close()
+
+
+@pytest.fixture(params=[False, True], ids=["tcp", "shm"])
+async def workers(request, tiny_model, executor):
+    prefill = Worker(Role.PREFILL, tiny_model, executor, allow_shm=request.param)
+    decode = Worker(Role.DECODE, tiny_model, executor, allow_shm=request.param)
+    await prefill.start()
+    await decode.start()
+    yield prefill, decode
+    await prefill.stop()
+    await decode.stop()
+
+
+def sampling(count: int) -> worker_pb2.SamplingParams:
+    return worker_pb2.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
+
+
+async def split(prefill, decode, request_id: str, prompt: list[int], count: int):
+    token = secrets.token_bytes(32)
+    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
+        request_id=request_id, transfer_token=token, sampling=sampling(count), prompt_tokens=len(prompt)
+    ))
+    prefill_events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
+        request_id=request_id, prompt_token_ids=prompt, sampling=sampling(count),
+        decode_address=decode.address, transfer_token=token,
+    ))]
+    rest = [e async for e in decode_call]
+    return prefill_events, rest
+
+
+async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(workers, reference):
+    prefill, decode = workers
+    batch = prompts([5, 40, 77, 120], salt=21)
+    results = await asyncio.gather(*(split(prefill, decode, f"r{i}", p, 9) for i, p in enumerate(batch)))
+    for prompt, (prefill_events, rest) in zip(batch, results):
+        first, delivered = prefill_events[0].first_token, prefill_events[1].kv_delivered
+        assert [first.token_id] + [e.token_id for e in rest] == reference(prompt, 9)
+        assert delivered.kv_bytes == -(-len(prompt) // 16) * prefill.engine.runner.layout.block_nbytes
+        assert delivered.data_path == ("shm" if prefill.sender.allow_shm else "tcp")
+        assert rest[-1].finished and rest[-1].stats.kv_bytes == delivered.kv_bytes
+    # The same long prompt again: its full blocks come from the prefix cache.
+    prefill_events, rest = await split(prefill, decode, "again", batch[3], 9)
+    assert prefill_events[0].first_token.cached_tokens == 112
+    assert [prefill_events[0].first_token.token_id] + [e.token_id for e in rest] == reference(batch[3], 9)
+    await asyncio.sleep(0.05)
+    for worker in (prefill, decode):
+        assert worker.engine.kv.num_free_blocks == worker.engine.kv.num_blocks
+
+
+async def test_decode_workers_serve_generate_too(workers, reference):
+    _, decode = workers
+    prompt = prompts([33], salt=4)[0]
+    events = [e async for e in decode.stub.Generate(worker_pb2.GenerateWork(
+        request_id="g", prompt_token_ids=prompt, sampling=sampling(7)
+    ))]
+    assert [e.token_id for e in events] == reference(prompt, 7)
+    assert events[0].stats.worker_id == "decode-0" and events[-1].finished
+
+
+async def test_a_wrong_transfer_token_fails_both_calls_with_clear_errors(workers):
+    prefill, decode = workers
+    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
+        request_id="w", transfer_token=b"a" * 32, sampling=sampling(5)
+    ), timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        async for _ in prefill.stub.Prefill(worker_pb2.PrefillRequest(
+            request_id="w", prompt_token_ids=prompts([20])[0], sampling=sampling(5),
+            decode_address=decode.address, transfer_token=b"b" * 32,
+        )):
+            pass
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "PERMISSION_DENIED" in raised.value.details() and "token does not match" in raised.value.details()
+    decode_call.cancel()
+    await asyncio.sleep(0.05)
+    assert prefill.engine.kv.num_free_blocks == prefill.engine.kv.num_blocks
+
+
+async def test_load_is_published_at_once_and_on_change_with_the_prefix_summary(workers):
+    prefill, decode = workers
+    watch = prefill.stub.WatchLoad(worker_pb2.LoadRequest())
+    first = await anext(aiter(watch))
+    assert first.kv_blocks_total == 128 and first.kv_blocks_free == 128 and first.block_size == 16
+    prompt = prompts([64], salt=30)[0]
+    await split(prefill, decode, "p", prompt, 3)
+    async for load in watch:
+        if len(load.prefix_cache.block_hashes) == 4:
+            break
+    assert list(load.prefix_cache.block_hashes) == block_hashes(prompt, 16)
+    assert load.prefix_cache.queried_tokens == 64 and load.prefix_cache.version > first.prefix_cache.version
+    prefill.service.set_draining(True)
+    async for load in watch:
+        if load.draining:
+            break
+    watch.cancel()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await split(prefill, decode, "late", prompt, 3)
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE and "draining" in raised.value.details()
+
+
+async def test_roles_are_enforced(workers):
+    prefill, decode = workers
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await prefill.stub.GetKvEndpoint(worker_pb2.KvEndpointRequest())
+    assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    endpoint = await decode.stub.GetKvEndpoint(worker_pb2.KvEndpointRequest())
+    assert endpoint.data_port == decode.receiver.port and endpoint.block_size == 16

@@ -1,0 +1,61 @@
+"""A worker's Prometheus metrics, read at scrape time from the same Load report the gateway routes on
+(so the two never disagree), served over HTTP when the worker is given a metrics port.
+
+Wiring: `serve_metrics(port, host, role, service.load)` once the worker's service exists.
+"""
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from diptych_common.proto.v1 import worker_pb2
+
+
+class LoadCollector(Collector):
+    def __init__(self, role: str, load: Callable[[], worker_pb2.Load]) -> None:
+        self._role = role
+        self._load = load
+
+    def collect(self):
+        load = self._load()
+        labels = ["role", "worker_id"]
+        values = [self._role, load.worker_id]
+
+        def gauge(name: str, help_text: str, value: float, extra: dict | None = None):
+            family = GaugeMetricFamily(name, help_text, labels=labels + list(extra or {}))
+            family.add_metric(values + list((extra or {}).values()), value)
+            return family
+
+        def counter(name: str, help_text: str, value: float):
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        queue = GaugeMetricFamily(
+            "diptych_worker_queue_depth", "Requests waiting on this worker, by priority class",
+            labels=labels + ["priority"],
+        )
+        queue.add_metric(values + ["interactive"], load.waiting_interactive)
+        queue.add_metric(values + ["batch"], load.waiting_batch)
+        yield queue
+        yield gauge("diptych_worker_active_sequences", "Sequences running on this worker", load.active_sequences)
+        yield gauge("diptych_worker_kv_blocks_free", "Free KV cache blocks", load.kv_blocks_free)
+        yield gauge("diptych_worker_kv_blocks_total", "KV cache blocks in all", load.kv_blocks_total)
+        yield gauge("diptych_worker_draining", "1 while the worker finishes its work and takes no new", int(load.draining))
+        yield gauge("diptych_worker_tokens_per_second", "Tokens processed per second, recently", load.tokens_per_second)
+        yield counter("diptych_worker_kv_sent_bytes", "KV cache bytes pushed to decode workers", load.kv_bytes_sent)
+        yield counter("diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received)
+        yield counter("diptych_worker_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
+                      load.prefix_cache.hits_tokens)
+        yield counter("diptych_worker_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+                      load.prefix_cache.queried_tokens)
+
+
+def serve_metrics(port: int | None, host: str, role: str, load: Callable[[], worker_pb2.Load]) -> None:
+    """Registers the load collector and serves /metrics on `port` (nothing when port is None or 0)."""
+    if not port:
+        return
+    REGISTRY.register(LoadCollector(role, load))
+    start_http_server(port, addr=host)

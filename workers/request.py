@@ -1,0 +1,55 @@
+"""A request as the engine tracks it: its tokens, how many of them have KV computed, its status."""
+
+import enum
+from dataclasses import dataclass, field
+
+from workers.sampling import SamplingParams
+
+INTERACTIVE, BATCH = 0, 1  # priorities, as in worker.proto; lower is served first
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class ImportedKv:
+    """KV of the first `num_tokens` tokens computed elsewhere (a prefill worker): `chunks` are
+    (first block index, tensor [layers, 2, blocks, block_size, kv_heads, head_dim]) in block order."""
+
+    num_tokens: int
+    chunks: list
+    release: object = None  # called once the KV has been copied into the pool
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int = INTERACTIVE
+    prefill_only: bool = False  # stops after the first token (a prefill worker's job)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit when first scheduled
+    arrival: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    imported_kv: ImportedKv | None = None
+    kv_stage: object = None  # a prefill-only request's KV goes there as it is computed
+    num_preemptions: int = 0
+    aborted: bool = False
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def sample_index(self) -> int:
+        """The index, in the whole request, of the token sampled next (seeded sampling draws by it)."""
+        return self.sampling.tokens_already_generated + len(self.output_token_ids)

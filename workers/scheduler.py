@@ -1,0 +1,148 @@
+"""Decides what each engine step computes: continuous batching under a token budget and KV memory.
+
+Running requests go first, in admission order: a decoding request needs one token, a request still
+in its prompt gets the next chunk of it (so a long prompt never stalls the others: it takes at most the
+budget left after the decodes). When a running request needs a block and none is free, the running
+request with the lowest priority, admitted last, is preempted: its blocks are freed and it waits to be
+recomputed from its tokens. Waiting requests (interactive before batch, then arrival order) are admitted
+while blocks, budget and batch slots last; a prompt's cached prefix blocks are reused.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.kv_cache_manager import KVCacheManager
+from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    request: EngineRequest
+    start: int        # position of the first token computed this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the request's last token, whose logits give the next token."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    imports: list[EngineRequest] = field(default_factory=list)  # imported KV to write before the step
+    preempted: list[EngineRequest] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, token_budget: int = 512, max_running: int = 64) -> None:
+        if token_budget < 1 or max_running < 1:
+            raise ValueError("the token budget and the batch size must be positive")
+        self.kv = kv
+        self.token_budget = token_budget
+        self.max_running = max_running
+        self.running: list[EngineRequest] = []
+        self._waiting = {INTERACTIVE: deque(), BATCH: deque()}
+        self._arrivals = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(queue) for queue in self._waiting.values())
+
+    def waiting_count(self, priority: int) -> int:
+        return len(self._waiting[priority])
+
+    def fits_alone(self, num_tokens: int) -> bool:
+        return self.kv.blocks_for(num_tokens) <= self.kv.num_blocks
+
+    def add(self, request: EngineRequest) -> None:
+        self._arrivals += 1
+        request.arrival = self._arrivals
+        request.status = RequestStatus.WAITING
+        self._waiting[self._queue_of(request)].append(request)
+
+    def finish(self, request: EngineRequest) -> None:
+        """Removes a request wherever it is and frees its blocks (finished, aborted or failed)."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self._waiting[self._queue_of(request)].remove(request)
+        request.status = RequestStatus.FINISHED
+        self.kv.free(request.request_id)
+        _release_import(request)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.token_budget
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._make_room(request, num_new, index, out):
+                continue  # the request itself was preempted; the same index is now the next one
+            out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+            budget -= num_new
+            index += 1
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _make_room(self, request: EngineRequest, num_new: int, index: int, out: SchedulerOutput) -> bool:
+        while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+            later = self.running[index + 1:]
+            victim = max(later, key=lambda r: (r.priority, r.arrival)) if later else request
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: EngineRequest, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.kv.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self._waiting[self._queue_of(request)].appendleft(request)
+        out.preempted.append(request)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while budget > 0 and len(self.running) < self.max_running:
+            queue = self._waiting[INTERACTIVE] or self._waiting[BATCH]
+            if not queue:
+                return
+            request = queue[0]
+            if request.imported_kv is not None:
+                if not self.kv.allocate(request.request_id, request.num_tokens):
+                    return
+                request.num_computed_tokens = request.imported_kv.num_tokens
+                out.imports.append(request)
+            else:
+                hit = self.kv.find_prefix(request.all_token_ids)
+                cached = hit.num_tokens(self.kv.block_size)
+                num_new = min(request.num_tokens - cached, budget)
+                if not self.kv.allocate(request.request_id, cached + num_new, hit):
+                    return
+                if request.num_preemptions == 0:
+                    self.kv.record_lookup(request.num_tokens, cached)
+                    request.num_cached_tokens = cached
+                request.num_computed_tokens = cached
+            queue.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+            budget -= num_new
+
+    @staticmethod
+    def _queue_of(request: EngineRequest) -> int:
+        return BATCH if request.priority == BATCH else INTERACTIVE
+
+
+def _release_import(request: EngineRequest) -> None:
+    imported, request.imported_kv = request.imported_kv, None
+    if imported is not None and imported.release is not None:
+        imported.release()
