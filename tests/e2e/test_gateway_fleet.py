@@ -151,6 +151,38 @@ async def test_a_repeated_long_prefix_goes_to_the_prefill_worker_that_holds_it(f
         assert usage.cached_tokens >= 320 - block_size
 
 
+async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_its_affinity(fleet, reference):
+    """The worker holding a prefix is kept busy (SIGSTOP, so none of its requests finishes) while eight
+    requests sharing that prefix arrive: it takes the first few, then the queue outweighs the cached
+    tokens and the rest go to the other worker. Once it is free again, the prefix goes back to it."""
+    model, _ = reference
+    block_size = fleet.load("prefill-0").block_size
+    if not block_size:
+        pytest.skip("the prefill workers publish no prefix cache (Load.block_size is 0)")
+    prefix = long_prompt(2, 320)
+    holder = (await complete(fleet, prefix + [5], 2)).usage.prefill.worker_id
+    holder_name = fleet.name_of(holder)
+    deadline = time.monotonic() + 5
+    while block_hashes(prefix, block_size)[-1] not in fleet.load(holder_name).prefix_cache.block_hashes:
+        assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
+        await asyncio.sleep(0.05)
+    prompts = [prefix + [10 + i, 20 + i] for i in range(8)]
+    routed_before = fleet.metric("diptych_gateway_routing_decisions_total")
+    fleet.stack.processes[holder_name].send_signal(signal.SIGSTOP)
+    try:
+        pending = [asyncio.create_task(complete(fleet, prompt, 3)) for prompt in prompts]
+        while fleet.metric("diptych_gateway_routing_decisions_total") < routed_before + len(prompts):
+            await asyncio.sleep(0.02)
+    finally:
+        fleet.stack.processes[holder_name].send_signal(signal.SIGCONT)
+    results = await asyncio.gather(*pending)
+    on_holder = sum(r.usage.prefill.worker_id == holder for r in results)
+    assert 2 <= on_holder <= 6, f"{on_holder} of 8 on the prefix holder"
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == generate_reference(model, prompt, 3)
+    assert (await complete(fleet, prefix + [99], 2)).usage.prefill.worker_id == holder
+
+
 async def test_concurrent_requests_spread_over_both_prefill_and_decode_workers(fleet, reference):
     model, _ = reference
     prompts = [long_prompt(100 + i, 200) for i in range(8)]
