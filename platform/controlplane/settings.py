@@ -174,6 +174,7 @@ SPECTACULAR_SETTINGS = {
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
+    CELERY_BROKER_TRANSPORT = "controlplane.common.celery_filesystem:Transport"
     _celery_queue_dir = STATE_DIR / "celery" / "queue"
     _celery_processed_dir = STATE_DIR / "celery" / "processed"
     _celery_control_dir = STATE_DIR / "celery" / "control"
