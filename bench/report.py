@@ -192,7 +192,8 @@ def _target_lines(report: BenchReport) -> list[str]:
         lines.append(f"- TTFT with a {p.shared_fraction:.0%} shared prefix / cold TTFT, {p.mode}: {p.ratio:.0%} "
                      f"(target ≤ {PREFIX_TTFT_TARGET:.0%}: {met})")
     for size_mb, path, rate, ratio in kv_rows(report.kv_transfer_output):
-        if abs(size_mb - KV_TARGET_MB) / KV_TARGET_MB < 0.2 and path != "raw socket":
+        # The raw socket is the yardstick and the gRPC stream the earlier hand-off, shown for comparison.
+        if abs(size_mb - KV_TARGET_MB) / KV_TARGET_MB < 0.2 and path not in ("raw socket", "grpc stream"):
             met = "met" if ratio >= KV_TARGET else "NOT met"
             lines.append(f"- KV transfer of {size_mb:g} MB, {path}: {rate:.2f} GB/s = {ratio:.0%} of the raw socket "
                          f"(target ≥ {KV_TARGET:.0%}: {met})")

@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)")
     worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
     worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
+    worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
 
@@ -142,6 +143,7 @@ def _run_worker(args) -> None:
         role=Role(args.role), model=args.model, model_source=args.model_source, host=args.host, port=args.port,
         control_plane_url=args.control_plane_url, fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
         name=args.name or f"{args.role}-{os.getpid()}", threads=args.threads, kv_port=args.kv_port,
+        metrics_port=args.metrics_port,
         engine_config=EngineConfig(
             block_size=args.block_size, kv_cache_mib=args.kv_cache_mib, token_budget=args.token_budget,
             max_running=args.max_running, device=args.device,

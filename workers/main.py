@@ -3,7 +3,6 @@ KV data port) and stays registered."""
 
 import asyncio
 import logging
-import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -52,6 +51,7 @@ async def serve(
     threads: int,
     engine_config: EngineConfig = EngineConfig(),
     kv_port: int = 0,
+    metrics_port: int = 0,
 ) -> None:
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
@@ -70,7 +70,7 @@ async def serve(
     if role is Role.PREFILL:
         sender = KvSender(layout, pin=cuda)
     service = WorkerService(state, engine, receiver=receiver, sender=sender)
-    serve_metrics(int(os.environ.get("DIPTYCH_WORKER_METRICS_PORT", "0")), host, role.value, service.load)
+    serve_metrics(metrics_port, host, role.value, service.load)
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
