@@ -58,7 +58,7 @@ FULL = Profile(
     ),
     rates_per_s=(0.5, 1.0, 2.0),
     poisson_requests=20,
-    closed_loop_requests=32,
+    closed_loop_requests=64,
     concurrency=32,
     baseline_max_batch=32,
     slo=Slo(ttft_s=3.0, tpot_s=0.3),

@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 import diptych
+from tests.e2e.waiting import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -31,13 +32,6 @@ pytestmark = [
 ]
 
 
-def wait_for(condition, seconds: float = 15.0, interval: float = 0.1):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 import diptych
+from tests.e2e.waiting import wait_for
 
 MODEL = "diptych-tiny"
 PROMPT_IDS = [5, 17, 42, 99, 7, 3, 64, 23]
@@ -16,14 +17,6 @@ def client_for(live, mode: str = "split", **options) -> diptych.Client:
     return diptych.Client(api_key=live.api_key, base_url=live.gateways[mode], admin_url=live.stack.control_plane_url, **options)
 
 
-def wait_for(condition, seconds: float = 15.0, interval: float = 0.1):
-    """Polls `condition` until it returns something truthy or `seconds` pass; returns its last value."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def usage_events(live, request_id: str) -> list[dict]:
