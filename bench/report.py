@@ -13,7 +13,7 @@ PREFIX_TTFT_TARGET = 0.30    # TTFT with a 90 % shared prefix, over cold TTFT
 KV_TARGET = 0.70             # project KV data path over the raw socket, for a 25 MB cache
 KV_TARGET_MB = 25.0
 # A row of bench/kv_transfer.py's table: "   25.2MB  tcp path        3.10   0.81"
-_KV_ROW = re.compile(r"^\s*([\d.]+)MB\s+(.+?)\s+([\d.]+)\s+([\d.]+)\s*$")
+_KV_ROW = re.compile(r"^\s*([\d.]+)MB\s+(.+?)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s*$")
 
 
 @dataclass
@@ -192,10 +192,11 @@ def _target_lines(report: BenchReport) -> list[str]:
         lines.append(f"- TTFT with a {p.shared_fraction:.0%} shared prefix / cold TTFT, {p.mode}: {p.ratio:.0%} "
                      f"(target ≤ {PREFIX_TTFT_TARGET:.0%}: {met})")
     for size_mb, path, rate, ratio in kv_rows(report.kv_transfer_output):
-        # The raw socket is the yardstick and the gRPC stream the earlier hand-off, shown for comparison.
-        if abs(size_mb - KV_TARGET_MB) / KV_TARGET_MB < 0.2 and path not in ("raw socket", "grpc stream"):
+        # The raw sockets are the yardsticks and the gRPC stream the earlier hand-off, shown for comparison.
+        if abs(size_mb - KV_TARGET_MB) / KV_TARGET_MB < 0.2 and path not in ("raw socket", "raw, alone", "grpc stream"):
             met = "met" if ratio >= KV_TARGET else "NOT met"
             lines.append(f"- KV transfer of {size_mb:g} MB, {path}: {rate:.2f} GB/s = {ratio:.0%} of the raw socket "
+                         f"sent from a process of its own "
                          f"(target ≥ {KV_TARGET:.0%}: {met})")
     identical = all(g.identical == g.samples for g in report.greedy) and bool(report.greedy)
     lines.append(f"- greedy outputs identical to generate: {'yes' if identical else 'no'}")
@@ -203,7 +204,7 @@ def _target_lines(report: BenchReport) -> list[str]:
 
 
 def kv_rows(output: str) -> list[tuple[float, str, float, float]]:
-    """(size MB, path, GB/s, ratio to the raw socket) for each row of bench/kv_transfer.py's table."""
+    """(size MB, path, GB/s, ratio to the raw socket sent alone) for each row of bench/kv_transfer.py's table."""
     rows = []
     for line in output.splitlines():
         match = _KV_ROW.match(line)
