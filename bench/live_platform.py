@@ -3,7 +3,6 @@ file of its own, then one serving mode at a time (its workers and its gateway), 
 measured has the machine's cores to itself."""
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -12,16 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from diptych_server.stack import REPO_ROOT, Stack
+from diptych_server.stack import REPO_ROOT, Stack, free_port
 
 MODE_ROLES = {"split": ("prefill", "decode"), "colocated": ("colocated",)}
 MODES = tuple(MODE_ROLES)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

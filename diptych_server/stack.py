@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 class StackError(RuntimeError):

@@ -45,7 +45,7 @@ for i = 1, #KEYS do
   local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local tokens = tonumber(state[1]) or capacity
   local ts = tonumber(state[2]) or now
-  local rate = capacity / 60000.0
+  local rate = capacity / %(window_ms)d.0
   tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
   levels[i] = tokens
   if tokens < cost then
@@ -59,10 +59,10 @@ end
 if wait > 0 then return {wait, blocking} end
 for i = 1, #KEYS do
   redis.call('HSET', KEYS[i], 'tokens', tostring(levels[i] - tonumber(ARGV[2 * i])), 'ts', now)
-  redis.call('PEXPIRE', KEYS[i], 120000)
+  redis.call('PEXPIRE', KEYS[i], %(key_ttl_ms)d)
 end
 return {0, 0}
-"""
+""" % {"window_ms": WINDOW_MS, "key_ttl_ms": KEY_TTL_MS}
 
 # KEYS: the buckets. ARGV: for each bucket its capacity then the amount to give back.
 _REFUND = """

@@ -2,7 +2,6 @@
 and a colocated worker, and two gateways (one routing split, one colocated), all real processes."""
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -16,14 +15,9 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_server.stack import Credentials, Stack
+from diptych_server.stack import Credentials, Stack, free_port
 from diptych_server.stack import REPO_ROOT as STACK_REPO_ROOT
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

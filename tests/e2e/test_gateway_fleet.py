@@ -137,8 +137,7 @@ def long_prompt(seed: int, length: int) -> list[int]:
 
 async def test_a_repeated_long_prefix_goes_to_the_prefill_worker_that_holds_it(fleet):
     block_size = fleet.load("prefill-0").block_size
-    if not block_size:
-        pytest.skip("the prefill workers publish no prefix cache (Load.block_size is 0)")
+    assert block_size, "the prefill workers publish no prefix cache (Load.block_size is 0)"
     prefix = long_prompt(1, 320)
     holder = (await complete(fleet, prefix + [5, 6, 7], 2)).usage.prefill.worker_id
     deadline = time.monotonic() + 5   # the holder publishes the prefix's blocks in its next load report
@@ -157,8 +156,7 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     tokens and the rest go to the other worker. Once it is free again, the prefix goes back to it."""
     model, _ = reference
     block_size = fleet.load("prefill-0").block_size
-    if not block_size:
-        pytest.skip("the prefill workers publish no prefix cache (Load.block_size is 0)")
+    assert block_size, "the prefill workers publish no prefix cache (Load.block_size is 0)"
     prefix = long_prompt(2, 320)
     holder = (await complete(fleet, prefix + [5], 2)).usage.prefill.worker_id
     holder_name = fleet.name_of(holder)

@@ -8,7 +8,6 @@ pending items and set collection (`pending_invoice_items_behavior`, `collection_
 import hashlib
 import hmac
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from controlplane.billing.services import billing_periods_close, invoice_push, i
 from controlplane.billing.stripe_gateway import StripeGateway
 from controlplane.catalog.services import price_set
 from controlplane.tenancy.services import member_add
+from diptych_server.stack import free_port
 
 STRIPE_KEY = "sk_test_diptych"
 WEBHOOK_SECRET = "whsec_diptych_tests"
@@ -63,15 +63,10 @@ class LocalstripeGateway(StripeGateway):
         return self.invoice_status(invoice_id=invoice_id)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def localstripe_url():
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
