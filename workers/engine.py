@@ -136,14 +136,14 @@ class Engine:
             leaving, self._leaving_stages = self._leaving_stages, []
             started = time.monotonic()
             try:
-                logits = await loop.run_in_executor(self._executor, self._step, out, inputs, staging, leaving)
+                tokens = await loop.run_in_executor(self._executor, self._step, out, inputs, staging, leaving)
             except Exception as error:  # a failed step fails its requests, never the engine
                 log.exception("engine step failed")
                 self._fail(out, error)
                 continue
             self.steps_run += 1
             self._account(out, (time.monotonic() - started) * 1000)
-            self._update(out, logits)
+            self._update(out, tokens)
             self._changed()
 
     def _prepare(self, out: SchedulerOutput) -> tuple[list[StepInput], list[tuple]]:
@@ -163,9 +163,11 @@ class Engine:
                     stage.blocks_staged = upto
         return inputs, staging
 
-    def _step(self, out: SchedulerOutput, inputs: list[StepInput], staging: list[tuple], leaving: list) -> torch.Tensor:
-        """Runs on the forward thread: writes imported KV, runs the model, stages KV for transfer.
-        Blocks freed by requests that left may be overwritten now: their transfers must have read them."""
+    def _step(self, out: SchedulerOutput, inputs: list[StepInput], staging: list[tuple], leaving: list) -> list[int]:
+        """Runs on the forward thread: writes imported KV, runs the model, samples, stages KV for transfer.
+        Blocks freed by requests that left may be overwritten now: their transfers must have read them.
+        Every tensor operation of the engine runs on this one thread: an operation on another thread
+        would start a second OpenMP team whose spinning threads take cores from this one's."""
         for stage in leaving:
             stage.wait_sent()
         for request in out.imports:
@@ -175,7 +177,8 @@ class Engine:
         logits = self.runner.execute(inputs)
         for stage, block_ids, first_block in staging:
             stage.write_blocks(self.runner, block_ids, first_block)
-        return logits
+        sampling = [chunk.request for chunk in out.chunks if chunk.samples]
+        return sample(logits, [r.sampling for r in sampling], [r.sample_index for r in sampling])
 
     def _account(self, out: SchedulerOutput, step_ms: float) -> None:
         for chunk in out.chunks:
@@ -183,13 +186,12 @@ class Engine:
             if handle is not None:
                 handle.compute_ms += step_ms * chunk.num_tokens / out.num_tokens
 
-    def _update(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+    def _update(self, out: SchedulerOutput, tokens: list[int]) -> None:
         for request in out.imports:
             request.imported_kv, imported = None, request.imported_kv
             if imported.release is not None:
                 imported.release()
         sampling = [chunk for chunk in out.chunks if chunk.samples]
-        tokens = sample(logits, [c.request.sampling for c in sampling], [c.request.sample_index for c in sampling])
         for chunk in out.chunks:
             request = chunk.request
             request.num_computed_tokens += chunk.num_tokens

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from workers.projections import LayerProjections, Projection
+
 
 @dataclass
 class StepInput:
@@ -64,6 +66,9 @@ class ModelRunner:
             lay.num_layers, 2, num_blocks, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
         self.num_heads = self.config.num_attention_heads
+        self._gather_buffers = _GatherBuffers(self.kv.shape[3:], dtype, self.device)
+        self._layers = [LayerProjections.of(layer) for layer in model.model.layers]
+        self._lm_head = Projection(model.lm_head)
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
@@ -75,32 +80,30 @@ class ModelRunner:
         token_ids, positions = token_ids.to(self.device), positions.to(self.device)
         hidden = base.embed_tokens(token_ids).unsqueeze(0)
         cos, sin = base.rotary_emb(hidden, positions.unsqueeze(0))
-        plan = _AttentionPlan(inputs, self.layout.block_size, self.device)
-        for layer_index, layer in enumerate(base.layers):
+        plan = _AttentionPlan(inputs, self.layout.block_size, self.device, self._gather_buffers)
+        for layer_index, (layer, weights) in enumerate(zip(base.layers, self._layers)):
             residual = hidden
             attn = layer.self_attn
-            query, key, value = self._project(attn, layer.input_layernorm(hidden), cos, sin)
+            query, key, value = self._project(attn, weights, layer.input_layernorm(hidden), cos, sin)
             layer_kv = self.kv[layer_index]
             layer_kv[0, slot_blocks, slot_offsets] = key[0].transpose(0, 1)
             layer_kv[1, slot_blocks, slot_offsets] = value[0].transpose(0, 1)
-            attended = plan.attend(query[0], layer_kv, attn.scaling)
-            hidden = residual + attn.o_proj(attended.unsqueeze(0))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            attended = plan.attend(query[0], key[0], value[0], layer_kv, attn.scaling)
+            hidden = residual + weights.o(attended.unsqueeze(0))
+            hidden = hidden + weights.mlp(layer.post_attention_layernorm(hidden))
         rows = plan.sample_rows
         if not rows:
             return torch.empty(0, self.config.vocab_size)
         last = base.norm(hidden[0, rows])
-        return self.model.lm_head(last).float().cpu()
+        return self._lm_head(last).float().cpu()
 
-    def _project(self, attn, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _project(self, attn, weights: LayerProjections, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         shape = (*hidden.shape[:-1], -1, self.layout.head_dim)
-        query = attn.q_proj(hidden).view(shape)
-        key = attn.k_proj(hidden).view(shape)
+        query, key, value = (x.view(shape) for x in weights.qkv.split(hidden))
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms
             query, key = attn.q_norm(query), attn.k_norm(key)
-        value = attn.v_proj(hidden).view(shape).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
-        return query, key, value
+        return query, key, value.transpose(1, 2)
 
     def _slots(self, inputs: list[StepInput], positions: torch.Tensor):
         size = self.layout.block_size
@@ -141,9 +144,13 @@ class ModelRunner:
 
 class _AttentionPlan:
     """How a step's packed queries meet the KV of their requests: all single-token inputs (decoding)
-    attend in one padded batch; each longer input (a prompt chunk) attends on its own."""
+    attend in one padded batch; each longer input (a prompt chunk) attends on its own, over the keys and
+    values just computed when it starts the prompt, else over its blocks."""
 
-    def __init__(self, inputs: list[StepInput], block_size: int, device: torch.device) -> None:
+    def __init__(
+        self, inputs: list[StepInput], block_size: int, device: torch.device, buffers: "_GatherBuffers"
+    ) -> None:
+        self._buffers = buffers
         self.sample_rows: list[int] = []
         self.decode_rows: list[int] = []
         decode_tables, decode_lengths = [], []
@@ -170,23 +177,29 @@ class _AttentionPlan:
             self.decode_mask = mask[:, None, None, :].to(device)
             self.decode_index = torch.tensor(self.decode_rows, device=device)
 
-    def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [heads, tokens, head_dim] → [tokens, heads * head_dim]."""
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """query [heads, tokens, head_dim], the step's own key and value [kv_heads, tokens, head_dim]
+        → [tokens, heads * head_dim]."""
         heads, tokens, head_dim = query.shape
         out = torch.empty(tokens, heads, head_dim, dtype=query.dtype, device=query.device)
+        gather = self._buffers.gather
         if self.decode_rows:
-            keys, values = (_gather(layer_kv[i], self.decode_tables) for i in (0, 1))
+            keys, values = gather(0, layer_kv[0], self.decode_tables), gather(1, layer_kv[1], self.decode_tables)
             q = query[:, self.decode_index].transpose(0, 1).unsqueeze(2)  # [batch, heads, 1, dim]
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=self.decode_mask, scale=scale, enable_gqa=True
             )
             out[self.decode_index] = attended[:, :, 0]
         for row, length, start, blocks in self.chunks:
-            keys, values = (_gather(layer_kv[i], blocks[None])[:, :, : start + length] for i in (0, 1))
             q = query[None, :, row:row + length]
             if start == 0:
+                keys, values = key[None, :, row:row + length], value[None, :, row:row + length]
                 attended = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
             else:
+                keys = gather(0, layer_kv[0], blocks[None])[:, :, : start + length]
+                values = gather(1, layer_kv[1], blocks[None])[:, :, : start + length]
                 mask = torch.arange(start + length, device=q.device)[None, :] <= (
                     start + torch.arange(length, device=q.device)[:, None]
                 )
@@ -195,8 +208,21 @@ class _AttentionPlan:
         return out.reshape(tokens, heads * head_dim)
 
 
-def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """pool [blocks, block_size, kv_heads, dim], tables [batch, n] → [batch, kv_heads, n * block_size, dim]."""
-    batch, width = tables.shape
-    gathered = pool[tables]  # [batch, n, block_size, kv_heads, dim]
-    return gathered.reshape(batch, width * pool.shape[1], pool.shape[2], pool.shape[3]).transpose(1, 2)
+class _GatherBuffers:
+    """Memory that gathered keys (0) and values (1) are copied into, kept from step to step: fresh
+    megabytes every layer would cost page faults on the order of the copy itself."""
+
+    def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        self._buffers = [torch.empty(0, *block_shape, dtype=dtype, device=device) for _ in (0, 1)]
+
+    def gather(self, which: int, pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """pool [blocks, block_size, kv_heads, dim], tables [batch, n] → [batch, kv_heads, n * block_size,
+        dim], a view valid until the next gather into the same buffer."""
+        batch, width = tables.shape
+        buffer = self._buffers[which]
+        if buffer.shape[0] < batch * width:
+            buffer = torch.empty(2 * batch * width, *buffer.shape[1:], dtype=buffer.dtype, device=buffer.device)
+            self._buffers[which] = buffer
+        gathered = buffer[: batch * width]
+        torch.index_select(pool, 0, tables.reshape(-1), out=gathered)  # far faster than pool[tables] on CPU
+        return gathered.view(batch, width * pool.shape[1], pool.shape[2], pool.shape[3]).transpose(1, 2)

@@ -1,0 +1,48 @@
+"""The runner's projections compute what the model's own linear layers compute."""
+
+import pytest
+import torch
+
+from workers.projections import LayerProjections, Projection
+
+
+def _linear(inputs: int, outputs: int, bias: bool, seed: int) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(inputs, outputs, bias=bias).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 130])
+@torch.inference_mode()
+def test_stacked_projection_matches_each_linear(rows):
+    q, k, v = _linear(64, 64, False, 1), _linear(64, 32, False, 2), _linear(64, 32, False, 3)
+    x = torch.randn(1, rows, 64)
+    outputs = Projection(q, k, v).split(x)
+    assert [o.shape[-1] for o in outputs] == [64, 32, 32]
+    for out, linear in zip(outputs, (q, k, v)):
+        torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_biases_are_stacked_with_zeros_where_a_linear_has_none():
+    with_bias, without = _linear(16, 8, True, 4), _linear(16, 8, False, 5)
+    x = torch.randn(3, 16)
+    first, second = Projection(with_bias, without).split(x)
+    torch.testing.assert_close(first, with_bias(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second, without(x), rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_layer_mlp_matches_the_model_mlp(tiny_model):
+    layer = tiny_model.model.layers[0]
+    x = torch.randn(1, 5, tiny_model.config.hidden_size)
+    expected = layer.mlp(x)
+    # float32 GEMMs that sum in another order: agreement to a few units in the 6th digit of the largest value
+    torch.testing.assert_close(LayerProjections.of(layer).mlp(x), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+
+
+def test_a_model_without_a_gated_mlp_is_refused_by_name():
+    layer = torch.nn.Module()
+    layer.self_attn = torch.nn.Module()
+    layer.mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="no gate_proj"):
+        LayerProjections.of(layer)

@@ -1,0 +1,74 @@
+"""The decoder's linear projections as the model runner calls them: those that read the same input are
+stacked into one matrix (queries, keys and values; the MLP's gate and up), and on CPU every matrix is
+reordered once into oneDNN's blocked layout.
+
+On CPU, `nn.Linear`'s GEMM re-packs the weight on every call, which costs most when few rows multiply
+it, as in a decode step: reordered once, the LM head of the 100 M model at 32 rows runs in about 40 %
+of the time. The reordered weights are a copy; the model's own modules keep theirs.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class Projection:
+    """x @ W.T + b for one or more `nn.Linear` of the same input, their outputs side by side."""
+
+    def __init__(self, *linears: torch.nn.Linear) -> None:
+        self.sizes = [linear.out_features for linear in linears]
+        weight = torch.cat([linear.weight.detach() for linear in linears]) if len(linears) > 1 else linears[0].weight.detach()
+        self.bias = _stacked_bias(linears)
+        self._onednn = _onednn_applies(weight)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self._onednn else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Applies the stacked projection and returns each linear's output."""
+        return self(x).split(self.sizes, dim=-1)
+
+
+@dataclass
+class LayerProjections:
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+    act_fn: object
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module) -> "LayerProjections":
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+            if not hasattr(mlp, name):
+                raise ValueError(f"the model's MLP has no {name}: only gated MLPs (Llama, Qwen, Mistral) are supported")
+        return cls(
+            qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
+            o=Projection(attn.o_proj),
+            gate_up=Projection(mlp.gate_proj, mlp.up_proj),
+            down=Projection(mlp.down_proj),
+            act_fn=mlp.act_fn,
+        )
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up.split(x)
+        return self.down(self.act_fn(gate) * up)
+
+
+def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
+    if all(linear.bias is None for linear in linears):
+        return None
+    return torch.cat([
+        linear.bias.detach() if linear.bias is not None
+        else torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
+        for linear in linears
+    ])
+
+
+def _onednn_applies(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
