@@ -15,6 +15,7 @@ class Profile:
     rates_per_s: tuple[float, ...]
     poisson_requests: int
     closed_loop_requests: int
+    closed_loop_repeats: int               # each mode's closed loop runs this often; the median run stands
     concurrency: int
     baseline_max_batch: int                # the largest static batch `generate` takes in the Poisson runs
     slo: Slo
@@ -37,6 +38,7 @@ QUICK = Profile(
     rates_per_s=(2.0, 5.0, 10.0, 20.0),
     poisson_requests=48,
     closed_loop_requests=96,
+    closed_loop_repeats=3,
     concurrency=32,
     baseline_max_batch=32,
     slo=Slo(ttft_s=0.5, tpot_s=0.05),
@@ -59,6 +61,7 @@ FULL = Profile(
     rates_per_s=(0.5, 1.0, 2.0),
     poisson_requests=20,
     closed_loop_requests=64,
+    closed_loop_repeats=3,
     concurrency=32,
     baseline_max_batch=32,
     slo=Slo(ttft_s=3.0, tpot_s=0.3),

@@ -109,10 +109,14 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
             [o.error for o in outputs if o.error][:3],
         ))
 
-        requests = _closed_loop_requests(profile)
-        log(f"[{mode}] closed loop: {len(requests)} requests, {profile.concurrency} at a time")
-        results = await client.replay_closed_loop(requests, profile.concurrency)
-        report.add_closed_loop(mode, _logged(mode, summarize(results, profile.slo)), results)
+        runs = []
+        for repeat in range(profile.closed_loop_repeats):
+            requests = _closed_loop_requests(profile, repeat)
+            log(f"[{mode}] closed loop {repeat + 1} of {profile.closed_loop_repeats}: {len(requests)} requests, "
+                f"{profile.concurrency} at a time")
+            results = await client.replay_closed_loop(requests, profile.concurrency)
+            runs.append((_logged(mode, summarize(results, profile.slo)), results))
+        report.add_closed_loop(mode, runs)
 
         for run, rate in enumerate(profile.rates_per_s):
             requests = _poisson_requests(profile, run, rate)
@@ -126,30 +130,35 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
 
 
 def _measure_baseline(generate: StaticBatchGenerate, profile: Profile, report: BenchReport, threads: list[int]) -> None:
-    """The closed loop once per torch thread count, keeping the fastest (the ratios favour `generate`);
-    the Poisson runs use that count."""
-    requests = _closed_loop_requests(profile)
-    best = None
+    """The closed loop once per torch thread count; the fastest count (the ratios favour `generate`) runs
+    it again until it has run as often as the platform's modes, and the Poisson runs use that count."""
+    runs_by_count = {}
     for count in threads:
         torch.set_num_threads(count)
         log(f"[{BASELINE}] warming up with {count} torch thread(s)")
         generate.run_batch(make_requests(dataclasses.replace(profile.workload, requests=2, seed=9)), [0.0, 0.0])
-        log(f"[{BASELINE}] closed loop, {count} thread(s): {len(requests)} requests in static batches of "
-            f"{profile.concurrency}")
-        results = generate.replay_closed_loop(requests, profile.concurrency)
-        summary = _logged(BASELINE, summarize(results, profile.slo))
-        if best is None or summary.output_tokens_per_s > best[1].output_tokens_per_s:
-            best = (count, summary, results)
-    count, summary, results = best
+        runs_by_count[count] = [_baseline_closed_loop(generate, profile, 0, count)]
+    count = max(runs_by_count, key=lambda c: runs_by_count[c][0][0].output_tokens_per_s)
     torch.set_num_threads(count)
+    runs = runs_by_count[count]
+    while len(runs) < profile.closed_loop_repeats:
+        runs.append(_baseline_closed_loop(generate, profile, len(runs), count))
     report.baseline_threads = count
-    report.add_closed_loop(BASELINE, summary, results)
+    report.add_closed_loop(BASELINE, runs)
     for run, rate in enumerate(profile.rates_per_s):
         requests = _poisson_requests(profile, run, rate)
         log(f"[{BASELINE}] Poisson {rate:g} req/s: {len(requests)} requests, static batches up to "
             f"{profile.baseline_max_batch}")
         results = generate.replay_open_loop(requests, profile.baseline_max_batch)
         report.add_poisson(BASELINE, rate, _logged(BASELINE, summarize(results, profile.slo)), results)
+
+
+def _baseline_closed_loop(generate: StaticBatchGenerate, profile: Profile, repeat: int, count: int):
+    requests = _closed_loop_requests(profile, repeat)
+    log(f"[{BASELINE}] closed loop, {count} thread(s): {len(requests)} requests in static batches of "
+        f"{profile.concurrency}")
+    results = generate.replay_closed_loop(requests, profile.concurrency)
+    return _logged(BASELINE, summarize(results, profile.slo)), results
 
 
 async def _prefix_effect(client: GatewayClient, mode: str, profile: Profile) -> PrefixEffect:
@@ -184,9 +193,10 @@ def _greedy_prompts(profile: Profile) -> list[list[int]]:
     return [r.prompt_token_ids for r in make_requests(spec)]
 
 
-def _closed_loop_requests(profile: Profile):
+def _closed_loop_requests(profile: Profile, repeat: int):
+    # A fresh seed per repeat, as for the Poisson runs; `generate`'s repeats replay the same sets.
     return make_requests(dataclasses.replace(profile.workload, requests=profile.closed_loop_requests,
-                                             seed=CLOSED_LOOP_SEED))
+                                             seed=CLOSED_LOOP_SEED + repeat))
 
 
 def _poisson_requests(profile: Profile, run: int, rate: float):

@@ -138,3 +138,26 @@ def test_kv_target_is_read_from_the_microbenchmark_table():
     assert "25.2 MB, grpc stream" not in text
     assert "KV transfer of 1.0 MB" not in text and "KV transfer of 1 MB" not in text
     assert "25.2 MB, raw socket" not in text and "25.2 MB, raw, alone" not in text
+
+
+def _closed_loop_run(tokens_per_s: float, ttft: float) -> tuple:
+    """Two requests whose throughput orders like tokens_per_s; ttft (a few ms) marks the run."""
+    results = [_result(0.0, ttft, 0.0, 1), _result(0.0, ttft, 1.0 / tokens_per_s, 10)]
+    return summarize(results, Slo(1.0, 1.0)), results
+
+
+def test_the_median_closed_loop_run_stands_for_its_mode_and_sets_the_ratio():
+    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3),
+                         split_threads=1, colocated_threads=2)
+    report.add_closed_loop("colocated", [_closed_loop_run(r, t) for r, t in ((100, 0.001), (160, 0.002), (130, 0.003))])
+    report.add_closed_loop("generate", [_closed_loop_run(r, 0.005) for r in (40, 50)])
+    chosen = report.closed_loop["colocated"]
+    assert chosen.ttft[0] == pytest.approx(0.003)    # the 130 tok/s run, not the fastest nor the slowest
+    assert report.closed_loop["generate"].output_tokens_per_s == _closed_loop_run(40, 0.005)[0].output_tokens_per_s
+    ratio = chosen.output_tokens_per_s / report.closed_loop["generate"].output_tokens_per_s
+    text = render_report(report)
+    assert f"| colocated | 2 (0) | {chosen.output_tokens_per_s:.0f} | " in text
+    runs = ", ".join(f"{s.output_tokens_per_s:.0f}" for s in (
+        _closed_loop_run(100, 0.001)[0], _closed_loop_run(160, 0.002)[0], _closed_loop_run(130, 0.003)[0]))
+    assert f"| {runs} | {ratio:.2f}x |" in text
+    assert f"colocated / generate: {ratio:.2f}x" in text
