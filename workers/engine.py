@@ -69,6 +69,7 @@ class Engine:
         self.tokens_generated = 0
         self.prompt_tokens_computed = 0
         self.steps_run = 0
+        self.on_step = None  # called as on_step(tokens, milliseconds) after every step (benchmarks)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -181,6 +182,8 @@ class Engine:
         return sample(logits, [r.sampling for r in sampling], [r.sample_index for r in sampling])
 
     def _account(self, out: SchedulerOutput, step_ms: float) -> None:
+        if self.on_step is not None:
+            self.on_step(out.num_tokens, step_ms)
         for chunk in out.chunks:
             handle = self._handles.get(chunk.request.request_id)
             if handle is not None:

@@ -161,3 +161,15 @@ def test_the_median_closed_loop_run_stands_for_its_mode_and_sets_the_ratio():
         _closed_loop_run(100, 0.001)[0], _closed_loop_run(160, 0.002)[0], _closed_loop_run(130, 0.003)[0]))
     assert f"| {runs} | {ratio:.2f}x |" in text
     assert f"colocated / generate: {ratio:.2f}x" in text
+
+
+def test_engine_only_closed_loop_delivers_every_requested_token(capsys):
+    from bench.engine_only import main
+    from bench.profiles import QUICK
+    from bench.run import _closed_loop_requests
+
+    expected = sum(request.output_tokens for request in _closed_loop_requests(QUICK, 0))
+    assert main(["--profile", "quick", "--repeats", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"run 1: {expected} tokens in " in out
+    assert "median: " in out and "steps of ≤" in out

@@ -46,3 +46,15 @@ def test_a_model_without_a_gated_mlp_is_refused_by_name():
     layer.mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="no gate_proj"):
         LayerProjections.of(layer)
+
+
+@torch.inference_mode()
+def test_weights_onednn_does_not_take_stay_plain_and_stacked():
+    """bfloat16 (as on a GPU) goes through F.linear on the stacked weight."""
+    gate, up = _linear(32, 48, False, 6).to(torch.bfloat16), _linear(32, 48, False, 7).to(torch.bfloat16)
+    projection = Projection(gate, up)
+    assert projection.weight.dtype == torch.bfloat16 and projection.weight.shape == (96, 32)
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    first, second = projection.split(x)
+    torch.testing.assert_close(first, gate(x))
+    torch.testing.assert_close(second, up(x))
