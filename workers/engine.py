@@ -69,7 +69,7 @@ class Engine:
         self.tokens_generated = 0
         self.prompt_tokens_computed = 0
         self.steps_run = 0
-        self.on_step = None  # called as on_step(tokens, milliseconds) after every step (benchmarks)
+        self.on_step = None  # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
 
     # ---- requests -------------------------------------------------------------------------------
 

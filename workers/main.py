@@ -70,7 +70,7 @@ async def serve(
     if role is Role.PREFILL:
         sender = KvSender(layout, pin=cuda)
     service = WorkerService(state, engine, receiver=receiver, sender=sender)
-    serve_metrics(metrics_port, host, role.value, service.load)
+    serve_metrics(metrics_port, host, role.value, service.load, engine)
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -1,12 +1,14 @@
 """A worker's Prometheus metrics, read at scrape time from the same Load report the gateway routes on
 (so the two never disagree), served over HTTP when the worker is given a metrics port.
 
-Wiring: `serve_metrics(port, host, role, service.load)` once the worker's service exists.
+Engine steps are the exception: their durations and sizes are observed as they happen, into histograms.
+
+Wiring: `serve_metrics(port, host, role, service.load, engine)` once the worker's service exists.
 """
 
 from collections.abc import Callable
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -53,9 +55,29 @@ class LoadCollector(Collector):
                       load.prefix_cache.queried_tokens)
 
 
-def serve_metrics(port: int | None, host: str, role: str, load: Callable[[], worker_pb2.Load]) -> None:
-    """Registers the load collector and serves /metrics on `port` (nothing when port is None or 0)."""
+class StepMetrics:
+    """Duration and size of every engine step, observed through `Engine.on_step`."""
+
+    def __init__(self, role: str, registry=REGISTRY) -> None:
+        self._seconds = Histogram(
+            "diptych_worker_step_seconds", "Duration of an engine step (one forward pass and its sampling)",
+            ["role"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=registry,
+        ).labels(role)
+        self._tokens = Histogram(
+            "diptych_worker_step_tokens", "Tokens computed in an engine step (prompt chunks and decoding tokens)",
+            ["role"], buckets=(1, 8, 32, 64, 128, 256, 512, 1024, 2048), registry=registry,
+        ).labels(role)
+
+    def observe(self, tokens: int, step_ms: float) -> None:
+        self._seconds.observe(step_ms / 1000)
+        self._tokens.observe(tokens)
+
+
+def serve_metrics(port: int | None, host: str, role: str, load: Callable[[], worker_pb2.Load], engine) -> None:
+    """Registers the load collector and the step histograms (fed by `engine`) and serves /metrics on
+    `port` (nothing when port is None or 0)."""
     if not port:
         return
     REGISTRY.register(LoadCollector(role, load))
+    engine.on_step = StepMetrics(role).observe
     start_http_server(port, addr=host)

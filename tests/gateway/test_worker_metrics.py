@@ -3,7 +3,7 @@
 from prometheus_client import CollectorRegistry, generate_latest
 
 from diptych_common.proto.v1 import worker_pb2
-from workers.metrics import LoadCollector
+from workers.metrics import LoadCollector, StepMetrics
 
 
 def test_the_load_report_becomes_metrics():
@@ -20,3 +20,16 @@ def test_the_load_report_becomes_metrics():
     assert 'diptych_worker_active_sequences{role="prefill",worker_id="wrk_1"} 3.0' in text
     assert 'diptych_worker_kv_sent_bytes_total{role="prefill",worker_id="wrk_1"} 1234.0' in text
     assert 'diptych_worker_prefix_cache_hit_tokens_total{role="prefill",worker_id="wrk_1"} 96.0' in text
+
+
+def test_engine_steps_become_histograms():
+    registry = CollectorRegistry()
+    steps = StepMetrics("decode", registry)
+    steps.observe(32, 62.5)
+    steps.observe(512, 625.0)
+    text = generate_latest(registry).decode()
+    assert 'diptych_worker_step_seconds_count{role="decode"} 2.0' in text
+    assert 'diptych_worker_step_seconds_bucket{le="0.1",role="decode"} 1.0' in text
+    assert 'diptych_worker_step_seconds_sum{role="decode"} 0.6875' in text
+    assert 'diptych_worker_step_tokens_bucket{le="32.0",role="decode"} 1.0' in text
+    assert 'diptych_worker_step_tokens_sum{role="decode"} 544.0' in text
