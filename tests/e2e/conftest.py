@@ -28,6 +28,7 @@ class LiveStack:
     metrics_urls: dict[str, str]    # mode -> Prometheus URL
     workers: dict[str, dict]        # name -> registry entry
     http_urls: dict[str, str] = field(default_factory=dict)   # mode -> OpenAI-compatible base URL (…/v1)
+    worker_metrics_urls: dict[str, str] = field(default_factory=dict)  # worker name -> Prometheus URL
 
     @property
     def api_key(self) -> str:
@@ -86,8 +87,11 @@ def live(tmp_path_factory, e2e_database_url):
     try:
         credentials = stack.prepare_control_plane(demo=True)
         stack.start_control_plane()
+        worker_metrics = {"colocated-0": free_port()}
         for role in ("prefill", "decode", "colocated"):
-            stack.start_worker(f"{role}-0", role, credentials.fleet_tokens[role], free_port())
+            name = f"{role}-0"
+            extra = ("--metrics-port", str(worker_metrics[name])) if name in worker_metrics else ()
+            stack.start_worker(name, role, credentials.fleet_tokens[role], free_port(), *extra)
         names = ["prefill-0", "decode-0", "colocated-0"]
         workers = dict(zip(names, stack.wait_for_workers(names)))
         gateways, metrics, http_urls = {}, {}, {}
@@ -97,7 +101,8 @@ def live(tmp_path_factory, e2e_database_url):
             gateways[mode] = f"grpc://127.0.0.1:{port}"
             metrics[mode] = f"http://127.0.0.1:{metrics_port}/metrics"
             http_urls[mode] = f"http://127.0.0.1:{http_port}/v1"
-        yield LiveStack(stack, credentials, gateways, metrics, workers, http_urls)
+        worker_metrics_urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in worker_metrics.items()}
+        yield LiveStack(stack, credentials, gateways, metrics, workers, http_urls, worker_metrics_urls)
     finally:
         stack.stop()
 

@@ -6,6 +6,7 @@ import random
 
 import diptych
 import grpc
+import httpx
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
@@ -47,3 +48,18 @@ async def test_concurrent_prompts_sharing_a_prefix_match_generate(live, referenc
         ))
     for prompt, completion in zip(prompts, completions):
         assert completion.token_ids == generate_reference(model, prompt, 10), f"prompt of {len(prompt)} tokens"
+
+
+def test_a_worker_exports_its_engine_steps(live):
+    def steps() -> float:
+        text = httpx.get(live.worker_metrics_urls["colocated-0"], timeout=5).text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith('diptych_worker_step_seconds_count{role="colocated"}'))
+
+    before = steps()
+    with diptych.Client(api_key=live.api_key, base_url=live.gateways["colocated"]) as client:
+        client.completions.create(model="diptych-tiny", prompt=[5] * 40, max_tokens=5, temperature=0)
+    # one step computes the prompt and samples the first token, then one step per further token
+    assert steps() - before >= 5
+    text = httpx.get(live.worker_metrics_urls["colocated-0"], timeout=5).text
+    assert 'diptych_worker_active_sequences{role="colocated"' in text
