@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from bench.profiles import PROFILES
-from bench.run import _closed_loop_requests
+from bench.run import closed_loop_requests
 from workers.engine import Engine, EngineConfig
 from workers.main import build_engine
 from workers.model_loader import load_model
@@ -50,7 +50,7 @@ async def _run(args, loaded) -> None:
             steps: list[tuple[int, float]] = []
             engine.on_step = lambda tokens, step_ms: steps.append((tokens, step_ms))
             started = time.perf_counter()
-            tokens = await _closed_loop(engine, _closed_loop_requests(profile, repeat), profile.concurrency)
+            tokens = await _closed_loop(engine, closed_loop_requests(profile, repeat), profile.concurrency)
             elapsed = time.perf_counter() - started
             rates.append(tokens / elapsed)
             print(f"run {repeat + 1}: {tokens} tokens in {elapsed:.1f} s = {rates[-1]:.0f} output tok/s, "

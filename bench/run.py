@@ -111,7 +111,7 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
 
         runs = []
         for repeat in range(profile.closed_loop_repeats):
-            requests = _closed_loop_requests(profile, repeat)
+            requests = closed_loop_requests(profile, repeat)
             log(f"[{mode}] closed loop {repeat + 1} of {profile.closed_loop_repeats}: {len(requests)} requests, "
                 f"{profile.concurrency} at a time")
             results = await client.replay_closed_loop(requests, profile.concurrency)
@@ -154,7 +154,7 @@ def _measure_baseline(generate: StaticBatchGenerate, profile: Profile, report: B
 
 
 def _baseline_closed_loop(generate: StaticBatchGenerate, profile: Profile, repeat: int, count: int):
-    requests = _closed_loop_requests(profile, repeat)
+    requests = closed_loop_requests(profile, repeat)
     log(f"[{BASELINE}] closed loop, {count} thread(s): {len(requests)} requests in static batches of "
         f"{profile.concurrency}")
     results = generate.replay_closed_loop(requests, profile.concurrency)
@@ -193,7 +193,7 @@ def _greedy_prompts(profile: Profile) -> list[list[int]]:
     return [r.prompt_token_ids for r in make_requests(spec)]
 
 
-def _closed_loop_requests(profile: Profile, repeat: int):
+def closed_loop_requests(profile: Profile, repeat: int):
     # A fresh seed per repeat, as for the Poisson runs; `generate`'s repeats replay the same sets.
     return make_requests(dataclasses.replace(profile.workload, requests=profile.closed_loop_requests,
                                              seed=CLOSED_LOOP_SEED + repeat))

@@ -11,8 +11,6 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-import torch
-
 from workers.kv_cache_manager import KVCacheManager
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus

@@ -3,8 +3,8 @@ stacked into one matrix (queries, keys and values; the MLP's gate and up), and o
 reordered once into oneDNN's blocked layout.
 
 On CPU, `nn.Linear`'s GEMM re-packs the weight on every call, which costs most when few rows multiply
-it, as in a decode step: reordered once, the LM head of the 100 M model at 32 rows runs in about 40 %
-of the time. The reordered weights are a copy; the model's own modules keep theirs.
+it, as in a decode step (`python -m bench.step_costs` compares the two on the LM head). The reordered
+weights are a copy; the model's own modules keep theirs.
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,8 @@ class Projection:
 
     def __init__(self, *linears: torch.nn.Linear) -> None:
         self.sizes = [linear.out_features for linear in linears]
-        weight = torch.cat([linear.weight.detach() for linear in linears]) if len(linears) > 1 else linears[0].weight.detach()
+        weights = [linear.weight.detach() for linear in linears]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.bias = _stacked_bias(linears)
         self._onednn = _onednn_applies(weight)
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self._onednn else weight

@@ -166,10 +166,19 @@ def test_the_median_closed_loop_run_stands_for_its_mode_and_sets_the_ratio():
 def test_engine_only_closed_loop_delivers_every_requested_token(capsys):
     from bench.engine_only import main
     from bench.profiles import QUICK
-    from bench.run import _closed_loop_requests
+    from bench.run import closed_loop_requests
 
-    expected = sum(request.output_tokens for request in _closed_loop_requests(QUICK, 0))
+    expected = sum(request.output_tokens for request in closed_loop_requests(QUICK, 0))
     assert main(["--profile", "quick", "--repeats", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert f"run 1: {expected} tokens in " in out
     assert "median: " in out and "steps of ≤" in out
+
+
+def test_step_costs_prints_each_piece_against_the_other_way(capsys):
+    from bench.step_costs import main
+
+    assert main(["--model", "diptych-tiny", "--threads", "1", "--repeats", "3"]) == 0
+    out = capsys.readouterr().out
+    for piece in ("LM head, 32 rows", "KV of 32 sequences x 14 blocks", "prefill step of 4 x 128 tokens"):
+        assert piece in out

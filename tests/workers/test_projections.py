@@ -49,7 +49,7 @@ def test_a_model_without_a_gated_mlp_is_refused_by_name():
 
 
 @torch.inference_mode()
-def test_weights_onednn_does_not_take_stay_plain_and_stacked():
+def test_weights_outside_onednn_stay_plain_and_stacked():
     """bfloat16 (as on a GPU) goes through F.linear on the stacked weight."""
     gate, up = _linear(32, 48, False, 6).to(torch.bfloat16), _linear(32, 48, False, 7).to(torch.bfloat16)
     projection = Projection(gate, up)

@@ -1,0 +1,76 @@
+"""What the pieces of a CPU engine step cost, each next to the way the runner does not do it
+(docs/engine.md cites these figures):
+
+    .venv/bin/python -m bench.step_costs
+    OMP_WAIT_POLICY=ACTIVE .venv/bin/python -m bench.step_costs   # the second-thread case at its worst
+
+- the LM head at 32 rows: `nn.Linear` against the runner's prepacked projection;
+- copying 32 sequences' KV blocks out of the pool: advanced indexing against `index_select` into a buffer;
+- a 512-token prefill step run from the thread that ran the previous one against from a second thread.
+"""
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from workers.model_loader import load_model
+from workers.model_runner import ModelRunner, StepInput
+from workers.projections import Projection
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def _row(what: str, baseline_ms: float, ours_ms: float) -> None:
+    print(f"{what:<44} {baseline_ms:8.2f} ms {ours_ms:8.2f} ms {baseline_ms / ours_ms:6.2f}x")
+
+
+@torch.inference_mode()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.step_costs", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="diptych-100m")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"loading {args.model}", file=sys.stderr, flush=True)
+    model = load_model(args.model, f"builtin:{args.model}").model
+    print(f"{'':<44} {'the other way':>11} {'the runner':>11} {'ratio':>7}")
+
+    rows = torch.randn(32, model.config.hidden_size)
+    lm_head = Projection(model.lm_head)
+    _row("LM head, 32 rows", _median_ms(lambda: model.lm_head(rows), args.repeats),
+         _median_ms(lambda: lm_head(rows), args.repeats))
+
+    runner = ModelRunner(model, num_blocks=4096, block_size=16)
+    runner.kv.normal_()  # touched memory, as a pool in use is
+    pool = runner.kv[0, 0]
+    tables = torch.randperm(4096)[: 32 * 14].view(32, 14)
+    buffer = torch.empty(32 * 14, *pool.shape[1:])
+    _row("KV of 32 sequences x 14 blocks, one layer", _median_ms(lambda: pool[tables], args.repeats),
+         _median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
+
+    prompts = [StepInput(list(range(100 + i, 228 + i)), 0, list(range(10 * i, 10 * i + 10)), True) for i in range(4)]
+    repeats = max(3, args.repeats // 5)
+    same_thread = _median_ms(lambda: runner.execute(prompts), repeats)
+    other_thread = []
+    worker = threading.Thread(target=lambda: other_thread.append(_median_ms(lambda: runner.execute(prompts), repeats)))
+    worker.start()
+    worker.join()
+    _row("prefill step of 4 x 128 tokens, other thread", other_thread[0], same_thread)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
