@@ -2,12 +2,17 @@
 
     .venv/bin/python bench/kv_transfer.py [--sizes-mb 1 25 100] [--repeats 5]
 
-Paths:
-  raw socket   plain sendall / recv_into of one warm buffer over one warm loopback TCP connection, with the same kernel buffer
-               sizes as the data path (so the ratio compares protocols, not socket options): the ceiling
-  tcp path     the workers' data path: blocks staged from a KV pool in chunks, framed, checksummed
-               (xxh3-64), sent on one TCP connection, received into a warm staging buffer and checked
+Paths, run in interleaved rounds so that every one sees the same machine load:
+  raw, alone   plain sendall / recv_into of one warm buffer over one warm loopback TCP connection, from a
+               process of its own, with the same kernel buffer sizes as the data path (so the ratio
+               compares protocols, not socket options): the yardstick the targets are measured against
+  raw socket   the same, sent from the benchmark's own process
+  tcp path     the workers' data path: each chunk's blocks sent straight from a KV pool (scatter-gather),
+               framed, checksummed (xxh3-64), received into a warm staging buffer and checked
   shm path     the same-host path: chunks staged in a shared-memory segment, frames over TCP
+After the rounds, for comparison:
+  raw, hot     raw, alone repeated back to back: the same buffer every time, partly still in the CPU's
+               caches, which no path sees in the rounds (each round's other transfers evict it)
   grpc stream  the previous hand-off: a client-streaming gRPC call of 1 MiB messages
 The receiving side runs in another process, as on a decode worker. Each figure is the median of the
 repeats, from the first byte (the first staged chunk) to the sender holding the receiver's acknowledgement
@@ -51,8 +56,8 @@ def progress(message: str) -> None:
 # ---- the receiving side: another process, as on a real decode worker --------------------------------
 
 def raw_receiver_process(ready, max_bytes: int) -> None:
-    """The raw socket's receiving end (u64 size, bytes, a 1-byte ack), alone in its process so that no
-    other thread competes with it for the interpreter: the ceiling."""
+    """The raw socket's receiving end (u64 size, bytes, a 1-byte ack), in a process of its own: the ceiling.
+    Each sender's connection is served on its own thread; the benchmark runs one transfer at a time."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     raw = socket.socket()
     _set_buffer_sizes(raw)  # before listen(), so that accepted connections inherit the window
@@ -62,21 +67,43 @@ def raw_receiver_process(ready, max_bytes: int) -> None:
     ready.send(raw.getsockname()[1])
     while True:
         conn, _ = raw.accept()
-        with conn:
-            while header := conn.recv(8, socket.MSG_WAITALL):  # transfers on one connection until it closes
-                (size,) = struct.unpack("<Q", header)
-                view, got = memoryview(target)[:size], 0
-                while got < size:
-                    got += conn.recv_into(view[got:])
-                conn.sendall(b"k")
+        threading.Thread(target=_receive_raw, args=(conn, target), daemon=True).start()
 
 
-def raw_sender_process(result, port: int, nbytes: int, repeats: int) -> None:
-    """The raw socket's sending end alone in its process: no thread of the benchmark competes with it."""
+def _receive_raw(conn: socket.socket, target: np.ndarray) -> None:
+    with conn:
+        while header := conn.recv(8, socket.MSG_WAITALL):  # transfers on one connection until it closes
+            (size,) = struct.unpack("<Q", header)
+            view, got = memoryview(target)[:size], 0
+            while got < size:
+                got += conn.recv_into(view[got:])
+            conn.sendall(b"k")
+
+
+def raw_sender_process(control, port: int, nbytes: int) -> None:
+    """The raw socket's sending end alone in its process, so that no thread of the benchmark competes
+    with it: one transfer each time `control` says so, its time sent back."""
     raw = RawSocket(port, nbytes)
-    times = [raw.run() for _ in range(repeats + 1)][1:]
+    while control.recv():
+        control.send(raw.run())
     raw.close()
-    result.send(times)
+
+
+class RawAlone:
+    """Drives raw_sender_process, one transfer per `run`, so that its runs interleave with the paths'."""
+
+    def __init__(self, context, port: int, nbytes: int) -> None:
+        self._control, theirs = context.Pipe()
+        self._process = context.Process(target=raw_sender_process, args=(theirs, port, nbytes), daemon=True)
+        self._process.start()
+
+    def run(self) -> float:
+        self._control.send(True)
+        return self._control.recv()
+
+    def close(self) -> None:
+        self._control.send(False)
+        self._process.join(10)
 
 
 def receiver_process(ready, max_bytes: int, requests: int) -> None:
@@ -268,15 +295,6 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
     return first_token_at - started, delivered_at - first_token_at, nbytes
 
 
-def raw_alone(context, port: int, nbytes: int, repeats: int) -> list[float]:
-    ours, theirs = context.Pipe()
-    sender = context.Process(target=raw_sender_process, args=(theirs, port, nbytes, repeats), daemon=True)
-    sender.start()
-    times = ours.recv()
-    sender.join(10)
-    return times
-
-
 def median_rate(nbytes: int, times: list[float]) -> float:
     return nbytes / statistics.median(times) / 1e9
 
@@ -310,9 +328,9 @@ def main() -> None:
             num_blocks = max(1, round(size_mb / block_mb))
             nbytes = num_blocks * LAYOUT.block_nbytes
             progress(f"{nbytes / 1e6:.1f} MB ({num_blocks} blocks of {LAYOUT.block_size} tokens):")
-            raw = RawSocket(raw_port, nbytes)
+            raw, alone = RawSocket(raw_port, nbytes), RawAlone(context, raw_port, nbytes)
             runs = {"raw socket": raw.run, "tcp path": lambda: path.transfer(num_blocks, False),
-                    "shm path": lambda: path.transfer(num_blocks, True)}
+                    "shm path": lambda: path.transfer(num_blocks, True), "raw, alone": alone.run}
             times = {name: [] for name in runs}
             for repeat in range(args.repeats + 1):  # interleaved, so every path sees the same machine load
                 progress(f"  round {repeat + 1} of {args.repeats + 1}" + (" (warm-up)" if repeat == 0 else ""))
@@ -321,9 +339,11 @@ def main() -> None:
                     if repeat:
                         times[name].append(elapsed)
             figures = {name: median_rate(nbytes, elapsed) for name, elapsed in times.items()}
-            raw.close()  # the raw receiver serves one connection at a time
-            progress("  raw socket with the sender alone in its process ...")
-            figures["raw, alone"] = median_rate(nbytes, raw_alone(context, raw_port, nbytes, args.repeats))
+            progress("  raw socket alone, back to back ...")
+            alone.run()  # brings the source buffer back into the caches
+            figures["raw, hot"] = median_rate(nbytes, [alone.run() for _ in range(args.repeats)])
+            raw.close()
+            alone.close()
             progress("  grpc stream ...")
             figures["grpc stream"] = median_rate(nbytes, asyncio.run(grpc_stream(grpc_port, nbytes, args.repeats)))
             rows.append((nbytes, figures))
@@ -335,8 +355,8 @@ def main() -> None:
             process.terminate()
             process.join(10)
     print(f"\nKV transfer on loopback, receiver in another process, median of {args.repeats}; ratio = against the"
-          " raw socket of the same size sent from this process (interleaved with the paths, same load), and"
-          " against the raw socket sent from a process of its own (the machine's ceiling)\n")
+          " raw socket of the same size sent from this process, and against the raw socket sent from a process"
+          " of its own (the yardstick); both interleaved with the paths, under the same load\n")
     print(f"{'size':>9}  {'path':<12} {'GB/s':>7} {'ratio':>6} {'vs alone':>8}")
     for nbytes, figures in rows:
         for name, rate in figures.items():

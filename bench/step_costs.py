@@ -6,10 +6,12 @@
 
 - the LM head at 32 rows: `nn.Linear` against the runner's prepacked projection;
 - copying 32 sequences' KV blocks out of the pool: advanced indexing against `index_select` into a buffer;
+- a decode step of 31 short contexts and one long: one padded attention batch against groups of similar lengths;
 - a 512-token prefill step run from the thread that ran the previous one against from a second thread.
 """
 
 import argparse
+import math
 import statistics
 import sys
 import threading
@@ -18,7 +20,7 @@ import time
 import torch
 
 from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, StepInput
+from workers.model_runner import GROUP_COST_IN_BLOCKS, ModelRunner, StepInput
 from workers.projections import Projection
 
 
@@ -60,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     buffer = torch.empty(32 * 14, *pool.shape[1:])
     _row("KV of 32 sequences x 14 blocks, one layer", _median_ms(lambda: pool[tables], args.repeats),
          _median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
+
+    lengths = [160] * 31 + [430]
+    firsts = [0, *torch.tensor([n // 16 + 1 for n in lengths]).cumsum(0).tolist()]
+    decoding = [StepInput([5], n, list(range(firsts[i], firsts[i + 1])), True) for i, n in enumerate(lengths)]
+    grouped = _median_ms(lambda: runner.execute(decoding), args.repeats)
+    runner.decode_group_cost = math.inf
+    one_batch = _median_ms(lambda: runner.execute(decoding), args.repeats)
+    runner.decode_group_cost = GROUP_COST_IN_BLOCKS
+    _row("decode step, 31 x 160 tokens and 1 x 430", one_batch, grouped)
 
     prompts = [StepInput(list(range(100 + i, 228 + i)), 0, list(range(10 * i, 10 * i + 10)), True) for i in range(4)]
     repeats = max(3, args.repeats // 5)

@@ -69,6 +69,7 @@ class ModelRunner:
         self._gather_buffers = _GatherBuffers(self.kv.shape[3:], dtype, self.device)
         self._layers = [LayerProjections.of(layer) for layer in model.model.layers]
         self._lm_head = Projection(model.lm_head)
+        self.decode_group_cost = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
@@ -80,7 +81,7 @@ class ModelRunner:
         token_ids, positions = token_ids.to(self.device), positions.to(self.device)
         hidden = base.embed_tokens(token_ids).unsqueeze(0)
         cos, sin = base.rotary_emb(hidden, positions.unsqueeze(0))
-        plan = _AttentionPlan(inputs, self.layout.block_size, self.device, self._gather_buffers)
+        plan = _AttentionPlan(inputs, self.layout.block_size, self.device, self._gather_buffers, self.decode_group_cost)
         for layer_index, (layer, weights) in enumerate(zip(base.layers, self._layers)):
             residual = hidden
             attn = layer.self_attn
@@ -149,7 +150,8 @@ class _AttentionPlan:
     over its blocks."""
 
     def __init__(
-        self, inputs: list[StepInput], block_size: int, device: torch.device, buffers: "_GatherBuffers"
+        self, inputs: list[StepInput], block_size: int, device: torch.device, buffers: "_GatherBuffers",
+        group_cost: float,
     ) -> None:
         self._buffers = buffers
         self.sample_rows: list[int] = []
@@ -169,7 +171,7 @@ class _AttentionPlan:
         decoding.sort(key=lambda d: d[1])
         self.decode_groups = [
             _DecodeGroup.of(decoding[first:end], block_size, device)
-            for first, end in _group_bounds([len(blocks) for _, _, blocks in decoding])
+            for first, end in _group_bounds([len(blocks) for _, _, blocks in decoding], group_cost)
         ]
 
     def attend(
@@ -206,7 +208,7 @@ class _AttentionPlan:
 GROUP_COST_IN_BLOCKS = 32
 
 
-def _group_bounds(widths: list[int]) -> list[tuple[int, int]]:
+def _group_bounds(widths: list[int], group_cost: float = GROUP_COST_IN_BLOCKS) -> list[tuple[int, int]]:
     """Splits decoding inputs, sorted by their number of blocks, into consecutive groups so that the
     blocks gathered (each group padded to its widest) plus a fixed cost per group are fewest: one long
     context no longer pads every short one to its length."""
@@ -215,7 +217,7 @@ def _group_bounds(widths: list[int]) -> list[tuple[int, int]]:
     cut = [0] * (count + 1)
     for end in range(1, count + 1):
         for first in range(end):
-            cost = best[first] + GROUP_COST_IN_BLOCKS + (end - first) * widths[end - 1]
+            cost = best[first] + group_cost + (end - first) * widths[end - 1]
             if cost < best[end]:
                 best[end], cut[end] = cost, first
     bounds, end = [], count
