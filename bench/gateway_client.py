@@ -53,6 +53,8 @@ class GatewayClient:
                     result.prompt_tokens = message.usage.prompt_tokens
                     result.cached_tokens = message.usage.cached_tokens
                     result.kv_bytes = message.usage.prefill.kv_bytes
+                    result.prefill_worker = message.usage.prefill.worker_id
+                    result.decode_worker = message.usage.decode.worker_id
         except grpc.aio.AioRpcError as error:
             result.error = f"{error.code().name}: {error.details()}"
         return result

@@ -65,6 +65,7 @@ class BenchReport:
     greedy: list[GreedyCheck] = field(default_factory=list)
     prefix: list[PrefixEffect] = field(default_factory=list)
     kv_bytes_per_request: dict[str, float] = field(default_factory=dict)
+    split_whole_on_decode: tuple[int, int] | None = None   # the split median run: (on one worker, requests)
     kv_transfer_output: str = ""
 
     def add_closed_loop(self, mode: str, runs: list[tuple[RunSummary, list[RequestResult]]]) -> None:
@@ -77,6 +78,8 @@ class BenchReport:
         done = [r for r in results if r.ok]
         if done and any(r.kv_bytes for r in done):
             self.kv_bytes_per_request[mode] = sum(r.kv_bytes for r in done) / len(done)
+        if mode == "split":
+            self.split_whole_on_decode = (sum(r.prefill_worker == r.decode_worker for r in done), len(done))
 
     def add_poisson(self, mode: str, rate: float, summary: RunSummary, results: list[RequestResult]) -> None:
         self.poisson.append(PoissonRun(mode, rate, summary, os.getloadavg()[0]))
@@ -132,6 +135,11 @@ def _closed_loop_table(report: BenchReport) -> list[str]:
         lines.append(f"| {mode} | {s.requests} ({s.failed}) | {s.output_tokens_per_s:.0f} | {runs} | {ratio} | "
                      f"{_triple(s.ttft)} | {_triple(s.tpot)} | {_triple(s.itl)} | "
                      f"{report.closed_loop_load_1m.get(mode, math.nan):.1f} |")
+    if report.split_whole_on_decode:
+        whole, total = report.split_whole_on_decode
+        lines += ["", f"In the split run shown, {whole} of {total} requests ran whole on the decode worker (a short "
+                  "prompt, or the prefill worker's queue over the gateway's `--prefill-overflow-tokens`); the "
+                  "others handed their KV over."]
     return lines
 
 

@@ -12,6 +12,8 @@ class RequestResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     kv_bytes: int = 0
+    prefill_worker: str = ""
+    decode_worker: str = ""
     shares_prefix: bool = False
     error: str = ""
 

@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="where the usage spool lives while the control plane is unreachable")
     gateway.add_argument("--skip-split-below", type=int, default=32, metavar="TOKENS",
                          help="run prompts with at most this many uncached tokens wholly on the decode worker (0: never)")
+    gateway.add_argument("--prefill-overflow-tokens", type=int, default=2048, metavar="TOKENS",
+                         help="when every prefill worker has this many prompt tokens still to compute, run a request "
+                              "wholly on its decode worker if that one has fewer (0: never; raise it where prefill "
+                              "is fast)")
     gateway.add_argument("--worker-timeout", type=float, default=30.0,
                          help="seconds to wait for a prefill's first token or KV hand-off")
     gateway.add_argument("--token-timeout", type=float, default=10.0,
@@ -129,6 +133,7 @@ def _run_gateway(args) -> None:
         control_plane_url=args.control_plane_url, internal_token=_require_env("DIPTYCH_INTERNAL_TOKEN"),
         mode=ServingMode(args.mode), state_dir=args.state_dir, region=args.region,
         redis_url=os.environ.get("REDIS_URL") or None, skip_split_below=args.skip_split_below,
+        prefill_overflow_tokens=args.prefill_overflow_tokens,
         timeouts=Timeouts(first_token_s=args.worker_timeout, kv_delivery_s=args.worker_timeout,
                           next_token_s=args.token_timeout),
     )))

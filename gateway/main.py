@@ -49,6 +49,7 @@ class GatewayConfig:
     region: str = ""
     redis_url: str | None = None
     skip_split_below: int = 0
+    prefill_overflow_tokens: int = 0
     timeouts: Timeouts = Timeouts()
 
 
@@ -62,7 +63,7 @@ async def serve(config: GatewayConfig) -> None:
     spool = UsageSpool(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
     usage = UsageReporter(control_plane, spool)
     limiter = RateLimiter(config.redis_url)
-    router = Router(registry, board, config.mode, config.region, config.skip_split_below)
+    router = Router(registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens)
     pipeline = Pipeline(Authenticator(control_plane), registry, limiter, RequestPath(channels, board, router, config.timeouts), usage)
 
     server = grpc.aio.server()

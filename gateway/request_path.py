@@ -114,7 +114,7 @@ class RequestPath:
 
     def _attempt(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
         if route.colocated:
-            return self._colocated(plan, route, produced, trace)
+            return self._colocated(plan, route, produced, trace, lease)
         return self._split(plan, route, produced, trace, lease)
 
     def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
@@ -238,7 +238,7 @@ class RequestPath:
         trace.prefill.kv_bytes += delivered.kv_bytes
         trace.decode.kv_bytes += delivered.kv_bytes
 
-    async def _colocated(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace):
+    async def _colocated(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
         sampling = _remaining_sampling(plan, produced)
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
@@ -251,6 +251,7 @@ class RequestPath:
         started = _now()
         try:
             first = await self._read(call, route.prefill, phase, self._timeouts.first_token_s)
+            lease.prompt_done()
             _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
             _start_decode(trace, route.prefill)
             event = first

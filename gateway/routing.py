@@ -7,6 +7,9 @@
 - Split skip: a prompt that is short, or held by the decode worker's own prefix cache, is run whole on
   the decode worker (Generate) when its uncached part is at most `skip_split_below` tokens: the KV
   hand-off would cost more than the prefill it saves.
+- Prefill overflow: when even the least loaded prefill worker has `prefill_overflow_tokens` of prompts
+  still to compute, and the decode worker has fewer (this prompt included), the request runs whole on
+  the decode worker rather than wait in the prefill queue.
 - Same-region workers first (the gateway's `--region`), other regions when none is usable there;
   workers that failed this request are avoided; workers that stopped reporting load are not used.
 """
@@ -44,6 +47,12 @@ class Route:
     decode: WorkerInfo | None
     decision: Decision
     matched_tokens: int = 0        # prompt tokens the prefill worker holds, by its published block hashes
+    prompt_tokens: int = 0
+
+    @property
+    def uncached_tokens(self) -> int:
+        """The prompt tokens the prefill worker will compute."""
+        return max(0, self.prompt_tokens - self.matched_tokens)
 
     @property
     def colocated(self) -> bool:
@@ -59,12 +68,26 @@ class RouteRequest:
 
 
 class Lease:
-    def __init__(self, in_flight: Counter, held: list[str]) -> None:
+    """A request counted on its workers, and its prompt counted on the worker that computes it."""
+
+    def __init__(self, in_flight: Counter, prompting: Counter, held: list[str], prompt: tuple[str, int]) -> None:
         self._in_flight = in_flight
+        self._prompting = prompting
         self._held = held
+        self._prompt: tuple[str, int] | None = prompt
+        prompting[prompt[0]] += prompt[1]
+
+    def prompt_done(self) -> None:
+        """The first token came: the prompt no longer waits on its worker."""
+        if self._prompt is not None:
+            worker_id, tokens = self._prompt
+            self._prompting[worker_id] -= tokens
+            self._prompt = None
 
     def release(self, worker_id: str | None = None) -> None:
         """Releases one worker (a prefill worker once its first token came), or all that are still held."""
+        if worker_id is None or (self._prompt is not None and self._prompt[0] == worker_id):
+            self.prompt_done()
         targets = list(self._held) if worker_id is None else [w for w in self._held if w == worker_id]
         for target in targets:
             self._held.remove(target)
@@ -73,14 +96,17 @@ class Lease:
 
 class Router:
     def __init__(
-        self, registry: Registry, board: LoadBoard, mode: ServingMode, region: str = "", skip_split_below: int = 0
+        self, registry: Registry, board: LoadBoard, mode: ServingMode, region: str = "", skip_split_below: int = 0,
+        prefill_overflow_tokens: int = 0,
     ) -> None:
         self._registry = registry
         self._board = board
         self._mode = mode
         self._region = region
         self._skip_split_below = skip_split_below
+        self._prefill_overflow_tokens = prefill_overflow_tokens
         self._in_flight: Counter[str] = Counter()
+        self._prompting: Counter[str] = Counter()   # prompt tokens this gateway sent, per worker, before their first token
         self._no_generate: set[str] = set()   # decode workers that refused Generate
 
     def route(self, request: RouteRequest) -> Route:
@@ -97,14 +123,15 @@ class Router:
             roles = "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated"
             raise _no_workers(model, roles)
         worker = min(colocated, key=lambda w: (self._pending(w), w.id))
-        return Route(prefill=worker, decode=None, decision=Decision.COLOCATED)
+        return Route(prefill=worker, decode=None, decision=Decision.COLOCATED,
+                     prompt_tokens=len(request.prompt_token_ids))
 
     def acquire(self, route: Route) -> "Lease":
         """Counts the request on its workers until the lease is released."""
         held = [route.prefill.id] + ([route.decode.id] if route.decode else [])
         for worker_id in held:
             self._in_flight[worker_id] += 1
-        return Lease(self._in_flight, held)
+        return Lease(self._in_flight, self._prompting, held, (route.prefill.id, route.uncached_tokens))
 
     def note_no_generate(self, worker_id: str) -> None:
         """The decode worker does not serve Generate: never skip the split onto it again."""
@@ -114,10 +141,10 @@ class Router:
         prompt = request.prompt_token_ids
         chains: dict[int, list[int]] = {}   # the prompt's block hashes, per block size
         decode_worker = self._pick_decode(request, decode)
-        if self._skip_split_below and decode_worker.id not in self._no_generate:
-            held = self._matched_tokens(decode_worker, prompt, chains)
-            if len(prompt) - held <= self._skip_split_below:
-                return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held)
+        may_skip = decode_worker.id not in self._no_generate
+        held = self._matched_tokens(decode_worker, prompt, chains) if may_skip else 0
+        if may_skip and self._skip_split_below and len(prompt) - held <= self._skip_split_below:
+            return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt))
         matched = {w.id: self._matched_tokens(w, prompt, chains) for w in prefill}
 
         def work(worker: WorkerInfo) -> tuple[int, int, str]:
@@ -125,7 +152,25 @@ class Router:
             return len(prompt) - matched[worker.id] + QUEUED_REQUEST_TOKENS * pending, pending, worker.id
 
         worker = min(prefill, key=work)
-        return Route(worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id])
+        if may_skip and self._overflows(worker, decode_worker, len(prompt) - held):
+            return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt))
+        return Route(worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id], prompt_tokens=len(prompt))
+
+    def _overflows(self, prefill_worker: WorkerInfo, decode_worker: WorkerInfo, uncached_on_decode: int) -> bool:
+        """The prefill fleet is backed up: even its least loaded worker has `prefill_overflow_tokens` of
+        prompts ahead of this one, more than the decode worker would have with this prompt added. The
+        request then runs whole on the decode worker, so both fleets' cores work on the queue."""
+        if not self._prefill_overflow_tokens:
+            return False
+        ahead = self._prompt_backlog(prefill_worker)
+        return ahead >= self._prefill_overflow_tokens and self._prompt_backlog(decode_worker) + uncached_on_decode < ahead
+
+    def _prompt_backlog(self, worker: WorkerInfo) -> int:
+        """Prompt tokens the worker has still to compute: its report, or this gateway's count when that is
+        higher (the report lags by up to 50 ms)."""
+        load = self._load(worker)
+        reported = load.prompt_tokens_pending if load is not None else 0
+        return max(reported, self._prompting[worker.id])
 
     def _pick_decode(self, request: RouteRequest, workers: list[WorkerInfo]) -> WorkerInfo:
         tokens = len(request.prompt_token_ids) + request.max_tokens

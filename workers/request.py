@@ -50,6 +50,13 @@ class EngineRequest:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def prompt_tokens_pending(self) -> int:
+        """Prompt tokens whose KV is still to be computed here (none when it comes from another worker)."""
+        if self.imported_kv is not None:
+            return 0
+        return max(0, len(self.prompt_token_ids) - self.num_computed_tokens)
+
+    @property
     def sample_index(self) -> int:
         """The index, in the whole request, of the token sampled next (seeded sampling draws by it)."""
         return self.sampling.tokens_already_generated + len(self.output_token_ids)

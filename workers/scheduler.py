@@ -59,6 +59,12 @@ class Scheduler:
     def fits_alone(self, num_tokens: int) -> bool:
         return self.kv.blocks_for(num_tokens) <= self.kv.num_blocks
 
+    @property
+    def prompt_tokens_pending(self) -> int:
+        """The prompt tokens of queued and running requests not computed yet: the prefill work ahead."""
+        queued = [request for queue in self._waiting.values() for request in queue]
+        return sum(request.prompt_tokens_pending for request in self.running + queued)
+
     def add(self, request: EngineRequest) -> None:
         self._arrivals += 1
         request.arrival = self._arrivals

@@ -217,6 +217,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             block_size=kv.block_size,
             waiting_interactive=engine.waiting(INTERACTIVE),
             waiting_batch=engine.waiting(BATCH),
+            prompt_tokens_pending=engine.scheduler.prompt_tokens_pending,
             draining=self._state.draining,
             prefix_cache=worker_pb2.PrefixCacheSummary(
                 version=kv.pool.version, block_hashes=kv.cached_block_hashes(),

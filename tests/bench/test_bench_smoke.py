@@ -183,3 +183,17 @@ def test_step_costs_prints_each_piece_against_the_other_way(capsys):
     out = capsys.readouterr().out
     for piece in ("LM head, 32 rows", "KV of 32 sequences x 14 blocks", "prefill step of 4 x 128 tokens"):
         assert piece in out
+
+
+def test_the_report_says_how_many_split_requests_ran_whole_on_the_decode_worker():
+    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3),
+                         split_threads=1, colocated_threads=2)
+    results = [
+        _result(0.0, 0.1, 0.01, 5, prefill_worker="prefill-0", decode_worker="decode-0"),
+        _result(0.0, 0.1, 0.01, 5, prefill_worker="decode-0", decode_worker="decode-0"),
+        _result(0.0, 0.1, 0.01, 5, prefill_worker="prefill-0", decode_worker="decode-0"),
+    ]
+    report.add_closed_loop("split", [(summarize(results, Slo(1.0, 1.0)), results)])
+    assert "1 of 3 requests ran whole on the decode worker" in render_report(report)
+    report.add_closed_loop("colocated", [(summarize(results, Slo(1.0, 1.0)), results)])
+    assert report.split_whole_on_decode == (1, 3)

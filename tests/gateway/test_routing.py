@@ -31,8 +31,8 @@ class Fleet:
         load.prefix_cache.version = len(cached)
         self.board.report(self.by_id[worker_id], load)
 
-    def router(self, mode=ServingMode.SPLIT, region="local", skip_split_below=0) -> Router:
-        return Router(self.registry, self.board, mode, region, skip_split_below)
+    def router(self, mode=ServingMode.SPLIT, region="local", skip_split_below=0, prefill_overflow_tokens=0) -> Router:
+        return Router(self.registry, self.board, mode, region, skip_split_below, prefill_overflow_tokens)
 
 
 def request(prompt, max_tokens=16, avoid=()) -> RouteRequest:
@@ -139,6 +139,54 @@ def test_a_prompt_the_decode_worker_holds_skips_the_split():
     fleet.report("d2", active_sequences=3)
     route = fleet.router(skip_split_below=32).route(request(PREFIX + [1, 2]))
     assert route.decision is Decision.SPLIT_SKIPPED and route.prefill.id == "d1" and route.matched_tokens == 256
+
+
+def one_by_one() -> Fleet:
+    fleet = Fleet(worker("p1", "prefill"), worker("d1", "decode"))
+    fleet.report("p1")
+    fleet.report("d1")
+    return fleet
+
+
+def test_a_backed_up_prefill_fleet_overflows_onto_the_decode_worker():
+    fleet = one_by_one()
+    router = fleet.router(prefill_overflow_tokens=2048)
+    fleet.report("p1", prompt_tokens_pending=2047)
+    assert router.route(request([5] * 100)).decision is Decision.SPLIT
+    fleet.report("p1", prompt_tokens_pending=3000)
+    route = router.route(request([5] * 100))
+    assert route.decision is Decision.SPLIT_SKIPPED and route.prefill.id == "d1" and route.colocated
+    assert fleet.router().route(request([5] * 100)).decision is Decision.SPLIT   # 0: never
+
+
+def test_overflow_only_onto_a_decode_worker_with_less_ahead_that_serves_generate():
+    fleet = one_by_one()
+    router = fleet.router(prefill_overflow_tokens=2048)
+    fleet.report("p1", prompt_tokens_pending=3000)
+    fleet.report("d1", prompt_tokens_pending=2950)
+    assert router.route(request([5] * 100)).decision is Decision.SPLIT   # 3050 on d1 would be later
+    assert router.route(request([5] * 40)).decision is Decision.SPLIT_SKIPPED   # 2990
+    router.note_no_generate("d1")
+    assert router.route(request([5] * 40)).decision is Decision.SPLIT
+
+
+def test_prompts_this_gateway_sent_count_as_backlog_until_their_first_token():
+    fleet = one_by_one()   # no worker has reported any backlog
+    router = fleet.router(prefill_overflow_tokens=2048)
+    leases = []
+    for _ in range(16):
+        route = router.route(request([5] * 128))
+        assert route.decision is Decision.SPLIT
+        leases.append(router.acquire(route))
+    overflow = router.route(request([5] * 128))   # 16 x 128 tokens wait on p1, none on d1
+    assert overflow.decision is Decision.SPLIT_SKIPPED
+    skipped = router.acquire(overflow)
+    leases[0].release("p1")   # a first token came: 15 x 128 left on p1
+    assert router.route(request([5] * 128)).decision is Decision.SPLIT
+    leases.append(router.acquire(router.route(request([5] * 128))))   # 16 x 128 again
+    assert router.route(request([5] * 128)).decision is Decision.SPLIT_SKIPPED   # d1: 128 + 128 ahead
+    skipped.release()
+    assert router._prompting == {"p1": 16 * 128, "d1": 0}
 
 
 def test_auto_mode_falls_back_to_colocated_workers():

@@ -38,6 +38,18 @@ def test_decodes_go_first_and_prompts_share_what_is_left_of_the_budget():
     assert planned(step(scheduler)) == {"a": 1, "b": 1, "long": 14}
 
 
+def test_prompt_tokens_pending_counts_what_is_queued_and_not_yet_computed():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=16)
+    scheduler.add(request("long", 40))
+    scheduler.add(request("short", 6))
+    assert scheduler.prompt_tokens_pending == 46
+    step(scheduler)   # 16 of the long prompt
+    assert scheduler.prompt_tokens_pending == 30
+    step(scheduler)
+    step(scheduler)   # the long prompt is done, and 6 of the short one
+    assert scheduler.prompt_tokens_pending == 0
+
+
 def test_a_long_prompt_is_chunked_and_samples_only_at_its_end():
     scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=16)
     scheduler.add(request("long", 40))

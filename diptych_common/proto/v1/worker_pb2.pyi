@@ -189,7 +189,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache")
+    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class Load(_message.Message):
     WAITING_BATCH_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_PENDING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queue_depth: int
     active_sequences: int
@@ -216,7 +217,8 @@ class Load(_message.Message):
     waiting_batch: int
     draining: bool
     prefix_cache: PrefixCacheSummary
-    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ...) -> None: ...
+    prompt_tokens_pending: int
+    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheSummary(_message.Message):
     __slots__ = ("version", "block_hashes", "hits_tokens", "queried_tokens")
