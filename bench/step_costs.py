@@ -11,6 +11,7 @@
 """
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
          _median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
 
     lengths = [160] * 31 + [430]
-    firsts = [0, *torch.tensor([n // 16 + 1 for n in lengths]).cumsum(0).tolist()]
+    firsts = list(itertools.accumulate((n // 16 + 1 for n in lengths), initial=0))
     decoding = [StepInput([5], n, list(range(firsts[i], firsts[i + 1])), True) for i, n in enumerate(lengths)]
     grouped = _median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = math.inf

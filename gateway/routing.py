@@ -106,7 +106,7 @@ class Router:
         self._skip_split_below = skip_split_below
         self._prefill_overflow_tokens = prefill_overflow_tokens
         self._in_flight: Counter[str] = Counter()
-        self._prompting: Counter[str] = Counter()   # prompt tokens this gateway sent, per worker, before their first token
+        self._prompting: Counter[str] = Counter()   # prompt tokens sent per worker, not yet at their first token
         self._no_generate: set[str] = set()   # decode workers that refused Generate
 
     def route(self, request: RouteRequest) -> Route:
@@ -143,8 +143,11 @@ class Router:
         decode_worker = self._pick_decode(request, decode)
         may_skip = decode_worker.id not in self._no_generate
         held = self._matched_tokens(decode_worker, prompt, chains) if may_skip else 0
+        whole_on_decode = Route(
+            decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt)
+        )
         if may_skip and self._skip_split_below and len(prompt) - held <= self._skip_split_below:
-            return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt))
+            return whole_on_decode
         matched = {w.id: self._matched_tokens(w, prompt, chains) for w in prefill}
 
         def work(worker: WorkerInfo) -> tuple[int, int, str]:
@@ -153,8 +156,10 @@ class Router:
 
         worker = min(prefill, key=work)
         if may_skip and self._overflows(worker, decode_worker, len(prompt) - held):
-            return Route(decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt))
-        return Route(worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id], prompt_tokens=len(prompt))
+            return whole_on_decode
+        return Route(
+            worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id], prompt_tokens=len(prompt)
+        )
 
     def _overflows(self, prefill_worker: WorkerInfo, decode_worker: WorkerInfo, uncached_on_decode: int) -> bool:
         """The prefill fleet is backed up: even its least loaded worker has `prefill_overflow_tokens` of
@@ -163,7 +168,8 @@ class Router:
         if not self._prefill_overflow_tokens:
             return False
         ahead = self._prompt_backlog(prefill_worker)
-        return ahead >= self._prefill_overflow_tokens and self._prompt_backlog(decode_worker) + uncached_on_decode < ahead
+        on_decode = self._prompt_backlog(decode_worker) + uncached_on_decode
+        return ahead >= self._prefill_overflow_tokens and on_decode < ahead
 
     def _prompt_backlog(self, worker: WorkerInfo) -> int:
         """Prompt tokens the worker has still to compute: its report, or this gateway's count when that is
