@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)")
     worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
     worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
+    worker.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="on CUDA, replay decode steps from graphs captured at start-up")
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
@@ -151,7 +153,7 @@ def _run_worker(args) -> None:
         metrics_port=args.metrics_port,
         engine_config=EngineConfig(
             block_size=args.block_size, kv_cache_mib=args.kv_cache_mib, token_budget=args.token_budget,
-            max_running=args.max_running, device=args.device,
+            max_running=args.max_running, device=args.device, cuda_graphs=args.cuda_graphs,
         ),
     ))
 

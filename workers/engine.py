@@ -33,6 +33,7 @@ class EngineConfig:
     max_running: int = 64
     enable_prefix_caching: bool = True
     device: str = "cpu"
+    cuda_graphs: bool = True        # on CUDA devices, replay decode steps from captured graphs
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, runner: ModelRunner, config: EngineConfig, stop: StopCriteria, executor: Executor) -> None:
-        num_blocks = runner.kv.shape[2]  # the runner's pool, sized by workers.main.build_engine
+        num_blocks = runner.num_blocks  # the runner's pool, sized by workers.main.build_engine
         self.runner = runner
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)

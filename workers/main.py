@@ -13,6 +13,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.proto.v1 import worker_pb2_grpc
+from workers.decode_graphs import DecodeGraphs
 from workers.engine import Engine, EngineConfig
 from workers.kv_transfer import KvInbox, KvReceiver, KvSender, StagingPool, sweep_stale_files
 from workers.metrics import serve_metrics
@@ -34,6 +35,10 @@ def build_engine(loaded, config: EngineConfig, executor) -> Engine:
     layout = kv_layout_of(model.config, config.block_size, next(model.parameters()).dtype)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_mib << 20) // layout.block_nbytes)
     runner = ModelRunner(model, num_blocks, config.block_size, config.device)
+    if config.cuda_graphs and runner.device.type == "cuda":
+        max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
+        runner.decode_graphs = DecodeGraphs(runner, config.max_running, max_blocks)
+        runner.decode_graphs.capture()
     stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
     return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 

@@ -6,6 +6,9 @@ kv_heads, head_dim]. A step packs the new tokens of all scheduled requests into 
 decoder layers' own modules (norms, projections, rotary embedding, MLP) on it, writes each new token's
 keys and values into its slot of the pool, and attends over each request's blocks. Only the rows
 whose logits are sampled go through the final norm and the LM head.
+
+The pool holds one block more than the KV cache manager hands out (`padding_block`): the padded rows
+of a fixed-shape decode step (`decode_padded`, which `workers.decode_graphs` captures) write there.
 """
 
 from dataclasses import dataclass
@@ -62,26 +65,54 @@ class ModelRunner:
         dtype = next(model.parameters()).dtype
         self.layout = kv_layout_of(self.config, block_size, dtype)
         lay = self.layout
+        self.num_blocks = num_blocks
+        self.padding_block = num_blocks
         self.kv = torch.zeros(
-            lay.num_layers, 2, num_blocks, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
+            lay.num_layers, 2, num_blocks + 1, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
         self.num_heads = self.config.num_attention_heads
         self._gather_buffers = _GatherBuffers(self.kv.shape[3:], dtype, self.device)
         self._layers = [LayerProjections.of(layer) for layer in model.model.layers]
         self._lm_head = Projection(model.lm_head)
         self.decode_group_cost = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
+        self.decode_graphs = None  # a workers.decode_graphs.DecodeGraphs, which then runs the steps it covers
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
         """Runs one step; returns float32 logits [number of sampling inputs, vocab], in input order."""
-        base = self.model.model
+        if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
+            return self.decode_graphs.run(inputs)
         token_ids = torch.tensor([t for step in inputs for t in step.token_ids], dtype=torch.long)
         positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in inputs])
         slot_blocks, slot_offsets = self._slots(inputs, positions)
-        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        plan = _AttentionPlan(inputs, self.layout.block_size, self.device, self._gather_buffers, self.decode_group_cost)
+        hidden = self._forward(token_ids.to(self.device), positions.to(self.device), slot_blocks, slot_offsets, plan.attend)
+        rows = plan.sample_rows
+        if not rows:
+            return torch.empty(0, self.config.vocab_size)
+        return self._logits(hidden[rows]).cpu()
+
+    @torch.inference_mode()
+    def decode_padded(self, batch: torch.Tensor) -> torch.Tensor:
+        """One decoding token per row, as fixed shapes and device tensors only (what a CUDA graph can
+        capture). batch [rows, PADDED_COLUMNS + width] on the device holds, per row, the token, its
+        position, its slot's block and offset, the length it attends over, then its block table
+        (padding rows: `padding_block` everywhere, length 1). Returns float32 logits [rows, vocab]."""
+        token_ids, positions, slot_blocks, slot_offsets, lengths = batch[:, :PADDED_COLUMNS].unbind(1)
+        tables = batch[:, PADDED_COLUMNS:]
+        keys = torch.arange(tables.shape[1] * self.layout.block_size, device=batch.device)
+        group = _DecodeGroup(slice(None), tables, (keys[None, :] < lengths[:, None])[:, None, None, :])
+
+        def attend(query, key, value, layer_kv, scale):
+            return group.attend(query, layer_kv, scale, _gather_fresh).reshape(batch.shape[0], -1)
+
+        return self._logits(self._forward(token_ids, positions, slot_blocks, slot_offsets, attend))
+
+    def _forward(self, token_ids, positions, slot_blocks, slot_offsets, attend) -> torch.Tensor:
+        """The decoder layers over packed tokens (device tensors); returns hidden states [tokens, hidden]."""
+        base = self.model.model
         hidden = base.embed_tokens(token_ids).unsqueeze(0)
         cos, sin = base.rotary_emb(hidden, positions.unsqueeze(0))
-        plan = _AttentionPlan(inputs, self.layout.block_size, self.device, self._gather_buffers, self.decode_group_cost)
         for layer_index, (layer, weights) in enumerate(zip(base.layers, self._layers)):
             residual = hidden
             attn = layer.self_attn
@@ -89,14 +120,13 @@ class ModelRunner:
             layer_kv = self.kv[layer_index]
             layer_kv[0, slot_blocks, slot_offsets] = key[0].transpose(0, 1)
             layer_kv[1, slot_blocks, slot_offsets] = value[0].transpose(0, 1)
-            attended = plan.attend(query[0], key[0], value[0], layer_kv, attn.scaling)
+            attended = attend(query[0], key[0], value[0], layer_kv, attn.scaling)
             hidden = residual + weights.o(attended.unsqueeze(0))
             hidden = hidden + weights.mlp(layer.post_attention_layernorm(hidden))
-        rows = plan.sample_rows
-        if not rows:
-            return torch.empty(0, self.config.vocab_size)
-        last = base.norm(hidden[0, rows])
-        return self._lm_head(last).float().cpu()
+        return hidden[0]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._lm_head(self.model.model.norm(hidden)).float()
 
     def _project(self, attn, weights: LayerProjections, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         shape = (*hidden.shape[:-1], -1, self.layout.head_dim)
@@ -183,10 +213,7 @@ class _AttentionPlan:
         out = torch.empty(tokens, heads, head_dim, dtype=query.dtype, device=query.device)
         gather = self._buffers.gather
         for group in self.decode_groups:
-            keys, values = gather(0, layer_kv[0], group.tables), gather(1, layer_kv[1], group.tables)
-            q = query[:, group.rows].transpose(0, 1).unsqueeze(2)  # [batch, heads, 1, dim]
-            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True)
-            out[group.rows] = attended[:, :, 0]
+            out[group.rows] = group.attend(query, layer_kv, scale, gather)
         for row, length, start, blocks in self.chunks:
             q = query[None, :, row:row + length]
             if start == 0:
@@ -227,11 +254,23 @@ def _group_bounds(widths: list[int], group_cost: float = GROUP_COST_IN_BLOCKS) -
     return bounds[::-1]
 
 
+# The columns of a padded decode batch before the block table: token, position, slot block, slot
+# offset, length attended over (see ModelRunner.decode_padded).
+PADDED_COLUMNS = 5
+
+
 @dataclass
 class _DecodeGroup:
-    rows: torch.Tensor    # the inputs' rows in the step
-    tables: torch.Tensor  # [batch, widest] block ids, padded with block 0
-    mask: torch.Tensor    # [batch, 1, 1, widest * block_size]: which keys are the input's own
+    rows: torch.Tensor | slice  # the inputs' rows in the step
+    tables: torch.Tensor        # [batch, widest] block ids, padded
+    mask: torch.Tensor          # [batch, 1, 1, widest * block_size]: which keys are the input's own
+
+    def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float, gather) -> torch.Tensor:
+        """query [heads, tokens, head_dim] → the group's rows attended [batch, heads, head_dim]."""
+        keys, values = gather(0, layer_kv[0], self.tables), gather(1, layer_kv[1], self.tables)
+        q = query[:, self.rows].transpose(0, 1).unsqueeze(2)  # [batch, heads, 1, dim]
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=scale, enable_gqa=True)
+        return attended[:, :, 0]
 
     @classmethod
     def of(cls, decoding: list[tuple[int, int, list[int]]], block_size: int, device: torch.device) -> "_DecodeGroup":
@@ -260,4 +299,15 @@ class _GatherBuffers:
             self._buffers[which] = buffer
         gathered = buffer[: batch * width]
         torch.index_select(pool, 0, tables.reshape(-1), out=gathered)  # far faster than pool[tables] on CPU
-        return gathered.view(batch, width * pool.shape[1], pool.shape[2], pool.shape[3]).transpose(1, 2)
+        return _as_heads(gathered, tables)
+
+
+def _gather_fresh(which: int, pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """As _GatherBuffers.gather, into new memory: a captured graph must own every buffer it uses."""
+    return _as_heads(torch.index_select(pool, 0, tables.reshape(-1)), tables)
+
+
+def _as_heads(gathered: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """[batch * n, block_size, kv_heads, dim] → [batch, kv_heads, n * block_size, dim]."""
+    batch, width = tables.shape
+    return gathered.view(batch, width * gathered.shape[1], gathered.shape[2], gathered.shape[3]).transpose(1, 2)

@@ -197,3 +197,17 @@ def test_the_report_says_how_many_split_requests_ran_whole_on_the_decode_worker(
     assert "1 of 3 requests ran whole on the decode worker" in render_report(report)
     report.add_closed_loop("colocated", [(summarize(results, Slo(1.0, 1.0)), results)])
     assert report.split_whole_on_decode == (1, 3)
+
+
+def test_decode_floor_prints_each_batch_against_its_floor(capsys):
+    from bench.decode_floor import main
+
+    assert main(["--model", "diptych-tiny", "--threads", "1", "--batches", "1,4", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "float32" in lines[0] and "GB/s" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == ["1", "4"]
+    for row in rows:
+        eager_ms, floor_ms = float(row[2]), float(row[4])
+        assert floor_ms > 0 and row[5] in ("memory", "compute")
+        assert float(row[6].removesuffix("x")) == pytest.approx(eager_ms / floor_ms, rel=0.02)  # of rounded figures

@@ -1,0 +1,149 @@
+"""Decode step time against its floor.
+
+A decode step reads every weight of the decoder layers and the LM head once, and the KV it attends over,
+so no step can take less than those bytes divided by the device's memory bandwidth; nor less than its
+multiply-adds divided by the device's matmul rate, which is the tighter bound once many sequences share
+the step. Both rates are measured here (a device-to-device copy, a large square matmul), not taken
+from a data sheet.
+
+    .venv/bin/python -m bench.decode_floor                      # CPU, float32, eager steps
+    .venv/bin/python -m bench.decode_floor --device cuda        # GPU, bfloat16: eager and CUDA-graph steps
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from workers.decode_graphs import DecodeGraphs
+from workers.model_loader import load_model
+from workers.model_runner import ModelRunner, StepInput
+
+BLOCK_SIZE = 16
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, repeats: int, device: torch.device) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        started = time.perf_counter()
+        fn()
+        _synchronize(device)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int) -> float:
+    """Bytes per second a copy moves through memory (each byte read once and written once)."""
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    return 2 * nbytes / (_median_ms(lambda: target.copy_(source), repeats, device) / 1000)
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
+    """Floating-point operations per second of a [size, size] @ [size, size] matmul."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    return 2 * size**3 / (_median_ms(lambda: a @ b, repeats, device) / 1000)
+
+
+def weights_read_per_step(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The decoder layers, the final norm and the LM head; of the embedding, a step reads only its rows."""
+    read = {id(p): p for p in [*model.model.layers.parameters(), *model.model.norm.parameters(), model.lm_head.weight]}
+    return list(read.values())
+
+
+@dataclass(frozen=True)
+class Floor:
+    weight_bytes: int
+    weight_count: int
+    kv_token_bytes: int
+    attention_flops_per_token: int  # per token of context attended over: scores and weighted values
+    bandwidth: float                # bytes/s
+    matmul_rate: float              # FLOP/s
+
+    def ms(self, batch: int, context: int) -> tuple[float, str]:
+        """The step's floor in milliseconds, and which resource sets it."""
+        memory = (self.weight_bytes + batch * (context + 1) * self.kv_token_bytes) / self.bandwidth
+        flops = 2 * self.weight_count * batch + batch * (context + 1) * self.attention_flops_per_token
+        compute = flops / self.matmul_rate
+        return max(memory, compute) * 1000, "memory" if memory >= compute else "compute"
+
+
+def decode_inputs(batch: int, context: int) -> list[StepInput]:
+    blocks = context // BLOCK_SIZE + 1
+    return [StepInput([5 + row], context, list(range(row * blocks, (row + 1) * blocks)), True) for row in range(batch)]
+
+
+@torch.inference_mode()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.decode_floor", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="diptych-100m")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--batches", default="1,8,32,64", help="decoding sequences per step, comma-separated")
+    parser.add_argument("--context", type=int, default=256, help="tokens each sequence attends over")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    batches = [int(b) for b in args.batches.split(",")]
+
+    print(f"loading {args.model}", file=sys.stderr, flush=True)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = load_model(args.model, f"builtin:{args.model}", dtype=dtype).model.to(device)
+    blocks_per_sequence = args.context // BLOCK_SIZE + 1
+    runner = ModelRunner(model, max(batches) * blocks_per_sequence, BLOCK_SIZE, args.device)
+    runner.kv.normal_()
+    weights = weights_read_per_step(model)
+    print("measuring the copy bandwidth and the matmul rate", file=sys.stderr, flush=True)
+    config = model.config
+    floor = Floor(
+        weight_bytes=sum(w.numel() * w.element_size() for w in weights),
+        weight_count=sum(w.numel() for w in weights),
+        kv_token_bytes=runner.layout.token_nbytes,
+        attention_flops_per_token=4 * config.num_hidden_layers * config.num_attention_heads * runner.layout.head_dim,
+        bandwidth=copy_bandwidth(device, (1 << 30) if cuda else (256 << 20), args.repeats),
+        matmul_rate=matmul_rate(device, dtype, 8192 if cuda else 2048, args.repeats),
+    )
+    graphs = None
+    if cuda:
+        print("capturing decode graphs", file=sys.stderr, flush=True)
+        graphs = DecodeGraphs(runner, max(batches), blocks_per_sequence)
+        graphs.capture()
+
+    print(f"{args.model} on {device}{'' if cuda else f' ({args.threads} threads)'}, {str(dtype).removeprefix('torch.')}; "
+          f"weights read per step {floor.weight_bytes / 1e6:.0f} MB; copy bandwidth {floor.bandwidth / 1e9:.1f} GB/s; "
+          f"matmul {floor.matmul_rate / 1e12:.2f} TFLOP/s")
+    print(f"{'batch':>5} {'context':>7} {'eager ms':>9} {'graphs ms':>9} {'floor ms':>9} {'bound':>7} "
+          f"{'eager/floor':>11} {'graphs/floor':>12} {'graphs speedup':>14}")
+    for batch in batches:
+        print(f"decode steps of {batch}", file=sys.stderr, flush=True)
+        inputs = decode_inputs(batch, args.context)
+        floor_ms, bound = floor.ms(batch, args.context)
+        runner.decode_graphs = None
+        eager = _median_ms(lambda: runner.execute(inputs), args.repeats, device)
+        line = f"{batch:>5} {args.context:>7} {eager:>9.2f} "
+        if graphs is None:
+            line += f"{'-':>9} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x {'-':>12} {'-':>14}"
+        else:
+            runner.decode_graphs = graphs
+            replayed = _median_ms(lambda: runner.execute(inputs), args.repeats, device)
+            line += (f"{replayed:>9.2f} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x "
+                     f"{replayed / floor_ms:>11.2f}x {eager / replayed:>13.2f}x")
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The fixed-shape decode step that CUDA graphs capture, run eagerly on CPU: the same logits and the
+same KV as the runner's own decode step, padding rows confined to the padding block, and greedy
+tokens equal to `transformers` generate through the engine."""
+
+import pytest
+import torch
+
+from tests.workers.conftest import prompts
+from tests.workers.test_engine import run_all
+from workers.decode_graphs import DecodeGraphs, capture_batch_sizes, capture_widths
+from workers.engine import EngineConfig
+from workers.main import build_engine
+from workers.model_loader import load_model
+from workers.model_runner import ModelRunner, StepInput
+
+BLOCK = 16
+
+
+def test_captured_batch_sizes_and_widths_cover_every_step_up_to_the_limits():
+    assert capture_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_batch_sizes(12) == [1, 2, 4, 8, 12]
+    assert capture_batch_sizes(1) == [1]
+    assert capture_widths(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert capture_widths(100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert capture_widths(1) == [1]
+
+
+@pytest.fixture
+def runner(tiny_model):
+    return ModelRunner(tiny_model, num_blocks=64, block_size=BLOCK)
+
+
+def filled(runner, lengths: list[int]) -> list[StepInput]:
+    """Prefills one prompt per length; returns each sequence's next decode input."""
+    tables, first = [], 0
+    for length in lengths:
+        tables.append(list(range(first, first + length // BLOCK + 1)))
+        first += length // BLOCK + 1
+    for n, (length, table) in enumerate(zip(lengths, tables)):
+        runner.execute([StepInput(prompts([length], salt=n)[0], 0, table, True)])
+    return [StepInput([11 + n], length, table, True) for n, (length, table) in enumerate(zip(lengths, tables))]
+
+
+def test_only_one_token_decode_steps_within_the_captured_shapes_are_covered(runner):
+    graphs = DecodeGraphs(runner, max_batch=4, max_blocks=2, capture=False)
+    decode = StepInput([5], 31, [0, 1], True)
+    assert graphs.covers([decode] * 4)
+    assert not graphs.covers([])
+    assert not graphs.covers([decode] * 5)                         # more rows than captured
+    assert not graphs.covers([StepInput([5], 32, [0, 1, 2], True)])  # a third block
+    assert not graphs.covers([decode, StepInput([5, 6], 0, [3], True)])  # a prompt chunk
+    assert not graphs.covers([StepInput([5], 31, [0, 1], False)])
+
+
+def test_a_padded_step_gives_the_logits_and_kv_of_the_runners_own_step(runner):
+    decoding = filled(runner, [5, 9, 40, 14, 70])  # 5 rows padded to 8; widths 1 to 5 blocks padded to 8
+    before = runner.kv.clone()
+    eager = runner.execute(decoding)
+    eager_kv = runner.kv.clone()
+
+    runner.kv.copy_(before)
+    runner.decode_graphs = DecodeGraphs(runner, max_batch=8, max_blocks=8, capture=False)
+    padded = runner.execute(decoding)
+
+    torch.testing.assert_close(padded, eager, rtol=1e-4, atol=1e-4)  # other GEMM shapes, other rounding
+    used = slice(0, runner.num_blocks)
+    torch.testing.assert_close(runner.kv[:, :, used], eager_kv[:, :, used], rtol=1e-4, atol=1e-4)
+    assert not torch.equal(runner.kv[:, :, runner.padding_block], before[:, :, runner.padding_block])
+
+
+def test_the_logits_returned_stay_the_callers_after_the_next_step(runner):
+    decoding = filled(runner, [5, 9])
+    runner.decode_graphs = DecodeGraphs(runner, max_batch=2, max_blocks=1, capture=False)
+    first = runner.execute(decoding)
+    kept = first.clone()
+    runner.execute([StepInput([7], 6, decoding[0].block_ids, True), StepInput([8], 10, decoding[1].block_ids, True)])
+    assert torch.equal(first, kept)
+
+
+async def test_greedy_tokens_through_padded_decode_steps_match_generate(make_engine, reference, monkeypatch):
+    engine = make_engine(token_budget=64)
+    graphs = DecodeGraphs(engine.runner, max_batch=8, max_blocks=16, capture=False)
+    engine.runner.decode_graphs = graphs
+    padded_steps = []
+    run = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda inputs: padded_steps.append(len(inputs)) or run(inputs))
+    batch = prompts([3, 9, 16, 17, 31, 48, 70, 100, 130, 5])  # ten at once: steps of more than 8 run eagerly
+    counts = [12, 20, 8, 15, 10, 18, 9, 14, 11, 25]
+    outputs, _ = await run_all(engine, batch, counts)
+    assert outputs == [reference(p, n) for p, n in zip(batch, counts)]
+    assert len(padded_steps) > 5 and len(set(padded_steps)) > 3
+
+
+def test_a_cpu_worker_decodes_eagerly_over_a_pool_with_one_padding_block(executor):
+    loaded = load_model("diptych-tiny", "builtin:diptych-tiny")
+    engine = build_engine(loaded, EngineConfig(kv_cache_mib=4, cuda_graphs=True), executor)
+    runner = engine.runner
+    assert runner.decode_graphs is None
+    assert engine.kv.num_blocks == runner.num_blocks == runner.padding_block == runner.kv.shape[2] - 1
