@@ -11,13 +11,12 @@ from a data sheet.
 """
 
 import argparse
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
+from bench.step_costs import median_ms
 from workers.decode_graphs import DecodeGraphs
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner, StepInput
@@ -25,21 +24,10 @@ from workers.model_runner import ModelRunner, StepInput
 BLOCK_SIZE = 16
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_ms(fn, repeats: int, device: torch.device) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        started = time.perf_counter()
-        fn()
-        _synchronize(device)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+    """As bench.step_costs.median_ms, each call ending once the device has finished its work."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
+    return median_ms(lambda: (fn(), synchronize(device)), repeats)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, repeats: int) -> float:

@@ -25,7 +25,8 @@ from workers.model_runner import GROUP_COST_IN_BLOCKS, ModelRunner, StepInput
 from workers.projections import Projection
 
 
-def _median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int) -> float:
+    """The median of `repeats` timed calls of fn, after one untimed call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -53,31 +54,31 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = torch.randn(32, model.config.hidden_size)
     lm_head = Projection(model.lm_head)
-    _row("LM head, 32 rows", _median_ms(lambda: model.lm_head(rows), args.repeats),
-         _median_ms(lambda: lm_head(rows), args.repeats))
+    _row("LM head, 32 rows", median_ms(lambda: model.lm_head(rows), args.repeats),
+         median_ms(lambda: lm_head(rows), args.repeats))
 
     runner = ModelRunner(model, num_blocks=4096, block_size=16)
     runner.kv.normal_()  # touched memory, as a pool in use is
     pool = runner.kv[0, 0]
     tables = torch.randperm(4096)[: 32 * 14].view(32, 14)
     buffer = torch.empty(32 * 14, *pool.shape[1:])
-    _row("KV of 32 sequences x 14 blocks, one layer", _median_ms(lambda: pool[tables], args.repeats),
-         _median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
+    _row("KV of 32 sequences x 14 blocks, one layer", median_ms(lambda: pool[tables], args.repeats),
+         median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
 
     lengths = [160] * 31 + [430]
     firsts = list(itertools.accumulate((n // 16 + 1 for n in lengths), initial=0))
     decoding = [StepInput([5], n, list(range(firsts[i], firsts[i + 1])), True) for i, n in enumerate(lengths)]
-    grouped = _median_ms(lambda: runner.execute(decoding), args.repeats)
+    grouped = median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = math.inf
-    one_batch = _median_ms(lambda: runner.execute(decoding), args.repeats)
+    one_batch = median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = GROUP_COST_IN_BLOCKS
     _row("decode step, 31 x 160 tokens and 1 x 430", one_batch, grouped)
 
     prompts = [StepInput(list(range(100 + i, 228 + i)), 0, list(range(10 * i, 10 * i + 10)), True) for i in range(4)]
     repeats = max(3, args.repeats // 5)
-    same_thread = _median_ms(lambda: runner.execute(prompts), repeats)
+    same_thread = median_ms(lambda: runner.execute(prompts), repeats)
     other_thread = []
-    worker = threading.Thread(target=lambda: other_thread.append(_median_ms(lambda: runner.execute(prompts), repeats)))
+    worker = threading.Thread(target=lambda: other_thread.append(median_ms(lambda: runner.execute(prompts), repeats)))
     worker.start()
     worker.join()
     _row("prefill step of 4 x 128 tokens, other thread", other_thread[0], same_thread)

@@ -79,12 +79,14 @@ class DecodeGraphs:
         count, size = len(inputs), self._runner.layout.block_size
         batch = _smallest_at_least(self.batch_sizes, count)
         width = _smallest_at_least(self.widths, max(s.start // size + 1 for s in inputs))
-        rows = [
-            [s.token_ids[0], s.start, s.block_ids[s.start // size], s.start % size, s.start + 1]
-            + s.block_ids[: s.start // size + 1] + [self._runner.padding_block] * (width - s.start // size - 1)
-            for s in inputs
-        ]
-        rows += [self._padding_row[: PADDED_COLUMNS + width]] * (batch - count)
+        padding_row = self._padding_row[: PADDED_COLUMNS + width]
+        rows = []
+        for s in inputs:
+            block = s.start // size  # the block of the token's slot, and the last the row attends over
+            table = s.block_ids[: block + 1]
+            rows.append([s.token_ids[0], s.start, table[-1], s.start % size, s.start + 1] + table
+                        + padding_row[PADDED_COLUMNS + len(table):])
+        rows += [padding_row] * (batch - count)
         self._host[:batch, : PADDED_COLUMNS + width] = torch.tensor(rows)
         self._batch[:batch].copy_(self._host[:batch], non_blocking=True)
         if self.capturing:

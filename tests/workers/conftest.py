@@ -9,7 +9,7 @@ import torch
 from diptych_common.builtin import DIPTYCH_TINY
 from workers.engine import Engine, EngineConfig
 from workers.model_loader import build_builtin_model
-from workers.model_runner import ModelRunner
+from workers.model_runner import ModelRunner, StepInput
 from workers.sampling import StopCriteria
 
 
@@ -62,3 +62,16 @@ def make_engine(tiny_model, executor):
 def prompts(lengths, salt: int = 0) -> list[list[int]]:
     """Token ids 3..502 (no special tokens) in a pattern that varies with the length and the salt."""
     return [[(7 * n + 13 * salt + i * i) % 500 + 3 for i in range(n)] for n in lengths]
+
+
+def prefilled(runner, lengths: list[int]) -> list[StepInput]:
+    """Prefills one prompt per length, each on blocks of its own; returns each sequence's next decode input."""
+    size = runner.layout.block_size
+    tables, first = [], 0
+    for length in lengths:
+        tables.append(list(range(first, first + length // size + 1)))
+        first += length // size + 1
+    for salt, (length, table) in enumerate(zip(lengths, tables)):
+        runner.execute([StepInput(prompts([length], salt)[0], 0, table, True)])
+    return [StepInput([11 + n], length, table, True) for n, (length, table) in enumerate(zip(lengths, tables))]
+

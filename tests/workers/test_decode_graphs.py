@@ -5,7 +5,7 @@ tokens equal to `transformers` generate through the engine."""
 import pytest
 import torch
 
-from tests.workers.conftest import prompts
+from tests.workers.conftest import prefilled, prompts
 from tests.workers.test_engine import run_all
 from workers.decode_graphs import DecodeGraphs, capture_batch_sizes, capture_widths
 from workers.engine import EngineConfig
@@ -30,17 +30,6 @@ def runner(tiny_model):
     return ModelRunner(tiny_model, num_blocks=64, block_size=BLOCK)
 
 
-def filled(runner, lengths: list[int]) -> list[StepInput]:
-    """Prefills one prompt per length; returns each sequence's next decode input."""
-    tables, first = [], 0
-    for length in lengths:
-        tables.append(list(range(first, first + length // BLOCK + 1)))
-        first += length // BLOCK + 1
-    for n, (length, table) in enumerate(zip(lengths, tables)):
-        runner.execute([StepInput(prompts([length], salt=n)[0], 0, table, True)])
-    return [StepInput([11 + n], length, table, True) for n, (length, table) in enumerate(zip(lengths, tables))]
-
-
 def test_only_one_token_decode_steps_within_the_captured_shapes_are_covered(runner):
     graphs = DecodeGraphs(runner, max_batch=4, max_blocks=2, capture=False)
     decode = StepInput([5], 31, [0, 1], True)
@@ -53,7 +42,7 @@ def test_only_one_token_decode_steps_within_the_captured_shapes_are_covered(runn
 
 
 def test_a_padded_step_gives_the_logits_and_kv_of_the_runners_own_step(runner):
-    decoding = filled(runner, [5, 9, 40, 14, 70])  # 5 rows padded to 8; widths 1 to 5 blocks padded to 8
+    decoding = prefilled(runner, [5, 9, 40, 14, 70])  # 5 rows padded to 8; widths 1 to 5 blocks padded to 8
     before = runner.kv.clone()
     eager = runner.execute(decoding)
     eager_kv = runner.kv.clone()
@@ -69,7 +58,7 @@ def test_a_padded_step_gives_the_logits_and_kv_of_the_runners_own_step(runner):
 
 
 def test_the_logits_returned_stay_the_callers_after_the_next_step(runner):
-    decoding = filled(runner, [5, 9])
+    decoding = prefilled(runner, [5, 9])
     runner.decode_graphs = DecodeGraphs(runner, max_batch=2, max_blocks=1, capture=False)
     first = runner.execute(decoding)
     kept = first.clone()
