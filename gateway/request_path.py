@@ -88,7 +88,7 @@ class RequestPath:
         while True:
             route = self._router.route(RouteRequest(
                 plan.model.name, plan.prompt_token_ids + produced, plan.sampling.max_tokens - len(produced),
-                frozenset(avoid),
+                frozenset(avoid), plan.cache_salt,
             ))
             trace.decision = route.decision
             trace.attempts += 1
@@ -149,7 +149,7 @@ class RequestPath:
         decode_call = self._channels.stub(route.decode.address).Decode(
             worker_pb2.DecodeRequest(
                 request_id=plan.request_id, transfer_token=transfer_token, sampling=sampling,
-                prompt_tokens=len(prompt), priority=plan.priority,
+                prompt_tokens=len(prompt), priority=plan.priority, cache_salt=plan.cache_salt,
             ),
             timeout=deadline,
         )
@@ -157,6 +157,7 @@ class RequestPath:
             worker_pb2.PrefillRequest(
                 request_id=plan.request_id, prompt_token_ids=prompt, sampling=sampling,
                 decode_address=route.decode.address, transfer_token=transfer_token, priority=plan.priority,
+                cache_salt=plan.cache_salt,
             ),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
         )
@@ -243,7 +244,7 @@ class RequestPath:
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
                 request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids + produced, sampling=sampling,
-                priority=plan.priority,
+                priority=plan.priority, cache_salt=plan.cache_salt,
             ),
             timeout=self._call_deadline(sampling.max_tokens - len(produced)),
         )

@@ -65,6 +65,7 @@ class RouteRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     avoid: frozenset[str] = frozenset()   # worker ids that already failed this request
+    cache_salt: str = ""                  # the organization's prefix-cache salt (PrefillRequest.cache_salt)
 
 
 class Lease:

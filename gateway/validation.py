@@ -25,12 +25,18 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 @dataclass(frozen=True)
 class GenerationPlan:
     request_id: str
+    organization_id: str
     model: ModelInfo
     tokenizer: object
     prompt_token_ids: list[int]
     sampling: worker_pb2.SamplingParams
     stop: list[str]
     priority: int = worker_pb2.PRIORITY_INTERACTIVE
+
+    @property
+    def cache_salt(self) -> str:
+        """Prefix-cache blocks are shared within an organization only."""
+        return self.organization_id
 
 
 def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, organization_id: str) -> GenerationPlan:
@@ -50,6 +56,7 @@ def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, 
         )
     return GenerationPlan(
         request_id=request_id,
+        organization_id=organization_id,
         model=model,
         tokenizer=tokenizer,
         prompt_token_ids=prompt,

@@ -35,20 +35,22 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., tokens_already_generated: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "transfer_token", "priority")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "transfer_token", "priority", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     decode_address: str
     transfer_token: bytes
     priority: Priority
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class PrefillEvent(_message.Message):
     __slots__ = ("first_token", "kv_delivered")
@@ -85,30 +87,34 @@ class KvDelivered(_message.Message):
     def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority")
+    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_token: bytes
     sampling: SamplingParams
     prompt_tokens: int
     priority: Priority
-    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class GenerateWork(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     priority: Priority
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "finished", "finished_by_eos", "stats")
