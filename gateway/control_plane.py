@@ -28,8 +28,28 @@ class ControlPlaneClient:
         response.raise_for_status()
         return response.json()
 
+    async def worker_rpc_secret(self) -> str:
+        """What every call to a worker carries (`authorization: Bearer <secret>`)."""
+        response = await self._request("GET", "/api/v1/internal/worker-credential")
+        response.raise_for_status()
+        return response.json()["worker_rpc_secret"]
+
     async def post_usage_events(self, events: list[dict]) -> dict:
         response = await self._request("POST", "/api/v1/internal/usage-events", json={"events": events})
+        response.raise_for_status()
+        return response.json()
+
+    async def claim_idempotency_key(self, body: dict) -> dict:
+        return await self._post_json("/api/v1/internal/idempotency-keys/claim", body)
+
+    async def complete_idempotency_key(self, body: dict) -> dict:
+        return await self._post_json("/api/v1/internal/idempotency-keys/complete", body)
+
+    async def release_idempotency_key(self, body: dict) -> dict:
+        return await self._post_json("/api/v1/internal/idempotency-keys/release", body)
+
+    async def _post_json(self, path: str, body: dict) -> dict:
+        response = await self._request("POST", path, json=body)
         response.raise_for_status()
         return response.json()
 

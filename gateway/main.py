@@ -17,18 +17,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych._proto.v1 import inference_pb2
 from gateway.auth import Authenticator
 from gateway.control_plane import ControlPlaneClient
 from gateway.http_api import build_app
+from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
 from gateway.live_load import Channels, LoadBoard
 from gateway.pipeline import Pipeline
 from gateway.registry import Registry
 from gateway.request_path import RequestPath, Timeouts
 from gateway.routing import Router, ServingMode
-from gateway.service import InferenceService
-from gateway.usage import UsageReporter, UsageSpool
+from gateway.service import add_inference_service
+from gateway.usage import UsageJournal, UsageReporter
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +58,23 @@ async def serve(config: GatewayConfig) -> None:
     start_http_server(config.metrics_port, addr=config.host)
     control_plane = ControlPlaneClient(config.control_plane_url, config.internal_token)
     channels = Channels()
+    await _fetch_worker_secret(control_plane, channels)
     board = LoadBoard(channels)
-    registry = Registry(control_plane, on_refresh=board.sync)
+    registry = Registry(control_plane, on_refresh=board.sync, is_alive=board.is_fresh)
     await _first_refresh(registry)
-    spool = UsageSpool(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
-    usage = UsageReporter(control_plane, spool)
+    journal = UsageJournal(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
+    recovered = journal.recover()
+    if recovered:
+        log.warning("billed %d executions that a previous run of this gateway left unfinished", recovered)
+    usage = UsageReporter(control_plane, journal)
+    idempotency = IdempotencyKeys(control_plane)
     limiter = RateLimiter(config.redis_url)
     router = Router(registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens)
-    pipeline = Pipeline(Authenticator(control_plane), registry, limiter, RequestPath(channels, board, router, config.timeouts), usage)
+    path = RequestPath(channels, board, router, config.timeouts)
+    pipeline = Pipeline(Authenticator(control_plane), registry, limiter, path, journal, idempotency)
 
     server = grpc.aio.server()
-    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(pipeline), server)
+    add_inference_service(server, pipeline)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -83,7 +90,7 @@ async def serve(config: GatewayConfig) -> None:
     log.info(
         "gateway serving gRPC on %s:%d and HTTP on %s:%d (%s mode, region %r, rate limits %s, usage spool %s)",
         config.host, bound_port, config.host, config.http_port, config.mode, config.region, limiter.backend,
-        spool.count(),
+        journal.count(),
     )
 
     tasks = [asyncio.create_task(registry.refresh_forever()), asyncio.create_task(usage.flush_forever())]
@@ -101,12 +108,13 @@ async def serve(config: GatewayConfig) -> None:
     await http_runner.cleanup()
     for task in tasks:
         task.cancel()
+    await asyncio.wait_for(idempotency.wait_idle(), 5.0)
     await _last_flush(usage)
     board.close()
     await limiter.close()
     await channels.close()
     await control_plane.close()
-    spool.close()
+    journal.close()
     log.info("gateway stopped")
 
 
@@ -120,8 +128,18 @@ async def _last_flush(usage: UsageReporter) -> None:
     try:
         await asyncio.wait_for(usage.flush(), 5.0)
     except Exception as error:
-        usage.spool_pending()
         log.warning("control plane unreachable at shutdown; %d usage events stay spooled: %r", usage.pending, error)
+
+
+async def _fetch_worker_secret(control_plane: ControlPlaneClient, channels: Channels) -> None:
+    """The worker RPC secret, before any call to a worker: workers refuse calls without it."""
+    while True:
+        try:
+            channels.secret.set(await control_plane.worker_rpc_secret())
+            return
+        except Exception as error:
+            log.info("waiting for the control plane to hand over the worker RPC secret: %r", error)
+            await asyncio.sleep(STARTUP_RETRY_S)
 
 
 async def _first_refresh(registry: Registry) -> None:

@@ -17,9 +17,11 @@ from gateway.errors import GatewayError
 from gateway.limits import RateLimiter, Reservation
 from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, REQUESTS, TIME_TO_FIRST_TOKEN
 from gateway.registry import Registry
+from gateway.delivery import Delivery, decode_record
+from gateway.idempotency import IdempotencyKeys
 from gateway.request_path import PhaseRecord, RequestPath, RequestTrace, finish_trace
 from gateway.text import TextStream
-from gateway.usage import UsageReporter
+from gateway.usage import UsageJournal
 from gateway.validation import GenerationPlan, plan_generation
 
 log = logging.getLogger(__name__)
@@ -35,39 +37,69 @@ class Admitted:
     reservation: Reservation
     arrived: float
     protocol: str
+    replay: inference_pb2.GenerateResponse | None = None   # a completed execution's stored final response
 
 
 class Pipeline:
     def __init__(
-        self, auth: Authenticator, registry: Registry, limiter: RateLimiter, path: RequestPath, usage: UsageReporter
+        self, auth: Authenticator, registry: Registry, limiter: RateLimiter, path: RequestPath,
+        journal: UsageJournal, idempotency: IdempotencyKeys,
     ) -> None:
         self.auth = auth
         self.registry = registry
         self._limiter = limiter
         self._path = path
-        self._usage = usage
+        self._journal = journal
+        self.idempotency = idempotency
         self.draining = False
         self.in_flight = 0
 
-    async def admit(self, authorization: str | None, request: inference_pb2.GenerateRequest, protocol: str) -> Admitted:
+    async def admit(
+        self, authorization: str | None, request: inference_pb2.GenerateRequest, protocol: str, peer: str = ""
+    ) -> Admitted:
         arrived = time.monotonic()
         try:
             if self.draining:
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE, "this gateway is shutting down; retry on another")
-            caller = await self.auth.authenticate_header(authorization)
-            plan = plan_generation(request, self.registry, caller.organization_id)
+            caller = await self.auth.authenticate_header(authorization, peer)
+            plan = await plan_generation(request, self.registry, caller.organization_id)
             reservation = await self._limiter.admit(caller, len(plan.prompt_token_ids), plan.sampling.max_tokens)
+            replay = await self._claim_idempotency_key(plan, request, reservation)
         except GatewayError as error:
-            REQUESTS.labels(request.model, "", error.code.name, protocol).inc()
+            model = request.model if request.model in self.registry.models else ""   # no label per unknown name
+            REQUESTS.labels(model, "", error.code.name, protocol).inc()
             raise
-        return Admitted(caller, plan, reservation, arrived, protocol)
+        return Admitted(caller, plan, reservation, arrived, protocol, replay)
+
+    async def _claim_idempotency_key(
+        self, plan: GenerationPlan, request: inference_pb2.GenerateRequest, reservation: Reservation
+    ) -> inference_pb2.GenerateResponse | None:
+        if not plan.idempotency_key:
+            return None
+        lease_s = self._path.call_deadline(plan.sampling.max_tokens)
+        try:
+            replay = await self.idempotency.claim(
+                plan.organization_id, plan.idempotency_key, request, plan.request_id, lease_s
+            )
+        except GatewayError:
+            await self._settle(reservation, 0)
+            raise
+        if replay is not None:
+            await self._settle(reservation, 0)
+        return replay
 
     async def generate(self, admitted: Admitted) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Text deltas; the last one carries the finish reason and usage. Raises GatewayError."""
+        """Text deltas; the last one carries the finish reason and usage. Raises GatewayError.
+
+        Each response is counted as delivered, durably, just before it is handed to the protocol."""
+        if admitted.replay is not None:
+            yield admitted.replay
+            return
         plan, trace = admitted.plan, RequestTrace()
-        completion_tokens = 0
+        delivery = Delivery(self._journal, plan, admitted.caller, trace)
         outcome = "CANCELLED"
         last_token_at = None
+        final: inference_pb2.GenerateResponse | None = None
         self.in_flight += 1
         try:
             text = TextStream(plan.tokenizer, plan.stop)
@@ -79,18 +111,21 @@ class Pipeline:
                     else:
                         INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
                     last_token_at = now
-                    completion_tokens += 1
                     delta = text.push(event.token_id)
-                    if text.stopped or event.finished:
-                        outcome = "OK"
+                    last = text.stopped or event.finished
+                    response = inference_pb2.GenerateResponse(
+                        request_id=plan.request_id, text=delta, token_ids=[event.token_id]
+                    )
+                    if last:
                         finish_trace(trace)
-                        yield inference_pb2.GenerateResponse(
-                            request_id=plan.request_id, text=delta + text.flush(), token_ids=[event.token_id],
-                            finish_reason=_finish_reason(text.stopped or event.finished_by_eos),
-                            usage=_usage(plan, trace, completion_tokens),
-                        )
+                        response.text += text.flush()
+                        response.finish_reason = _finish_reason(text.stopped or event.finished_by_eos)
+                        response.usage.CopyFrom(_usage(plan, trace, delivery.delivered + 1))
+                    delivery.counting(response)
+                    yield response
+                    if last:
+                        final, outcome = response, "OK"
                         return
-                    yield inference_pb2.GenerateResponse(request_id=plan.request_id, text=delta, token_ids=[event.token_id])
         except GatewayError as error:
             outcome = error.code.name
             raise
@@ -99,9 +134,20 @@ class Pipeline:
             finish_trace(trace)
             mode = trace.decision.value if trace.decision else ""
             REQUESTS.labels(plan.model.name, mode, outcome, admitted.protocol).inc()
-            OUTPUT_TOKENS.labels(plan.model.name).inc(completion_tokens)
-            self._usage.record(usage_events(plan, admitted.caller, trace, completion_tokens))
-            await self._settle(admitted.reservation, completion_tokens)
+            OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
+            delivery.finish()
+            self._settle_idempotency_key(plan, delivery, final if outcome == "OK" else None)
+            await self._settle(admitted.reservation, delivery.delivered)
+
+    def _settle_idempotency_key(
+        self, plan: GenerationPlan, delivery: Delivery, final: inference_pb2.GenerateResponse | None
+    ) -> None:
+        if not plan.idempotency_key:
+            return
+        if final is None:
+            self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
+        else:
+            self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, delivery.whole(final))
 
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:
@@ -120,7 +166,7 @@ def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) ->
         completion_tokens=completion_tokens,
         cached_tokens=trace.prefill.cached_tokens if trace.prefill else 0,
         prefill=_phase_usage(trace.prefill, len(plan.prompt_token_ids)),
-        decode=_phase_usage(_decode_record(trace), completion_tokens),
+        decode=_phase_usage(decode_record(trace), completion_tokens),
     )
 
 
@@ -131,40 +177,3 @@ def _phase_usage(record: PhaseRecord | None, tokens: int) -> inference_pb2.Phase
         tokens=tokens, cached_tokens=record.cached_tokens, kv_bytes=record.kv_bytes,
         compute_ms=record.compute_ms, worker_id=record.worker.id,
     )
-
-
-def _decode_record(trace: RequestTrace) -> PhaseRecord | None:
-    """The decode phase; when the first token ended the request, the prefill worker that sampled it."""
-    if trace.decode is not None or trace.prefill is None:
-        return trace.decode
-    return PhaseRecord(trace.prefill.worker, started_at=trace.prefill.finished_at, finished_at=trace.prefill.finished_at)
-
-
-def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[dict]:
-    """The prefill event bills the prompt; the decode event bills every output token, the first one
-    (sampled by prefill) included. Nothing is billed when no token was produced. A prefill re-run after a
-    worker failure is not billed again."""
-    if trace.prefill is None or completion_tokens == 0:
-        return []
-    phases = (
-        ("prefill", trace.prefill, len(plan.prompt_token_ids)),
-        ("decode", _decode_record(trace), completion_tokens),
-    )
-    return [
-        {
-            "request_id": plan.request_id,
-            "phase": phase,
-            "organization_id": caller.organization_id,
-            "api_key_id": caller.api_key_id,
-            "model": plan.model.name,
-            "region": record.worker.region,
-            "worker_id": record.worker.id,
-            "tokens": tokens,
-            "cached_tokens": record.cached_tokens if phase == "prefill" else 0,
-            "kv_bytes": record.kv_bytes,
-            "compute_ms": record.compute_ms,
-            "started_at": record.started_at.isoformat(),
-            "finished_at": (record.finished_at or record.started_at).isoformat(),
-        }
-        for phase, record, tokens in phases
-    ]

@@ -15,6 +15,7 @@ cancels the calls on both workers at once, which frees the KV cache on both.
 
 import asyncio
 import logging
+import random
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -37,6 +38,9 @@ from gateway.validation import GenerationPlan
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4
+MAX_REQUEST_FAULTS = 2        # workers that failed the request itself (INTERNAL) before it is given up
+RETRY_BACKOFF_S = 0.05        # before the second attempt; doubled for each further one, with jitter
+RETRY_BACKOFF_MAX_S = 1.0
 _NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -64,14 +68,25 @@ class RequestTrace:
     decode: PhaseRecord | None = None
     decision: Decision | None = None
     attempts: int = 0
+    request_faults: int = 0
+
+    def attempt_id(self, execution_id: str) -> str:
+        """Each attempt's own id on the workers, so that a retry never meets the attempt it replaces."""
+        return f"{execution_id}.{self.attempts}"
 
 
 class WorkerFailure(Exception):
-    def __init__(self, error: GatewayError, culprits: tuple[WorkerInfo, ...], dead: bool) -> None:
+    """`request_fault`: the worker failed this request alone (INTERNAL), not itself; another worker will
+    likely fail it too."""
+
+    def __init__(
+        self, error: GatewayError, culprits: tuple[WorkerInfo, ...], dead: bool, request_fault: bool = False
+    ) -> None:
         super().__init__(error.message)
         self.error = error
         self.culprits = culprits
         self.dead = dead
+        self.request_fault = request_fault
 
 
 class RequestPath:
@@ -96,6 +111,8 @@ class RequestPath:
             PREFIX_CACHE_MATCHED_TOKENS.inc(route.matched_tokens)
             lease = self._router.acquire(route)
             try:
+                if trace.attempts > 1:
+                    await asyncio.sleep(_backoff(trace.attempts))
                 async with aclosing(self._attempt(plan, route, produced, trace, lease)) as attempt:
                     async for event in attempt:
                         produced.append(event.token_id)
@@ -126,7 +143,8 @@ class RequestPath:
 
     def _after_failure(self, plan, failure: WorkerFailure, produced: list[int], trace: RequestTrace, avoid: set[str]):
         names = ", ".join(w.id for w in failure.culprits)
-        if trace.attempts >= MAX_ATTEMPTS:
+        trace.request_faults += failure.request_fault
+        if trace.attempts >= MAX_ATTEMPTS or trace.request_faults >= MAX_REQUEST_FAULTS:
             log.warning("request %s failed on its last attempt (%s): %s", plan.request_id, names, failure)
             raise failure.error
         for worker in failure.culprits:
@@ -145,17 +163,17 @@ class RequestPath:
         prompt = plan.prompt_token_ids + produced
         sampling = _remaining_sampling(plan, produced)
         transfer_token = secrets.token_bytes(32)
-        deadline = self._call_deadline(sampling.max_tokens - len(produced))
+        deadline = self.call_deadline(sampling.max_tokens - len(produced))
         decode_call = self._channels.stub(route.decode.address).Decode(
             worker_pb2.DecodeRequest(
-                request_id=plan.request_id, transfer_token=transfer_token, sampling=sampling,
+                request_id=trace.attempt_id(plan.request_id), transfer_token=transfer_token, sampling=sampling,
                 prompt_tokens=len(prompt), priority=plan.priority, cache_salt=plan.cache_salt,
             ),
             timeout=deadline,
         )
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
-                request_id=plan.request_id, prompt_token_ids=prompt, sampling=sampling,
+                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=prompt, sampling=sampling,
                 decode_address=route.decode.address, transfer_token=transfer_token, priority=plan.priority,
                 cache_salt=plan.cache_salt,
             ),
@@ -243,10 +261,10 @@ class RequestPath:
         sampling = _remaining_sampling(plan, produced)
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
-                request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids + produced, sampling=sampling,
+                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=plan.prompt_token_ids + produced, sampling=sampling,
                 priority=plan.priority, cache_salt=plan.cache_salt,
             ),
-            timeout=self._call_deadline(sampling.max_tokens - len(produced)),
+            timeout=self.call_deadline(sampling.max_tokens - len(produced)),
         )
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         started = _now()
@@ -281,9 +299,15 @@ class RequestPath:
         WORKER_BYTES_RECEIVED.inc(message.ByteSize())
         return message
 
-    def _call_deadline(self, max_tokens: int) -> float:
+    def call_deadline(self, max_tokens: int) -> float:
+        """The longest a request with `max_tokens` to produce may take on workers."""
         t = self._timeouts
         return t.first_token_s + t.kv_delivery_s + max_tokens * t.next_token_s
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before `attempt` (2, 3, ...): exponential, with full jitter so retries spread out."""
+    return random.uniform(0, min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (attempt - 2)))
 
 
 def _remaining_sampling(plan: GenerationPlan, produced: list[int]) -> worker_pb2.SamplingParams:
@@ -325,11 +349,14 @@ def finish_trace(trace: RequestTrace) -> None:
 def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phase: str) -> WorkerFailure:
     code = error.code()
     client_code = grpc.StatusCode.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else grpc.StatusCode.UNAVAILABLE
-    if code in _NOT_SERVED:
+    if code in _NOT_SERVED or code is grpc.StatusCode.INTERNAL:
         client_code = code
     names = ", ".join(w.id for w in culprits)
     message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
-    return WorkerFailure(GatewayError(client_code, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE)
+    return WorkerFailure(
+        GatewayError(client_code, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE,
+        request_fault=code is grpc.StatusCode.INTERNAL,
+    )
 
 
 def _timed_out(worker: WorkerInfo, phase: str) -> GatewayError:

@@ -1,10 +1,17 @@
-"""Usage events: one per request and phase, sent to the control plane in batches.
+"""Usage: the gateway's durable journal of what each execution delivered, and its events on their way to
+the control plane.
 
-The control plane stores each (request id, phase) once, so a batch sent again after a lost answer
-counts once. When the control plane cannot be reached, the batch goes to a durable local spool (a
-SQLite file, synchronous=FULL, so each commit is fsync'd) and is replayed from there when the control
-plane answers again; an event leaves the spool only after the control plane acknowledged it. Spooling
-happens before the in-memory copy is dropped, so no event is lost between the two.
+The journal is a SQLite file in the gateway's state directory with two tables:
+
+- `executions`: one row per execution that is writing tokens to a client. Before the gateway writes a
+  token, the row's `delivered` count says so (a committed write to the journal's WAL, which survives a
+  kill of the process); the row also holds the execution's usage events as they stand, minus the count.
+- `outbox`: usage events of finished executions, until the control plane acknowledged them. An
+  execution's row moves to the outbox in one transaction when its stream ends.
+
+A gateway that was killed finds its unfinished executions when it starts on the same state directory and
+bills each for the tokens its journal counted (`recover`). The control plane stores each (execution id,
+phase) once, so an event sent again after a lost answer counts once.
 """
 
 import asyncio
@@ -21,81 +28,111 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 
 
-class UsageSpool:
-    """Events waiting for the control plane, on disk; unique on (request id, phase)."""
-
+class UsageJournal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        # Every commit reaches the OS before the gateway goes on, so a killed process loses nothing; a
+        # checkpoint fsyncs the file (a machine that loses power can lose the last commits before it).
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS usage_events ("
+            "CREATE TABLE IF NOT EXISTS executions ("
+            " execution_id TEXT PRIMARY KEY, events TEXT NOT NULL, delivered INTEGER NOT NULL)"
+        )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS outbox ("
             " id INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL, phase TEXT NOT NULL,"
             " body TEXT NOT NULL, UNIQUE (request_id, phase))"
         )
         USAGE_SPOOLED.set(self.count())
 
+    # ---- executions in progress -----------------------------------------------------------------
+
+    def track(self, execution_id: str, events: list[dict], delivered: int) -> None:
+        """Records an execution's events (their `tokens` of output set from `delivered`) and its count."""
+        self._db.execute(
+            "INSERT INTO executions (execution_id, events, delivered) VALUES (?, ?, ?)"
+            " ON CONFLICT (execution_id) DO UPDATE SET events = excluded.events, delivered = excluded.delivered",
+            (execution_id, json.dumps(events), delivered),
+        )
+
+    def count_delivered(self, execution_id: str, delivered: int) -> None:
+        self._db.execute("UPDATE executions SET delivered = ? WHERE execution_id = ?", (delivered, execution_id))
+
+    def finish(self, execution_id: str, events: list[dict]) -> None:
+        """The execution ended: its final events go to the outbox and its row leaves, atomically."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._add_to_outbox(events)
+            self._db.execute("DELETE FROM executions WHERE execution_id = ?", (execution_id,))
+        USAGE_SPOOLED.set(self.count())
+
+    def recover(self) -> int:
+        """Bills every execution a killed gateway left unfinished for the tokens it had counted."""
+        rows = self._db.execute("SELECT execution_id, events, delivered FROM executions").fetchall()
+        for execution_id, events, delivered in rows:
+            self.finish(execution_id, with_delivered(json.loads(events), delivered))
+        return len(rows)
+
+    # ---- the outbox ------------------------------------------------------------------------------
+
     def add(self, events: list[dict]) -> None:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT OR IGNORE INTO usage_events (request_id, phase, body) VALUES (?, ?, ?)",
-                [(e["request_id"], e["phase"], json.dumps(e)) for e in events],
-            )
+            self._add_to_outbox(events)
         USAGE_SPOOLED.set(self.count())
 
+    def _add_to_outbox(self, events: list[dict]) -> None:
+        self._db.executemany(
+            "INSERT OR IGNORE INTO outbox (request_id, phase, body) VALUES (?, ?, ?)",
+            [(e["request_id"], e["phase"], json.dumps(e)) for e in events],
+        )
+
     def oldest(self, limit: int) -> list[tuple[int, dict]]:
-        rows = self._db.execute("SELECT id, body FROM usage_events ORDER BY id LIMIT ?", (limit,)).fetchall()
+        rows = self._db.execute("SELECT id, body FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
         return [(row_id, json.loads(body)) for row_id, body in rows]
 
     def remove(self, row_ids: list[int]) -> None:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("DELETE FROM usage_events WHERE id = ?", [(i,) for i in row_ids])
+            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in row_ids])
         USAGE_SPOOLED.set(self.count())
 
     def count(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM usage_events").fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+
+    def unfinished(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
 
     def close(self) -> None:
         self._db.close()
 
 
-class UsageReporter:
-    def __init__(self, control_plane: ControlPlaneClient, spool: UsageSpool, flush_interval_s: float = 0.1) -> None:
-        self._control_plane = control_plane
-        self._spool = spool
-        self._flush_interval_s = flush_interval_s
-        self._pending: list[dict] = []
+def with_delivered(events: list[dict], delivered: int) -> list[dict]:
+    """The events of an execution that delivered `delivered` output tokens: none when it delivered none
+    (the prompt of a request that produced nothing for the client is not billed)."""
+    if delivered <= 0:
+        return []
+    return [{**event, "tokens": delivered} if event["phase"] == "decode" else event for event in events]
 
-    def record(self, events: list[dict]) -> None:
-        self._pending.extend(events)
+
+class UsageReporter:
+    """Sends the journal's outbox to the control plane, oldest first; a row leaves only once acknowledged."""
+
+    def __init__(self, control_plane: ControlPlaneClient, journal: UsageJournal, flush_interval_s: float = 0.1) -> None:
+        self._control_plane = control_plane
+        self.journal = journal
+        self._flush_interval_s = flush_interval_s
 
     @property
     def pending(self) -> int:
-        return len(self._pending) + self._spool.count()
+        return self.journal.count()
 
     async def flush(self) -> None:
-        """Sends what is in memory (spooling it when the control plane fails), then replays the spool."""
-        while self._pending:
-            batch = self._pending[:BATCH_SIZE]
-            try:
-                await self._control_plane.post_usage_events(batch)
-            except Exception:
-                self._spool.add(batch)
-                del self._pending[: len(batch)]
-                raise
-            del self._pending[: len(batch)]
-        while rows := self._spool.oldest(BATCH_SIZE):
+        while rows := self.journal.oldest(BATCH_SIZE):
             await self._control_plane.post_usage_events([event for _, event in rows])
-            self._spool.remove([row_id for row_id, _ in rows])
-
-    def spool_pending(self) -> None:
-        """Moves what is in memory to the spool (when stopping without a control plane)."""
-        if self._pending:
-            self._spool.add(self._pending)
-            self._pending.clear()
+            self.journal.remove([row_id for row_id, _ in rows])
 
     async def flush_forever(self) -> None:
         backoff = self._flush_interval_s
@@ -104,6 +141,6 @@ class UsageReporter:
             try:
                 await self.flush()
                 backoff = self._flush_interval_s
-            except Exception as error:  # every event is in memory or in the spool; try again later
+            except Exception as error:  # every event stays in the journal; try again later
                 backoff = min(backoff * 2, 2.0)
                 log.warning("cannot send usage events yet (%d waiting): %r", self.pending, error)

@@ -1,8 +1,9 @@
 """Checks a Generate request and turns it into a plan the request path can run. Every refusal says
 what to change."""
 
-import hashlib
+import math
 import re
+import struct
 import uuid
 from dataclasses import dataclass
 
@@ -12,19 +13,28 @@ from diptych._proto.v1 import inference_pb2
 from diptych_common.proto.v1 import worker_pb2
 from gateway.errors import GatewayError
 from gateway.registry import ModelInfo, Registry
-from gateway.tokenization import encode_chat, encode_prompt, tokenizer_for
+from gateway.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 64
 CHAT_ROLES = ("system", "user", "assistant")
+# Prompts are refused by size before tokenizing: a model takes at most PROMPT_BYTES_PER_TOKEN bytes of
+# text per token of its context (real text averages about 4 bytes a token), and never more than
+# MAX_PROMPT_BYTES, however long its context.
+PROMPT_BYTES_PER_TOKEN = 16
+MAX_PROMPT_BYTES = 4 << 20
+# Sampling below these is not numerically safe (logits / temperature overflow); 0 means greedy instead.
+MIN_TEMPERATURE = 0.01
+MIN_TOP_P = 0.001
+FLOAT32_MAX = 3.4028234663852886e38
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 @dataclass(frozen=True)
 class GenerationPlan:
-    request_id: str
+    request_id: str                # the execution's server-issued id
     organization_id: str
     model: ModelInfo
     tokenizer: object
@@ -32,6 +42,8 @@ class GenerationPlan:
     sampling: worker_pb2.SamplingParams
     stop: list[str]
     priority: int = worker_pb2.PRIORITY_INTERACTIVE
+    client_request_id: str = ""    # the client's own label, kept with its usage
+    idempotency_key: str = ""
 
     @property
     def cache_salt(self) -> str:
@@ -39,24 +51,24 @@ class GenerationPlan:
         return self.organization_id
 
 
-def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, organization_id: str) -> GenerationPlan:
-    request_id = _request_id(request.request_id, request.idempotency_key, organization_id)
+async def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, organization_id: str) -> GenerationPlan:
+    client_request_id = _client_request_id(request.request_id)
+    idempotency_key = _idempotency_key(request.idempotency_key)
     if request.priority not in (inference_pb2.PRIORITY_INTERACTIVE, inference_pb2.PRIORITY_BATCH):
         raise _invalid(f"priority {request.priority} is unknown; use PRIORITY_INTERACTIVE or PRIORITY_BATCH")
     model = registry.models.get(request.model)
     if model is None:
         available = ", ".join(sorted(registry.models)) or "none"
-        raise _invalid(f"model '{request.model}' does not exist; available models: {available}", grpc.StatusCode.NOT_FOUND)
-    tokenizer = tokenizer_for(model.source)
-    prompt = _prompt_token_ids(request, tokenizer)
+        raise _invalid(f"model {_shown(request.model)} does not exist; available models: {available}", grpc.StatusCode.NOT_FOUND)
+    tokenizer = await run_off_loop(tokenizer_for, model.source)
+    prompt = await _prompt_token_ids(request, tokenizer, model)
     if len(prompt) >= model.context_length:
-        raise _invalid(
-            f"the prompt has {len(prompt)} tokens but {model.name} has a context length of "
-            f"{model.context_length}, which must also hold at least one output token; shorten the prompt"
-        )
+        raise _too_many_tokens(len(prompt), model)
     return GenerationPlan(
-        request_id=request_id,
+        request_id=new_execution_id(),
         organization_id=organization_id,
+        client_request_id=client_request_id,
+        idempotency_key=idempotency_key,
         model=model,
         tokenizer=tokenizer,
         prompt_token_ids=prompt,
@@ -66,50 +78,103 @@ def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, 
     )
 
 
-def _request_id(client_id: str, idempotency_key: str, organization_id: str) -> str:
-    """An idempotency key names one logical request of an organization across retries: the request id
-    is derived from both, so the ledger (unique on request id and phase) bills a retried request once."""
-    if idempotency_key:
-        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH or not idempotency_key.isprintable():
-            raise _invalid(f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters")
-        digest = hashlib.blake2b(f"{organization_id}\0{idempotency_key}".encode(), digest_size=16).hexdigest()
-        return f"idem_{digest}"
-    if not client_id:
-        return f"req_{uuid.uuid4().hex}"
-    if not _REQUEST_ID.fullmatch(client_id):
+def new_execution_id() -> str:
+    """Every execution gets its own id from the gateway: the usage ledger's key, never the client's."""
+    return f"exec_{uuid.uuid4().hex}"
+
+
+def _client_request_id(client_id: str) -> str:
+    if client_id and not _REQUEST_ID.fullmatch(client_id):
         raise _invalid("request_id must be 1 to 128 characters of letters, digits, '_', '.', ':' or '-'")
     return client_id
 
 
-def _prompt_token_ids(request: inference_pb2.GenerateRequest, tokenizer) -> list[int]:
+def _idempotency_key(key: str) -> str:
+    if key and (len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable()):
+        raise _invalid(f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters")
+    return key
+
+
+def max_prompt_bytes(model: ModelInfo) -> int:
+    return min(MAX_PROMPT_BYTES, PROMPT_BYTES_PER_TOKEN * model.context_length)
+
+
+async def _prompt_token_ids(request: inference_pb2.GenerateRequest, tokenizer, model: ModelInfo) -> list[int]:
+    """The prompt's token ids; tokenizing and chat templates run off the event loop, after the size checks."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise _invalid("set one of prompt, prompt_token_ids or chat")
     if kind == "prompt":
         if not request.prompt:
             raise _invalid("prompt must not be empty")
-        return encode_prompt(tokenizer, request.prompt)
+        _check_prompt_size(request.prompt, model)
+        return await run_off_loop(encode_prompt, tokenizer, request.prompt)
     if kind == "prompt_token_ids":
-        ids = list(request.prompt_token_ids.ids)
-        if not ids:
-            raise _invalid("prompt_token_ids must not be empty")
-        vocab_size = len(tokenizer)
-        out_of_range = [i for i in ids if i >= vocab_size]
-        if out_of_range:
-            raise _invalid(f"prompt_token_ids holds {out_of_range[0]}, outside the vocabulary of size {vocab_size}")
-        return ids
-    return _chat_token_ids(request.chat.messages, tokenizer)
+        return _checked_token_ids(request.prompt_token_ids.ids, tokenizer, model)
+    messages = _chat_messages(request.chat.messages, tokenizer, model)
+    return await run_off_loop(encode_chat, tokenizer, messages)
 
 
-def _chat_token_ids(messages, tokenizer) -> list[int]:
+def _checked_token_ids(ids, tokenizer, model: ModelInfo) -> list[int]:
+    if not ids:
+        raise _invalid("prompt_token_ids must not be empty")
+    if len(ids) >= model.context_length:
+        raise _too_many_tokens(len(ids), model)
+    vocab_size = len(tokenizer)
+    out_of_range = [i for i in ids if i >= vocab_size]
+    if out_of_range:
+        raise _invalid(f"prompt_token_ids holds {out_of_range[0]}, outside the vocabulary of size {vocab_size}")
+    return list(ids)
+
+
+def _chat_messages(messages, tokenizer, model: ModelInfo) -> list[dict]:
     if not messages:
         raise _invalid("chat.messages must hold at least one message")
     if not tokenizer.chat_template:
         raise _invalid("this model has no chat template; send a completion prompt instead")
+    limit, total = max_prompt_bytes(model), 0
     for index, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
-            raise _invalid(f"chat.messages[{index}].role is '{message.role}'; use one of {', '.join(CHAT_ROLES)}")
-    return encode_chat(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
+            raise _invalid(f"chat.messages[{index}].role is {_shown(message.role)}; use one of {', '.join(CHAT_ROLES)}")
+        size = _utf8_length(message.content)
+        if size > limit:
+            raise _invalid(f"chat.messages[{index}].content is {size} bytes; {_size_rule(model)}; shorten it")
+        total += size
+    if total > limit:
+        raise _invalid(
+            f"chat.messages hold {total} bytes of content in all; {_size_rule(model)}; send fewer or shorter messages"
+        )
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def _check_prompt_size(prompt: str, model: ModelInfo) -> None:
+    size = _utf8_length(prompt)
+    if size > max_prompt_bytes(model):
+        raise _invalid(f"prompt is {size} bytes; {_size_rule(model)}; shorten the prompt")
+
+
+def _size_rule(model: ModelInfo) -> str:
+    return (
+        f"{model.name} takes at most {max_prompt_bytes(model)} bytes of prompt text "
+        f"({PROMPT_BYTES_PER_TOKEN} bytes per token of its {model.context_length}-token context, "
+        f"{MAX_PROMPT_BYTES} at most)"
+    )
+
+
+def _shown(text: str) -> str:
+    """A client's string, quoted and short enough for an error message."""
+    return f"'{text}'" if len(text) <= 64 else f"'{text[:61]}...'"
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _too_many_tokens(tokens: int, model: ModelInfo) -> GatewayError:
+    return _invalid(
+        f"the prompt has {tokens} tokens but {model.name} has a context length of "
+        f"{model.context_length}, which must also hold at least one output token; shorten the prompt"
+    )
 
 
 def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_length: int) -> worker_pb2.SamplingParams:
@@ -126,11 +191,9 @@ def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_l
     else:
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
     temperature = request.temperature if request.HasField("temperature") else 1.0
-    if not 0.0 <= temperature <= 2.0:
-        raise _invalid(f"temperature must be between 0 and 2, got {temperature:g}")
+    _check_temperature(temperature)
     top_p = request.top_p if request.HasField("top_p") else 1.0
-    if not 0.0 < top_p <= 1.0:
-        raise _invalid(f"top_p must be greater than 0 and at most 1, got {top_p:g}")
+    _check_top_p(top_p)
     return worker_pb2.SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -140,6 +203,42 @@ def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_l
         max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
     )
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
+        raise _invalid(f"temperature must be between 0 and 2 (0 is greedy), got {_float32_text(temperature)}")
+    if 0.0 < temperature < _as_float32(MIN_TEMPERATURE):
+        raise _invalid(
+            f"temperature {_float32_text(temperature)} is too small to sample with safely; "
+            f"send 0 for greedy decoding or at least {MIN_TEMPERATURE}"
+        )
+
+
+def _check_top_p(top_p: float) -> None:
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        raise _invalid(f"top_p must be greater than 0 and at most 1, got {_float32_text(top_p)}")
+    if top_p < _as_float32(MIN_TOP_P):
+        raise _invalid(
+            f"top_p {_float32_text(top_p)} is too small to sample with safely; "
+            f"send at least {MIN_TOP_P}, or temperature 0 for greedy decoding"
+        )
+
+
+def _as_float32(value: float) -> float:
+    """The value as the request's float fields hold it, so that sending exactly the minimum passes."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _float32_text(value: float) -> str:
+    """The shortest text of a float field's value: 1e-40, not the 9.99995e-41 that float32 stores."""
+    if not math.isfinite(value):
+        return f"{value:g}"
+    for digits in range(1, 10):
+        text = f"{value:.{digits}g}"
+        if abs(float(text)) <= FLOAT32_MAX and _as_float32(float(text)) == value:
+            return text
+    return repr(value)
 
 
 def _stop_strings(stop) -> list[str]:

@@ -1,4 +1,5 @@
 from dataclasses import asdict
+from datetime import timedelta
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -10,15 +11,27 @@ from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.metering.models import Phase
 from controlplane.metering.selectors import usage_event_list, usage_summary
-from controlplane.metering.services import MAX_EVENTS_PER_BATCH, UsageReport, usage_events_ingest
+from controlplane.metering.services import (
+    MAX_EVENTS_PER_BATCH,
+    UsageReport,
+    idempotency_key_claim,
+    idempotency_key_complete,
+    idempotency_key_release,
+    usage_events_ingest,
+)
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
 
 MAX_BIG_INTEGER = 2**63 - 1
 
 
+EXECUTION_ID_PATTERN = r"^exec_[0-9a-f]{32}$"
+CLIENT_REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]{0,128}$"
+
+
 class UsageReportSerializer(serializers.Serializer):
-    request_id = serializers.CharField(max_length=128)
+    request_id = serializers.CharField(max_length=128, help_text="The execution's server-issued id.")
+    client_request_id = serializers.RegexField(CLIENT_REQUEST_ID_PATTERN, required=False, default="", allow_blank=True)
     phase = serializers.ChoiceField(choices=Phase.choices)
     organization_id = serializers.CharField(max_length=32)
     api_key_id = serializers.CharField(max_length=32)
@@ -42,6 +55,7 @@ class UsageReportSerializer(serializers.Serializer):
 
 class UsageEventOutputSerializer(serializers.Serializer):
     request_id = serializers.CharField()
+    client_request_id = serializers.CharField()
     phase = serializers.CharField()
     api_key_id = serializers.CharField(source="api_key.public_id")
     model = serializers.CharField()
@@ -86,6 +100,7 @@ class UsageEventListApi(PaginatedListMixin, TenantAPIView):
 
     class UsageEventFilterSerializer(QueryFilterSerializer):
         request_id = serializers.CharField(required=False)
+        client_request_id = serializers.CharField(required=False)
         phase = serializers.ChoiceField(choices=Phase.choices, required=False)
         model = serializers.CharField(required=False)
 
@@ -107,3 +122,54 @@ class UsageSummaryApi(TenantAPIView):
     def get(self, request: Request) -> Response:
         rows = usage_summary(organization=self.organization)
         return Response(UsageSummaryRowSerializer(rows, many=True).data)
+
+
+class IdempotencyKeyFields(serializers.Serializer):
+    organization_id = serializers.CharField(max_length=32)
+    key = serializers.CharField(max_length=255)
+    execution_id = serializers.RegexField(EXECUTION_ID_PATTERN)
+
+
+class IdempotencyKeyClaimApi(InternalAPIView):
+    """The gateway asks before it runs a request that carries an idempotency key."""
+
+    class InputSerializer(IdempotencyKeyFields):
+        fingerprint = serializers.CharField(max_length=64)
+        lease_seconds = serializers.IntegerField(min_value=1, max_value=24 * 3600)
+
+    class OutputSerializer(serializers.Serializer):
+        outcome = serializers.ChoiceField(choices=["claimed", "in_flight", "completed", "mismatch"])
+        execution_id = serializers.CharField()
+        response = serializers.JSONField(allow_null=True)
+
+    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        claim = idempotency_key_claim(
+            organization_id=data["organization_id"], key=data["key"], fingerprint=data["fingerprint"],
+            execution_id=data["execution_id"], lease=timedelta(seconds=data["lease_seconds"]),
+        )
+        return Response(self.OutputSerializer(asdict(claim)).data)
+
+
+class IdempotencyKeyCompleteApi(InternalAPIView):
+    class InputSerializer(IdempotencyKeyFields):
+        response = serializers.JSONField()
+
+    @extend_schema(request=InputSerializer, responses={200: None})
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        stored = idempotency_key_complete(**serializer.validated_data)
+        return Response({"stored": stored})
+
+
+class IdempotencyKeyReleaseApi(InternalAPIView):
+    @extend_schema(request=IdempotencyKeyFields, responses={200: None})
+    def post(self, request: Request) -> Response:
+        serializer = IdempotencyKeyFields(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        released = idempotency_key_release(**serializer.validated_data)
+        return Response({"released": released})

@@ -10,9 +10,14 @@ class Phase(models.TextChoices):
 
 
 class UsageEvent(models.Model):
-    """Append-only ledger of the work done for one request in one phase, as reported by the gateway."""
+    """Append-only ledger of the work done for one execution in one phase, as reported by the gateway.
+
+    `request_id` is the execution's server-issued id (`exec_` and 32 hex digits), unique per execution;
+    a client's own label for the request is kept in `client_request_id` and never decides what is billed.
+    """
 
     request_id = models.CharField(max_length=128)
+    client_request_id = models.CharField(max_length=128, blank=True, default="")
     phase = models.CharField(max_length=16, choices=Phase.choices)
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="usage_events")
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="usage_events")
@@ -44,7 +49,41 @@ class UsageEvent(models.Model):
             models.Index(fields=["organization", "-started_at"]),
             models.Index(fields=["ingested_at"]),
             models.Index(fields=["organization", "period_start"]),
+            models.Index(fields=["organization", "client_request_id"]),
         ]
 
     def __str__(self) -> str:
         return f"{self.request_id}/{self.phase}"
+
+
+class IdempotencyState(models.TextChoices):
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+
+
+class IdempotencyRecord(models.Model):
+    """An organization's idempotency key and the one execution it names.
+
+    While the execution runs, the record is `in_flight` under a lease (so a gateway that died does not lock
+    the key for ever); once it completed, the record holds the final response, which a retry with the same
+    key and the same request gets back instead of a new execution.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="idempotency_records")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="Hash of the request the key was first used with.")
+    execution_id = models.CharField(max_length=128)
+    state = models.CharField(max_length=16, choices=IdempotencyState.choices)
+    response = models.JSONField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "key"], name="metering_idempotency_one_per_key"),
+        ]
+        indexes = [models.Index(fields=["created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.organization_id}/{self.key}"

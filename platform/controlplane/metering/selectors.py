@@ -6,11 +6,18 @@ from controlplane.tenancy.scoping import organization_rows
 
 
 def usage_event_list(
-    *, organization: Organization, request_id: str | None = None, phase: str | None = None, model: str | None = None
+    *,
+    organization: Organization,
+    request_id: str | None = None,
+    client_request_id: str | None = None,
+    phase: str | None = None,
+    model: str | None = None,
 ) -> QuerySet[UsageEvent]:
     events = organization_rows(UsageEvent, organization=organization).select_related("organization", "api_key")
     if request_id is not None:
         events = events.filter(request_id=request_id)
+    if client_request_id is not None:
+        events = events.filter(client_request_id=client_request_id)
     if phase is not None:
         events = events.filter(phase=phase)
     if model is not None:

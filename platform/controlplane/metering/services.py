@@ -1,14 +1,14 @@
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.billing.periods import billing_periods_assign, period_start_of
 from controlplane.common.errors import InvalidInput
-from controlplane.metering.models import UsageEvent
+from controlplane.metering.models import IdempotencyRecord, IdempotencyState, UsageEvent
 from controlplane.tenancy.models import ApiKey, Organization
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ class UsageReport:
     request_id: str
     phase: str
     organization_id: str
+    client_request_id: str
     api_key_id: str
     model: str
     region: str
@@ -134,6 +135,7 @@ def _period_key(report: UsageReport, api_keys: dict[str, ApiKey]) -> tuple[int, 
 def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, period_start: date) -> UsageEvent:
     return UsageEvent(
         request_id=report.request_id,
+        client_request_id=report.client_request_id,
         phase=report.phase,
         organization_id=api_key.organization_id,
         api_key=api_key,
@@ -152,6 +154,7 @@ def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, p
 
 
 COMPARED_FIELDS = [
+    "client_request_id",
     "model",
     "region",
     "worker_id",
@@ -175,3 +178,90 @@ def _warn_conflicting_duplicate(key: tuple[str, str], earlier: str) -> None:
     logger.warning(
         "Usage event (request_id=%r, phase=%r) differs from %s; keeping the first one.", request_id, phase, earlier
     )
+
+
+# ---- idempotency keys ---------------------------------------------------------------------------------
+
+IDEMPOTENCY_KEY_RETENTION = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """What a request with an idempotency key may do.
+
+    outcome: `claimed` (run it as `execution_id`), `in_flight` (another execution with this key is
+    running: refuse with a conflict), `completed` (return `response`, the stored result of
+    `execution_id`, without running anything) or `mismatch` (the key was used with another request).
+    """
+
+    outcome: str
+    execution_id: str
+    response: dict | None = None
+
+
+@transaction.atomic
+def idempotency_key_claim(
+    *, organization_id: str, key: str, fingerprint: str, execution_id: str, lease: timedelta
+) -> IdempotencyClaim:
+    organization = _organization(organization_id)
+    now = timezone.now()
+    record = (
+        IdempotencyRecord.objects.select_for_update().filter(organization=organization, key=key).first()
+    )
+    if record is None or _expired(record, now):
+        if record is not None:
+            record.delete()
+        IdempotencyRecord.objects.create(
+            organization=organization, key=key, fingerprint=fingerprint, execution_id=execution_id,
+            state=IdempotencyState.IN_FLIGHT, lease_expires_at=now + lease, created_at=now,
+        )
+        return IdempotencyClaim("claimed", execution_id)
+    if record.fingerprint != fingerprint:
+        return IdempotencyClaim("mismatch", record.execution_id)
+    if record.state == IdempotencyState.COMPLETED:
+        return IdempotencyClaim("completed", record.execution_id, record.response)
+    if record.lease_expires_at > now:
+        return IdempotencyClaim("in_flight", record.execution_id)
+    # The execution holding the key outlived its lease (its gateway died): it was billed for what it
+    # delivered, and this request becomes a new execution under the key.
+    record.execution_id, record.lease_expires_at = execution_id, now + lease
+    record.save(update_fields=["execution_id", "lease_expires_at"])
+    return IdempotencyClaim("claimed", execution_id)
+
+
+@transaction.atomic
+def idempotency_key_complete(*, organization_id: str, key: str, execution_id: str, response: dict) -> bool:
+    """Stores the final response of the execution that holds the key; False when it no longer holds it."""
+    updated = IdempotencyRecord.objects.filter(
+        organization=_organization(organization_id), key=key, execution_id=execution_id,
+        state=IdempotencyState.IN_FLIGHT,
+    ).update(state=IdempotencyState.COMPLETED, response=response, completed_at=timezone.now())
+    return updated == 1
+
+
+@transaction.atomic
+def idempotency_key_release(*, organization_id: str, key: str, execution_id: str) -> bool:
+    """Frees the key after its execution failed or was cancelled, so that a retry runs (and is billed) anew."""
+    deleted, _ = IdempotencyRecord.objects.filter(
+        organization=_organization(organization_id), key=key, execution_id=execution_id,
+        state=IdempotencyState.IN_FLIGHT,
+    ).delete()
+    return deleted == 1
+
+
+def idempotency_records_purge(*, now: datetime | None = None) -> int:
+    """Deletes records older than the retention; run daily."""
+    cutoff = (now or timezone.now()) - IDEMPOTENCY_KEY_RETENTION
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
+
+
+def _expired(record: IdempotencyRecord, now: datetime) -> bool:
+    return record.created_at < now - IDEMPOTENCY_KEY_RETENTION
+
+
+def _organization(public_id: str) -> Organization:
+    organization = Organization.objects.filter(public_id=public_id).first()
+    if organization is None:
+        raise InvalidInput(f"Unknown organization {public_id!r}.", fields={"organization_id": ["Unknown organization."]})
+    return organization

@@ -1,0 +1,8 @@
+from celery import shared_task
+
+from controlplane.metering.services import idempotency_records_purge
+
+
+@shared_task
+def purge_idempotency_records() -> int:
+    return idempotency_records_purge()
