@@ -47,6 +47,7 @@ LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=t
 CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged
 GRPC_MESSAGE = 1 << 20
 TINY_LAYOUT = KvLayout(num_layers=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)  # diptych-tiny
+OVERLAP_PROMPT_TOKENS = 2048
 
 
 def progress(message: str) -> None:
@@ -112,12 +113,17 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the finally below removes the probe file
     inbox = KvInbox()
+    max_tokens = max_bytes // LAYOUT.block_nbytes * LAYOUT.block_size  # what the largest transfer declares
     for index in range(requests):
-        inbox.expect(f"bench-{index}", b"token", lambda received: getattr(received, "release", lambda: None)())
+        inbox.expect(
+            f"bench-{index}", b"token", lambda received: getattr(received, "release", lambda: None)(), max_tokens
+        )
     receiver = KvReceiver(inbox, LAYOUT)
     receiver.start()
     tiny_inbox = KvInbox()  # the overlap run: the built-in model's own KV layout
-    tiny_inbox.expect("overlap-0", b"token", lambda received: getattr(received, "release", lambda: None)())
+    tiny_inbox.expect(
+        "overlap-0", b"token", lambda received: getattr(received, "release", lambda: None)(), OVERLAP_PROMPT_TOKENS
+    )
     tiny_receiver = KvReceiver(tiny_inbox, TINY_LAYOUT)
     tiny_receiver.start()
 
@@ -348,7 +354,7 @@ def main() -> None:
             figures["grpc stream"] = median_rate(nbytes, asyncio.run(grpc_stream(grpc_port, nbytes, args.repeats)))
             rows.append((nbytes, figures))
         progress("overlap: a chunked prefill streaming its KV as it computes ...")
-        prefill_s, tail_s, overlap_bytes = asyncio.run(overlap(tiny_port, prompt_tokens=2048, token_budget=256))
+        prefill_s, tail_s, overlap_bytes = asyncio.run(overlap(tiny_port, prompt_tokens=OVERLAP_PROMPT_TOKENS, token_budget=256))
     finally:
         path.close()
         for process in (receiver, raw_receiver):

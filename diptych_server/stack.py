@@ -51,6 +51,7 @@ class Stack:
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(50))
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    launches: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)  # name -> (args, env)
 
     @property
     def control_plane_url(self) -> str:
@@ -158,6 +159,24 @@ class Stack:
             process.kill()
             process.wait()
 
+    def kill_process(self, name: str) -> None:
+        """SIGKILL for the process and everything it started (its session: gunicorn's workers too), as when
+        its machine dies: nothing of it gets to flush, drain or say goodbye."""
+        process = self.processes.pop(name)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)   # started with start_new_session: its group id is its pid
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+    def restart_process(self, name: str) -> None:
+        """Starts a stopped process again with the arguments and environment it was last started with.
+        Waiting until it is ready is the caller's part: each kind of process is ready in its own way."""
+        if name not in self.launches:
+            raise StackError(f"{name} was never started by this stack; start it with start_worker/start_gateway/...")
+        args, env = self.launches[name]
+        self._spawn(name, args, **env)
+
     def stop(self) -> None:
         """Stops every process: gateways first (they hold streams open on the workers, which would keep
         a draining worker waiting), then workers and jobs, the control plane last so that the others
@@ -171,6 +190,7 @@ class Stack:
     def _spawn(self, name: str, args: list[str], **env: str) -> None:
         if name in self.processes:
             raise StackError(f"a process named {name} is already running")
+        self.launches[name] = (list(args), dict(env))
         log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:

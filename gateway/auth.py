@@ -3,21 +3,34 @@ stops working within that time without a control-plane call per request. While t
 unreachable, a key verified in the last STALE_GRACE_S seconds keeps working from the cache, so that
 serving (and spooling usage) goes on through a control-plane outage.
 
+Flooding the gateway with bogus keys neither evicts good keys nor reaches the control plane at will:
+verified keys live in their own least-recently-used cache; refused keys (unknown, revoked, expired) are
+remembered for REFUSED_TTL_S in a separate one of their own bound; and each peer address has a budget
+of failed authentications, past which it gets RESOURCE_EXHAUSTED (HTTP 429) with the time to wait,
+before its key is sent to the control plane. A key verified within the TTL passes even then.
+
 The control plane's answer carries the key's scopes, its rate limits and the organization's spend. Each
 of these is read defensively: a field the control plane does not send means unlimited or allowed.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.auth_cache import FailedAuthLimiter, LruCache, key_digest, peer_address, whole_seconds
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.errors import GatewayError
 
 INFERENCE_SCOPE = "inference"
 STALE_GRACE_S = 300.0
-MAX_CACHED_KEYS = 10_000
+MAX_CACHED_KEYS = 10_000          # verified keys
+MAX_REFUSED_KEYS = 10_000         # refused keys, bounded apart so they never evict verified ones
+REFUSED_TTL_S = 2.0
+FAILED_AUTH_BURST = 20            # failed authentications a peer may make at once ...
+FAILED_AUTH_PER_MINUTE = 30       # ... and then at this rate
+MAX_TRACKED_PEERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -46,47 +59,78 @@ class Caller:
 
 
 class Authenticator:
-    def __init__(self, control_plane: ControlPlaneClient, ttl_s: float = 5.0) -> None:
+    def __init__(
+        self, control_plane: ControlPlaneClient, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._control_plane = control_plane
         self._ttl_s = ttl_s
-        self._cache: dict[str, tuple[Caller | None, float]] = {}   # key -> (caller, verified at, monotonic)
+        self._clock = clock
+        self._verified = LruCache(MAX_CACHED_KEYS)    # key digest -> (Caller, verified at)
+        self._refused = LruCache(MAX_REFUSED_KEYS)    # key digest -> (None, refused at)
+        self._failures = FailedAuthLimiter(FAILED_AUTH_BURST, FAILED_AUTH_PER_MINUTE, MAX_TRACKED_PEERS, clock)
 
-    async def authenticate_header(self, authorization: str | None) -> Caller:
-        """The caller named by an `Authorization: Bearer <key>` value, allowed to run inference."""
-        api_key = _bearer_token(authorization)
-        cached = self._cache.get(api_key)
-        age = time.monotonic() - cached[1] if cached is not None else None
-        if age is not None and age < self._ttl_s:
-            caller = cached[0]
-        else:
-            try:
-                caller = await self._verify(api_key)
-            except ControlPlaneUnavailable:
-                if age is None or age >= STALE_GRACE_S:
-                    raise GatewayError(
-                        grpc.StatusCode.UNAVAILABLE, "cannot verify the API key right now; retry shortly"
-                    ) from None
-                caller = cached[0]
-            else:
-                self._remember(api_key, caller)
-        if caller is None:
-            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired")
+    async def authenticate_header(self, authorization: str | None, peer: str = "") -> Caller:
+        """The caller named by an `Authorization: Bearer <key>` value, allowed to run inference. `peer` is
+        the caller's address (gRPC `context.peer()` or the HTTP request's remote): failed attempts are
+        counted against it."""
+        address = peer_address(peer)
+        try:
+            caller = await self._caller_for(authorization, address)
+        except GatewayError as error:
+            if error.code is grpc.StatusCode.UNAUTHENTICATED:
+                self._failures.record_failure(address)
+            raise
         _check_allowed(caller)
         return caller
 
-    def _remember(self, api_key: str, caller: Caller | None) -> None:
-        now = time.monotonic()
-        if len(self._cache) >= MAX_CACHED_KEYS:   # many distinct keys (unknown ones too): drop the old
-            self._cache = {k: v for k, v in self._cache.items() if now - v[1] < STALE_GRACE_S}
-            if len(self._cache) >= MAX_CACHED_KEYS:
-                self._cache.clear()
-        self._cache[api_key] = (caller, now)
+    async def _caller_for(self, authorization: str | None, address: str) -> Caller:
+        api_key = _bearer_token(authorization)
+        digest = key_digest(api_key)
+        verified = self._verified.get(digest)
+        if verified is not None and self._age(verified) < self._ttl_s:
+            return verified[0]
+        self._refuse_if_over_failure_budget(address)
+        refused = self._refused.get(digest)
+        if refused is not None and self._age(refused) < REFUSED_TTL_S:
+            raise _invalid_key()
+        return await self._verify(api_key, digest, verified)
 
-    async def _verify(self, api_key: str) -> Caller | None:
-        identity = await self._control_plane.verify_api_key(api_key)
+    async def _verify(self, api_key: str, digest: bytes, verified: tuple | None) -> Caller:
+        try:
+            identity = await self._control_plane.verify_api_key(api_key)
+        except ControlPlaneUnavailable:
+            if verified is None or self._age(verified) >= STALE_GRACE_S:
+                raise GatewayError(
+                    grpc.StatusCode.UNAVAILABLE, "cannot verify the API key right now; retry shortly"
+                ) from None
+            return verified[0]
         if identity is None:
-            return None
-        return caller_from_identity(identity)
+            self._verified.discard(digest)
+            self._refused.put(digest, None, self._clock())
+            raise _invalid_key()
+        caller = caller_from_identity(identity)
+        self._refused.discard(digest)
+        self._verified.put(digest, caller, self._clock())
+        return caller
+
+    def _refuse_if_over_failure_budget(self, address: str) -> None:
+        wait_s = self._failures.retry_after_s(address)
+        if wait_s > 0:
+            raise GatewayError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many failed authentications from {address or 'this address'}; retry in "
+                f"{whole_seconds(wait_s)} s with a valid API key",
+                retry_after_ms=max(1, round(wait_s * 1000)),
+            )
+
+    def _age(self, entry: tuple) -> float:
+        return self._clock() - entry[1]
+
+
+def _invalid_key() -> GatewayError:
+    return GatewayError(
+        grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired"
+    )
 
 
 def caller_from_identity(identity: dict) -> Caller:

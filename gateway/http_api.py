@@ -16,10 +16,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from diptych._proto.v1 import inference_pb2
 from gateway.errors import GatewayError
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Admitted, Pipeline
 
 log = logging.getLogger(__name__)
 
+# Bounds the body before it is parsed: twice the longest prompt any model takes (validation.py's
+# MAX_PROMPT_BYTES), for JSON's escapes and the rest of the body.
+MAX_BODY_BYTES = 8 << 20
+MAX_JSON_DEPTH = 16   # the deepest legitimate body: messages / a message / content parts / a part
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -30,24 +34,29 @@ _STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
     grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.ABORTED: (409, "conflict_error"),
+    grpc.StatusCode.INTERNAL: (500, "server_error"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
 }
 _PARAMS = ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
            "priority", "idempotency_key", "prompt_token_ids", "request_id", "chat", "stream_options")
+_OTHER_PARAMS = ("max_completion_tokens", "ignore_eos", "stream", "best_of", "echo", "logprobs", "top_logprobs",
+                 "presence_penalty", "frequency_penalty", "tools", "functions", "user")
 _FINISH = {inference_pb2.FINISH_REASON_STOP: "stop", inference_pb2.FINISH_REASON_LENGTH: "length"}
 
 
 class HttpError(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.status = status
 
 
 def build_app(pipeline: Pipeline) -> web.Application:
     api = OpenAiApi(pipeline)
-    app = web.Application(client_max_size=8 << 20)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/v1/models/{model}", api.model)
     app.router.add_post("/v1/completions", api.completions)
@@ -71,14 +80,14 @@ class OpenAiApi:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            await self._pipeline.auth.authenticate_header(request.headers.get("Authorization"))
+            await self._pipeline.auth.authenticate_header(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
         return web.json_response({"object": "list", "data": [_model(name) for name in sorted(self._pipeline.registry.models)]})
 
     async def model(self, request: web.Request) -> web.Response:
         try:
-            await self._pipeline.auth.authenticate_header(request.headers.get("Authorization"))
+            await self._pipeline.auth.authenticate_header(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
         name = request.match_info["model"]
@@ -95,15 +104,15 @@ class OpenAiApi:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await _json_body(request)
-            generate_request = _to_generate_request(body, chat, request.headers.get("Idempotency-Key", ""))
+            generate_request = _to_generate_request(body, chat, _idempotency_key(request))
             stream = _flag(body, "stream")
-            include_usage = stream and _include_usage(body)
-            admitted = await self._pipeline.admit(request.headers.get("Authorization"), generate_request, "http")
+            include_usage = _include_usage(body) and stream
+            admitted = await self._pipeline.admit(_authorization(request), generate_request, "http", request.remote or "")
         except HttpError as error:
-            return _json_error(400, "invalid_request_error", error.message, error.param)
+            return _json_error(error.status, "invalid_request_error", error.message, error.param)
         except GatewayError as error:
             return _error_response(error)
-        shape = _Shape(admitted.plan.request_id, generate_request.model, chat)
+        shape = _Shape(admitted.execution_id, generate_request.model, chat)
         if stream:
             return await self._stream(request, admitted, shape, include_usage)
         texts, last = [], None
@@ -114,11 +123,11 @@ class OpenAiApi:
                     last = response
         except GatewayError as error:
             return _error_response(error)
-        return web.json_response(shape.whole("".join(texts), last), headers={"X-Request-Id": shape.request_id})
+        return web.json_response(shape.whole("".join(texts), last), headers=_response_headers(admitted))
 
     async def _stream(self, request, admitted, shape: "_Shape", include_usage: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": shape.request_id,
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **_response_headers(admitted),
         })
         await response.prepare(request)
         try:
@@ -196,20 +205,109 @@ async def _send(response: web.StreamResponse, payload: dict) -> None:
     await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error answer has OpenAI's JSON shape: aiohttp's own (unknown path, wrong method) too, and a
+    defect of ours is a JSON 500 rather than a text page."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return _json_error(error.status, "invalid_request_error", error.reason, None)
+    except Exception:
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return _json_error(500, "server_error", "the gateway failed to answer this request; retry it", None)
+
+
 async def _json_body(request: web.Request) -> dict:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HttpError("the request body is not valid JSON") from None
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise HttpError(
+            f"the request body is larger than {MAX_BODY_BYTES} bytes; send a shorter prompt", status=413
+        ) from None
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise HttpError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as error:   # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise HttpError(f"the request body is not valid JSON: {str(error)[:200]}") from None
     if not isinstance(body, dict):
         raise HttpError("the request body must be a JSON object")
+    _check_json_values(body)
     return body
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number; send a finite number")
+
+
+def _check_json_values(body: dict) -> None:
+    """Refuses what JSON can carry but a request cannot: nesting deeper than any request needs, and
+    strings with lone UTF-16 surrogates (e.g. "\\ud800"), which are not Unicode text."""
+    pending = [(value, 1, key) for key, value in body.items()]
+    _check_text(list(body), None)
+    while pending:
+        value, depth, param = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise HttpError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", _known_param(param))
+        if isinstance(value, str):
+            _check_text([value], param)
+        elif isinstance(value, dict):
+            _check_text(list(value), param)
+            pending.extend((item, depth + 1, param) for item in value.values())
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1, param) for item in value)
+
+
+def _check_text(strings: list[str], param: str | None) -> None:
+    for text in strings:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            where = f"{param} holds" if _known_param(param) else "the request body holds"
+            raise HttpError(
+                f"{where} a lone UTF-16 surrogate, which is not Unicode text; send valid UTF-8 text",
+                _known_param(param),
+            ) from None
+
+
+def _known_param(param: str | None) -> str | None:
+    return param if param in _PARAMS or param in _OTHER_PARAMS else None
+
+
+def _authorization(request: web.Request) -> str | None:
+    """The Authorization header; a non-ASCII one cannot hold an API key."""
+    value = request.headers.get("Authorization")
+    if value is not None and not _printable_ascii(value):
+        raise GatewayError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "the Authorization header holds characters that are not printable ASCII; send 'Bearer <api key>'",
+        )
+    return value
+
+
+def _idempotency_key(request: web.Request) -> str:
+    value = request.headers.get("Idempotency-Key", "")
+    if not _printable_ascii(value):
+        raise HttpError(
+            "the Idempotency-Key header holds characters that are not printable ASCII; send a printable ASCII key",
+            "idempotency_key",
+        )
+    return value
+
+
+def _printable_ascii(value: str) -> bool:
+    return value.isascii() and value.isprintable()
 
 
 def _to_generate_request(body: dict, chat: bool, idempotency_key: str) -> inference_pb2.GenerateRequest:
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None or model == "":
         raise HttpError("model is required: the name of a model from GET /v1/models", "model")
+    if not isinstance(model, str):
+        raise HttpError("model must be a string: the name of a model from GET /v1/models", "model")
     request = inference_pb2.GenerateRequest(model=model, idempotency_key=idempotency_key)
     if chat:
         request.chat.CopyFrom(_chat(body.get("messages")))
@@ -230,7 +328,7 @@ def _to_generate_request(body: dict, chat: bool, idempotency_key: str) -> infere
     if body.get("ignore_eos") is not None:
         request.ignore_eos = _flag(body, "ignore_eos")
     priority = body.get("priority", "interactive")
-    if priority not in PRIORITIES:
+    if not isinstance(priority, str) or priority not in PRIORITIES:
         raise HttpError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
     request.priority = PRIORITIES[priority]
     return request
@@ -259,8 +357,8 @@ def _chat(messages) -> inference_pb2.ChatMessages:
         if not isinstance(message, dict):
             raise HttpError(f"messages[{index}] must be an object with role and content", "messages")
         role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise HttpError(f"messages[{index}].role is {role!r}; use one of {', '.join(CHAT_ROLES)}", "messages")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise HttpError(f"messages[{index}].role is {_shown(role)}; use one of {', '.join(CHAT_ROLES)}", "messages")
         chat.messages.add(role=CHAT_ROLES[role], content=_content(message.get("content"), index))
     return chat
 
@@ -290,6 +388,12 @@ def _refuse_unsupported(body: dict) -> None:
             raise HttpError(f"{name} is not supported; leave it at 0", name)
     if body.get("tools") or body.get("functions"):
         raise HttpError("tools are not supported", "tools")
+
+
+def _shown(value) -> str:
+    """A client's value, short enough to quote in an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _stop(stop) -> list[str]:
@@ -354,3 +458,8 @@ def _error_response(error: GatewayError) -> web.Response:
 
 def _json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status)
+
+
+def _response_headers(admitted: Admitted) -> dict[str, str]:
+    names = {"request-id": "X-Request-Id", "idempotent-replayed": "Idempotent-Replayed"}
+    return {names[key]: value for key, value in admitted.response_metadata}

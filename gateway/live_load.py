@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from gateway.metrics import QUEUE_DEPTH
 from gateway.registry import WorkerInfo
 
@@ -25,15 +26,18 @@ POLL_TIMEOUT_S = 1.0
 
 
 class Channels:
-    """One gRPC channel per worker address, shared by load watching and requests."""
+    """One gRPC channel per worker address, shared by load watching and requests; every call on them
+    carries the worker RPC secret."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: WorkerSecret | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.secret = secret or WorkerSecret()  # set once the control plane handed it over
+        self._interceptors = attach_worker_secret(self.secret)
 
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, interceptors=self._interceptors)
         return worker_pb2_grpc.WorkerStub(channel)
 
     async def close(self) -> None:
@@ -77,6 +81,11 @@ class LoadBoard:
 
     def get(self, worker_id: str) -> LiveLoad | None:
         return self._live.get(worker_id)
+
+    def is_fresh(self, worker_id: str) -> bool:
+        """The worker reported recently on a working stream: it is alive, whatever the registry says."""
+        live = self._live.get(worker_id)
+        return live is not None and live.fresh
 
     def report(self, worker: WorkerInfo, load: worker_pb2.Load) -> None:
         """Records a worker's load report."""

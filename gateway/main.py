@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import httpx
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -19,7 +20,7 @@ from prometheus_client import start_http_server
 
 from diptych._proto.v1 import inference_pb2
 from gateway.auth import Authenticator
-from gateway.control_plane import ControlPlaneClient
+from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.http_api import build_app
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
@@ -137,7 +138,7 @@ async def _fetch_worker_secret(control_plane: ControlPlaneClient, channels: Chan
         try:
             channels.secret.set(await control_plane.worker_rpc_secret())
             return
-        except Exception as error:
+        except (ControlPlaneUnavailable, httpx.HTTPError, KeyError, ValueError) as error:
             log.info("waiting for the control plane to hand over the worker RPC secret: %r", error)
             await asyncio.sleep(STARTUP_RETRY_S)
 

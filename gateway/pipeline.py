@@ -39,6 +39,16 @@ class Admitted:
     protocol: str
     replay: inference_pb2.GenerateResponse | None = None   # a completed execution's stored final response
 
+    @property
+    def execution_id(self) -> str:
+        return self.replay.request_id if self.replay is not None else self.plan.request_id
+
+    @property
+    def response_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What the protocol tells the client before the first response: the execution, and a replay."""
+        metadata = (("request-id", self.execution_id),)
+        return metadata + ((("idempotent-replayed", "true"),) if self.replay is not None else ())
+
 
 class Pipeline:
     def __init__(

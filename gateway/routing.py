@@ -1,8 +1,9 @@
 """Picks the workers for a request from the workers' live load reports.
 
 - Prefill worker: the least estimated work, where work is the prompt tokens it does not already hold in
-  its prefix cache (matched against the block hashes it publishes) plus a fixed price per request
-  waiting on it. Each worker is scored on its own, so one hot worker loses only its own requests.
+  its prefix cache (matched against the block hashes it publishes, computed under the request's
+  organization salt as the workers compute them) plus a fixed price per request waiting on it. Each
+  worker is scored on its own, so one hot worker loses only its own requests.
 - Decode worker: room for the sequence in its free KV blocks, then the fewest active and waiting sequences.
 - Split skip: a prompt that is short, or held by the decode worker's own prefix cache, is run whole on
   the decode worker (Generate) when its uncached part is at most `skip_split_below` tokens: the KV
@@ -143,13 +144,13 @@ class Router:
         chains: dict[int, list[int]] = {}   # the prompt's block hashes, per block size
         decode_worker = self._pick_decode(request, decode)
         may_skip = decode_worker.id not in self._no_generate
-        held = self._matched_tokens(decode_worker, prompt, chains) if may_skip else 0
+        held = self._matched_tokens(decode_worker, request, chains) if may_skip else 0
         whole_on_decode = Route(
             decode_worker, None, Decision.SPLIT_SKIPPED, matched_tokens=held, prompt_tokens=len(prompt)
         )
         if may_skip and self._skip_split_below and len(prompt) - held <= self._skip_split_below:
             return whole_on_decode
-        matched = {w.id: self._matched_tokens(w, prompt, chains) for w in prefill}
+        matched = {w.id: self._matched_tokens(w, request, chains) for w in prefill}
 
         def work(worker: WorkerInfo) -> tuple[int, int, str]:
             pending = self._pending(worker)
@@ -204,14 +205,15 @@ class Router:
             reported = load.queue_depth + (load.active_sequences if worker.role != "prefill" else 0)
         return max(reported, self._in_flight[worker.id])
 
-    def _matched_tokens(self, worker: WorkerInfo, prompt: list[int], chains: dict[int, list[int]]) -> int:
-        """Prompt tokens the worker holds: its published blocks that match the prompt's leading blocks."""
+    def _matched_tokens(self, worker: WorkerInfo, request: RouteRequest, chains: dict[int, list[int]]) -> int:
+        """Prompt tokens the worker holds for the request's organization: its published blocks that match
+        the prompt's leading blocks, named under the request's cache salt as the worker names them."""
         live = self._board.get(worker.id)
         if live is None or not live.cached_blocks or not live.load.block_size:
             return 0
         block_size = live.load.block_size
         if block_size not in chains:
-            chains[block_size] = block_hashes(prompt, block_size)
+            chains[block_size] = block_hashes(request.prompt_token_ids, block_size, request.cache_salt)
         matched = 0
         for block in chains[block_size]:
             if block not in live.cached_blocks:

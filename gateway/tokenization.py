@@ -1,10 +1,28 @@
-"""Tokenizers of the served models, loaded once per model source."""
+"""Tokenizers of the served models, loaded once per model source, and run off the event loop.
 
+Tokenizing (and rendering a chat template) costs time proportional to the prompt: done in the event
+loop, one long prompt would stall every other stream the gateway serves. `run_off_loop` runs such work
+on a small pool of threads instead; prompts are also bounded in bytes before they get here
+(`validation.py`).
+"""
+
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 from transformers import AutoTokenizer
 
 from diptych_common.builtin import tokenizer_dir_for
+
+TOKENIZER_THREADS = 4
+TOKENIZER_THREAD_PREFIX = "diptych-tokenize"
+_pool = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix=TOKENIZER_THREAD_PREFIX)
+
+
+async def run_off_loop(function, *args):
+    """`function(*args)` on the tokenizer threads, awaited without blocking the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(function, *args))
 
 
 @lru_cache(maxsize=32)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from workers.kv_cache_manager import KVCacheManager
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
-from workers.sampling import StopCriteria, sample
+from workers.sampling import StopCriteria, finite_rows, sample
 from workers.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,14 @@ log = logging.getLogger(__name__)
 
 class RequestRejected(Exception):
     """A request this engine can never serve as given; the message says why."""
+
+
+class RequestFailed(Exception):
+    """One request failed in a step its batch-mates survived (its sampling raised, or its logits were
+    not finite); the message starts "the request failed on this worker: "."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the request failed on this worker: {reason}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,8 @@ class Engine:
         self.prompt_tokens_computed = 0
         self.steps_run = 0
         self.on_step = None  # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
+        # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks)
+        self.on_logits = None
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -136,14 +146,14 @@ class Engine:
             leaving, self._leaving_stages = self._leaving_stages, []
             started = time.monotonic()
             try:
-                tokens = await loop.run_in_executor(self._executor, self._step, out, inputs, staging, leaving)
+                results = await loop.run_in_executor(self._executor, self._step, out, inputs, staging, leaving)
             except Exception as error:  # a failed step fails its requests, never the engine
                 log.exception("engine step failed")
                 self._fail(out, error)
                 continue
             self.steps_run += 1
             self._account(out, (time.monotonic() - started) * 1000)
-            self._update(out, tokens)
+            self._update(out, results)
             self._changed()
 
     def _prepare(self, out: SchedulerOutput) -> tuple[list[StepInput], list[tuple]]:
@@ -163,8 +173,11 @@ class Engine:
                     stage.blocks_staged = upto
         return inputs, staging
 
-    def _step(self, out: SchedulerOutput, inputs: list[StepInput], staging: list[tuple], leaving: list) -> list[int]:
-        """Runs on the forward thread: writes imported KV, runs the model, samples, stages KV for transfer.
+    def _step(
+        self, out: SchedulerOutput, inputs: list[StepInput], staging: list[tuple], leaving: list
+    ) -> list[int | RequestFailed]:
+        """Runs on the forward thread: writes imported KV, runs the model, samples, stages KV for transfer;
+        returns, per sampling request, its token or why it alone failed.
         Blocks freed by requests that left may be overwritten now: their transfers must have read them.
         Every tensor operation of the engine runs on this one thread: an operation on another thread
         would start a second OpenMP team whose spinning threads take cores from this one's."""
@@ -178,7 +191,9 @@ class Engine:
         for stage, block_ids, first_block in staging:
             stage.write_blocks(self.runner, block_ids, first_block)
         sampling = [chunk.request for chunk in out.chunks if chunk.samples]
-        return sample(logits, [r.sampling for r in sampling], [r.sample_index for r in sampling])
+        if self.on_logits is not None:
+            self.on_logits(sampling, logits)
+        return _sample_each(logits, sampling)
 
     def _account(self, out: SchedulerOutput, step_ms: float) -> None:
         if self.on_step is not None:
@@ -188,20 +203,28 @@ class Engine:
             if handle is not None:
                 handle.compute_ms += step_ms * chunk.num_tokens / out.num_tokens
 
-    def _update(self, out: SchedulerOutput, tokens: list[int]) -> None:
+    def _update(self, out: SchedulerOutput, results: list[int | RequestFailed]) -> None:
         for request in out.imports:
             request.imported_kv, imported = None, request.imported_kv
             if imported.release is not None:
                 imported.release()
-        sampling = [chunk for chunk in out.chunks if chunk.samples]
+        sampled = list(zip((chunk.request for chunk in out.chunks if chunk.samples), results))
+        failed = {id(request) for request, result in sampled if isinstance(result, RequestFailed)}
         for chunk in out.chunks:
             request = chunk.request
             request.num_computed_tokens += chunk.num_tokens
             if request.num_computed_tokens <= len(request.prompt_token_ids):
                 self.prompt_tokens_computed += chunk.num_tokens
-            self.kv.cache_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
-        for chunk, token_id in zip(sampling, tokens):
-            self._emit(chunk.request, token_id)
+            if id(request) in failed:
+                continue  # its fresh KV may hold the non-finite values that failed it: never share it
+            self.kv.cache_full_blocks(
+                request.request_id, request.all_token_ids, request.num_computed_tokens, request.cache_salt
+            )
+        for request, result in sampled:
+            if isinstance(result, RequestFailed):
+                self._fail_request(request, result)
+            else:
+                self._emit(request, result)
 
     def _emit(self, request: EngineRequest, token_id: int) -> None:
         request.output_token_ids.append(token_id)
@@ -222,12 +245,18 @@ class Engine:
             self._remove(handle.request)
 
     def _fail(self, out: SchedulerOutput, error: Exception) -> None:
+        """The step as a whole failed (the forward pass raised): so do all its requests."""
         for request in {id(c.request): c.request for c in out.chunks}.values():
-            handle = self._handles.get(request.request_id)
-            if handle is not None:
-                handle.outputs.put_nowait(error)
-            self._remove(request)
+            self._fail_request(request, error)
         self._changed()
+
+    def _fail_request(self, request: EngineRequest, error: Exception) -> None:
+        if isinstance(error, RequestFailed):
+            log.warning("request %s failed alone: %s", request.request_id, error)
+        handle = self._handles.get(request.request_id)
+        if handle is not None:
+            handle.outputs.put_nowait(error)
+        self._remove(request)
 
     def _remove(self, request: EngineRequest) -> None:
         if request.status is not RequestStatus.FINISHED:
@@ -241,3 +270,36 @@ class Engine:
         self._wakeup.set()
         for event in self._load_watchers:
             event.set()
+
+
+def _sample_each(logits, requests: list[EngineRequest]) -> list[int | RequestFailed]:
+    """Samples every request whose row of logits is finite; a row that is not, or whose sampling
+    raises, fails its request alone."""
+    finite = finite_rows(logits)
+    results: list[int | RequestFailed] = [
+        RequestFailed(
+            f"the model's logits for its output token {request.sample_index} hold NaN or infinite values"
+        )
+        for request in requests
+    ]
+    usable = [row for row, ok in enumerate(finite) if ok]
+    for row, result in zip(usable, _sample_rows(logits, requests, usable)):
+        results[row] = result
+    return results
+
+
+def _sample_rows(logits, requests: list[EngineRequest], rows: list[int]) -> list[int | RequestFailed]:
+    """One batched call; if it raises, row by row, so that only the rows that raise fail."""
+    usable = logits if len(rows) == len(requests) else logits[rows]
+    try:
+        return sample(usable, [requests[r].sampling for r in rows], [requests[r].sample_index for r in rows])
+    except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
+        return [_sample_one(logits[row:row + 1], requests[row]) for row in rows]
+
+
+def _sample_one(logits, request: EngineRequest) -> int | RequestFailed:
+    try:
+        return sample(logits, [request.sampling], [request.sample_index])[0]
+    except Exception as error:
+        log.exception("sampling request %s raised", request.request_id)
+        return RequestFailed(f"sampling its output token {request.sample_index} raised {error!r}")

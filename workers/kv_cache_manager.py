@@ -4,13 +4,16 @@ A block holds `block_size` tokens of KV for every layer. A full block that was c
 named by the hash chain of diptych_common.prefix_hash; while named it can be shared by any request whose
 tokens start the same way. A block nobody uses goes to the free queue, oldest first; a named block there
 still serves prefix hits until it is handed out again (least recently used first).
+
+Every request hashes its blocks under its cache salt (its organization), so blocks are shared only
+between requests of one organization.
 """
 
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from diptych_common.prefix_hash import block_hash
+from diptych_common.prefix_hash import block_hash, chain_root
 
 
 @dataclass
@@ -107,13 +110,13 @@ class KVCacheManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def find_prefix(self, token_ids: Sequence[int]) -> PrefixHit:
-        """The longest run of cached full blocks that starts `token_ids`, leaving at least the last token
-        to compute (its logits give the next token)."""
+    def find_prefix(self, token_ids: Sequence[int], salt: str = "") -> PrefixHit:
+        """The longest run of cached full blocks, named under `salt`, that starts `token_ids`, leaving at
+        least the last token to compute (its logits give the next token)."""
         hit = PrefixHit()
         if not self.enable_prefix_caching:
             return hit
-        parent = 0
+        parent = chain_root(salt)
         usable = (len(token_ids) - 1) // self.block_size
         for index in range(usable):
             start = index * self.block_size
@@ -150,13 +153,13 @@ class KVCacheManager:
             table.extend(self.pool.take(needed))
         return True
 
-    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Names the request's blocks that are now full of computed tokens."""
+    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int, salt: str = "") -> None:
+        """Names the request's blocks that are now full of computed tokens, under the request's `salt`."""
         if not self.enable_prefix_caching:
             return
         table = self.block_tables[request_id]
         hashes = self._hashes[request_id]
-        parent = hashes[-1] if hashes else 0
+        parent = hashes[-1] if hashes else chain_root(salt)
         for index in range(len(hashes), num_computed // self.block_size):
             start = index * self.block_size
             parent = block_hash(parent, token_ids[start:start + self.block_size])

@@ -5,9 +5,10 @@ when both workers share a host, through shared memory: the sender stages each ch
 /dev/shm and the TCP connection carries only the frames that say where the chunk lies.
 
 On the wire (little-endian):
-  sender → receiver  HELLO: b"DKV1", u32 length, JSON header (request id, transfer token, KV layout,
-                     number of tokens, prompt token ids, data path, shared-memory segment name)
+  sender → receiver  HELLO: b"DKV2", u32 length (at most MAX_HELLO_BYTES), JSON header (request id,
+                     transfer token, KV layout, number of tokens, data path, shared-memory segment name)
   receiver → sender  REPLY: u32 length, JSON {"ok": true} or {"ok": false, "code", "error"}
+  sender → receiver  the prompt's token ids, number of tokens × u32
   sender → receiver  frames: FRAME struct (kind, first block, block count, offset, xxh3-64 checksum),
                      followed, on the TCP path, by the chunk's bytes; kind b"K" keeps an idle connection
                      alive, b"X" aborts with a reason, b"E" ends with the first token id (in `first_block`)
@@ -15,6 +16,11 @@ On the wire (little-endian):
 
 The receiver hands a cache over only when every block arrived and every checksum matched, so a half-
 received cache is never decoded. Both sides time out after `io_timeout` seconds without progress.
+
+Nothing is allocated for a peer before it proved it may send: the hello is small and bounded and must
+arrive within `hello_timeout`; the transfer token is checked, and the declared size against what the
+waiting decode request needs and the KV pool holds, before the prompt is read or a buffer is taken; and
+the number of open data connections is bounded (one thread each), beyond which connections are refused.
 """
 
 import hmac
@@ -40,11 +46,14 @@ from workers.model_runner import KvLayout
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"DKV1"
+MAGIC = b"DKV2"
 FRAME = struct.Struct("<cxxxIIQQ")  # kind, first block, block count, offset, checksum
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "diptych-kv-"
-MAX_HEADER_BYTES = 16 << 20
+MAX_HELLO_BYTES = 4 << 10  # the hello carries no prompt: a few hundred bytes
+MAX_REPLY_BYTES = 64 << 10  # replies and abort reasons: a sentence
+MAX_DATA_CONNECTIONS = 256
+TOKEN_ID = struct.Struct("<I")
 SOCKET_BUFFER_BYTES = 4 << 20  # larger kernel buffers: fewer, longer system calls per chunk
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -229,10 +238,13 @@ class _SegmentReader:
 
 # ---- socket helpers -----------------------------------------------------------------------------
 
-def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
+def _recv_into(sock: socket.socket, view: memoryview, what: str, deadline: float | None = None) -> None:
+    """Fills `view`; by `deadline` (time.monotonic()) in all when given, so a trickle cannot hold on."""
     received = 0
     while received < len(view):
         try:
+            if deadline is not None:
+                sock.settimeout(_until(deadline))
             count = sock.recv_into(view[received:])
         except TimeoutError:
             raise KvTransferError(
@@ -246,9 +258,16 @@ def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
         received += count
 
 
-def _recv_exact(sock: socket.socket, nbytes: int, what: str) -> bytes:
+def _until(deadline: float) -> float:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    return remaining
+
+
+def _recv_exact(sock: socket.socket, nbytes: int, what: str, deadline: float | None = None) -> bytes:
     buffer = bytearray(nbytes)
-    _recv_into(sock, memoryview(buffer), what)
+    _recv_into(sock, memoryview(buffer), what, deadline)
     return bytes(buffer)
 
 
@@ -275,14 +294,19 @@ def _send_json(sock: socket.socket, message: dict) -> None:
     sock.sendall(struct.pack("<I", len(body)) + body)
 
 
-def _recv_json(sock: socket.socket, what: str) -> dict:
-    (length,) = struct.unpack("<I", _recv_exact(sock, 4, what))
-    if length > MAX_HEADER_BYTES:
-        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is too large ({length} bytes)")
+def _recv_json(sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, deadline: float | None = None) -> dict:
+    (length,) = struct.unpack("<I", _recv_exact(sock, 4, what, deadline))
+    if length > limit:
+        raise KvTransferError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is too large ({length} bytes; at most {limit})"
+        )
     try:
-        return json.loads(_recv_exact(sock, length, what))
+        message = json.loads(_recv_exact(sock, length, what, deadline))
     except ValueError:
         raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is not a JSON object")
+    return message
 
 
 def _reply_after_close(sock: socket.socket) -> dict:
@@ -316,6 +340,7 @@ class ReceivedKv:
 class _Slot:
     transfer_token: bytes
     deliver: Callable[[object], None]  # called with a ReceivedKv or a KvTransferError, once
+    max_tokens: int  # the prompt length the decode request declared: no larger cache is accepted
     claimed: bool = False
 
 
@@ -328,11 +353,13 @@ class KvInbox:
         self._slots: dict[str, _Slot] = {}
         self._changed = threading.Condition()
 
-    def expect(self, request_id: str, transfer_token: bytes, deliver: Callable[[object], None]) -> None:
+    def expect(
+        self, request_id: str, transfer_token: bytes, deliver: Callable[[object], None], max_tokens: int
+    ) -> None:
         with self._changed:
             if request_id in self._slots:
                 raise KvTransferError(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} already waits for KV")
-            self._slots[request_id] = _Slot(transfer_token, deliver)
+            self._slots[request_id] = _Slot(transfer_token, deliver, max_tokens)
             self._changed.notify_all()
 
     def forget(self, request_id: str) -> None:
@@ -361,16 +388,22 @@ class KvInbox:
 
 
 class KvReceiver:
-    """The decode worker's data port: one thread per incoming transfer, reading into warm buffers."""
+    """The decode worker's data port: one thread per incoming transfer (at most `max_connections`),
+    reading into warm buffers. `max_tokens` is what the KV pool holds: no larger cache is accepted."""
 
     def __init__(
         self, inbox: KvInbox, layout: KvLayout, host: str = "127.0.0.1", port: int = 0,
-        io_timeout: float = 5.0, staging: StagingPool | None = None,
+        io_timeout: float = 5.0, staging: StagingPool | None = None, max_tokens: int | None = None,
+        max_connections: int = MAX_DATA_CONNECTIONS, hello_timeout: float = 5.0,
     ) -> None:
         self.inbox = inbox
         self.layout = layout
         self.io_timeout = io_timeout
+        self.hello_timeout = hello_timeout  # the whole hello must arrive within it
+        self.max_tokens = max_tokens
         self.staging = staging or StagingPool()
+        self._connections = threading.BoundedSemaphore(max_connections)
+        self.connections_refused = 0
         self._segments = _SegmentReader()
         self._listener = socket.create_server((host, port), backlog=128)
         self.host, self.port = self._listener.getsockname()[:2]
@@ -415,17 +448,36 @@ class KvReceiver:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._connections.acquire(blocking=False):
+                self._refuse(conn)
+                continue
             threading.Thread(target=self._serve, args=(conn,), name="kv-receive", daemon=True).start()
 
+    def _refuse(self, conn: socket.socket) -> None:
+        self.connections_refused += 1
+        with conn:
+            conn.setblocking(False)  # a peer that reads nothing cannot hold up the accept loop
+            _try_send_json(conn, {
+                "ok": False, "code": "RESOURCE_EXHAUSTED",
+                "error": "this decode worker has as many KV connections open as it serves; retry shortly",
+            })
+
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_connection(conn)
+        finally:
+            self._connections.release()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
         slot = None
-        conn.settimeout(self.io_timeout)
-        _tune(conn)
         try:
             with conn:
+                _tune(conn)
                 try:
                     header = self._read_hello(conn)
+                    conn.settimeout(self.io_timeout)
                     slot = self.inbox.claim(header["request_id"], bytes.fromhex(header["transfer_token"]))
+                    self._check_size(int(header["num_tokens"]), slot)
                     _send_json(conn, {"ok": True})
                     received = self._read_cache(conn, header)
                 except KvTransferError as error:
@@ -442,9 +494,12 @@ class KvReceiver:
                 slot.deliver(KvTransferError(grpc.StatusCode.INTERNAL, f"the KV receive failed: {error}"))
 
     def _read_hello(self, conn: socket.socket) -> dict:
-        if _recv_exact(conn, 4, "the KV hello") != MAGIC:
-            raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "this is not a Diptych KV stream")
-        header = _recv_json(conn, "the KV header")
+        deadline = time.monotonic() + self.hello_timeout
+        if _recv_exact(conn, 4, "the KV hello", deadline) != MAGIC:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"this is not a Diptych KV stream of this version (it starts with {MAGIC!r})"
+            )
+        header = _recv_json(conn, "the KV header", MAX_HELLO_BYTES, deadline)
         lay = self.layout
         expected = [lay.num_layers, lay.kv_heads, lay.head_dim, lay.block_size, dtype_name(lay.dtype)]
         try:
@@ -462,9 +517,25 @@ class KvReceiver:
             raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header names no known data path")
         return header
 
+    def _check_size(self, num_tokens: int, slot: _Slot) -> None:
+        """Before anything is allocated for it: the cache may be no larger than its request's prompt."""
+        if not 1 <= num_tokens <= slot.max_tokens:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the KV header declares {num_tokens} tokens, but the decode request waits for the KV of "
+                f"a prompt of {slot.max_tokens}",
+            )
+        if self.max_tokens is not None and num_tokens > self.max_tokens:
+            raise KvTransferError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the KV cache of {num_tokens} tokens exceeds this worker's KV pool ({self.max_tokens} tokens)",
+            )
+
     def _read_cache(self, conn: socket.socket, header: dict) -> ReceivedKv:
         lay = self.layout
-        total_blocks = -(-int(header["num_tokens"]) // lay.block_size)
+        num_tokens = int(header["num_tokens"])
+        prompt = _recv_exact(conn, num_tokens * TOKEN_ID.size, "the prompt's token ids")
+        total_blocks = -(-num_tokens // lay.block_size)
         nbytes = total_blocks * lay.block_nbytes
         buffer = self.staging.acquire(nbytes)
         try:
@@ -474,8 +545,8 @@ class KvReceiver:
             raise
         first_token_id, chunks = chunks
         return ReceivedKv(
-            prompt_token_ids=[int(t) for t in header.get("prompt_token_ids", [])],
-            first_token_id=first_token_id, num_tokens=int(header["num_tokens"]), chunks=chunks, nbytes=nbytes,
+            prompt_token_ids=[token for (token,) in TOKEN_ID.iter_unpack(prompt)],
+            first_token_id=first_token_id, num_tokens=num_tokens, chunks=chunks, nbytes=nbytes,
             data_path=header["data_path"], release=_once(lambda: self.staging.release(buffer)),
         )
 
@@ -688,13 +759,14 @@ class OutgoingKv:
             "request_id": self.request_id, "transfer_token": self._token.hex(), "data_path": self.data_path,
             "segment": self._segment.name if self._segment else "", "num_tokens": self.num_tokens,
             "num_layers": lay.num_layers, "kv_heads": lay.kv_heads, "head_dim": lay.head_dim,
-            "block_size": lay.block_size, "dtype": dtype_name(lay.dtype), "prompt_token_ids": self._prompt,
+            "block_size": lay.block_size, "dtype": dtype_name(lay.dtype),
         }
         body = json.dumps(header).encode()
         sock.sendall(MAGIC + struct.pack("<I", len(body)) + body)
         sock.settimeout(self._sender.hello_timeout)  # the decode request may register a little later
         _check_reply(_recv_json(sock, "the decode worker's answer to the KV hello"))
         sock.settimeout(self._sender.io_timeout)
+        sock.sendall(struct.pack(f"<{len(self._prompt)}I", *self._prompt))
 
     def _stream(self, sock: socket.socket, keepalive: float) -> None:
         lay = self.layout

@@ -7,12 +7,13 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import grpc
 import httpx
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.proto.v1 import worker_pb2_grpc
+from diptych_common.worker_credential import WorkerSecret
+from workers.authentication import worker_server
 from workers.decode_graphs import DecodeGraphs
 from workers.engine import Engine, EngineConfig
 from workers.kv_transfer import KvInbox, KvReceiver, KvSender, StagingPool, sweep_stale_files
@@ -68,16 +69,20 @@ async def serve(
     layout = engine.runner.layout
 
     state = WorkerState(role=role)
+    secret = WorkerSecret()  # every call is refused until registration hands it over
     receiver = sender = None
     if role is Role.DECODE:
-        receiver = KvReceiver(KvInbox(), layout, host=host, port=kv_port, staging=StagingPool(pin=cuda))
+        receiver = KvReceiver(
+            KvInbox(), layout, host=host, port=kv_port, staging=StagingPool(pin=cuda),
+            max_tokens=engine.kv.num_blocks * engine.kv.block_size,
+        )
         receiver.start()
     if role is Role.PREFILL:
         sender = KvSender(layout, pin=cuda)
-    service = WorkerService(state, engine, receiver=receiver, sender=sender)
+    service = WorkerService(state, engine, receiver=receiver, sender=sender, secret=secret)
     serve_metrics(metrics_port, host, role.value, service.load, engine)
 
-    server = grpc.aio.server(options=[
+    server = worker_server(secret, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ])
@@ -90,7 +95,7 @@ async def serve(
 
     link = ControlPlaneLink(
         control_plane_url, fleet_token, address, name, service.load_report,
-        on_state=lambda _: service.set_draining(link.draining),
+        on_state=lambda _: service.set_draining(link.draining), secret=secret,
     )
     await link.register_until_accepted()
     if link.fleet.get("model") != model or link.fleet.get("role") != role:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import httpx
 
+from diptych_common.worker_credential import WorkerSecret
+
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 1.0
@@ -25,6 +27,7 @@ class ControlPlaneLink:
         name: str,
         load: Callable[[], dict],
         on_state: Callable[[str], None] = lambda state: None,
+        secret: WorkerSecret | None = None,
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=control_plane_url.rstrip("/"),
@@ -35,6 +38,7 @@ class ControlPlaneLink:
         self._name = name
         self._load = load
         self._on_state = on_state  # told the state the control plane holds for this worker
+        self.secret = secret or WorkerSecret()  # the worker RPC secret, handed over on registration
         self.worker_id = ""
         self.fleet: dict = {}
         self.heartbeat_interval = 2.0
@@ -48,6 +52,12 @@ class ControlPlaneLink:
             raise RegistrationError(f"the control plane refused the fleet token: {response.text}")
         response.raise_for_status()
         body = response.json()
+        if not body.get("worker_rpc_secret"):
+            raise RegistrationError(
+                "the control plane handed out no worker RPC secret on registration: it predates authenticated "
+                "worker calls; upgrade it to this version"
+            )
+        self.secret.set(body["worker_rpc_secret"])
         self.worker_id = body["id"]
         self.fleet = body["fleet"]
         self.heartbeat_interval = float(body["heartbeat_interval_seconds"])

@@ -40,6 +40,7 @@ class EngineRequest:
     kv_stage: object = None  # a prefill-only request's KV goes there as it is computed
     num_preemptions: int = 0
     aborted: bool = False
+    cache_salt: str = ""  # its organization: prefix-cache blocks are named, and shared, under it
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -127,7 +127,7 @@ class Scheduler:
                 request.num_computed_tokens = request.imported_kv.num_tokens
                 out.imports.append(request)
             else:
-                hit = self.kv.find_prefix(request.all_token_ids)
+                hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
                 cached = hit.num_tokens(self.kv.block_size)
                 num_new = min(request.num_tokens - cached, budget)
                 if not self.kv.allocate(request.request_id, cached + num_new, hit):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import grpc
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from workers.engine import Engine, RequestHandle, RequestRejected
+from diptych_common.worker_credential import WorkerSecret, new_challenge
+from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected
 from workers.kv_transfer import KvReceiver, KvSender, KvTransferError, Peer, ReceivedKv, dtype_name, peer_from_endpoint
 from workers.request import BATCH, INTERACTIVE, EngineRequest, ImportedKv
 from workers.sampling import SamplingParams
@@ -77,8 +78,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         engine: Engine,
         receiver: KvReceiver | None = None,
         sender: KvSender | None = None,
+        secret: WorkerSecret | None = None,
     ) -> None:
         self._state = state
+        self._secret = secret or WorkerSecret()
         self._engine = engine
         self._receiver = receiver
         self._sender = sender
@@ -93,7 +96,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         outgoing = self._sender.open(request.request_id, request.transfer_token, prompt, peer)
         engine_request = EngineRequest(
             request.request_id, prompt, sampling_from_proto(request.sampling), _priority(request.priority),
-            prefill_only=True, kv_stage=outgoing,
+            prefill_only=True, kv_stage=outgoing, cache_salt=request.cache_salt,
         )
         handle = await self._add(engine_request, context, on_reject=outgoing.release)
         transfer = _in_own_thread(outgoing.send)
@@ -135,6 +138,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             request.request_id, received.prompt_token_ids, sampling_from_proto(request.sampling),
             _priority(request.priority), output_token_ids=[received.first_token_id],
             imported_kv=ImportedKv(received.num_tokens, received.chunks, received.release),
+            cache_salt=request.cache_salt,
         )
         handle = await self._add(engine_request, context, on_reject=received.release)
         async for output in self._outputs(handle, context):
@@ -152,7 +156,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, Role.COLOCATED, Role.DECODE)
         engine_request = EngineRequest(
             request.request_id, list(request.prompt_token_ids), sampling_from_proto(request.sampling),
-            _priority(request.priority),
+            _priority(request.priority), cache_salt=request.cache_salt,
         )
         handle = await self._add(engine_request, context)
         first = True
@@ -172,11 +176,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def GetKvEndpoint(self, request, context):
         await self._require_role(context, Role.DECODE)
         receiver = self._receiver
-        return worker_pb2.KvEndpoint(
+        endpoint = worker_pb2.KvEndpoint(
             data_host=receiver.host, data_port=receiver.port, shm_probe_name=receiver.shm_probe_name,
             shm_probe_nonce=receiver.shm_probe_nonce, block_size=receiver.layout.block_size,
             dtype=dtype_name(receiver.layout.dtype),
         )
+        endpoint.proof = self._secret.endpoint_proof(request.challenge, endpoint)
+        return endpoint
 
     # ---- load ---------------------------------------------------------------------------------
 
@@ -261,6 +267,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             while True:
                 output = await handle.outputs.get()
+                if isinstance(output, RequestFailed):  # its own failure: the message says so
+                    await context.abort(grpc.StatusCode.INTERNAL, str(output))
                 if isinstance(output, Exception):
                     await context.abort(grpc.StatusCode.INTERNAL, f"the worker's model step failed: {output}")
                 yield output
@@ -273,10 +281,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         peer = self._sender.peers.get(decode_address)
         if peer is not None:
             return peer
+        challenge = new_challenge()
         try:
             async with grpc.aio.insecure_channel(decode_address) as channel:
                 endpoint = await worker_pb2_grpc.WorkerStub(channel).GetKvEndpoint(
-                    worker_pb2.KvEndpointRequest(), timeout=ENDPOINT_TIMEOUT_S
+                    worker_pb2.KvEndpointRequest(challenge=challenge), timeout=ENDPOINT_TIMEOUT_S,
+                    metadata=self._secret.metadata(),
+                )
+            if not self._secret.proves(challenge, endpoint):
+                raise KvTransferError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the worker at {decode_address} could not prove it is a registered decode worker "
+                    "(its KV endpoint carries no valid proof of the worker RPC secret); no KV is sent to it",
                 )
             peer = peer_from_endpoint(decode_address, endpoint, self._sender.layout, self._sender.allow_shm)
         except grpc.aio.AioRpcError as error:
@@ -297,8 +313,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         def deliver(result) -> None:  # called once, on a receiver thread
             loop.call_soon_threadsafe(_settle, arrival, result)
 
+        if request.prompt_tokens == 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "DecodeRequest.prompt_tokens must give the prompt's length: the KV receiver accepts no more",
+            )
         try:
-            self._receiver.inbox.expect(request.request_id, request.transfer_token, deliver)
+            self._receiver.inbox.expect(request.request_id, request.transfer_token, deliver, request.prompt_tokens)
         except KvTransferError as error:
             await context.abort(error.code, str(error))
         try:

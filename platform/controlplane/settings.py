@@ -36,6 +36,24 @@ def _env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def _restrict_mode(path: Path, mode: int) -> None:
+    """Tightens `path` to `mode` when this user owns it (a path owned by someone else is theirs to set)."""
+    if path.exists() and path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o777 != mode:
+        path.chmod(mode)
+
+
+def _private_sqlite_database(path: Path) -> Path:
+    """Creates the state directory (0700) and the database file (0600) before SQLite opens it: SQLite
+    would create the file under the umask, usually readable by everyone, and it gives the -wal and -shm
+    files it creates later the mode of the database file."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _restrict_mode(path.parent, 0o700)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        _restrict_mode(file, 0o600)
+    return path
+
+
 DEBUG = _env_flag("DIPTYCH_DEBUG")
 EMBEDDED = not os.environ.get("DATABASE_URL")
 
@@ -79,6 +97,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "controlplane.common.body_limit.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -87,6 +106,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# The largest body any endpoint reads (413 above it, before parsing). The largest legitimate one is a
+# usage batch of MAX_EVENTS_PER_BATCH (1000) events: about 1 KB each with every text field at its
+# maximum length, up to about 7 KB if that text is non-ASCII escaped as \uXXXX.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"
@@ -107,11 +131,10 @@ TEMPLATES = [
 ]
 
 if EMBEDDED:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": STATE_DIR / "controlplane.sqlite3",
+            "NAME": _private_sqlite_database(STATE_DIR / "controlplane.sqlite3"),
             # Gateway, workers and Celery write concurrently: WAL plus immediate transactions turn
             # "database is locked" failures into short waits.
             "OPTIONS": {
@@ -145,7 +168,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenancy.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["controlplane.common.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.DefaultPagination",
     "EXCEPTION_HANDLER": "controlplane.common.exception_handler.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -199,6 +222,7 @@ CELERY_BEAT_SCHEDULE = {
     "roll-up-usage": {"task": "controlplane.billing.tasks.roll_up_usage", "schedule": 10.0},
     "close-billing-periods": {"task": "controlplane.billing.tasks.close_billing_periods", "schedule": 600.0},
     "sync-invoices-with-stripe": {"task": "controlplane.billing.tasks.sync_invoices_with_stripe", "schedule": 300.0},
+    "purge-idempotency-records": {"task": "controlplane.metering.tasks.purge_idempotency_records", "schedule": 3600.0},
 }
 
 LOGGING = {

@@ -24,9 +24,14 @@ def not_found(request: HttpRequest, exception: Exception) -> JsonResponse:
     return JsonResponse(error_body("not_found", f"No endpoint at {request.path}."), status=404)
 
 
+def bad_request(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return JsonResponse(error_body("bad_request", f"Bad request: {exception}"), status=400)
+
+
 def server_error(request: HttpRequest) -> JsonResponse:
     return JsonResponse(error_body("server_error", "Internal server error."), status=500)
 
 
+handler400 = bad_request
 handler404 = not_found
 handler500 = server_error

@@ -211,3 +211,32 @@ def test_decode_floor_prints_each_batch_against_its_floor(capsys):
         eager_ms, floor_ms = float(row[2]), float(row[4])
         assert floor_ms > 0 and row[5] in ("memory", "compute")
         assert float(row[6].removesuffix("x")) == pytest.approx(eager_ms / floor_ms, rel=0.02)  # of rounded figures
+
+
+def test_migration_parity_compares_every_migrated_stream_and_the_reference(capsys):
+    from bench.migration_parity import main
+
+    assert main(["--streams", "3", "--output-tokens", "10", "--prompt-min", "5", "--prompt-max", "40",
+                 "--cuts", "0.3", "0.7", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "diptych-tiny: 3 greedy streams" in out
+    assert "migrated after token 3: " in out and "migrated after token 7: " in out
+    assert "of 6 migrated streams diverge" in out
+    assert "of 3 undisturbed streams differ from transformers generate" in out
+
+
+def test_migration_parity_finds_the_first_difference_and_the_gap_there():
+    from bench.migration_parity import Stream, first_difference, margin, migrate_and_compare
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    assert margin(([5.0, 4.5, 1.0], [7, 9, 3]), 7, 9) == 0.5
+    assert margin(([5.0, 4.5], [7, 9]), 7, 3) is None
+    whole = Stream([0], tokens=[10, 11, 12, 13], top={2: ([3.0, 2.9], [12, 20])})
+    migrated = Stream([0, 10], tokens=[11, 20, 21], top={2: ([3.1, 3.05], [20, 12])})
+    (divergence,) = migrate_and_compare([whole], [migrated], cut=1)
+    assert divergence.at == 2
+    assert divergence.undisturbed_margin == pytest.approx(0.1)
+    assert divergence.migrated_margin == pytest.approx(0.05)
+    assert migrate_and_compare([whole], [Stream([0, 10], tokens=[11, 12, 13])], cut=1) == []

@@ -50,11 +50,24 @@ class LiveStack:
 
     def worker_load(self, name: str) -> worker_pb2.Load:
         with grpc.insecure_channel(self.workers[name]["address"]) as channel:
-            return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.LoadRequest(), timeout=5)
+            return worker_pb2_grpc.WorkerStub(channel).GetLoad(
+                worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(self.stack)
+            )
 
     def gateway_metric(self, mode: str, name: str) -> float:
         text = httpx.get(self.metrics_urls[mode], timeout=5).text
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+def worker_credential(stack: Stack) -> tuple[tuple[str, str], ...]:
+    """The metadata a call to a worker needs: the worker RPC secret, as the gateway gets it."""
+    response = httpx.get(
+        f"{stack.control_plane_url}/api/v1/internal/worker-credential",
+        headers={"Authorization": f"Bearer {stack.internal_token}"},
+        timeout=5.0,
+    )
+    response.raise_for_status()
+    return (("authorization", f"Bearer {response.json()['worker_rpc_secret']}"),)
 
 
 @contextmanager

@@ -10,13 +10,16 @@ import httpx
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.conftest import worker_credential
 from tests.e2e.test_generation import generate_reference
 
 
 def test_workers_publish_their_kv_memory_at_once(live):
     for name in ("prefill-0", "decode-0", "colocated-0"):
         with grpc.insecure_channel(live.workers[name]["address"]) as channel:
-            watch = worker_pb2_grpc.WorkerStub(channel).WatchLoad(worker_pb2.LoadRequest(), timeout=5)
+            watch = worker_pb2_grpc.WorkerStub(channel).WatchLoad(
+                worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(live.stack)
+            )
             load = next(watch)
             watch.cancel()
         assert load.block_size == 16 and 0 < load.kv_blocks_free <= load.kv_blocks_total

@@ -20,7 +20,7 @@ from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_server.stack import Stack
 from gateway.live_load import STALE_AFTER_S
-from tests.e2e.conftest import free_port, own_database
+from tests.e2e.conftest import free_port, own_database, worker_credential
 from tests.e2e.test_generation import generate_reference
 
 MODEL = "diptych-tiny"
@@ -57,7 +57,9 @@ class Fleet:
 
     def load(self, name: str) -> worker_pb2.Load:
         with grpc.insecure_channel(self.workers[name]["address"]) as channel:
-            return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.LoadRequest(), timeout=5)
+            return worker_pb2_grpc.WorkerStub(channel).GetLoad(
+                worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(self.stack)
+            )
 
     def current_id(self, name: str) -> str:
         """The worker's id now (a worker registers again, under a new id, after being marked dead)."""

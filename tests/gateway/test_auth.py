@@ -1,9 +1,22 @@
-"""The control plane's verification answer, read defensively: what it does not send is allowed."""
+"""The control plane's verification answer, read defensively: what it does not send is allowed; the key
+cache, bounded and least-recently-used, with refused keys apart; the per-peer failed-authentication
+budget."""
 
 import grpc
 import pytest
 
-from gateway.auth import RateLimits, _check_allowed, caller_from_identity
+from gateway.auth import (
+    FAILED_AUTH_BURST,
+    FAILED_AUTH_PER_MINUTE,
+    MAX_REFUSED_KEYS,
+    REFUSED_TTL_S,
+    Authenticator,
+    RateLimits,
+    _check_allowed,
+    caller_from_identity,
+)
+from gateway.auth_cache import peer_address
+from gateway.control_plane import ControlPlaneUnavailable
 from gateway.errors import GatewayError
 
 BASE = {"api_key_id": "key_1", "organization_id": "org_1"}
@@ -41,3 +54,135 @@ def test_an_organization_over_its_spend_limit_is_refused_with_the_amount():
         ))
     assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert raised.value.message.startswith("spend limit of $12.50 reached for this billing period")
+
+
+# ---- the key cache and the failed-authentication budget --------------------------------------------
+
+GOOD_KEY = "dip_good"
+PEER = "ipv4:10.0.0.7:51234"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ControlPlaneStandIn:
+    """The control plane's verify answer from memory: valid keys, revocation, an outage, a call count."""
+
+    def __init__(self) -> None:
+        self.valid = {GOOD_KEY}
+        self.down = False
+        self.calls = 0
+
+    async def verify_api_key(self, api_key: str) -> dict | None:
+        self.calls += 1
+        if self.down:
+            raise ControlPlaneUnavailable("control plane unreachable")
+        return {**BASE, "api_key_id": api_key} if api_key in self.valid else None
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def control_plane():
+    return ControlPlaneStandIn()
+
+
+@pytest.fixture
+def auth(control_plane, clock):
+    return Authenticator(control_plane, ttl_s=5.0, clock=clock)
+
+
+async def refused_code(auth, key: str, peer: str) -> grpc.StatusCode:
+    with pytest.raises(GatewayError) as raised:
+        await auth.authenticate_header(f"Bearer {key}", peer)
+    return raised.value.code
+
+
+async def test_a_flood_of_bogus_keys_from_many_peers_does_not_evict_a_verified_key(auth, control_plane, clock):
+    await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
+    for index in range(MAX_REFUSED_KEYS + 50):
+        clock.now += 0.0001
+        assert await refused_code(auth, f"bogus-{index}", f"ipv4:10.1.{index // 250}.{index % 250}:4000") \
+            is grpc.StatusCode.UNAUTHENTICATED
+    control_plane.down = True
+    clock.now += 10.0   # past the TTL, within the stale grace: served from the cache through the outage
+    caller = await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
+    assert caller.api_key_id == GOOD_KEY
+
+
+async def test_verified_keys_are_evicted_least_recently_used_first(control_plane, clock, monkeypatch):
+    monkeypatch.setattr("gateway.auth.MAX_CACHED_KEYS", 2)
+    auth = Authenticator(control_plane, clock=clock)
+    control_plane.valid |= {"k1", "k2", "k3"}
+    for key in ("k1", "k2", "k1", "k3"):   # k2 is the least recently used when k3 arrives
+        await auth.authenticate_header(f"Bearer {key}", PEER)
+    control_plane.down = True
+    assert (await auth.authenticate_header("Bearer k1", PEER)).api_key_id == "k1"
+    assert (await auth.authenticate_header("Bearer k3", PEER)).api_key_id == "k3"
+    assert await refused_code(auth, "k2", PEER) is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_refused_key_is_remembered_briefly_then_asked_again(auth, control_plane, clock):
+    assert await refused_code(auth, "later-valid", PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, "later-valid", PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert control_plane.calls == 1
+    control_plane.valid.add("later-valid")
+    clock.now += REFUSED_TTL_S
+    assert (await auth.authenticate_header("Bearer later-valid", PEER)).api_key_id == "later-valid"
+    assert control_plane.calls == 2
+
+
+async def test_a_revoked_key_stops_working_once_the_ttl_ends(auth, control_plane, clock):
+    await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
+    control_plane.valid.clear()
+    clock.now += 4.9
+    await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
+    clock.now += 0.2
+    assert await refused_code(auth, GOOD_KEY, PEER) is grpc.StatusCode.UNAUTHENTICATED
+    control_plane.down = True   # the refusal is remembered, not the old verification
+    assert await refused_code(auth, GOOD_KEY, PEER) is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_peer_over_its_failure_budget_is_refused_with_a_retry_time_before_any_control_plane_call(
+    auth, control_plane, clock
+):
+    for index in range(FAILED_AUTH_BURST):
+        assert await refused_code(auth, f"bogus-{index}", PEER) is grpc.StatusCode.UNAUTHENTICATED
+    calls = control_plane.calls
+    # A new port is the same peer; an unknown key is not even sent to the control plane.
+    with pytest.raises(GatewayError) as raised:
+        await auth.authenticate_header("Bearer bogus-next", "ipv4:10.0.0.7:60000")
+    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "too many failed authentications from 10.0.0.7" in raised.value.message
+    assert raised.value.retry_after_ms == round(60_000 / FAILED_AUTH_PER_MINUTE)
+    assert control_plane.calls == calls
+    # Another peer is untouched, and the budget refills with time.
+    assert await refused_code(auth, "bogus-other", "ipv4:10.0.0.8:1") is grpc.StatusCode.UNAUTHENTICATED
+    clock.now += 60 / FAILED_AUTH_PER_MINUTE
+    assert await refused_code(auth, "bogus-next", PEER) is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_key_verified_within_the_ttl_passes_even_from_a_peer_over_its_budget(auth, control_plane):
+    await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
+    for index in range(FAILED_AUTH_BURST):
+        await refused_code(auth, f"bogus-{index}", PEER)
+    assert (await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)).api_key_id == GOOD_KEY
+
+
+@pytest.mark.parametrize("peer, address", [
+    ("ipv4:10.0.0.7:51234", "10.0.0.7"),
+    ("ipv6:[::1]:51234", "::1"),
+    ("ipv6:%5B2001:db8::1%5D:443", "2001:db8::1"),
+    ("10.0.0.7", "10.0.0.7"),
+    ("unix:/tmp/gateway.sock", "unix:/tmp/gateway.sock"),
+])
+def test_peers_are_counted_by_address_without_their_port(peer, address):
+    assert peer_address(peer) == address

@@ -210,3 +210,13 @@ def test_a_prefill_worker_stops_counting_a_request_once_its_first_token_came():
     assert router.route(request([5] * 40)).decode.id != first.decode.id
     lease.release()
     assert router.route(request([5] * 40)).decode.id == first.decode.id
+
+
+def test_prefix_affinity_holds_within_an_organization_and_never_across():
+    fleet = two_by_two()
+    fleet.report("p2", cached=block_hashes(PREFIX, BLOCK, "org-a"))
+    router = fleet.router()
+    same = router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org-a"))
+    assert same.prefill.id == "p2" and same.matched_tokens == 256
+    other = router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org-b"))
+    assert other.matched_tokens == 0 and other.prefill.id == "p1"

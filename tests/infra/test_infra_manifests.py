@@ -74,3 +74,97 @@ def test_fleet_autoscalers_target_their_deployments():
     for _, document in documents:
         if document["kind"] == "HorizontalPodAutoscaler":
             assert document["spec"]["scaleTargetRef"]["name"] in deployments
+
+
+# ---- network policies: only the gateway reaches worker gRPC, only prefill workers the KV data port ----
+
+STRANGER = {"app": "stranger"}  # any other pod in the namespace, e.g. a tenant's notebook
+
+
+def _template_labels() -> dict[str, dict]:
+    """Each Deployment's pod labels, by Deployment name."""
+    return {
+        document["metadata"]["name"]: document["spec"]["template"]["metadata"]["labels"]
+        for _, document in _k8s_documents() if document["kind"] == "Deployment"
+    }
+
+
+def _named_ports(deployment: str) -> dict[str, int]:
+    for _, document in _k8s_documents():
+        if document["kind"] == "Deployment" and document["metadata"]["name"] == deployment:
+            containers = document["spec"]["template"]["spec"]["containers"]
+            return {port["name"]: port["containerPort"] for c in containers for port in c.get("ports", [])}
+    raise KeyError(deployment)
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present = expression["key"] in labels
+        value_in = labels.get(expression["key"]) in expression.get("values", [])
+        outcome = {"In": present and value_in, "NotIn": not value_in, "Exists": present,
+                   "DoesNotExist": not present}[expression["operator"]]
+        if not outcome:
+            return False
+    return True
+
+
+def _peer_admits(peer: dict, source: dict, same_namespace: bool) -> bool:
+    if "ipBlock" in peer:
+        return False  # pods are not addressed by IP blocks here
+    if "namespaceSelector" not in peer and not same_namespace:
+        return False
+    return _selects(peer.get("podSelector", {}), source)
+
+
+def _port_admits(rule_ports: list | None, port_name: str, port_number: int) -> bool:
+    return rule_ports is None or any(p.get("port") in (port_name, port_number) for p in rule_ports)
+
+
+def _reachable(target: dict, port_name: str, port_number: int, source: dict, same_namespace: bool = True) -> bool:
+    """Whether a pod with `source` labels may open `port` on a pod with `target` labels."""
+    policies = [d for _, d in _k8s_documents() if d["kind"] == "NetworkPolicy"
+                and "Ingress" in d["spec"].get("policyTypes", ["Ingress"]) and _selects(d["spec"]["podSelector"], target)]
+    if not policies:
+        return True  # no policy selects the pod: everything reaches it
+    return any(
+        _port_admits(rule.get("ports"), port_name, port_number)
+        and any(_peer_admits(peer, source, same_namespace) for peer in rule.get("from", [{}]))
+        for policy in policies for rule in policy["spec"].get("ingress", [])
+    )
+
+
+def test_only_the_gateway_reaches_worker_grpc_and_only_prefill_workers_reach_kv_data():
+    labels = _template_labels()
+    gateway, control_plane = labels["gateway"], labels["control-plane"]
+    prefill, decode = labels["prefill-diptych-tiny"], labels["decode-diptych-tiny"]
+    prefill_ports, decode_ports = _named_ports("prefill-diptych-tiny"), _named_ports("decode-diptych-tiny")
+    for worker, ports in ((prefill, prefill_ports), (decode, decode_ports)):
+        assert _reachable(worker, "grpc", ports["grpc"], gateway)
+        for outsider in (control_plane, STRANGER):
+            assert not _reachable(worker, "grpc", ports["grpc"], outsider)
+            assert not _reachable(worker, "grpc", ports["grpc"], outsider, same_namespace=False)
+    assert _reachable(decode, "grpc", decode_ports["grpc"], prefill)  # GetKvEndpoint
+    assert not _reachable(prefill, "grpc", prefill_ports["grpc"], decode)
+    assert _reachable(decode, "kv-data", decode_ports["kv-data"], prefill)
+    for outsider in (gateway, control_plane, decode, STRANGER):
+        assert not _reachable(decode, "kv-data", decode_ports["kv-data"], outsider)
+
+
+def test_prometheus_still_scrapes_the_workers():
+    labels = _template_labels()
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    for deployment in ("prefill-diptych-tiny", "decode-diptych-tiny"):
+        port = _named_ports(deployment)["metrics"]
+        assert _reachable(labels[deployment], "metrics", port, prometheus, same_namespace=False)
+        assert not _reachable(labels[deployment], "metrics", port, STRANGER)
+
+
+def test_network_policy_ports_name_ports_the_workers_declare():
+    declared = set(_named_ports("prefill-diptych-tiny")) | set(_named_ports("decode-diptych-tiny"))
+    for _, document in _k8s_documents():
+        if document["kind"] == "NetworkPolicy":
+            for rule in document["spec"]["ingress"]:
+                for port in rule.get("ports", []):
+                    assert port["port"] in declared, f"{document['metadata']['name']} names an unknown port"

@@ -15,17 +15,18 @@ from controlplane.billing.models import Invoice
 from controlplane.billing.services import billing_periods_close
 from controlplane.catalog.services import price_set
 from controlplane.metering.models import UsageEvent
-from controlplane.tenancy.models import ApiKey, AuditEvent, Membership, Organization
-from controlplane.tenancy.services import api_key_create, member_add
+from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization
+from controlplane.tenancy.services import api_key_create, member_add, member_invite
 
 API_PREFIX = "api/v1/"
 EXEMPT = {
     "schema/": "the OpenAPI schema is public and holds no data",
     "auth/login": "takes credentials, reads no organization",
+    "auth/accept-invitation": "takes an invitation token, which names its organization (test_platform_invitations)",
     "stripe/webhook": "authenticated by Stripe's signature, not by an organization (test_platform_stripe)",
 }
 INTERNAL_PREFIX = "internal/"  # the gateway's and workers' endpoints: an organization's key is refused outright
-OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id"}
+OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id", "invitation_id"}
 METHODS = ["get", "post", "put", "patch", "delete"]
 PASSWORD = "isolation-password-1"
 LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
@@ -75,6 +76,7 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
     for phase, micros in (("prefill", 1_000), ("cached_prefill", 500), ("decode", 2_000)):
         price_set(model=tiny_model, phase=phase, micros_per_million=micros, effective_from=LONG_AGO)
     member = member_add(organization=org_a, email="a-owner@acme.test", role="owner", password=PASSWORD)
+    invitation = member_invite(organization=org_a, email="a-invitee@acme.test", role="developer").invitation
     event = make_usage_event(key_a, "req-a-secret", "decode", started_at="2020-03-04T05:06:07Z",
                              finished_at="2020-03-04T05:06:08Z", cached_tokens=0)
     assert internal_client.post("/api/v1/internal/usage-events", {"events": [event]}).status_code == 200
@@ -83,6 +85,7 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
     return {
         "key_id": key_a.api_key.public_id,
         "member_id": member.public_id,
+        "invitation_id": invitation.public_id,
         "invoice_id": invoice.public_id,
         "worker_id": worker["id"],
         "name": tiny_model.name,
@@ -95,6 +98,7 @@ def _fingerprint(organization: Organization) -> tuple:
     return (
         sorted(ApiKey.objects.filter(organization=organization).values_list("public_id", "revoked_at", "scopes")),
         sorted(Membership.objects.filter(organization=organization).values_list("public_id", "role")),
+        sorted(Invitation.objects.filter(organization=organization).values_list("public_id", "role")),
         Organization.objects.get(pk=organization.pk).spend_limit_micros,
         sorted(Invoice.objects.filter(organization=organization).values_list("public_id", "status")),
         UsageEvent.objects.filter(organization=organization).count(),

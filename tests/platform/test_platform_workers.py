@@ -135,28 +135,40 @@ def test_heartbeat_with_another_fleets_token_is_404(prefill_client, decode_clien
     assert Worker.objects.get(public_id=worker_id).state == WorkerState.READY
 
 
-def test_heartbeat_of_a_dead_worker_is_410(prefill_client):
+def test_a_worker_marked_dead_that_heartbeats_again_is_live_again_under_its_id(
+    prefill_client, internal_client, settings
+):
+    # What a control-plane outage longer than the deadline looks like: the worker heartbeated into the void,
+    # the periodic job marked it dead; its first heartbeat afterwards brings it back without registering.
+    settings.DIPTYCH_WORKER_DEAD_AFTER_SECONDS = 10
     worker_id = register(prefill_client)
+    silence(worker_id, seconds=30)
+    assert workers_mark_silent_dead() == 1
+    response = prefill_client.post(heartbeat_url(worker_id), {"state": "ready", **LOAD})
+    assert response.status_code == 200 and response.data == {"state": "ready"}
+    assert Worker.objects.get(public_id=worker_id).state == WorkerState.READY
+    assert [worker["id"] for worker in internal_client.get(REGISTRY_URL).data["workers"]] == [worker_id]
+
+
+def test_a_revived_worker_keeps_a_drain_staff_requested(prefill_client, staff_client):
+    worker_id = register(prefill_client)
+    staff_client.post(f"/api/v1/workers/{worker_id}/drain")
     Worker.objects.filter(public_id=worker_id).update(state=WorkerState.DEAD)
-    response = prefill_client.post(heartbeat_url(worker_id), {"state": "ready"})
-    assert response.status_code == 410
-    assert response.data["error"]["type"] == "worker_dead"
-    assert Worker.objects.get(public_id=worker_id).state == WorkerState.DEAD
+    assert prefill_client.post(heartbeat_url(worker_id), {"state": "ready"}).data == {"state": "draining"}
 
 
-def test_late_heartbeat_is_410_even_before_the_periodic_job_ran(prefill_client, settings):
+def test_late_heartbeat_is_accepted_even_before_the_periodic_job_ran(prefill_client, settings):
     settings.DIPTYCH_WORKER_DEAD_AFTER_SECONDS = 10
     worker_id = register(prefill_client)
     silence(worker_id, seconds=11)
     response = prefill_client.post(heartbeat_url(worker_id), {"state": "ready"})
-    assert response.status_code == 410
-    assert Worker.objects.get(public_id=worker_id).state == WorkerState.DEAD
+    assert response.status_code == 200
+    assert Worker.objects.get(public_id=worker_id).state == WorkerState.READY
 
 
 def test_dead_worker_re_registers_and_the_registry_lists_one_worker_per_address(prefill_client, internal_client):
     first_id = register(prefill_client)
     Worker.objects.filter(public_id=first_id).update(state=WorkerState.DEAD)
-    assert prefill_client.post(heartbeat_url(first_id), {"state": "ready"}).status_code == 410
 
     second_id = register(prefill_client)
     assert second_id != first_id
@@ -216,11 +228,11 @@ def test_mark_silent_workers_dead_marks_only_silent_live_workers(prefill_client,
     silent_ids = [register(prefill_client, address=f"127.0.0.1:5006{port}") for port in (2, 3)]
     for worker_id in silent_ids:
         silence(worker_id, seconds=30)
-    prefill_client.post(heartbeat_url(silent_ids[1]), {"state": "draining"})  # too late: refused, marked dead
+    prefill_client.post(heartbeat_url(silent_ids[1]), {"state": "draining"})  # late, but alive after all
 
     assert workers_mark_silent_dead() == 1
     states = dict(Worker.objects.values_list("public_id", "state"))
-    assert states == {fresh_id: "ready", silent_ids[0]: "dead", silent_ids[1]: "dead"}
+    assert states == {fresh_id: "ready", silent_ids[0]: "dead", silent_ids[1]: "draining"}
     assert workers_mark_silent_dead() == 0
 
 

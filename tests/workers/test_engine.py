@@ -203,3 +203,14 @@ async def test_seeded_sampling_continues_after_a_migration(make_engine):
     migrated = SamplingParams(temperature=1.0, seed=7, max_tokens=8, ignore_eos=True, tokens_already_generated=3)
     rest = await collect(engine.add(EngineRequest("b", prompt + whole[:3], migrated)))
     assert rest == whole[3:]
+
+
+async def test_an_identical_prompt_of_another_organization_gets_no_cached_tokens(make_engine, reference):
+    engine = make_engine(token_budget=512)
+    secret = prompts([256], salt=4)[0]
+    await run_all(engine, [secret + [1]], [2], cache_salt="org-a")
+    outputs, handles = await run_all(engine, [secret + [2]], [3], cache_salt="org-b")
+    assert handles[0].request.num_cached_tokens == 0
+    assert outputs[0] == reference(secret + [2], 3)
+    _, handles = await run_all(engine, [secret + [3]], [2], cache_salt="org-a")
+    assert handles[0].request.num_cached_tokens == 256   # the same organization still hits

@@ -102,3 +102,34 @@ def test_prefix_caching_can_be_turned_off():
     kv.allocate("a", 8)
     kv.cache_full_blocks("a", tokens(8), 8)
     assert kv.cached_block_hashes() == [] and kv.find_prefix(tokens(9)).blocks == []
+
+
+def test_cached_blocks_are_found_only_under_the_salt_that_named_them():
+    kv = KVCacheManager(num_blocks=16, block_size=SIZE)
+    prompt = tokens(12)
+    kv.allocate("a", 12)
+    kv.cache_full_blocks("a", prompt, 12, salt="org-a")
+    assert kv.cached_block_hashes() == block_hashes(prompt, SIZE, "org-a")  # the gateway's salted names
+    assert kv.find_prefix(prompt + [1], salt="org-a").num_tokens(SIZE) == 12
+    # Another organization's identical prompt, and an unsalted one, hit nothing.
+    assert kv.find_prefix(prompt + [1], salt="org-b").blocks == []
+    assert kv.find_prefix(prompt + [1]).blocks == []
+
+
+def test_blocks_named_after_a_prefix_hit_continue_the_salted_chain():
+    kv = KVCacheManager(num_blocks=16, block_size=SIZE)
+    kv.allocate("a", 8)
+    kv.cache_full_blocks("a", tokens(8), 8, salt="org-a")
+    longer = tokens(16)
+    hit = kv.find_prefix(longer + [1], salt="org-a")
+    kv.allocate("b", 17, hit)
+    kv.cache_full_blocks("b", longer, 16, salt="org-a")
+    assert kv.find_prefix(longer + [1], salt="org-a").num_tokens(SIZE) == 16
+    assert kv.find_prefix(longer + [1], salt="org-b").blocks == []
+
+
+def test_salted_chains_differ_from_the_first_block_on_and_the_empty_salt_is_the_plain_chain():
+    prompt = tokens(8)
+    salted = [block_hashes(prompt, SIZE, salt) for salt in ("org-a", "org-b", "")]
+    assert not set(salted[0]) & set(salted[1]) and not set(salted[0]) & set(salted[2])
+    assert salted[2] == block_hashes(prompt, SIZE)

@@ -53,9 +53,9 @@ def sender():
     tx.close()
 
 
-def expect(receiver, request_id="req-1", token=TOKEN) -> queue.Queue:
+def expect(receiver, request_id="req-1", token=TOKEN, max_tokens=64) -> queue.Queue:
     arrived = queue.Queue()
-    receiver.inbox.expect(request_id, token, arrived.put)
+    receiver.inbox.expect(request_id, token, arrived.put, max_tokens)
     return arrived
 
 
@@ -144,16 +144,22 @@ class HandSender:
 
     def __init__(self, receiver, num_tokens=8, **header) -> None:
         self.sock = socket.create_connection((receiver.host, receiver.port), timeout=5)
+        self.num_tokens = num_tokens
+        self.prompt_sent = False
         body = json.dumps({
             "request_id": "req-1", "transfer_token": TOKEN.hex(), "data_path": "tcp", "num_tokens": num_tokens,
-            "num_layers": 2, "kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float32",
-            "prompt_token_ids": list(range(num_tokens)), **header,
+            "num_layers": 2, "kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float32", **header,
         }).encode()
         self.sock.sendall(MAGIC + struct.pack("<I", len(body)) + body)
 
     def reply(self) -> dict:
+        """The next reply; once the hello is accepted, the prompt's token ids follow, as a sender's do."""
         (length,) = struct.unpack("<I", self._exact(4))
-        return json.loads(self._exact(length))
+        message = json.loads(self._exact(length))
+        if message["ok"] and not self.prompt_sent:
+            self.sock.sendall(struct.pack(f"<{self.num_tokens}I", *range(self.num_tokens)))
+            self.prompt_sent = True
+        return message
 
     def _exact(self, count: int) -> bytes:
         data = b""

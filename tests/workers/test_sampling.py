@@ -1,6 +1,6 @@
 import torch
 
-from workers.sampling import SamplingParams, StopCriteria, sample
+from workers.sampling import SamplingParams, StopCriteria, finite_rows, sample
 
 
 def logits(rows: int = 4, vocab: int = 64, seed: int = 0) -> torch.Tensor:
@@ -43,3 +43,51 @@ def test_stop_criteria():
     assert stop.check(5, 3, 2, params) == (True, False)
     assert stop.check(5, 2, 2, params) == (False, False)
     assert stop.check(5, 2, 8, SamplingParams(max_tokens=50)) == (True, False)
+
+
+def test_temperatures_too_small_to_divide_by_or_not_numbers_sample_greedily():
+    values = logits()
+    expected = values.argmax(-1).tolist()
+    for temperature in (1e-40, 1e-6, -0.5, float("nan")):
+        assert sample(values, [SamplingParams(temperature=temperature, seed=3)] * 4, [0] * 4) == expected
+
+
+def test_nan_logits_are_never_picked_greedily_or_drawn():
+    values = logits(rows=2, vocab=64)
+    best = values.argmax(-1)
+    values[:, (best[0] + 1) % 64] = float("nan")
+    assert sample(values, [SamplingParams(temperature=0.0)] * 2, [0, 0]) == best.tolist()
+    values[1, :32] = float("nan")
+    draws = {sample(values[1:], [SamplingParams(temperature=5.0, seed=s)], [0])[0] for s in range(200)}
+    assert draws and all(32 <= token < 64 for token in draws)
+
+
+def test_infinite_logits_take_the_whole_probability():
+    values = logits(rows=1, vocab=64)
+    values[0, 9] = values[0, 50] = float("inf")
+    values[0, 3] = float("-inf")
+    draws = {sample(values, [SamplingParams(temperature=1.0, seed=s, top_p=0.9, top_k=5)], [0])[0] for s in range(50)}
+    assert draws == {9, 50}
+
+
+def test_a_row_without_one_finite_logit_still_gives_a_token_of_the_vocabulary():
+    for fill in (float("nan"), float("-inf")):
+        values = torch.full((1, 64), fill)
+        for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.5, top_k=3, seed=1)):
+            assert 0 <= sample(values, [params], [0])[0] < 64
+
+
+def test_degenerate_top_p_and_top_k_keep_the_most_likely_token():
+    values = logits()
+    expected = values.argmax(-1).tolist()
+    assert sample(values, [SamplingParams(temperature=1.0, top_p=0.0, seed=2)] * 4, [0] * 4) == expected
+    assert sample(values, [SamplingParams(temperature=1.0, top_p=-1.0, top_k=1)] * 4, [0] * 4) == expected
+    draws = sample(values, [SamplingParams(temperature=1.0, top_k=-3, seed=2)] * 4, [0] * 4)
+    assert all(0 <= token < values.shape[1] for token in draws)
+
+
+def test_finite_rows_names_the_rows_holding_nan_or_infinity():
+    values = logits(rows=4)
+    values[1, 0] = float("nan")
+    values[3, 5] = float("-inf")
+    assert finite_rows(values) == [True, False, True, False]

@@ -8,33 +8,38 @@ import pytest
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from tests.workers.conftest import prompts
+from workers.authentication import worker_server
 from workers.engine import Engine, EngineConfig
 from workers.kv_transfer import KvInbox, KvReceiver, KvSender
 from workers.model_runner import ModelRunner
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
 
+SECRET = "tests-worker-rpc-secret"
+
 
 class Worker:
-    def __init__(self, role: Role, model, executor, allow_shm: bool) -> None:
+    def __init__(self, role: Role, model, executor, allow_shm: bool, secret: str = SECRET) -> None:
+        self.secret = WorkerSecret(secret)
         config = EngineConfig(num_kv_blocks=128, token_budget=64)
         runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
         self.engine = Engine(runner, config, StopCriteria(frozenset(), 1024), executor)
         self.receiver = KvReceiver(KvInbox(), runner.layout) if role is Role.DECODE else None
         self.sender = KvSender(runner.layout, allow_shm=allow_shm) if role is Role.PREFILL else None
         self.state = WorkerState(role, worker_id=f"{role}-0")
-        self.service = WorkerService(self.state, self.engine, self.receiver, self.sender)
+        self.service = WorkerService(self.state, self.engine, self.receiver, self.sender, secret=self.secret)
 
     async def start(self) -> None:
         if self.receiver:
             self.receiver.start()
-        self.server = grpc.aio.server()
+        self.server = worker_server(self.secret)
         worker_pb2_grpc.add_WorkerServicer_to_server(self.service, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         await self.server.start()
         self.task = asyncio.create_task(self.engine.run())
-        self.channel = grpc.aio.insecure_channel(self.address)
+        self.channel = grpc.aio.insecure_channel(self.address, interceptors=attach_worker_secret(self.secret))
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
 
     async def stop(self) -> None:
@@ -62,14 +67,15 @@ def sampling(count: int) -> worker_pb2.SamplingParams:
     return worker_pb2.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
 
 
-async def split(prefill, decode, request_id: str, prompt: list[int], count: int):
+async def split(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = ""):
     token = secrets.token_bytes(32)
     decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id=request_id, transfer_token=token, sampling=sampling(count), prompt_tokens=len(prompt)
+        request_id=request_id, transfer_token=token, sampling=sampling(count), prompt_tokens=len(prompt),
+        cache_salt=cache_salt,
     ))
     prefill_events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
         request_id=request_id, prompt_token_ids=prompt, sampling=sampling(count),
-        decode_address=decode.address, transfer_token=token,
+        decode_address=decode.address, transfer_token=token, cache_salt=cache_salt,
     ))]
     rest = [e async for e in decode_call]
     return prefill_events, rest
@@ -94,6 +100,23 @@ async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(
         assert worker.engine.kv.num_free_blocks == worker.engine.kv.num_blocks
 
 
+async def test_cached_prompts_are_shared_within_an_organization_only(workers, reference):
+    prefill, decode = workers
+    secret = prompts([256], salt=22)[0]
+    await split(prefill, decode, "a1", secret + [1], 2, cache_salt="org-a")
+    prefill_events, _ = await split(prefill, decode, "b1", secret + [2], 2, cache_salt="org-b")
+    assert prefill_events[0].first_token.cached_tokens == 0
+    prefill_events, _ = await split(prefill, decode, "a2", secret + [3], 2, cache_salt="org-a")
+    assert prefill_events[0].first_token.cached_tokens == 256
+    # The decode worker names the KV it received under the organization too: its Generate hits for
+    # the same organization only.
+    for salt, cached in (("org-c", 0), ("org-a", 256)):
+        events = [e async for e in decode.stub.Generate(worker_pb2.GenerateWork(
+            request_id=f"g-{salt}", prompt_token_ids=secret + [4], sampling=sampling(2), cache_salt=salt,
+        ))]
+        assert events[0].stats.cached_tokens == cached
+
+
 async def test_decode_workers_serve_generate_too(workers, reference):
     _, decode = workers
     prompt = prompts([33], salt=4)[0]
@@ -107,7 +130,7 @@ async def test_decode_workers_serve_generate_too(workers, reference):
 async def test_a_wrong_transfer_token_fails_both_calls_with_clear_errors(workers):
     prefill, decode = workers
     decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id="w", transfer_token=b"a" * 32, sampling=sampling(5)
+        request_id="w", transfer_token=b"a" * 32, sampling=sampling(5), prompt_tokens=20
     ), timeout=10)
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         async for _ in prefill.stub.Prefill(worker_pb2.PrefillRequest(

@@ -239,21 +239,25 @@ class PrefixCacheSummary(_message.Message):
     def __init__(self, version: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., hits_tokens: _Optional[int] = ..., queried_tokens: _Optional[int] = ...) -> None: ...
 
 class KvEndpointRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("challenge",)
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    challenge: bytes
+    def __init__(self, challenge: _Optional[bytes] = ...) -> None: ...
 
 class KvEndpoint(_message.Message):
-    __slots__ = ("data_host", "data_port", "shm_probe_name", "shm_probe_nonce", "block_size", "dtype")
+    __slots__ = ("data_host", "data_port", "shm_probe_name", "shm_probe_nonce", "block_size", "dtype", "proof")
     DATA_HOST_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     SHM_PROBE_NAME_FIELD_NUMBER: _ClassVar[int]
     SHM_PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     data_host: str
     data_port: int
     shm_probe_name: str
     shm_probe_nonce: bytes
     block_size: int
     dtype: str
-    def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    proof: bytes
+    def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., proof: _Optional[bytes] = ...) -> None: ...

@@ -19,7 +19,14 @@ from controlplane.catalog.selectors import (
     worker_list,
     worker_list_live,
 )
-from controlplane.catalog.services import WorkerLoad, price_set, worker_drain, worker_heartbeat, worker_register
+from controlplane.catalog.services import (
+    WorkerLoad,
+    price_set,
+    worker_drain,
+    worker_heartbeat,
+    worker_register,
+    worker_rpc_secret,
+)
 from controlplane.common.base_apis import InternalAPIView
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
@@ -206,9 +213,15 @@ class WorkerRegisterApi(FleetAPIView):
         id = serializers.CharField(source="public_id")
         fleet = FleetSummarySerializer()
         heartbeat_interval_seconds = serializers.SerializerMethodField()
+        worker_rpc_secret = serializers.SerializerMethodField(
+            help_text="What every call to a worker must carry as `authorization: Bearer <secret>`."
+        )
 
         def get_heartbeat_interval_seconds(self, worker) -> int:
             return settings.DIPTYCH_HEARTBEAT_INTERVAL_SECONDS
+
+        def get_worker_rpc_secret(self, worker) -> str:
+            return worker_rpc_secret()
 
     @extend_schema(request=WorkerRegisterInputSerializer, responses={201: WorkerRegisterOutputSerializer})
     def post(self, request: Request) -> Response:
@@ -276,3 +289,14 @@ class RegistryApi(InternalAPIView):
     def get(self, request: Request) -> Response:
         registry = {"models": model_list(), "workers": worker_list_live(now=timezone.now())}
         return Response(self.RegistryOutputSerializer(registry).data)
+
+
+class WorkerCredentialApi(InternalAPIView):
+    """The worker RPC secret, for the gateway: it carries it on every call to a worker."""
+
+    class WorkerCredentialOutputSerializer(serializers.Serializer):
+        worker_rpc_secret = serializers.CharField()
+
+    @extend_schema(responses=WorkerCredentialOutputSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(self.WorkerCredentialOutputSerializer({"worker_rpc_secret": worker_rpc_secret()}).data)

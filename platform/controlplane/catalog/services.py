@@ -2,9 +2,10 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, Worker, WorkerState
 from controlplane.catalog.selectors import heartbeat_deadline
@@ -16,6 +17,16 @@ from controlplane.tenancy.services import audit_record
 logger = logging.getLogger(__name__)
 
 FLEET_TOKEN_PREFIX = "dft"
+WORKER_RPC_SECRET_LABEL = "diptych.catalog.worker-rpc-secret"
+
+
+def worker_rpc_secret() -> str:
+    """The credential of the internal worker API, which only the gateway and registered workers receive.
+
+    Derived from the control plane's secret key, so every control-plane replica hands out the same one
+    with nothing stored; a new secret key gives a new secret (see docs/architecture.md on rotation).
+    """
+    return salted_hmac(WORKER_RPC_SECRET_LABEL, "v1", algorithm="sha256").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -138,28 +149,42 @@ def worker_register(*, fleet: Fleet, name: str, address: str) -> Worker:
 
 
 def worker_heartbeat(*, fleet: Fleet, worker_id: str, state: str, load: WorkerLoad) -> Worker:
-    """Record a live worker's state and load; a worker past its heartbeat deadline is dead (ObjectGone)."""
+    """Record a live worker's state and load.
+
+    A heartbeat proves the worker alive, however late it comes: silence may be the control plane's own
+    outage, which the worker heartbeated through. A worker marked dead is revived in place (same id, no
+    new registration), unless a newer registration took its address (ObjectGone: it registers again).
+    """
     worker = Worker.objects.filter(fleet=fleet, public_id=worker_id).first()
     if worker is None:
         raise ObjectNotFound(f"Worker {worker_id!r} not found in fleet {fleet.name!r}.")
-    now = timezone.now()
     # A drain requested by staff wins over the state the worker reports, even one requested concurrently.
     state_after = Case(When(drain_requested_at__isnull=False, then=Value(WorkerState.DRAINING)), default=Value(state))
-    fields = {"state": state_after, "last_heartbeat_at": now, **asdict(load)}
+    fields = {"state": state_after, "last_heartbeat_at": timezone.now(), **asdict(load)}
     # Conditional updates keep this right when the periodic job marks the worker dead concurrently.
-    alive = Worker.objects.filter(
-        pk=worker.pk, state__in=LIVE_WORKER_STATES, last_heartbeat_at__gte=heartbeat_deadline(now=now)
-    )
-    if not alive.update(**fields):
-        # A late heartbeat is refused even before the periodic job marks the worker dead, so the
-        # answer never depends on that job's timing.
-        Worker.objects.filter(pk=worker.pk, state__in=LIVE_WORKER_STATES).update(state=WorkerState.DEAD)
-        raise ObjectGone(
-            f"Worker {worker_id!r} was marked dead after missed heartbeats; register again.",
-            error_type="worker_dead",
-        )
+    if not Worker.objects.filter(pk=worker.pk, state__in=LIVE_WORKER_STATES).update(**fields):
+        _worker_revive(worker, fields)
     worker.refresh_from_db()
     return worker
+
+
+def _worker_revive(worker: Worker, fields: dict) -> None:
+    taken = Worker.objects.filter(
+        fleet_id=worker.fleet_id, address=worker.address, state__in=LIVE_WORKER_STATES
+    ).exclude(pk=worker.pk)
+    revived = 0
+    if not taken.exists():
+        try:
+            with transaction.atomic():   # a registration racing for the address wins: one live worker per address
+                revived = Worker.objects.filter(pk=worker.pk).update(**fields)
+        except IntegrityError:
+            revived = 0
+    if not revived:
+        raise ObjectGone(
+            f"Worker {worker.public_id!r} was replaced by a newer registration at {worker.address}; register again.",
+            error_type="worker_dead",
+        )
+    logger.info("Worker %s heartbeated again after being marked dead; it is live again.", worker.public_id)
 
 
 @transaction.atomic

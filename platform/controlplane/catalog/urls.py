@@ -16,4 +16,5 @@ urlpatterns = [
         name="internal-worker-heartbeat",
     ),
     path("internal/registry", apis.RegistryApi.as_view(), name="internal-registry"),
+    path("internal/worker-credential", apis.WorkerCredentialApi.as_view(), name="internal-worker-credential"),
 ]

@@ -33,3 +33,7 @@ class ObjectGone(ApplicationError):
 
 class PermissionRefused(ApplicationError):
     error_type = "permission_denied"
+
+
+def body_too_large_message(limit: int) -> str:
+    return f"Request body too large: at most {limit} bytes are accepted; send less data per request."

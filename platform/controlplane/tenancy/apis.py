@@ -1,5 +1,6 @@
 from django.contrib.auth import login, logout
 from django.middleware.csrf import get_token
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny, IsAuthenticated
@@ -15,12 +16,22 @@ from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import MemberSessionAuthentication
 from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
 from controlplane.tenancy.models import Role, Scope
-from controlplane.tenancy.selectors import api_key_get, api_key_list, audit_event_list, membership_get, membership_list
+from controlplane.tenancy.selectors import (
+    api_key_get,
+    api_key_list,
+    audit_event_list,
+    invitation_get,
+    invitation_list,
+    membership_get,
+    membership_list,
+)
 from controlplane.tenancy.services import (
     api_key_authenticate,
     api_key_create,
     api_key_revoke,
-    member_add,
+    invitation_accept,
+    invitation_revoke,
+    member_invite,
     member_remove,
     member_set_role,
     user_authenticate,
@@ -50,6 +61,18 @@ class MemberOutputSerializer(serializers.Serializer):
     email = serializers.EmailField(source="user.email")
     role = serializers.ChoiceField(choices=Role.choices)
     created_at = serializers.DateTimeField()
+
+
+class InvitationOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    email = serializers.EmailField()
+    role = serializers.ChoiceField(choices=Role.choices)
+    status = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+
+    def get_status(self, invitation) -> str:
+        return "expired" if invitation.expires_at <= timezone.now() else "invited"
 
 
 class AuditEventOutputSerializer(serializers.Serializer):
@@ -152,10 +175,13 @@ class MemberListCreateApi(PaginatedListMixin, TenantAPIView):
     class MemberCreateInputSerializer(serializers.Serializer):
         email = serializers.EmailField(max_length=254)
         role = serializers.ChoiceField(choices=Role.choices)
-        password = serializers.CharField(
-            required=False, allow_null=True, default=None, max_length=128, trim_whitespace=False,
-            help_text="Required when no user has this email yet; the user is created with it.",
-        )
+
+        def validate(self, attrs: dict) -> dict:
+            if "password" in self.initial_data:
+                raise serializers.ValidationError({"password": [
+                    "Not accepted: the invitee chooses a password when accepting the invitation; remove this field."
+                ]})
+            return attrs
 
     @extend_schema(responses=MemberOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -165,12 +191,34 @@ class MemberListCreateApi(PaginatedListMixin, TenantAPIView):
             request=request,
         )
 
-    @extend_schema(request=MemberCreateInputSerializer, responses={201: MemberOutputSerializer})
+    @extend_schema(request=MemberCreateInputSerializer, responses={201: InvitationOutputSerializer})
     def post(self, request: Request) -> Response:
         serializer = self.MemberCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        membership = member_add(organization=self.organization, actor=self.principal, **serializer.validated_data)
-        return Response(MemberOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
+        issued = member_invite(organization=self.organization, actor=self.principal, **serializer.validated_data)
+        return Response(InvitationOutputSerializer(issued.invitation).data, status=status.HTTP_201_CREATED)
+
+
+class InvitationListApi(PaginatedListMixin, TenantAPIView):
+    required_permissions = {"GET": Permission.MEMBERS_READ}
+
+    @extend_schema(responses=InvitationOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return self.paginated_response(
+            queryset=invitation_list(organization=self.organization),
+            serializer_class=InvitationOutputSerializer,
+            request=request,
+        )
+
+
+class InvitationDetailApi(TenantAPIView):
+    required_permissions = {"DELETE": Permission.MEMBERS_WRITE}
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, invitation_id: str) -> Response:
+        invitation = invitation_get(organization=self.organization, public_id=invitation_id)
+        invitation_revoke(invitation=invitation, actor=self.principal)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class MemberDetailApi(TenantAPIView):
@@ -238,6 +286,27 @@ class LoginApi(APIView):
         user = user_authenticate(**serializer.validated_data)
         login(request._request, user)
         get_token(request._request)  # sets the csrftoken cookie the dashboard echoes in X-CSRFToken
+        return Response({"user": _me(Principal.of_user(user))})
+
+
+class AcceptInvitationApi(APIView):
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    class AcceptInvitationInputSerializer(serializers.Serializer):
+        token = serializers.CharField(max_length=64)
+        password = serializers.CharField(
+            max_length=128, trim_whitespace=False,
+            help_text="A new password when the email has no account yet; the account's password otherwise.",
+        )
+
+    @extend_schema(request=AcceptInvitationInputSerializer, responses=LoginApi.LoginOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.AcceptInvitationInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = invitation_accept(**serializer.validated_data)
+        login(request._request, user)
+        get_token(request._request)
         return Response({"user": _me(Principal.of_user(user))})
 
 

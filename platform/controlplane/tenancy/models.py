@@ -16,6 +16,10 @@ def new_membership_id() -> str:
     return new_public_id("mem")
 
 
+def new_invitation_id() -> str:
+    return new_public_id("inv")
+
+
 def new_audit_event_id() -> str:
     return new_public_id("aud")
 
@@ -72,6 +76,23 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.organization.name} as {self.role}"
+
+
+class Invitation(models.Model):
+    """An offer of membership to an email, accepted with the one-time token sent to that address."""
+
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_invitation_id, editable=False
+    )
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=254)
+    role = models.CharField(max_length=20, choices=Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the token; never the token.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.organization.name} as {self.role}"
 
 
 class ApiKey(RateLimits):

@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
 from controlplane.common.errors import ObjectNotFound
-from controlplane.tenancy.models import ApiKey, AuditEvent, Membership, Organization
+from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from controlplane.tenancy.scoping import organization_rows
 
 
@@ -44,6 +44,17 @@ def membership_get(*, organization: Organization, public_id: str) -> Membership:
     if membership is None:
         raise ObjectNotFound(f"Member {public_id!r} not found.")
     return membership
+
+
+def invitation_list(*, organization: Organization) -> QuerySet[Invitation]:
+    return organization_rows(Invitation, organization=organization).order_by("created_at", "id")
+
+
+def invitation_get(*, organization: Organization, public_id: str) -> Invitation:
+    invitation = invitation_list(organization=organization).filter(public_id=public_id).first()
+    if invitation is None:
+        raise ObjectNotFound(f"Invitation {public_id!r} not found.")
+    return invitation
 
 
 def owner_emails(*, organization: Organization) -> list[str]:

@@ -2,23 +2,34 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.common.errors import CredentialRejected, InvalidInput, PermissionRefused
-from controlplane.common.tokens import hash_token
+from controlplane.common.tokens import generate_token, hash_token, is_well_formed_token
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.api_keys import display_prefix, generate_api_key, looks_like_api_key
-from controlplane.tenancy.models import ApiKey, AuditEvent, Membership, Organization, Role, Scope
+from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization, Role, Scope
 from controlplane.tenancy.selectors import api_key_get_by_hash, membership_list, user_get_by_email
+
+INVITATION_TOKEN_PREFIX = "inv"
+INVITATION_LIFETIME = timedelta(days=7)
 
 # Authenticating is on every request's path: recording each use would turn reads into writes.
 LAST_USED_AT_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class IssuedInvitation:
+    invitation: Invitation
+    token: str  # sent to the invited address only, never stored
 
 
 @dataclass(frozen=True)
@@ -249,3 +260,114 @@ def member_remove(*, membership: Membership, actor: Principal = SYSTEM) -> None:
     )
     membership.delete()
     _ensure_an_owner_remains(organization=organization)
+
+
+@transaction.atomic
+def member_invite(
+    *, organization: Organization, email: str, role: str, actor: Principal = SYSTEM
+) -> IssuedInvitation:
+    """Invite `email` to the organization: the same answer whether or not the address has an account, or
+    belongs to another organization, so the answer tells nothing about other organizations. The invitee
+    accepts with the token mailed to that address (`invitation_accept`)."""
+    if actor is not SYSTEM:
+        _check_role_change(actor=actor, roles=[role])
+    email = email.strip().lower()
+    if membership_list(organization=organization).filter(user__email__iexact=email).exists():
+        raise InvalidInput(
+            f"{email} is already a member of this organization.", error_type="already_member",
+            fields={"email": ["Already a member of this organization."]},
+        )
+    # A new invitation replaces an earlier one to the same address, whose token stops working.
+    Invitation.objects.filter(organization=organization, email=email).delete()
+    token = generate_token(INVITATION_TOKEN_PREFIX)
+    invitation = Invitation.objects.create(
+        organization=organization, email=email, role=role, token_hash=hash_token(token),
+        expires_at=timezone.now() + INVITATION_LIFETIME,
+    )
+    audit_record(
+        actor=actor, organization=organization, action="member.invite", target_type="invitation",
+        target_id=invitation.public_id, details={"email": email, "role": role},
+    )
+    _send_invitation(invitation=invitation, token=token)
+    return IssuedInvitation(invitation=invitation, token=token)
+
+
+def _send_invitation(*, invitation: Invitation, token: str) -> None:
+    body = (
+        f"You are invited to join {invitation.organization.name} on Diptych as {invitation.role}.\n\n"
+        f"Accept before {invitation.expires_at:%Y-%m-%d %H:%M} UTC: POST /api/v1/auth/accept-invitation with\n"
+        f'{{"token": "{token}", "password": "<your password>"}}\n'
+        "(a new password if you have no account yet, your current one otherwise)."
+    )
+    send_mail("Your Diptych invitation", body, settings.DEFAULT_FROM_EMAIL, [invitation.email], fail_silently=True)
+
+
+@transaction.atomic
+def invitation_revoke(*, invitation: Invitation, actor: Principal = SYSTEM) -> None:
+    if actor is not SYSTEM:
+        _check_role_change(actor=actor, roles=[invitation.role])
+    audit_record(
+        actor=actor, organization=invitation.organization, action="member.invite_revoke",
+        target_type="invitation", target_id=invitation.public_id, details={"email": invitation.email},
+    )
+    invitation.delete()
+
+
+def _live_invitation(token: str) -> Invitation:
+    invitation = None
+    if is_well_formed_token(token, INVITATION_TOKEN_PREFIX):
+        invitation = (
+            Invitation.objects.select_for_update().select_related("organization")
+            .filter(token_hash=hash_token(token), expires_at__gt=timezone.now()).first()
+        )
+    if invitation is None:
+        raise CredentialRejected(
+            "Invitation not recognised or expired: ask the organization for a new one.",
+            error_type="invitation_invalid",
+        )
+    return invitation
+
+
+def _invitee_user(*, email: str, password: str):
+    """The invitee's account: the existing one, if `password` is its password, else a new one."""
+    user = user_get_by_email(email=email)
+    if user is None:
+        try:
+            validate_password(password)
+        except ValidationError as error:
+            raise InvalidInput(f"password: {error.messages[0]}", fields={"password": error.messages}) from None
+        return user_ensure(email=email, password=password)
+    if not user.is_active or not user.check_password(password):
+        raise CredentialRejected(
+            "This email already has an account: give its password to accept.", error_type="invalid_credentials"
+        )
+    if hasattr(user, "membership"):
+        raise InvalidInput(
+            "You already belong to an organization: leave it before accepting this invitation.",
+            error_type="already_member",
+        )
+    return user
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, password: str):
+    """The invitee (who holds the mailed token) joins the organization; answers their user."""
+    invitation = _live_invitation(token)
+    user = _invitee_user(email=invitation.email, password=password)
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(
+                user=user, organization=invitation.organization, role=invitation.role
+            )
+    except IntegrityError:
+        raise InvalidInput(
+            "You already belong to an organization: leave it before accepting this invitation.",
+            error_type="already_member",
+        ) from None
+    audit_record(
+        actor=Principal.of_user(user), organization=invitation.organization, action="member.add",
+        target_type="member", target_id=membership.public_id,
+        details={"email": user.email, "role": invitation.role, "invitation": invitation.public_id},
+    )
+    invitation.delete()
+    return user

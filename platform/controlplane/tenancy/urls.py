@@ -5,10 +5,13 @@ from controlplane.tenancy import apis
 urlpatterns = [
     path("auth/login", apis.LoginApi.as_view(), name="auth-login"),
     path("auth/logout", apis.LogoutApi.as_view(), name="auth-logout"),
+    path("auth/accept-invitation", apis.AcceptInvitationApi.as_view(), name="auth-accept-invitation"),
     path("auth/me", apis.MeApi.as_view(), name="auth-me"),
     path("organization", apis.OrganizationDetailApi.as_view(), name="organization-detail"),
     path("members", apis.MemberListCreateApi.as_view(), name="member-list"),
     path("members/<str:member_id>", apis.MemberDetailApi.as_view(), name="member-detail"),
+    path("invitations", apis.InvitationListApi.as_view(), name="invitation-list"),
+    path("invitations/<str:invitation_id>", apis.InvitationDetailApi.as_view(), name="invitation-detail"),
     path("api-keys", apis.ApiKeyListCreateApi.as_view(), name="api-key-list"),
     path("api-keys/<str:key_id>", apis.ApiKeyDetailApi.as_view(), name="api-key-detail"),
     path("api-keys/<str:key_id>/revoke", apis.ApiKeyRevokeApi.as_view(), name="api-key-revoke"),

@@ -1,0 +1,220 @@
+"""Every execution is billed once, to its own organization, for what it delivered: client-chosen ids and
+idempotency keys never make tokens free, and a gateway killed mid-stream loses no usage."""
+
+import asyncio
+import json
+import time
+import uuid
+
+import grpc
+import pytest
+
+from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_server.stack import free_port
+from tests.e2e.waiting import wait_for
+
+MODEL = "diptych-tiny"
+
+
+@pytest.fixture(scope="module")
+def other_organization(control_plane_shell) -> dict:
+    """A second organization with its own API key."""
+    slug = f"other-{uuid.uuid4().hex[:8]}"
+    output = control_plane_shell(
+        "import json\n"
+        "from controlplane.tenancy.models import Scope\n"
+        "from controlplane.tenancy.services import api_key_create, organization_ensure\n"
+        f"organization = organization_ensure(name='Other', slug='{slug}')\n"
+        "issued = api_key_create(organization=organization, name='other', scopes=Scope.values)\n"
+        "print(json.dumps({'organization_id': organization.public_id, 'api_key': issued.key}))\n"
+    )
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def ledger(live, api_key: str, **filters) -> list[dict]:
+    with live.rest(api_key) as rest:
+        return rest.get("/usage-events", params={"page_size": 200, **filters}).json()["data"]
+
+
+def billed_output(live, api_key: str, execution_id: str, timeout: float = 15.0) -> int:
+    """The decode tokens the ledger holds for one execution, once both its events arrived."""
+    events = wait_for(lambda: (e := ledger(live, api_key, request_id=execution_id)) and len(e) == 2 and e, timeout)
+    assert events, f"no usage for {execution_id}"
+    return next(e["tokens"] for e in events if e["phase"] == "decode")
+
+
+async def generate(address: str, api_key: str, **fields) -> tuple[str, int]:
+    """The execution id and the number of tokens one streamed request delivered."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        request = inference_pb2.GenerateRequest(model=MODEL, temperature=0, **fields)
+        execution_id, tokens = "", 0
+        async for response in stub.Generate(request, metadata=(("authorization", f"Bearer {api_key}"),), timeout=60):
+            execution_id = response.request_id
+            tokens += len(response.token_ids)
+        return execution_id, tokens
+
+
+def address(live, mode: str = "split") -> str:
+    return live.gateways[mode].removeprefix("grpc://")
+
+
+def test_requests_sharing_a_client_request_id_are_each_billed_in_full(live):
+    async def twenty():
+        return await asyncio.gather(*[
+            generate(address(live), live.api_key, prompt_token_ids=inference_pb2.TokenIds(ids=[5 + i, 7, 9]),
+                     max_tokens=20, ignore_eos=True, request_id="same-id")
+            for i in range(20)
+        ])
+
+    results = asyncio.run(twenty())
+    executions = {execution_id for execution_id, _ in results}
+    assert len(executions) == 20, "each execution gets its own server-issued id"
+    assert all(tokens == 20 for _, tokens in results)
+    billed = {execution_id: billed_output(live, live.api_key, execution_id) for execution_id in executions}
+    assert sum(billed.values()) == 400
+    labelled = ledger(live, live.api_key, client_request_id="same-id", phase="decode")
+    assert {e["request_id"] for e in labelled} >= executions
+
+
+def test_an_id_another_organization_used_first_neither_frees_nor_blocks_a_request(live, other_organization):
+    shared = f"shared-{uuid.uuid4().hex[:8]}"
+
+    async def both():
+        first = await generate(address(live), other_organization["api_key"], prompt="theirs", max_tokens=6,
+                               ignore_eos=True, request_id=shared)
+        concurrent = await asyncio.gather(
+            generate(address(live), live.api_key, prompt="mine", max_tokens=6, ignore_eos=True, request_id=shared),
+            generate(address(live), other_organization["api_key"], prompt="theirs again", max_tokens=6,
+                     ignore_eos=True, request_id=shared),
+        )
+        return first, concurrent
+
+    (other_first, ((mine, mine_tokens), (other_second, _))) = asyncio.run(both())
+    assert mine_tokens == 6
+    assert billed_output(live, live.api_key, mine) == 6
+    assert billed_output(live, other_organization["api_key"], other_first[0]) == 6
+    assert billed_output(live, other_organization["api_key"], other_second) == 6
+    assert ledger(live, live.api_key, request_id=other_first[0]) == [], "never billed to the wrong organization"
+
+
+def test_a_completed_idempotency_key_replays_the_stored_result_without_running_again(live):
+    key = f"idem-{uuid.uuid4().hex}"
+    fields = dict(prompt="replay me", max_tokens=8, ignore_eos=True, idempotency_key=key)
+
+    async def twice():
+        async with grpc.aio.insecure_channel(address(live)) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            metadata = (("authorization", f"Bearer {live.api_key}"),)
+            request = inference_pb2.GenerateRequest(model=MODEL, temperature=0, **fields)
+            first = [r async for r in stub.Generate(request, metadata=metadata, timeout=60)]
+            await asyncio.sleep(0.5)   # the key's completion is stored after the stream ended
+            call = stub.Generate(request, metadata=metadata, timeout=60)
+            second = [r async for r in call]
+            return first, second, await call.initial_metadata()
+
+    first, second, initial_metadata = asyncio.run(twice())
+    assert ("idempotent-replayed", "true") in tuple(initial_metadata)
+    assert len(second) == 1
+    assert second[0].request_id == first[0].request_id
+    assert second[0].text == "".join(r.text for r in first)
+    assert list(second[0].token_ids) == [t for r in first for t in r.token_ids]
+    assert second[0].usage == first[-1].usage
+    assert billed_output(live, live.api_key, first[0].request_id) == 8
+    time.sleep(0.5)
+    assert len(ledger(live, live.api_key, request_id=first[0].request_id)) == 2, "billed once, replayed free"
+
+
+def test_an_idempotency_key_in_flight_or_used_for_another_request_is_refused(live):
+    key = f"idem-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(address(live)) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            metadata = (("authorization", f"Bearer {live.api_key}"),)
+            long = inference_pb2.GenerateRequest(
+                model=MODEL, prompt="long", max_tokens=400, ignore_eos=True, temperature=0, idempotency_key=key
+            )
+            running = stub.Generate(long, metadata=metadata, timeout=60)
+            await running.read()
+            with pytest.raises(grpc.aio.AioRpcError) as conflict:
+                await stub.Generate(long, metadata=metadata, timeout=60).read()
+            other = inference_pb2.GenerateRequest(model=MODEL, prompt="other", max_tokens=2, idempotency_key=key)
+            with pytest.raises(grpc.aio.AioRpcError) as mismatch:
+                await stub.Generate(other, metadata=metadata, timeout=60).read()
+            running.cancel()
+            return conflict.value, mismatch.value
+
+    conflict, mismatch = asyncio.run(scenario())
+    assert conflict.code() is grpc.StatusCode.ABORTED
+    assert "still running" in conflict.details()
+    assert mismatch.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "different parameters" in mismatch.details()
+
+
+def test_a_cancelled_execution_frees_its_key_and_the_retry_is_billed_as_a_new_execution(live):
+    key = f"idem-{uuid.uuid4().hex}"
+
+    async def cancel_then_retry():
+        async with grpc.aio.insecure_channel(address(live)) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            metadata = (("authorization", f"Bearer {live.api_key}"),)
+            request = inference_pb2.GenerateRequest(
+                model=MODEL, prompt="cut", max_tokens=300, ignore_eos=True, temperature=0, idempotency_key=key
+            )
+            call = stub.Generate(request, metadata=metadata, timeout=60)
+            first = await call.read()
+            call.cancel()
+            for _ in range(50):    # the key is released just after the cancelled stream ends
+                await asyncio.sleep(0.1)
+                retry = stub.Generate(request, metadata=metadata, timeout=60)
+                try:
+                    responses = [r async for r in retry]
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() is grpc.StatusCode.ABORTED
+                    continue
+                return first.request_id, responses
+            raise AssertionError("the key was never released")
+
+    cancelled, retried = asyncio.run(cancel_then_retry())
+    assert retried[0].request_id != cancelled
+    assert sum(len(r.token_ids) for r in retried) == 300
+    assert billed_output(live, live.api_key, retried[0].request_id) == 300
+    assert 1 <= billed_output(live, live.api_key, cancelled) < 300
+
+
+def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restarts(live):
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    name = f"gateway-killed-{port}"
+    live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)
+    received: dict[str, int] = {}
+
+    async def streams_until_killed():
+        async def one(i: int):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = inference_pb2_grpc.InferenceStub(channel)
+                request = inference_pb2.GenerateRequest(
+                    model=MODEL, prompt=f"stream {i}", max_tokens=2000, ignore_eos=True, temperature=0
+                )
+                call = stub.Generate(request, metadata=(("authorization", f"Bearer {live.api_key}"),), timeout=60)
+                try:
+                    async for response in call:
+                        received[response.request_id] = received.get(response.request_id, 0) + 1
+                except grpc.aio.AioRpcError:
+                    pass
+
+        tasks = [asyncio.create_task(one(i)) for i in range(4)]
+        while len(received) < 4 or min(received.values()) < 10:
+            await asyncio.sleep(0.05)
+        live.stack.kill_process(name)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(streams_until_killed())
+    assert len(received) == 4
+    live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)   # same journal
+    try:
+        for execution_id, tokens in received.items():
+            # Billed: what the gateway handed to the connection, of which the client may have missed the last.
+            assert tokens <= billed_output(live, live.api_key, execution_id) < 2000
+    finally:
+        live.stack.stop_process(name)

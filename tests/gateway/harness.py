@@ -1,0 +1,126 @@
+"""A whole gateway in process, without a control plane or workers: the pipeline, the HTTP app and the gRPC
+service are the real ones; the control plane answers from memory (one key, the built-in tiny model) and
+the workers are replaced by a path that produces one token per request. Enough for everything that is
+decided before a request reaches a worker: parsing, validation, tokenization, error shapes."""
+
+import json
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from aiohttp.test_utils import TestClient, TestServer
+
+from diptych_common.proto.v1 import worker_pb2
+from gateway.auth import Authenticator
+from gateway.http_api import build_app
+from gateway.idempotency import IdempotencyKeys
+from gateway.limits import RateLimiter
+from gateway.pipeline import Pipeline
+from gateway.registry import Registry
+from gateway.routing import Decision
+from gateway.service import add_inference_service
+from gateway.usage import UsageJournal
+
+API_KEY = "dip_test_key"
+MODEL = "diptych-tiny"
+CONTEXT_LENGTH = 1024
+GENERATE_METHOD = "/diptych.v1.Inference/Generate"
+
+
+class ControlPlaneInMemory:
+    """The control plane's answers to the gateway: one valid key and one model, no workers."""
+
+    async def verify_api_key(self, api_key: str) -> dict | None:
+        if api_key != API_KEY:
+            return None
+        return {"api_key_id": "key_1", "organization_id": "org_1"}
+
+    async def registry(self) -> dict:
+        return {
+            "models": [{"name": MODEL, "source": f"builtin:{MODEL}", "context_length": CONTEXT_LENGTH}],
+            "workers": [],
+        }
+
+    async def post_usage_events(self, events: list[dict]) -> dict:
+        return {"accepted": len(events)}
+
+
+class OneTokenPath:
+    """Stands in for the request path to the workers: every request produces one token and finishes."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def run(self, plan, trace):
+        self.runs += 1
+        trace.decision = Decision.COLOCATED
+        yield worker_pb2.TokenEvent(token_id=100, finished=True)
+
+
+@dataclass
+class InProcessGateway:
+    pipeline: Pipeline
+    path: OneTokenPath
+    http: TestClient
+    channel: grpc.aio.Channel
+    grpc_target: str           # for another channel of one's own
+
+
+@asynccontextmanager
+async def in_process_gateway(state_dir: Path):
+    control_plane = ControlPlaneInMemory()
+    registry = Registry(control_plane)
+    await registry.refresh()
+    path = OneTokenPath()
+    journal = UsageJournal(state_dir / "usage-journal.sqlite3")
+    pipeline = Pipeline(
+        Authenticator(control_plane), registry, RateLimiter(), path, journal, IdempotencyKeys(control_plane)
+    )
+    server = grpc.aio.server()
+    add_inference_service(server, pipeline)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    http = TestClient(TestServer(build_app(pipeline)))
+    await http.start_server()
+    target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        yield InProcessGateway(pipeline, path, http, channel, target)
+    finally:
+        await channel.close()
+        await http.close()
+        await server.stop(None)
+        journal.close()
+
+
+async def post_json(gateway: InProcessGateway, url: str, body: bytes, headers: dict | None = None):
+    """Status and parsed JSON answer of one POST (None when the answer is not JSON)."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json", **(headers or {})}
+    async with gateway.http.post(url, data=body, headers=headers) as response:
+        raw = await response.read()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, None
+
+
+async def generate_raw(gateway: InProcessGateway, payload: bytes, timeout: float = 10.0) -> grpc.StatusCode:
+    """Sends raw bytes as a Generate request; the status the stream ends with."""
+    call = gateway.channel.unary_stream(GENERATE_METHOD)(
+        payload, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=timeout
+    )
+    try:
+        async for _ in call:
+            pass
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return await call.code()
+
+
+def assert_openai_error_shape(payload) -> None:
+    assert isinstance(payload, dict) and set(payload) == {"error"}, payload
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+

@@ -1,0 +1,48 @@
+"""Only the gateway and other workers may call a worker: every call but the standard health service must
+carry the worker RPC secret (see diptych_common.worker_credential)."""
+
+import grpc
+
+from diptych_common.worker_credential import WorkerSecret
+
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # probes (kubelet, the supervisor) hold no secret
+
+
+class RequireWorkerSecret(grpc.aio.ServerInterceptor):
+    def __init__(self, secret: WorkerSecret) -> None:
+        self._secret = secret
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_SERVICES):
+            return handler
+        reason = self._secret.refusal(details.invocation_metadata)
+        return handler if reason is None else _refusing(handler, reason)
+
+
+def worker_server(secret: WorkerSecret, options: list | None = None) -> grpc.aio.Server:
+    """A gRPC server that refuses every call without the secret."""
+    return grpc.aio.server(interceptors=[RequireWorkerSecret(secret)], options=options)
+
+
+def _refusing(handler: grpc.RpcMethodHandler, reason: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that answers UNAUTHENTICATED without running it."""
+
+    async def refuse(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+    async def refuse_stream(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+        yield  # an async generator, as a streaming response needs
+
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse_stream, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
