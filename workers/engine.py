@@ -94,10 +94,24 @@ class Engine:
                 f"({self.kv.num_blocks * self.kv.block_size} tokens); lower max_tokens or shorten the prompt"
             )
         handle = RequestHandle(request)
+        if (unknown := self._unknown_token(request)) is not None and False:  # DEFECT
+            handle.outputs.put_nowait(RequestFailed(unknown))  # it would fail its whole batch's forward pass
+            return handle
         self._handles[request.request_id] = handle
         self.scheduler.add(request)
         self._changed()
         return handle
+
+    def _unknown_token(self, request: EngineRequest) -> str | None:
+        """Why the request holds a token id the model has no embedding for, or None."""
+        vocab_size = self.runner.config.vocab_size
+        for index, token_id in enumerate(request.all_token_ids):
+            if not 0 <= token_id < vocab_size:
+                return (
+                    f"its token {index} (prompt and tokens already produced) is {token_id}, not a token of this "
+                    f"model's vocabulary (0 to {vocab_size - 1}); send the ids of this model's tokenizer"
+                )
+        return None
 
     def abort(self, request_id: str) -> None:
         """Stops a request; its blocks are freed before the next step."""

@@ -194,17 +194,19 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = inference_pb2_grpc.InferenceStub(channel)
                 request = inference_pb2.GenerateRequest(
-                    model=MODEL, prompt=f"stream {i}", max_tokens=2000, ignore_eos=True, temperature=0
+                    model=MODEL, prompt=f"stream {i}", max_tokens=1000, ignore_eos=True, temperature=0
                 )
                 call = stub.Generate(request, metadata=(("authorization", f"Bearer {live.api_key}"),), timeout=60)
                 try:
                     async for response in call:
                         received[response.request_id] = received.get(response.request_id, 0) + 1
-                except grpc.aio.AioRpcError:
-                    pass
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() is grpc.StatusCode.UNAVAILABLE, error   # the gateway died
 
         tasks = [asyncio.create_task(one(i)) for i in range(4)]
+        deadline = time.monotonic() + 60
         while len(received) < 4 or min(received.values()) < 10:
+            assert time.monotonic() < deadline and not any(t.done() for t in tasks), "the streams did not start"
             await asyncio.sleep(0.05)
         live.stack.kill_process(name)
         await asyncio.gather(*tasks)
@@ -215,6 +217,6 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
     try:
         for execution_id, tokens in received.items():
             # Billed: what the gateway handed to the connection, of which the client may have missed the last.
-            assert tokens <= billed_output(live, live.api_key, execution_id) < 2000
+            assert tokens <= billed_output(live, live.api_key, execution_id) < 1000
     finally:
         live.stack.stop_process(name)

@@ -31,6 +31,7 @@ def _status(error_class, **fields):
     [
         _status(diptych.ServiceUnavailableError),
         _status(diptych.RateLimitError),
+        diptych.ConflictError("idempotency key in use", code="ABORTED", request_id="req_1"),
         diptych.APIConnectionError("refused", code="UNAVAILABLE"),
         diptych.APIConnectionError("refused", code="connection_error"),
     ],
@@ -49,7 +50,7 @@ def test_transient_errors_are_retried_up_to_max_retries(error):
         _status(diptych.AuthenticationError),
         _status(diptych.PermissionDeniedError),
         _status(diptych.NotFoundError),
-        _status(diptych.ConflictError),
+        _status(diptych.ConflictError),   # a REST conflict (code "X" here, "conflict" from the admin API)
         _status(diptych.InternalServerError),
         diptych.APITimeoutError("late", code="DEADLINE_EXCEEDED"),
         diptych.APIConnectionError("cancelled", code="CANCELLED"),

@@ -123,3 +123,16 @@ async def test_a_failed_request_ends_its_call_with_internal_and_the_reason(coloc
     assert failure.code() is grpc.StatusCode.INTERNAL
     assert failure.details().startswith(FAILED_PREFIX)
 
+
+
+async def test_a_token_outside_the_vocabulary_fails_that_request_before_it_runs(make_engine, reference):
+    engine = make_engine(token_budget=64)
+    batch = prompts([7, 30], salt=25)
+    mates = [engine.add(EngineRequest(f"r{i}", p, greedy(6))) for i, p in enumerate(batch)]
+    stranger = engine.add(EngineRequest("stranger", [5, 6, 512, 7], greedy(6)))
+    results = await asyncio.gather(*(collect(h) for h in mates), collect(stranger), return_exceptions=True)
+    assert results[:2] == [reference(p, 6) for p in batch]
+    assert isinstance(results[2], RequestFailed)
+    assert str(results[2]).startswith(FAILED_PREFIX) and "token 2" in str(results[2]) and "512" in str(results[2])
+    await settle(engine)
+    assert_all_blocks_free(engine)

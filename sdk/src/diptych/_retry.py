@@ -1,8 +1,10 @@
 """Which failures are retried, how long to wait, and the retry loops themselves.
 
-Retried: UNAVAILABLE (the gateway unreachable or without capacity) and
+Retried: UNAVAILABLE (the gateway unreachable or without capacity),
 RESOURCE_EXHAUSTED (rate limited), waiting what the server asks (`retry-after-ms`)
-when it says, else exponential backoff with full jitter. Timeouts are not retried:
+when it says, else exponential backoff with full jitter, and ABORTED (an earlier
+try with the same idempotency key still runs: once it completed, the retry gets
+its stored result). Timeouts are not retried:
 `timeout` is the caller's budget for a call, and a generation that ran out of it
 would most likely run out again. A call is only retried until its first response
 message arrives, so a retry never repeats output the caller has seen; every retry of
@@ -21,6 +23,7 @@ from typing import TypeVar
 from ._errors import (
     APIConnectionError,
     APITimeoutError,
+    ConflictError,
     DiptychError,
     RateLimitError,
     ServiceUnavailableError,
@@ -56,6 +59,8 @@ def _is_retryable(error: DiptychError) -> bool:
     if isinstance(error, APIConnectionError):
         # Refused or reset before an answer; CANCELLED is never retried.
         return error.code in ("UNAVAILABLE", "connection_error")
+    if isinstance(error, ConflictError):
+        return error.code == "ABORTED"   # inference only: a REST conflict does not go away by waiting
     return isinstance(error, (ServiceUnavailableError, RateLimitError))
 
 
