@@ -3,7 +3,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.billing.periods import billing_periods_assign, period_start_of
@@ -205,16 +205,19 @@ def idempotency_key_claim(
 ) -> IdempotencyClaim:
     organization = _organization(organization_id)
     now = timezone.now()
-    record = (
-        IdempotencyRecord.objects.select_for_update().filter(organization=organization, key=key).first()
-    )
-    if record is None or _expired(record, now):
-        if record is not None:
-            record.delete()
-        IdempotencyRecord.objects.create(
-            organization=organization, key=key, fingerprint=fingerprint, execution_id=execution_id,
-            state=IdempotencyState.IN_FLIGHT, lease_expires_at=now + lease, created_at=now,
-        )
+    record = _locked_record(organization, key)
+    if record is None:
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.create(
+                    organization=organization, key=key, fingerprint=fingerprint, execution_id=execution_id,
+                    state=IdempotencyState.IN_FLIGHT, lease_expires_at=now + lease, created_at=now,
+                )
+            return IdempotencyClaim("claimed", execution_id)
+        except IntegrityError:   # a concurrent claim of the same key created it first
+            record = _locked_record(organization, key)
+    if _expired(record, now):
+        _take_over(record, fingerprint=fingerprint, execution_id=execution_id, now=now, lease=lease, fresh=True)
         return IdempotencyClaim("claimed", execution_id)
     if record.fingerprint != fingerprint:
         return IdempotencyClaim("mismatch", record.execution_id)
@@ -224,9 +227,22 @@ def idempotency_key_claim(
         return IdempotencyClaim("in_flight", record.execution_id)
     # The execution holding the key outlived its lease (its gateway died): it was billed for what it
     # delivered, and this request becomes a new execution under the key.
-    record.execution_id, record.lease_expires_at = execution_id, now + lease
-    record.save(update_fields=["execution_id", "lease_expires_at"])
+    _take_over(record, fingerprint=fingerprint, execution_id=execution_id, now=now, lease=lease, fresh=False)
     return IdempotencyClaim("claimed", execution_id)
+
+
+def _locked_record(organization: Organization, key: str) -> IdempotencyRecord | None:
+    return IdempotencyRecord.objects.select_for_update().filter(organization=organization, key=key).first()
+
+
+def _take_over(
+    record: IdempotencyRecord, *, fingerprint: str, execution_id: str, now: datetime, lease: timedelta, fresh: bool
+) -> None:
+    record.execution_id, record.lease_expires_at = execution_id, now + lease
+    if fresh:   # an expired record: the key starts over
+        record.fingerprint, record.state, record.response = fingerprint, IdempotencyState.IN_FLIGHT, None
+        record.created_at, record.completed_at = now, None
+    record.save()
 
 
 @transaction.atomic
