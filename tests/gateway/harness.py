@@ -1,7 +1,8 @@
 """A whole gateway in process, without a control plane or workers: the pipeline, the HTTP app and the gRPC
 service are the real ones; the control plane answers from memory (one key, the built-in tiny model) and
-the workers are replaced by a path that produces one token per request. Enough for everything that is
-decided before a request reaches a worker: parsing, validation, tokenization, error shapes."""
+the fleet has no workers, so a request that passes every check at the door ends in UNAVAILABLE. Enough
+for everything that is decided before a request reaches a worker: parsing, validation, tokenization,
+error shapes."""
 
 import json
 from contextlib import asynccontextmanager
@@ -11,14 +12,15 @@ from pathlib import Path
 import grpc
 from aiohttp.test_utils import TestClient, TestServer
 
-from diptych_common.proto.v1 import worker_pb2
 from gateway.auth import Authenticator
 from gateway.http_api import build_app
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
+from gateway.live_load import Channels, LoadBoard
 from gateway.pipeline import Pipeline
 from gateway.registry import Registry
-from gateway.routing import Decision
+from gateway.request_path import RequestPath
+from gateway.routing import Router, ServingMode
 from gateway.service import add_inference_service
 from gateway.usage import UsageJournal
 
@@ -46,22 +48,26 @@ class ControlPlaneInMemory:
         return {"accepted": len(events)}
 
 
-class OneTokenPath:
-    """Stands in for the request path to the workers: every request produces one token and finishes."""
+class CountingRequestPath(RequestPath):
+    """The real request path over a fleet with no workers, counting the requests that reached it: a
+    request that passed every check at the door gets UNAVAILABLE ("no ready ... workers")."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry) -> None:
+        channels = Channels()
+        board = LoadBoard(channels)
+        super().__init__(channels, board, Router(registry, board, ServingMode.AUTO))
         self.runs = 0
 
     async def run(self, plan, trace):
         self.runs += 1
-        trace.decision = Decision.COLOCATED
-        yield worker_pb2.TokenEvent(token_id=100, finished=True)
+        async for event in super().run(plan, trace):
+            yield event
 
 
 @dataclass
 class InProcessGateway:
     pipeline: Pipeline
-    path: OneTokenPath
+    path: CountingRequestPath
     http: TestClient
     channel: grpc.aio.Channel
     grpc_target: str           # for another channel of one's own
@@ -72,7 +78,7 @@ async def in_process_gateway(state_dir: Path):
     control_plane = ControlPlaneInMemory()
     registry = Registry(control_plane)
     await registry.refresh()
-    path = OneTokenPath()
+    path = CountingRequestPath(registry)
     journal = UsageJournal(state_dir / "usage-journal.sqlite3")
     pipeline = Pipeline(
         Authenticator(control_plane), registry, RateLimiter(), path, journal, IdempotencyKeys(control_plane)

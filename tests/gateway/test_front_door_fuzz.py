@@ -1,7 +1,8 @@
 """A bounded fuzz of the gateway's front doors, in process: random JSON bodies (wrong types, text that is
 not Unicode, huge and deeply nested values) against the OpenAI-compatible endpoints, and random or
-mutated bytes against gRPC Generate. Whatever arrives, the answer is a success or a client error with
-the documented shape: never a 5xx, never UNKNOWN or INTERNAL."""
+mutated bytes against gRPC Generate. Whatever arrives, the answer is a client error with the documented
+shape, or, for a request the door lets through, the UNAVAILABLE of a fleet with no workers (the harness
+has none): never a server error, never UNKNOWN or INTERNAL."""
 
 import asyncio
 import json
@@ -96,16 +97,16 @@ async def _post(gateway, url: str, body: bytes, headers: dict):
 
 
 def _check_http_answer(status: int, content_type: str, raw: bytes) -> None:
-    assert status < 500, raw[:500]
+    """A 4xx for what the door refuses; a request it lets through reaches routing, where the harness has no
+    workers: 503, or an SSE stream that ends in its error event when streaming had started."""
     if status == 200 and content_type == "text/event-stream":
-        assert raw.endswith(b"data: [DONE]\n\n"), raw[-200:]
+        assert b'"service_unavailable"' in raw and raw.endswith(b"data: [DONE]\n\n"), raw[-300:]
         return
+    assert 400 <= status < 500 or status == 503, raw[:500]
     payload = json.loads(raw)
-    if status == 200:
-        assert payload["choices"] and "usage" in payload
-    else:
-        assert 400 <= status < 500
-        assert_openai_error_shape(payload)
+    assert_openai_error_shape(payload)
+    if status == 503:
+        assert payload["error"]["type"] == "service_unavailable", payload
 
 
 def test_http_fuzz_never_gets_a_server_error(tmp_path):
