@@ -126,6 +126,17 @@ def migrate_and_compare(undisturbed: list[Stream], migrated: list[Stream], cut: 
     return divergences
 
 
+def largest_drift(undisturbed: list[Stream], migrated: list[Stream], cut: int) -> float:
+    """The largest difference between the undisturbed and the migrated logit of the token both chose:
+    the numerical noise a migration adds, which flips a greedy choice only where the top two are closer."""
+    drift = 0.0
+    for whole, rest in zip(undisturbed, migrated):
+        same = first_difference(whole.tokens[cut:], rest.tokens)
+        for at in range(cut, cut + (len(rest.tokens) if same is None else same)):
+            drift = max(drift, abs(whole.top[at][0][0] - rest.top[at][0][0]))
+    return drift
+
+
 def reference_differences(loaded: LoadedModel, streams: list[Stream], output_tokens: int) -> list[Divergence]:
     """Where each undisturbed stream unlike `generate`'s greedy tokens first differs, with the engine's
     logit gap between its token and generate's there."""
@@ -183,6 +194,8 @@ async def _run(args, loaded: LoadedModel) -> None:
         print(f"  migrated after token {cut} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         divergences = migrate_and_compare(undisturbed, migrated, cut)
         print_divergences(cut, len(streams), divergences)
+        print(f"    largest drift of the chosen token's logit where both chose it: "
+              f"{largest_drift(undisturbed, migrated, cut):.2e}")
         everything += divergences
     print(f"in all: {len(everything)} of {len(streams) * len(cuts)} migrated streams diverge")
     if not args.no_reference:

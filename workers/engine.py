@@ -94,7 +94,7 @@ class Engine:
                 f"({self.kv.num_blocks * self.kv.block_size} tokens); lower max_tokens or shorten the prompt"
             )
         handle = RequestHandle(request)
-        if (unknown := self._unknown_token(request)) is not None and False:  # DEFECT
+        if (unknown := self._unknown_token(request)) is not None:
             handle.outputs.put_nowait(RequestFailed(unknown))  # it would fail its whole batch's forward pass
             return handle
         self._handles[request.request_id] = handle

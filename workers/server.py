@@ -270,7 +270,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if isinstance(output, RequestFailed):  # its own failure: the message says so
                     await context.abort(grpc.StatusCode.INTERNAL, str(output))
                 if isinstance(output, Exception):
-                    await context.abort(grpc.StatusCode.INTERNAL, f"the worker's model step failed: {output}")
+                    # The worker's own failure, not the request's: the gateway retries elsewhere.
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"the worker's model step failed: {output}")
                 yield output
                 if output.finished or handle.request.prefill_only:
                     return

@@ -221,22 +221,25 @@ def test_migration_parity_compares_every_migrated_stream_and_the_reference(capsy
     out = capsys.readouterr().out
     assert "diptych-tiny: 3 greedy streams" in out
     assert "migrated after token 3: " in out and "migrated after token 7: " in out
-    assert "of 6 migrated streams diverge" in out
+    assert "of 6 migrated streams diverge" in out and "largest drift of the chosen token" in out
     assert "of 3 undisturbed streams differ from transformers generate" in out
 
 
 def test_migration_parity_finds_the_first_difference_and_the_gap_there():
-    from bench.migration_parity import Stream, first_difference, margin, migrate_and_compare
+    from bench import migration_parity as parity
 
-    assert first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert first_difference([1, 2, 3], [1, 2]) == 2
-    assert margin(([5.0, 4.5, 1.0], [7, 9, 3]), 7, 9) == 0.5
-    assert margin(([5.0, 4.5], [7, 9]), 7, 3) is None
-    whole = Stream([0], tokens=[10, 11, 12, 13], top={2: ([3.0, 2.9], [12, 20])})
-    migrated = Stream([0, 10], tokens=[11, 20, 21], top={2: ([3.1, 3.05], [20, 12])})
-    (divergence,) = migrate_and_compare([whole], [migrated], cut=1)
+    assert parity.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert parity.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert parity.first_difference([1, 2, 3], [1, 2]) == 2
+    assert parity.margin(([5.0, 4.5, 1.0], [7, 9, 3]), 7, 9) == 0.5
+    assert parity.margin(([5.0, 4.5], [7, 9]), 7, 3) is None
+    whole = parity.Stream([0], tokens=[10, 11, 12, 13], top={2: ([3.0, 2.9], [12, 20])})
+    migrated = parity.Stream([0, 10], tokens=[11, 20, 21], top={2: ([3.1, 3.05], [20, 12])})
+    (divergence,) = parity.migrate_and_compare([whole], [migrated], cut=1)
     assert divergence.at == 2
     assert divergence.undisturbed_margin == pytest.approx(0.1)
     assert divergence.migrated_margin == pytest.approx(0.05)
-    assert migrate_and_compare([whole], [Stream([0, 10], tokens=[11, 12, 13])], cut=1) == []
+    assert parity.migrate_and_compare([whole], [parity.Stream([0, 10], tokens=[11, 12, 13])], cut=1) == []
+    whole = parity.Stream([0], tokens=[10, 11, 12], top={1: ([2.0, 1.0], [11, 5]), 2: ([3.0, 1.0], [12, 5])})
+    migrated = parity.Stream([0, 10], tokens=[11, 12], top={1: ([2.5, 1.0], [11, 5]), 2: ([2.9, 1.0], [12, 5])})
+    assert parity.largest_drift([whole], [migrated], cut=1) == pytest.approx(0.5)
