@@ -22,6 +22,7 @@ from gateway.errors import GatewayError
 log = logging.getLogger(__name__)
 
 MAX_LEASE_S = 24 * 3600
+COMPLETE_TIMEOUT_S = 2.0
 
 
 def fingerprint(request: inference_pb2.GenerateRequest) -> str:
@@ -69,15 +70,25 @@ class IdempotencyKeys:
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
-    def complete(self, organization_id: str, key: str, execution_id: str, response: inference_pb2.GenerateResponse):
-        body = {"response": json_format.MessageToDict(response)}
-        self._in_background(self._control_plane.complete_idempotency_key, organization_id, key, execution_id, body)
+    async def complete(
+        self, organization_id: str, key: str, execution_id: str, response: inference_pb2.GenerateResponse
+    ) -> None:
+        """Stores the result before the call ends, so a retry the client sends once it has the answer finds
+        it; if the control plane does not take it in time, the key stays claimed until its lease ends."""
+        body = {
+            "organization_id": organization_id, "key": key, "execution_id": execution_id,
+            "response": json_format.MessageToDict(response),
+        }
+        try:
+            await asyncio.wait_for(self._send(self._control_plane.complete_idempotency_key, body), COMPLETE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("could not store the result of %s under its idempotency key in time", execution_id)
 
     def release(self, organization_id: str, key: str, execution_id: str) -> None:
         self._in_background(self._control_plane.release_idempotency_key, organization_id, key, execution_id, {})
 
     def _in_background(self, call, organization_id: str, key: str, execution_id: str, extra: dict) -> None:
-        """After the stream: the client does not wait for it. If it fails, the key's lease ends it."""
+        """After a failed stream: the client does not wait for it. If it fails, the key's lease ends it."""
         body = {"organization_id": organization_id, "key": key, "execution_id": execution_id, **extra}
         task = asyncio.get_running_loop().create_task(self._send(call, body))
         self._background.add(task)

@@ -146,10 +146,10 @@ class Pipeline:
             REQUESTS.labels(plan.model.name, mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
             delivery.finish()
-            self._settle_idempotency_key(plan, delivery, final if outcome == "OK" else None)
+            await self._settle_idempotency_key(plan, delivery, final if outcome == "OK" else None)
             await self._settle(admitted.reservation, delivery.delivered)
 
-    def _settle_idempotency_key(
+    async def _settle_idempotency_key(
         self, plan: GenerationPlan, delivery: Delivery, final: inference_pb2.GenerateResponse | None
     ) -> None:
         if not plan.idempotency_key:
@@ -157,7 +157,9 @@ class Pipeline:
         if final is None:
             self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
         else:
-            self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, delivery.whole(final))
+            await self.idempotency.complete(
+                plan.organization_id, plan.idempotency_key, plan.request_id, delivery.whole(final)
+            )
 
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:

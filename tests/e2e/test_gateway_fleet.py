@@ -143,7 +143,8 @@ async def test_a_repeated_long_prefix_goes_to_the_prefill_worker_that_holds_it(f
     prefix = long_prompt(1, 320)
     holder = (await complete(fleet, prefix + [5, 6, 7], 2)).usage.prefill.worker_id
     deadline = time.monotonic() + 5   # the holder publishes the prefix's blocks in its next load report
-    while block_hashes(prefix, block_size)[-1] not in fleet.load(fleet.name_of(holder)).prefix_cache.block_hashes:
+    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]   # salted per organization
+    while last_block not in fleet.load(fleet.name_of(holder)).prefix_cache.block_hashes:
         assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
         await asyncio.sleep(0.05)
     for suffix in ([9, 10], [11, 12, 13], [14]):
@@ -163,7 +164,8 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     holder = (await complete(fleet, prefix + [5], 2)).usage.prefill.worker_id
     holder_name = fleet.name_of(holder)
     deadline = time.monotonic() + 5
-    while block_hashes(prefix, block_size)[-1] not in fleet.load(holder_name).prefix_cache.block_hashes:
+    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]   # salted per organization
+    while last_block not in fleet.load(holder_name).prefix_cache.block_hashes:
         assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
         await asyncio.sleep(0.05)
     prompts = [prefix + [10 + i, 20 + i] for i in range(8)]

@@ -102,9 +102,12 @@ def test_errors_are_openai_shaped(live):
 def test_an_idempotency_key_makes_a_retried_request_one_billed_request(live):
     headers = {"Authorization": f"Bearer {live.api_key}", "Idempotency-Key": f"retry-me-{time.time_ns()}"}
     body = {"model": MODEL, "prompt": "bill me once", "max_tokens": 4, "temperature": 0}
-    first = httpx.post(f"{live.http_urls['split']}/completions", json=body, headers=headers, timeout=30).json()
-    second = httpx.post(f"{live.http_urls['split']}/completions", json=body, headers=headers, timeout=30).json()
-    assert first["id"] == second["id"] and first["id"].startswith("idem_")
+    first = httpx.post(f"{live.http_urls['split']}/completions", json=body, headers=headers, timeout=30)
+    second = httpx.post(f"{live.http_urls['split']}/completions", json=body, headers=headers, timeout=30)
+    assert "Idempotent-Replayed" not in first.headers and second.headers["Idempotent-Replayed"] == "true"
+    first, second = first.json(), second.json()
+    assert first["id"] == second["id"] and first["id"].startswith("exec_")
+    assert (first["choices"], first["usage"]) == (second["choices"], second["usage"])
     deadline = time.monotonic() + 15
     with live.rest() as rest:
         while True:
