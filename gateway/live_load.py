@@ -25,6 +25,15 @@ RECONNECT_DELAY_S = 0.3
 POLL_TIMEOUT_S = 1.0
 
 
+# A worker that died is often replaced at the same address within seconds (a restarted pod or process):
+# gRPC's default reconnect backoff grows to two minutes, which would hide the new worker that long.
+RECONNECT_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
 class Channels:
     """One gRPC channel per worker address, shared by load watching and requests; every call on them
     carries the worker RPC secret."""
@@ -37,7 +46,9 @@ class Channels:
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, interceptors=self._interceptors)
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=RECONNECT_OPTIONS, interceptors=self._interceptors
+            )
         return worker_pb2_grpc.WorkerStub(channel)
 
     async def close(self) -> None:
