@@ -73,8 +73,8 @@ class IdempotencyKeys:
     async def complete(
         self, organization_id: str, key: str, execution_id: str, response: inference_pb2.GenerateResponse
     ) -> None:
-        """Stores the result before the call ends, so a retry the client sends once it has the answer finds
-        it; if the control plane does not take it in time, the key stays claimed until its lease ends."""
+        """Stores the whole result under the key; if the control plane does not take it in time, the key
+        stays claimed until its lease ends."""
         body = {
             "organization_id": organization_id, "key": key, "execution_id": execution_id,
             "response": json_format.MessageToDict(response),

@@ -132,9 +132,12 @@ class Pipeline:
                         response.finish_reason = _finish_reason(text.stopped or event.finished_by_eos)
                         response.usage.CopyFrom(_usage(plan, trace, delivery.delivered + 1))
                     delivery.counting(response)
+                    if last:
+                        final = response
+                        await self._complete_idempotency_key(plan, delivery.whole(response))
                     yield response
                     if last:
-                        final, outcome = response, "OK"
+                        outcome = "OK"
                         return
         except GatewayError as error:
             outcome = error.code.name
@@ -146,20 +149,15 @@ class Pipeline:
             REQUESTS.labels(plan.model.name, mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
             delivery.finish()
-            await self._settle_idempotency_key(plan, delivery, final if outcome == "OK" else None)
+            if plan.idempotency_key and final is None:   # failed or cancelled: a retry runs anew
+                self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
             await self._settle(admitted.reservation, delivery.delivered)
 
-    async def _settle_idempotency_key(
-        self, plan: GenerationPlan, delivery: Delivery, final: inference_pb2.GenerateResponse | None
-    ) -> None:
-        if not plan.idempotency_key:
-            return
-        if final is None:
-            self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
-        else:
-            await self.idempotency.complete(
-                plan.organization_id, plan.idempotency_key, plan.request_id, delivery.whole(final)
-            )
+    async def _complete_idempotency_key(self, plan: GenerationPlan, whole: inference_pb2.GenerateResponse) -> None:
+        """Stored before the last response is handed over, so a retry sent by a client that has the answer
+        finds it; the execution is complete and billed whether or not that last write succeeds."""
+        if plan.idempotency_key:
+            await self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, whole)
 
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:

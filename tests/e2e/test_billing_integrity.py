@@ -5,6 +5,7 @@ import asyncio
 import json
 import time
 import uuid
+from contextlib import asynccontextmanager
 
 import grpc
 import pytest
@@ -59,6 +60,19 @@ def address(live, mode: str = "split") -> str:
     return live.gateways[mode].removeprefix("grpc://")
 
 
+@asynccontextmanager
+async def keyed_calls(live, key: str):
+    """Starts Generate calls of requests carrying the idempotency key `key`, with the demo key."""
+    async with grpc.aio.insecure_channel(address(live)) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+
+        def call(**fields):
+            request = inference_pb2.GenerateRequest(model=MODEL, temperature=0, idempotency_key=key, **fields)
+            return stub.Generate(request, metadata=(("authorization", f"Bearer {live.api_key}"),), timeout=60)
+
+        yield call
+
+
 def test_requests_sharing_a_client_request_id_are_each_billed_in_full(live):
     async def twenty():
         return await asyncio.gather(*[
@@ -99,18 +113,14 @@ def test_an_id_another_organization_used_first_neither_frees_nor_blocks_a_reques
 
 
 def test_a_completed_idempotency_key_replays_the_stored_result_without_running_again(live):
-    key = f"idem-{uuid.uuid4().hex}"
-    fields = dict(prompt="replay me", max_tokens=8, ignore_eos=True, idempotency_key=key)
+    fields = dict(prompt="replay me", max_tokens=8, ignore_eos=True)
 
     async def twice():
-        async with grpc.aio.insecure_channel(address(live)) as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
-            metadata = (("authorization", f"Bearer {live.api_key}"),)
-            request = inference_pb2.GenerateRequest(model=MODEL, temperature=0, **fields)
-            first = [r async for r in stub.Generate(request, metadata=metadata, timeout=60)]
-            call = stub.Generate(request, metadata=metadata, timeout=60)
-            second = [r async for r in call]
-            return first, second, await call.initial_metadata()
+        async with keyed_calls(live, f"idem-{uuid.uuid4().hex}") as call:
+            first = [r async for r in call(**fields)]
+            replay = call(**fields)
+            second = [r async for r in replay]
+            return first, second, await replay.initial_metadata()
 
     first, second, initial_metadata = asyncio.run(twice())
     assert ("idempotent-replayed", "true") in tuple(initial_metadata)
@@ -125,22 +135,16 @@ def test_a_completed_idempotency_key_replays_the_stored_result_without_running_a
 
 
 def test_an_idempotency_key_in_flight_or_used_for_another_request_is_refused(live):
-    key = f"idem-{uuid.uuid4().hex}"
+    long = dict(prompt="long", max_tokens=400, ignore_eos=True)
 
     async def scenario():
-        async with grpc.aio.insecure_channel(address(live)) as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
-            metadata = (("authorization", f"Bearer {live.api_key}"),)
-            long = inference_pb2.GenerateRequest(
-                model=MODEL, prompt="long", max_tokens=400, ignore_eos=True, temperature=0, idempotency_key=key
-            )
-            running = stub.Generate(long, metadata=metadata, timeout=60)
+        async with keyed_calls(live, f"idem-{uuid.uuid4().hex}") as call:
+            running = call(**long)
             await running.read()
             with pytest.raises(grpc.aio.AioRpcError) as conflict:
-                await stub.Generate(long, metadata=metadata, timeout=60).read()
-            other = inference_pb2.GenerateRequest(model=MODEL, prompt="other", max_tokens=2, idempotency_key=key)
+                await call(**long).read()
             with pytest.raises(grpc.aio.AioRpcError) as mismatch:
-                await stub.Generate(other, metadata=metadata, timeout=60).read()
+                await call(prompt="other", max_tokens=2).read()
             running.cancel()
             return conflict.value, mismatch.value
 
@@ -152,21 +156,16 @@ def test_an_idempotency_key_in_flight_or_used_for_another_request_is_refused(liv
 
 
 def test_a_cancelled_execution_frees_its_key_and_the_retry_is_billed_as_a_new_execution(live):
-    key = f"idem-{uuid.uuid4().hex}"
+    fields = dict(prompt="cut", max_tokens=300, ignore_eos=True)
 
     async def cancel_then_retry():
-        async with grpc.aio.insecure_channel(address(live)) as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
-            metadata = (("authorization", f"Bearer {live.api_key}"),)
-            request = inference_pb2.GenerateRequest(
-                model=MODEL, prompt="cut", max_tokens=300, ignore_eos=True, temperature=0, idempotency_key=key
-            )
-            call = stub.Generate(request, metadata=metadata, timeout=60)
-            first = await call.read()
-            call.cancel()
+        async with keyed_calls(live, f"idem-{uuid.uuid4().hex}") as call:
+            cut = call(**fields)
+            first = await cut.read()
+            cut.cancel()
             for _ in range(50):    # the key is released just after the cancelled stream ends
                 await asyncio.sleep(0.1)
-                retry = stub.Generate(request, metadata=metadata, timeout=60)
+                retry = call(**fields)
                 try:
                     responses = [r async for r in retry]
                 except grpc.aio.AioRpcError as error:
