@@ -101,6 +101,8 @@ class IdempotencyKeys:
         except Exception as error:
             log.warning("could not update idempotency key of %s: %r", body["execution_id"], error)
 
-    async def wait_idle(self) -> None:
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Lets the releases still in flight finish, for at most `timeout_s` (a key not released in time is
+        freed when its lease ends)."""
         if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+            await asyncio.wait(self._background, timeout=timeout_s)

@@ -109,7 +109,7 @@ async def serve(config: GatewayConfig) -> None:
     await http_runner.cleanup()
     for task in tasks:
         task.cancel()
-    await asyncio.wait_for(idempotency.wait_idle(), 5.0)
+    await idempotency.wait_idle(5.0)
     await _last_flush(usage)
     board.close()
     await limiter.close()
