@@ -1,0 +1,64 @@
+"""A control plane that is down for longer than a worker's heartbeat deadline costs no request: the
+gateway keeps routing to the workers it sees reporting load, through the outage and in the moment after
+it, when the control plane's registry lists no worker live until each heartbeats again."""
+
+import asyncio
+import time
+
+import grpc
+import httpx
+
+from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+
+OUTAGE_S = 12.0     # longer than DIPTYCH_WORKER_DEAD_AFTER_SECONDS (10)
+AFTER_S = 4.0       # two heartbeat intervals past its return
+
+
+def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after_it(live):
+    stack = live.stack
+    outcomes: list[grpc.StatusCode] = []
+
+    async def load(until: asyncio.Event):
+        address = live.gateways["split"].removeprefix("grpc://")
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            request = inference_pb2.GenerateRequest(model="diptych-tiny", prompt="through the outage", max_tokens=2)
+            while not until.is_set():
+                try:
+                    async for _ in stub.Generate(request, metadata=(("authorization", f"Bearer {live.api_key}"),),
+                                                 timeout=30):
+                        pass
+                    outcomes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as error:
+                    outcomes.append(error.code())
+
+    async def outage():
+        done = asyncio.Event()
+        clients = [asyncio.create_task(load(done)) for _ in range(2)]
+        await asyncio.sleep(1.0)
+        stack.kill_process("control-plane")
+        await asyncio.sleep(OUTAGE_S)
+        stack.restart_process("control-plane")
+        await asyncio.to_thread(_wait_until_it_answers, stack)
+        back = len(outcomes)
+        await asyncio.sleep(AFTER_S)
+        done.set()
+        await asyncio.gather(*clients)
+        return back
+
+    back = asyncio.run(outage())
+    failures = [code for code in outcomes if code is not grpc.StatusCode.OK]
+    assert len(outcomes) > back + 4, "requests ran after the control plane came back"
+    assert failures == [], f"{len(failures)} of {len(outcomes)} requests failed: {set(failures)}"
+
+
+def _wait_until_it_answers(stack, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if stack.registry().status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the control plane did not come back; see {stack.log_path('control-plane')}")
