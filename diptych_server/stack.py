@@ -84,6 +84,10 @@ class Stack:
 
     def start_control_plane(self, timeout: float = 60.0) -> None:
         self._spawn("control-plane", ["control-plane", "--port", str(self.control_plane_port)])
+        self.wait_for_control_plane(timeout)
+
+    def wait_for_control_plane(self, timeout: float = 60.0) -> None:
+        """Returns once the control plane (started or restarted by this stack) answers its registry."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive("control-plane")
@@ -92,7 +96,7 @@ class Stack:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise StackError(f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}")
 
     def start_jobs(self) -> None:

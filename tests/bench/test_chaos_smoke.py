@@ -60,7 +60,7 @@ def test_kill_process_leaves_nothing_of_the_control_plane_and_restart_process_se
             stack.registry()
 
         stack.restart_process("control-plane")
-        _wait_until_it_answers(stack)
+        stack.wait_for_control_plane()
         assert stack.processes["control-plane"].pid != first_pid
         assert "--port" in stack.launches["control-plane"][0]
     finally:
@@ -70,18 +70,6 @@ def test_kill_process_leaves_nothing_of_the_control_plane_and_restart_process_se
 def test_restart_process_refuses_a_name_it_never_started(tmp_path):
     with pytest.raises(StackError, match="gateway-x was never started by this stack"):
         Stack(tmp_path).restart_process("gateway-x")
-
-
-def _wait_until_it_answers(stack: Stack, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if stack.registry().status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the restarted control plane did not answer within {timeout_s:.0f} s")
 
 
 def _gone_within(state_dir: Path, timeout_s: float) -> list[str]:

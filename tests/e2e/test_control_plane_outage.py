@@ -3,10 +3,8 @@ gateway keeps routing to the workers it sees reporting load, through the outage 
 it, when the control plane's registry lists no worker live until each heartbeats again."""
 
 import asyncio
-import time
 
 import grpc
-import httpx
 
 from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
 
@@ -39,7 +37,7 @@ def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after
         stack.kill_process("control-plane")
         await asyncio.sleep(OUTAGE_S)
         stack.restart_process("control-plane")
-        await asyncio.to_thread(_wait_until_it_answers, stack)
+        await asyncio.to_thread(stack.wait_for_control_plane)
         back = len(outcomes)
         await asyncio.sleep(AFTER_S)
         done.set()
@@ -50,15 +48,3 @@ def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after
     failures = [code for code in outcomes if code is not grpc.StatusCode.OK]
     assert len(outcomes) > back + 4, "requests ran after the control plane came back"
     assert failures == [], f"{len(failures)} of {len(outcomes)} requests failed: {set(failures)}"
-
-
-def _wait_until_it_answers(stack, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if stack.registry().status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"the control plane did not come back; see {stack.log_path('control-plane')}")
