@@ -1,55 +1,15 @@
 """Prefill and decode workers' gRPC services in process, the KV moving between them on the data path."""
 
 import asyncio
-import secrets
 
 import grpc
 import pytest
 
 from diptych_common.prefix_hash import block_hashes
-from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
+from diptych_common.proto.v1 import worker_pb2
 from tests.workers.conftest import prompts
-from workers.authentication import worker_server
-from workers.engine import Engine, EngineConfig
-from workers.kv_transfer import KvInbox, KvReceiver, KvSender
-from workers.model_runner import ModelRunner
-from workers.sampling import StopCriteria
-from workers.server import Role, WorkerService, WorkerState
-
-SECRET = "tests-worker-rpc-secret"
-
-
-class Worker:
-    def __init__(self, role: Role, model, executor, allow_shm: bool, secret: str = SECRET) -> None:
-        self.secret = WorkerSecret(secret)
-        config = EngineConfig(num_kv_blocks=128, token_budget=64)
-        runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
-        self.engine = Engine(runner, config, StopCriteria(frozenset(), 1024), executor)
-        self.receiver = KvReceiver(KvInbox(), runner.layout) if role is Role.DECODE else None
-        self.sender = KvSender(runner.layout, allow_shm=allow_shm) if role is Role.PREFILL else None
-        self.state = WorkerState(role, worker_id=f"{role}-0")
-        self.service = WorkerService(self.state, self.engine, self.receiver, self.sender, secret=self.secret)
-
-    async def start(self) -> None:
-        if self.receiver:
-            self.receiver.start()
-        self.server = worker_server(self.secret)
-        worker_pb2_grpc.add_WorkerServicer_to_server(self.service, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        await self.server.start()
-        self.task = asyncio.create_task(self.engine.run())
-        self.channel = grpc.aio.insecure_channel(self.address, interceptors=attach_worker_secret(self.secret))
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        await self.channel.close()
-        await self.server.stop(None)
-        if self.receiver:
-            self.receiver.close()
-        if self.sender:
-            self.sender.close()
+from tests.workers.serving import Worker, sampling, split
+from workers.server import Role
 
 
 @pytest.fixture(params=[False, True], ids=["tcp", "shm"])
@@ -61,24 +21,6 @@ async def workers(request, tiny_model, executor):
     yield prefill, decode
     await prefill.stop()
     await decode.stop()
-
-
-def sampling(count: int) -> worker_pb2.SamplingParams:
-    return worker_pb2.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
-
-
-async def split(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = ""):
-    token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id=request_id, transfer_token=token, sampling=sampling(count), prompt_tokens=len(prompt),
-        cache_salt=cache_salt,
-    ))
-    prefill_events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
-        request_id=request_id, prompt_token_ids=prompt, sampling=sampling(count),
-        decode_address=decode.address, transfer_token=token, cache_salt=cache_salt,
-    ))]
-    rest = [e async for e in decode_call]
-    return prefill_events, rest
 
 
 async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(workers, reference):

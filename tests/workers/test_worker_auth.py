@@ -13,7 +13,7 @@ from diptych_common.worker_credential import (
 )
 from gateway.live_load import Channels
 from tests.workers.conftest import prompts
-from tests.workers.test_server import SECRET, Worker, sampling
+from tests.workers.serving import SECRET, Worker, sampling
 from workers.authentication import worker_server
 from workers.server import Role
 
