@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 from ._errors import APIResponseValidationError
-from .types import ApiKey, BillingSummary, DailyUsage, Invoice, InvoiceLine, Page, SpendAlert, SpendLimit
+from .types import (
+    ApiKey,
+    BillingSummary,
+    DailyUsage,
+    Invoice,
+    InvoiceLine,
+    InvoiceStatus,
+    Page,
+    SpendAlert,
+    SpendLimit,
+)
 
 T = TypeVar("T")
 
@@ -71,7 +81,7 @@ def invoice_from_json(body: object) -> Invoice:
         id=_field(body, "id", str),
         period_start=_date(body, "period_start"),
         period_end=_date(body, "period_end"),
-        status=_field(body, "status", str),
+        status=_invoice_status(_field(body, "status", str)),
         currency=_field(body, "currency", str),
         total_cents=_field(body, "total_cents", int),
         lines=[
@@ -86,6 +96,13 @@ def invoice_from_json(body: object) -> Invoice:
         ],
         stripe_invoice_id=_optional(body, "stripe_invoice_id", lambda obj, name: _field(obj, name, str)) or None,
     )
+
+
+def _invoice_status(value: str) -> InvoiceStatus:
+    for status in get_args(InvoiceStatus):
+        if value == status:
+            return status
+    raise APIResponseValidationError(f"The admin API's invoice status {value!r} is none of {get_args(InvoiceStatus)}")
 
 
 def _field(body: object, name: str, kind: type[T]) -> T:

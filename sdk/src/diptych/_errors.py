@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from email.message import Message
 
 import grpc
 
@@ -167,22 +168,25 @@ def error_from_rpc(
     status = _call_attribute(error, "code") or grpc.StatusCode.UNKNOWN
     details = _call_attribute(error, "details") or status.name
     trailers = _metadata_dict(_call_attribute(error, "trailing_metadata"))
-    ids = {"request_id": trailers.get("request-id") or request_id, "idempotency_key": idempotency_key}
+    request_id = trailers.get("request-id") or request_id
     code = status.name
 
     if status is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return APITimeoutError(details, code=code, **ids)
-    if status is grpc.StatusCode.CANCELLED:
-        return APIConnectionError(details, code=code, **ids)
-    if status is grpc.StatusCode.UNAVAILABLE and _is_transport_failure(details):
-        return APIConnectionError(details, code=code, **ids)
+        return APITimeoutError(details, code=code, request_id=request_id, idempotency_key=idempotency_key)
+    if status is grpc.StatusCode.CANCELLED or (
+        status is grpc.StatusCode.UNAVAILABLE and _is_transport_failure(details)
+    ):
+        return APIConnectionError(details, code=code, request_id=request_id, idempotency_key=idempotency_key)
 
     error_class = _STATUS_ERRORS.get(status, InternalServerError)
-    return error_class(details, code=code, retry_after=_retry_after_ms(trailers.get("retry-after-ms")), **ids)
+    return error_class(
+        details, code=code, retry_after=_retry_after_ms(trailers.get("retry-after-ms")),
+        request_id=request_id, idempotency_key=idempotency_key,
+    )
 
 
 def error_from_http(
-    status_code: int, body: object, headers: Mapping[str, str], *, request_id: str | None = None
+    status_code: int, body: object, headers: Mapping[str, str] | Message, *, request_id: str | None = None
 ) -> APIStatusError:
     """Maps a failed REST call of the admin API (`{"error": {"type", "message"}}`) to an SDK exception."""
     error = body.get("error") if isinstance(body, dict) else None

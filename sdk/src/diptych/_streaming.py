@@ -17,9 +17,10 @@ from typing import Self
 import grpc
 import grpc.aio
 
+from diptych_proto.v1 import inference_pb2 as pb
+
 from ._convert import chunk_from_proto
 from ._errors import APIResponseValidationError, APITimeoutError, DiptychError, error_from_rpc
-from ._proto.v1 import inference_pb2 as pb
 from .types import CompletionChunk, Usage
 
 __all__ = ["Stream", "AsyncStream"]
@@ -78,7 +79,7 @@ class _IdleWatchdog:
         self._stopped = False
         self._state = threading.Condition()
         if idle_timeout is not None:
-            threading.Thread(target=self._watch, name="diptych-stream-idle", daemon=True).start()
+            threading.Thread(target=self._watch, args=(idle_timeout,), name="diptych-stream-idle", daemon=True).start()
 
     def waiting(self) -> None:
         with self._state:
@@ -94,13 +95,13 @@ class _IdleWatchdog:
             self._stopped = True
             self._state.notify()
 
-    def _watch(self) -> None:
+    def _watch(self, idle_timeout: float) -> None:
         with self._state:
             while not self._stopped:
                 if self._waiting_since is None:
                     self._state.wait()
                     continue
-                remaining = self._waiting_since + self._idle_timeout - time.monotonic()
+                remaining = self._waiting_since + idle_timeout - time.monotonic()
                 if remaining <= 0:
                     self.fired = True
                     break

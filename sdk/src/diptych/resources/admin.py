@@ -7,6 +7,7 @@ spend limit). The asyncio twins run each call in a worker thread.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import date, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -72,7 +73,7 @@ class ApiKeys(_Resource):
         return page_from_json(body, api_key_from_json)
 
     def create(
-        self, *, name: str, scopes: list[str] | None = None, expires_at: datetime | None = None
+        self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
     ) -> ApiKey:
         """Issues a key; the returned object's `key` is the secret, shown this once."""
         body: dict[str, object] = {"name": name, "expires_at": expires_at.isoformat() if expires_at else None}
@@ -139,7 +140,7 @@ class AsyncApiKeys(_AsyncResource):
         return await self._run("list", limit=limit, offset=offset)
 
     async def create(
-        self, *, name: str, scopes: list[str] | None = None, expires_at: datetime | None = None
+        self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
     ) -> ApiKey:
         return await self._run("create", name=name, scopes=scopes, expires_at=expires_at)
 
