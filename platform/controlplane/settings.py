@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "controlplane.metering",
     "controlplane.billing",
     "controlplane.dashboard",
+    "controlplane.internal",
 ]
 
 MIDDLEWARE = [

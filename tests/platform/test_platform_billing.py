@@ -1,6 +1,6 @@
 """Ledger → rollups → rated usage → invoices: exact integer money, effective-dated prices, late events, idempotency."""
 
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -21,14 +21,14 @@ from controlplane.tenancy.services import member_add
 
 INGEST_URL = "/api/v1/internal/usage-events"
 VERIFY_URL = "/api/v1/internal/api-keys/verify"
-LONG_AGO = datetime(2020, 1, 1, tzinfo=dt_timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 TINY_PRICES = {"prefill": 100_000, "cached_prefill": 25_000, "decode": 400_000}
 
 
 def last_month_at(day: int, hour: int = 12) -> datetime:
     this_month = period_start_of(timezone.now())
-    previous = (datetime(this_month.year, this_month.month, 1, tzinfo=dt_timezone.utc) - timedelta(days=1)).date()
-    return datetime(previous.year, previous.month, day, hour, tzinfo=dt_timezone.utc)
+    previous = (datetime(this_month.year, this_month.month, 1, tzinfo=UTC) - timedelta(days=1)).date()
+    return datetime(previous.year, previous.month, day, hour, tzinfo=UTC)
 
 
 @pytest.fixture

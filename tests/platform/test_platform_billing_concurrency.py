@@ -3,7 +3,7 @@ into an invoice after it was made. Needs concurrent writers, so it runs on Postg
 
 import random
 import threading
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -22,7 +22,7 @@ INGEST_URL = "/api/v1/internal/usage-events"
 INGESTERS = 3
 REQUESTS = 30
 BATCH = 5
-LONG_AGO = datetime(2020, 1, 1, tzinfo=dt_timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -33,8 +33,8 @@ def test_racing_ingests_and_close_keep_the_ledger_and_invoice_exact(
         pytest.skip("concurrent writers need PostgreSQL; SQLite serialises them")
     for phase, micros in (("prefill", 100_000), ("cached_prefill", 25_000), ("decode", 400_000)):
         price_set(model=tiny_model, phase=phase, micros_per_million=micros, effective_from=LONG_AGO)
-    this_month = period_start_of(datetime.now(dt_timezone.utc))
-    started = datetime(this_month.year, this_month.month, 1, tzinfo=dt_timezone.utc) - timedelta(days=3)
+    this_month = period_start_of(datetime.now(UTC))
+    started = datetime(this_month.year, this_month.month, 1, tzinfo=UTC) - timedelta(days=3)
     events = [
         make_usage_event(
             key_a, f"race-{index}", phase, tokens=100 + index, cached_tokens=index if phase == "prefill" else 0,
@@ -107,7 +107,7 @@ def test_rollups_running_at_once_do_not_double_count(org_a, key_a, tiny_model, i
     if connection.vendor != "postgresql":
         pytest.skip("concurrent writers need PostgreSQL; SQLite serialises them")
     price_set(model=tiny_model, phase="decode", micros_per_million=400_000, effective_from=LONG_AGO)
-    started = datetime.now(dt_timezone.utc) - timedelta(hours=30)
+    started = datetime.now(UTC) - timedelta(hours=30)
     events = [
         make_usage_event(
             key_a, f"roll-{index}", "decode", tokens=1_000, cached_tokens=0,
@@ -138,7 +138,7 @@ def test_rollups_running_at_once_do_not_double_count(org_a, key_a, tiny_model, i
     assert not errors, errors
     assert HourlyUsage.objects.count() == 24
     assert sum(DailyUsage.objects.values_list("tokens", flat=True)) == 24_000
-    this_month = period_start_of(datetime.now(dt_timezone.utc))
+    this_month = period_start_of(datetime.now(UTC))
     in_this_month = [e for e in events if period_start_of(datetime.fromisoformat(e["started_at"])) == this_month]
     expected = amount_micros(tokens=1_000 * len(in_this_month), unit_price_micros_per_million=400_000)
     assert spend_status(organization=org_a)["spent_micros"] == expected

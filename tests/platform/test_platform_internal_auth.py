@@ -1,7 +1,6 @@
 import pytest
 from rest_framework.test import APIClient
 
-
 GATEWAY_ENDPOINTS = [
     ("get", "/api/v1/internal/registry"),
     ("post", "/api/v1/internal/api-keys/verify"),

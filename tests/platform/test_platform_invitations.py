@@ -44,10 +44,13 @@ def accept(token: str, password: str = PASSWORD):
 
 def test_the_answer_is_the_same_for_a_new_email_and_one_of_another_organization(org_a, owner_a, bravo_member):
     user_ensure(email="orphan@elsewhere.test", password="orphan-own-password-1")
-    answers = {email: invite(owner_a, email) for email in ("new@acme.test", "taken@bravo.test", "orphan@elsewhere.test")}
+    emails = ("new@acme.test", "taken@bravo.test", "orphan@elsewhere.test")
+    answers = {email: invite(owner_a, email) for email in emails}
 
     assert {email: answer.status_code for email, answer in answers.items()} == dict.fromkeys(answers, 201)
-    shapes = {email: {k: v for k, v in answer.data.items() if k not in VOLATILE_FIELDS} for email, answer in answers.items()}
+    shapes = {
+        email: {k: v for k, v in answer.data.items() if k not in VOLATILE_FIELDS} for email, answer in answers.items()
+    }
     assert list(shapes.values()) == [{"role": "developer", "status": "invited"}] * 3
     assert [sorted(answer.data) for answer in answers.values()] == [sorted(answers["new@acme.test"].data)] * 3
     assert sorted(mail.outbox[i].to[0] for i in range(3)) == sorted(answers)
@@ -100,7 +103,8 @@ def test_an_unknown_token_is_refused(db, token):
 
 def test_an_expired_or_revoked_invitation_is_refused(org_a, owner_a):
     invite(owner_a, "late@acme.test")
-    Invitation.objects.filter(email="late@acme.test").update(expires_at=Invitation.objects.get().created_at - timedelta(1))
+    created_at = Invitation.objects.get().created_at
+    Invitation.objects.filter(email="late@acme.test").update(expires_at=created_at - timedelta(1))
     assert owner_a.get("/api/v1/invitations").data["data"][0]["status"] == "expired"
     assert accept(token_mailed_to("late@acme.test")).status_code == 401
 

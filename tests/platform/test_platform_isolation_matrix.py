@@ -5,7 +5,7 @@ endpoints left out are listed in EXEMPT with the reason.
 """
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -29,7 +29,7 @@ INTERNAL_PREFIX = "internal/"  # the gateway's and workers' endpoints: an organi
 OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id", "invitation_id"}
 METHODS = ["get", "post", "put", "patch", "delete"]
 PASSWORD = "isolation-password-1"
-LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 def _api_routes(resolver=None, prefix="") -> list[tuple[str, type]]:

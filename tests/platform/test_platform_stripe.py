@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -23,11 +23,12 @@ from controlplane.billing.stripe_gateway import StripeGateway
 from controlplane.catalog.services import price_set
 from controlplane.tenancy.services import member_add
 from diptych_server.stack import free_port
+from tests.e2e.waiting import wait_for
 
 STRIPE_KEY = "sk_test_diptych"
 WEBHOOK_SECRET = "whsec_diptych_tests"
 WEBHOOK_URL = "/api/v1/stripe/webhook"
-LONG_AGO = datetime(2020, 1, 1, tzinfo=dt_timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 SERVER = """
 import sys
 from aiohttp import web
@@ -63,6 +64,13 @@ class LocalstripeGateway(StripeGateway):
         return self.invoice_status(invoice_id=invoice_id)
 
 
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/v1/customers", headers={"Authorization": f"Bearer {STRIPE_KEY}"}, timeout=1)
+    except httpx.TransportError:
+        return False
+    return True
+
 
 @pytest.fixture(scope="session")
 def localstripe_url():
@@ -72,15 +80,9 @@ def localstripe_url():
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(f"{url}/v1/customers", headers={"Authorization": f"Bearer {STRIPE_KEY}"}, timeout=1)
-                break
-            except httpx.TransportError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"localstripe did not start: {process.stderr.read().decode()[-2000:]}")
-                time.sleep(0.05)
+        wait_for(lambda: process.poll() is not None or _answers(url), seconds=20, interval=0.05)
+        if process.poll() is not None or not _answers(url):
+            raise RuntimeError(f"localstripe did not start: {process.stderr.read().decode()[-2000:]}")
         yield url
     finally:
         process.terminate()
@@ -103,7 +105,7 @@ def closed_invoice(org_a, key_a, tiny_model, internal_client, make_usage_event) 
     for phase, micros in (("prefill", 100_000), ("cached_prefill", 25_000), ("decode", 400_000)):
         price_set(model=tiny_model, phase=phase, micros_per_million=micros, effective_from=LONG_AGO)
     member_add(organization=org_a, email="billing-owner@acme.test", role="owner", password="owner-password-123")
-    started = datetime.now(dt_timezone.utc).replace(day=1, hour=0) - timedelta(days=10)
+    started = datetime.now(UTC).replace(day=1, hour=0) - timedelta(days=10)
     events = [
         make_usage_event(key_a, "s-1", "prefill", tokens=1_234_567, cached_tokens=234_567),
         make_usage_event(key_a, "s-1", "decode", tokens=345_678, cached_tokens=0),
@@ -262,12 +264,7 @@ def test_localstripe_delivers_a_signed_payment_webhook(gateway, closed_invoice, 
     closed_invoice.refresh_from_db()
     _give_the_customer_a_card(BillingAccount.objects.get().stripe_customer_id)
     stripe.Invoice.pay(closed_invoice.stripe_invoice_id, api_key=STRIPE_KEY)
-    deadline = time.monotonic() + 10  # localstripe waits 1 s before delivering
-    while time.monotonic() < deadline:
-        closed_invoice.refresh_from_db()
-        if closed_invoice.status == "paid":
-            break
-        time.sleep(0.1)
-    assert closed_invoice.status == "paid"
+    # localstripe waits 1 s before delivering
+    assert wait_for(lambda: Invoice.objects.get(pk=closed_invoice.pk).status == "paid", seconds=10)
     # localstripe also reports the $0 subscription invoice it made for this customer.
     assert ProcessedStripeEvent.objects.filter(event_type="invoice.payment_succeeded").exists()

@@ -6,7 +6,7 @@ open now. Its `started_at` is never changed, so usage by day still shows it on i
 """
 
 from collections.abc import Iterable
-from datetime import date, datetime, timezone as dt_timezone
+from datetime import UTC, date, datetime
 
 from django.utils import timezone
 
@@ -14,7 +14,7 @@ from controlplane.billing.models import BillingPeriod, PeriodStatus
 
 
 def period_start_of(moment: datetime) -> date:
-    utc = moment.astimezone(dt_timezone.utc)
+    utc = moment.astimezone(UTC)
     return date(utc.year, utc.month, 1)
 
 
@@ -26,8 +26,8 @@ def period_bounds(start: date) -> tuple[datetime, datetime]:
     """The period as [from, to) datetimes in UTC."""
     end = period_end_of(start)
     return (
-        datetime(start.year, start.month, 1, tzinfo=dt_timezone.utc),
-        datetime(end.year, end.month, 1, tzinfo=dt_timezone.utc),
+        datetime(start.year, start.month, 1, tzinfo=UTC),
+        datetime(end.year, end.month, 1, tzinfo=UTC),
     )
 
 

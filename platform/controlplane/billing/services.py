@@ -1,7 +1,8 @@
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -22,13 +23,14 @@ from controlplane.billing.models import (
     RollupCursor,
     SpendAlert,
 )
-from controlplane.billing.periods import period_start_of
+from controlplane.billing.periods import billing_periods_assign, period_start_of
 from controlplane.billing.rating import allocate_cents, billed_parts, micros_to_cents
 from controlplane.billing.selectors import RatedLine, billing_period_current, period_lines_to_date, rated_lines
 from controlplane.billing.stripe_gateway import STRIPE_INVOICE_STATUSES, StripeGateway
 from controlplane.catalog.selectors import PriceBook, price_book
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import UsageEvent
+from controlplane.metering.services import IngestResult, UsageReport, usage_batch_new, usage_events_store
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.selectors import owner_emails
@@ -41,9 +43,20 @@ ROLLUP_CURSOR = "usage"
 # catches those that committed after a rollup had read past their stamp.
 ROLLUP_OVERLAP = timedelta(minutes=5)
 SPEND_ALERT_THRESHOLDS = (80, 100)
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 RollupKey = tuple[int, int, str, str, date, int | None]  # organization, api key, model, phase, period, price
+
+
+@transaction.atomic
+def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
+    """Store a batch of usage events, all or nothing, each new one in the billing period it is billed in
+    (billing.periods); a (request_id, phase) seen before is a duplicate."""
+    new = usage_batch_new(reports=reports)
+    ingested_at = timezone.now()
+    wanted = [(api_key.organization_id, period_start_of(report.started_at)) for report, api_key in new.events]
+    billed_in = billing_periods_assign(wanted=wanted, now=ingested_at)
+    return usage_events_store(new=new, period_starts=[billed_in[key] for key in wanted], ingested_at=ingested_at)
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ def _rebuild_hour(hour: datetime, book: PriceBook) -> set[tuple[int, date]]:
 
 
 def _rebuild_day(day: date) -> None:
-    start = datetime(day.year, day.month, day.day, tzinfo=dt_timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     DailyUsage.objects.filter(day=day).delete()
     tokens: dict[RollupKey, int] = defaultdict(int)
     for row in HourlyUsage.objects.filter(hour__gte=start, hour__lt=start + timedelta(days=1)).iterator():
@@ -257,7 +270,7 @@ def _billing_period_close(*, period_pk: int, book: PriceBook, now: datetime) -> 
             unit_price_micros_per_million=line.unit_price_micros_per_million,
             amount_micros=line.amount_micros, amount_cents=line_cents,
         )
-        for line, line_cents in zip(lines, cents)
+        for line, line_cents in zip(lines, cents, strict=True)
     )
     logger.info("Closed %s into invoice %s: %d lines, %d cents.", period, invoice.public_id, len(lines), total_cents)
     return invoice

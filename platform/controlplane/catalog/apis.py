@@ -1,14 +1,10 @@
-from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from controlplane.catalog.authentication import FleetTokenAuthentication
-from controlplane.catalog.models import Fleet, PricePhase, WorkerState
+from controlplane.catalog.models import PricePhase, WorkerState
 from controlplane.catalog.selectors import (
     fleet_list,
     heartbeat_deadline,
@@ -17,42 +13,14 @@ from controlplane.catalog.selectors import (
     price_list,
     worker_get,
     worker_list,
-    worker_list_live,
 )
-from controlplane.catalog.services import (
-    WorkerLoad,
-    price_set,
-    worker_drain,
-    worker_heartbeat,
-    worker_register,
-    worker_rpc_secret,
-)
-from controlplane.common.base_apis import InternalAPIView
+from controlplane.catalog.services import price_set, worker_drain
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import IsStaff, StaffAPIView, TenantAPIView
 
-MAX_POSITIVE_INTEGER = 2**31 - 1
 MAX_BIG_INTEGER = 2**63 - 1
-
-
-def _validate_address(address: str) -> str:
-    host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise serializers.ValidationError("Expected 'host:port' with a port between 1 and 65535.")
-    return address
-
-
-class FleetAPIView(APIView):
-    """Base of the endpoints that workers call with their fleet's token."""
-
-    authentication_classes = [FleetTokenAuthentication]
-    permission_classes = [IsAuthenticated]
-
-    @property
-    def fleet(self) -> Fleet:
-        return self.request.user.fleet
 
 
 class ModelOutputSerializer(serializers.Serializer):
@@ -196,107 +164,3 @@ class WorkerDrainApi(StaffAPIView):
         worker = worker_drain(worker=worker_get(public_id=worker_id), actor=self.principal)
         return Response(WorkerOutputSerializer(worker).data)
 
-
-class WorkerRegisterApi(FleetAPIView):
-    class WorkerRegisterInputSerializer(serializers.Serializer):
-        address = serializers.CharField(max_length=300, validators=[_validate_address])
-        name = serializers.CharField(max_length=100)
-
-    class WorkerRegisterOutputSerializer(serializers.Serializer):
-        class FleetSummarySerializer(serializers.Serializer):
-            name = serializers.CharField()
-            role = serializers.CharField()
-            model = serializers.CharField(source="model.name")
-            region = serializers.CharField()
-            hardware_class = serializers.CharField()
-
-        id = serializers.CharField(source="public_id")
-        fleet = FleetSummarySerializer()
-        heartbeat_interval_seconds = serializers.SerializerMethodField()
-        worker_rpc_secret = serializers.SerializerMethodField(
-            help_text="What every call to a worker must carry as `authorization: Bearer <secret>`."
-        )
-
-        def get_heartbeat_interval_seconds(self, worker) -> int:
-            return settings.DIPTYCH_HEARTBEAT_INTERVAL_SECONDS
-
-        def get_worker_rpc_secret(self, worker) -> str:
-            return worker_rpc_secret()
-
-    @extend_schema(request=WorkerRegisterInputSerializer, responses={201: WorkerRegisterOutputSerializer})
-    def post(self, request: Request) -> Response:
-        serializer = self.WorkerRegisterInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        worker = worker_register(fleet=self.fleet, **serializer.validated_data)
-        return Response(self.WorkerRegisterOutputSerializer(worker).data, status=status.HTTP_201_CREATED)
-
-
-class WorkerHeartbeatApi(FleetAPIView):
-    class WorkerHeartbeatInputSerializer(serializers.Serializer):
-        state = serializers.ChoiceField(choices=[WorkerState.READY, WorkerState.DRAINING])
-        queue_depth = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
-        active_sequences = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
-        kv_blocks_free = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
-        kv_blocks_total = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
-        tokens_per_second = serializers.FloatField(min_value=0, default=0.0)
-
-        def validate(self, attrs: dict) -> dict:
-            if attrs["kv_blocks_free"] > attrs["kv_blocks_total"]:
-                raise serializers.ValidationError({"kv_blocks_free": ["Cannot exceed kv_blocks_total."]})
-            return attrs
-
-    class WorkerHeartbeatOutputSerializer(serializers.Serializer):
-        state = serializers.CharField()
-
-    @extend_schema(request=WorkerHeartbeatInputSerializer, responses=WorkerHeartbeatOutputSerializer)
-    def post(self, request: Request, worker_id: str) -> Response:
-        serializer = self.WorkerHeartbeatInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        state = serializer.validated_data.pop("state")
-        worker = worker_heartbeat(
-            fleet=self.fleet, worker_id=worker_id, state=state, load=WorkerLoad(**serializer.validated_data)
-        )
-        return Response(self.WorkerHeartbeatOutputSerializer(worker).data)
-
-
-class RegistryApi(InternalAPIView):
-    class RegistryOutputSerializer(serializers.Serializer):
-        class RegistryModelSerializer(serializers.Serializer):
-            name = serializers.CharField()
-            source = serializers.CharField()
-            context_length = serializers.IntegerField()
-
-        class RegistryWorkerSerializer(serializers.Serializer):
-            id = serializers.CharField(source="public_id")
-            name = serializers.CharField()
-            role = serializers.CharField(source="fleet.role")
-            model = serializers.CharField(source="fleet.model.name")
-            region = serializers.CharField(source="fleet.region")
-            hardware_class = serializers.CharField(source="fleet.hardware_class")
-            address = serializers.CharField()
-            state = serializers.CharField()
-            queue_depth = serializers.IntegerField()
-            active_sequences = serializers.IntegerField()
-            kv_blocks_free = serializers.IntegerField()
-            kv_blocks_total = serializers.IntegerField()
-            tokens_per_second = serializers.FloatField()
-            last_heartbeat_at = serializers.DateTimeField()
-
-        models = RegistryModelSerializer(many=True)
-        workers = RegistryWorkerSerializer(many=True)
-
-    @extend_schema(responses=RegistryOutputSerializer)
-    def get(self, request: Request) -> Response:
-        registry = {"models": model_list(), "workers": worker_list_live(now=timezone.now())}
-        return Response(self.RegistryOutputSerializer(registry).data)
-
-
-class WorkerCredentialApi(InternalAPIView):
-    """The worker RPC secret, for the gateway: it carries it on every call to a worker."""
-
-    class WorkerCredentialOutputSerializer(serializers.Serializer):
-        worker_rpc_secret = serializers.CharField()
-
-    @extend_schema(responses=WorkerCredentialOutputSerializer)
-    def get(self, request: Request) -> Response:
-        return Response(self.WorkerCredentialOutputSerializer({"worker_rpc_secret": worker_rpc_secret()}).data)

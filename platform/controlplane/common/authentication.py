@@ -1,10 +1,5 @@
-"""Bearer-token parsing and the authentication of the gateway on the internal endpoints."""
+"""Bearer-token parsing and the base of every bearer-token authentication."""
 
-import hmac
-from dataclasses import dataclass
-
-from django.conf import settings
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
@@ -42,35 +37,3 @@ class BearerAuthentication(BaseAuthentication):
         # A non-empty header makes DRF answer 401 rather than 403 to unauthenticated calls.
         return f'Bearer realm="{self.realm}"'
 
-
-@dataclass(frozen=True)
-class InternalService:
-    """The caller of an internal endpoint: the gateway, holding DIPTYCH_INTERNAL_TOKEN."""
-
-    is_authenticated = True
-
-
-class InternalTokenAuthentication(BearerAuthentication):
-    realm = "internal"
-
-    def authenticate(self, request: Request) -> tuple[InternalService, None] | None:
-        token = bearer_token(request)
-        if token is None:
-            return None
-        expected = settings.DIPTYCH_INTERNAL_TOKEN
-        if not expected:
-            raise exceptions.AuthenticationFailed(
-                "Internal endpoints are disabled: DIPTYCH_INTERNAL_TOKEN is not set on the control plane.",
-                code="internal_endpoints_disabled",
-            )
-        if not hmac.compare_digest(token.encode(), expected.encode()):
-            raise exceptions.AuthenticationFailed("Invalid internal service token.", code="invalid_internal_token")
-        return InternalService(), None
-
-
-class InternalTokenAuthenticationScheme(OpenApiAuthenticationExtension):
-    target_class = InternalTokenAuthentication
-    name = "internalToken"
-
-    def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "DIPTYCH_INTERNAL_TOKEN of the control plane."}

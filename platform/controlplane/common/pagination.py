@@ -8,7 +8,6 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-
 MAX_OFFSET = 2**63 - 1
 
 

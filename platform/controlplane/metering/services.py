@@ -6,7 +6,6 @@ from datetime import date, datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.billing.periods import billing_periods_assign, period_start_of
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import IdempotencyRecord, IdempotencyState, UsageEvent
 from controlplane.tenancy.models import ApiKey, Organization
@@ -46,11 +45,19 @@ class IngestResult:
     duplicates: int
 
 
-@transaction.atomic
-def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
-    """Store a batch of usage events, all or nothing; a (request_id, phase) seen before is a duplicate.
+@dataclass(frozen=True)
+class NewUsage:
+    """The events of a batch that the ledger does not hold yet, each with its API key."""
 
-    The first write of an event wins: a duplicate with different content is logged and dropped.
+    events: list[tuple[UsageReport, ApiKey]]
+    received: int  # events in the batch, repeats included
+
+
+def usage_batch_new(*, reports: Sequence[UsageReport]) -> NewUsage:
+    """The batch's events not stored before, first of each (request_id, phase) only; reads, writes nothing.
+
+    InvalidInput lists every unknown or mismatched reference. The first write of an event wins: a repeat
+    with different content is logged and dropped.
     """
     api_keys = _resolve_api_keys(reports)
     first_reports: dict[tuple[str, str], UsageReport] = {}
@@ -63,20 +70,18 @@ def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
     for key, report in first_reports.items():
         if key in stored and not _same_content(stored[key], report, api_keys[report.api_key_id]):
             _warn_conflicting_duplicate(key, "the stored event")
+    events = [(report, api_keys[report.api_key_id]) for key, report in first_reports.items() if key not in stored]
+    return NewUsage(events=events, received=len(reports))
 
-    ingested_at = timezone.now()
-    new_reports = [report for key, report in first_reports.items() if key not in stored]
-    billed_in = billing_periods_assign(
-        wanted={_period_key(report, api_keys) for report in new_reports}, now=ingested_at
-    )
+
+def usage_events_store(*, new: NewUsage, period_starts: Sequence[date], ingested_at: datetime) -> IngestResult:
+    """Appends the new events to the ledger, the i-th billed in the period starting `period_starts[i]`.
+
+    Runs in the transaction that read `new` and assigned the periods (billing.services.usage_events_ingest).
+    """
     fresh = [
-        _new_event(
-            report,
-            api_key=api_keys[report.api_key_id],
-            ingested_at=ingested_at,
-            period_start=billed_in[_period_key(report, api_keys)],
-        )
-        for report in new_reports
+        _new_event(report, api_key=api_key, ingested_at=ingested_at, period_start=period_start)
+        for (report, api_key), period_start in zip(new.events, period_starts, strict=True)
     ]
     UsageEvent.objects.bulk_create(fresh, ignore_conflicts=True)
     # A concurrent batch can store some of the same events between our read and our insert; the
@@ -84,7 +89,7 @@ def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
     accepted = UsageEvent.objects.filter(
         request_id__in={event.request_id for event in fresh}, ingested_at=ingested_at
     ).count()
-    return IngestResult(accepted=accepted, duplicates=len(reports) - accepted)
+    return IngestResult(accepted=accepted, duplicates=new.received - accepted)
 
 
 def _resolve_api_keys(reports: Sequence[UsageReport]) -> dict[str, ApiKey]:
@@ -126,10 +131,6 @@ def _stored_events(*, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str]
         for event in UsageEvent.objects.filter(request_id__in=request_ids)
         if (event.request_id, event.phase) in keys
     }
-
-
-def _period_key(report: UsageReport, api_keys: dict[str, ApiKey]) -> tuple[int, date]:
-    return api_keys[report.api_key_id].organization_id, period_start_of(report.started_at)
 
 
 def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, period_start: date) -> UsageEvent:
@@ -279,5 +280,7 @@ def _expired(record: IdempotencyRecord, now: datetime) -> bool:
 def _organization(public_id: str) -> Organization:
     organization = Organization.objects.filter(public_id=public_id).first()
     if organization is None:
-        raise InvalidInput(f"Unknown organization {public_id!r}.", fields={"organization_id": ["Unknown organization."]})
+        raise InvalidInput(
+            f"Unknown organization {public_id!r}.", fields={"organization_id": ["Unknown organization."]}
+        )
     return organization

@@ -8,8 +8,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.billing.selectors import spend_status
-from controlplane.common.base_apis import InternalAPIView
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.tenancy.access import Permission, Principal
@@ -26,7 +24,6 @@ from controlplane.tenancy.selectors import (
     membership_list,
 )
 from controlplane.tenancy.services import (
-    api_key_authenticate,
     api_key_create,
     api_key_revoke,
     invitation_accept,
@@ -329,48 +326,3 @@ class MeApi(APIView):
         get_token(request._request)
         return Response(_me(request.user))
 
-
-class LimitsSerializer(serializers.Serializer):
-    """Per-minute limits the gateway enforces; null is unlimited."""
-
-    requests_per_minute = serializers.IntegerField(allow_null=True)
-    input_tokens_per_minute = serializers.IntegerField(allow_null=True)
-    output_tokens_per_minute = serializers.IntegerField(allow_null=True)
-
-
-class ApiKeyVerifyApi(InternalAPIView):
-    class ApiKeyVerifyInputSerializer(serializers.Serializer):
-        api_key = serializers.CharField(trim_whitespace=False)
-
-    class ApiKeyVerifyOutputSerializer(serializers.Serializer):
-        class VerifyLimitsSerializer(serializers.Serializer):
-            organization = LimitsSerializer()
-            api_key = LimitsSerializer()
-
-        class SpendSerializer(serializers.Serializer):
-            limit_micros = serializers.IntegerField(allow_null=True)
-            spent_micros = serializers.IntegerField()
-            over_limit = serializers.BooleanField()
-
-        api_key_id = serializers.CharField()
-        organization_id = serializers.CharField()
-        scopes = serializers.ListField(child=serializers.CharField())
-        expires_at = serializers.DateTimeField(allow_null=True)
-        limits = VerifyLimitsSerializer()
-        spend = SpendSerializer()
-
-    @extend_schema(request=ApiKeyVerifyInputSerializer, responses=ApiKeyVerifyOutputSerializer)
-    def post(self, request: Request) -> Response:
-        serializer = self.ApiKeyVerifyInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        api_key = api_key_authenticate(key=serializer.validated_data["api_key"])
-        organization = api_key.organization
-        verified = {
-            "api_key_id": api_key.public_id,
-            "organization_id": organization.public_id,
-            "scopes": api_key.scopes,
-            "expires_at": api_key.expires_at,
-            "limits": {"organization": organization, "api_key": api_key},
-            "spend": spend_status(organization=organization),
-        }
-        return Response(self.ApiKeyVerifyOutputSerializer(verified).data)

@@ -16,5 +16,4 @@ urlpatterns = [
     path("api-keys/<str:key_id>", apis.ApiKeyDetailApi.as_view(), name="api-key-detail"),
     path("api-keys/<str:key_id>/revoke", apis.ApiKeyRevokeApi.as_view(), name="api-key-revoke"),
     path("audit-log", apis.AuditLogApi.as_view(), name="audit-log"),
-    path("internal/api-keys/verify", apis.ApiKeyVerifyApi.as_view(), name="internal-api-key-verify"),
 ]

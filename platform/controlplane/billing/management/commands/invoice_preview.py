@@ -47,7 +47,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
-        for line, line_cents in zip(lines, cents):
+        for line, line_cents in zip(lines, cents, strict=True):
             self.stdout.write(
                 f"{line.model:<16} {line.phase:<15} {line.tokens:>13,} × "
                 f"{_dollars(line.unit_price_micros_per_million):>16} = "

@@ -6,7 +6,7 @@ stored, so the launcher can only learn them by asking for new ones.
 
 import json
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
@@ -32,7 +32,7 @@ DEMO_PRICES = {
     "diptych-tiny": {PricePhase.PREFILL: 100_000, PricePhase.CACHED_PREFILL: 25_000, PricePhase.DECODE: 400_000},
     "diptych-100m": {PricePhase.PREFILL: 200_000, PricePhase.CACHED_PREFILL: 50_000, PricePhase.DECODE: 800_000},
 }
-PRICES_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=timezone.utc)
+PRICES_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 def fleet_name(*, model_name: str, role: str) -> str:

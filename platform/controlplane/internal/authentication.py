@@ -1,7 +1,9 @@
-"""Authentication of workers by their fleet's token on the registration and heartbeat endpoints."""
+"""The two credentials of the internal endpoints: the gateway's shared token and a worker's fleet token."""
 
+import hmac
 from dataclasses import dataclass
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -11,6 +13,39 @@ from controlplane.catalog.selectors import fleet_get_by_token
 from controlplane.catalog.services import FLEET_TOKEN_PREFIX
 from controlplane.common.authentication import BearerAuthentication, bearer_token
 from controlplane.common.tokens import is_well_formed_token
+
+
+@dataclass(frozen=True)
+class InternalService:
+    """The caller of a gateway endpoint: the gateway, holding DIPTYCH_INTERNAL_TOKEN."""
+
+    is_authenticated = True
+
+
+class InternalTokenAuthentication(BearerAuthentication):
+    realm = "internal"
+
+    def authenticate(self, request: Request) -> tuple[InternalService, None] | None:
+        token = bearer_token(request)
+        if token is None:
+            return None
+        expected = settings.DIPTYCH_INTERNAL_TOKEN
+        if not expected:
+            raise exceptions.AuthenticationFailed(
+                "Internal endpoints are disabled: DIPTYCH_INTERNAL_TOKEN is not set on the control plane.",
+                code="internal_endpoints_disabled",
+            )
+        if not hmac.compare_digest(token.encode(), expected.encode()):
+            raise exceptions.AuthenticationFailed("Invalid internal service token.", code="invalid_internal_token")
+        return InternalService(), None
+
+
+class InternalTokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = InternalTokenAuthentication
+    name = "internalToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "DIPTYCH_INTERNAL_TOKEN of the control plane."}
 
 
 @dataclass(frozen=True)

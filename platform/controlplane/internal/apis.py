@@ -1,0 +1,254 @@
+"""The endpoints the gateway (internal token) and the workers (fleet token) call, under `internal/`.
+
+Each view translates HTTP to one call of a domain app's service or selector and back; the JSON shapes
+are the contracts of gateway/control_plane.py and workers/registration.py.
+"""
+
+from dataclasses import asdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.billing.selectors import spend_status
+from controlplane.billing.services import usage_events_ingest
+from controlplane.catalog.models import WorkerState
+from controlplane.catalog.selectors import model_list, worker_list_live
+from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register, worker_rpc_secret
+from controlplane.internal.base_apis import FleetAPIView, InternalAPIView
+from controlplane.internal.serializers import (
+    IdempotencyKeyFields,
+    LimitsSerializer,
+    UsageReportSerializer,
+    validate_address,
+)
+from controlplane.metering.services import (
+    MAX_EVENTS_PER_BATCH,
+    UsageReport,
+    idempotency_key_claim,
+    idempotency_key_complete,
+    idempotency_key_release,
+)
+from controlplane.tenancy.services import api_key_authenticate
+
+MAX_POSITIVE_INTEGER = 2**31 - 1
+
+# ---- called by the gateway ------------------------------------------------------------------------------
+
+
+class ApiKeyVerifyApi(InternalAPIView):
+    class ApiKeyVerifyInputSerializer(serializers.Serializer):
+        api_key = serializers.CharField(trim_whitespace=False)
+
+    class ApiKeyVerifyOutputSerializer(serializers.Serializer):
+        class VerifyLimitsSerializer(serializers.Serializer):
+            organization = LimitsSerializer()
+            api_key = LimitsSerializer()
+
+        class SpendSerializer(serializers.Serializer):
+            limit_micros = serializers.IntegerField(allow_null=True)
+            spent_micros = serializers.IntegerField()
+            over_limit = serializers.BooleanField()
+
+        api_key_id = serializers.CharField()
+        organization_id = serializers.CharField()
+        scopes = serializers.ListField(child=serializers.CharField())
+        expires_at = serializers.DateTimeField(allow_null=True)
+        limits = VerifyLimitsSerializer()
+        spend = SpendSerializer()
+
+    @extend_schema(request=ApiKeyVerifyInputSerializer, responses=ApiKeyVerifyOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.ApiKeyVerifyInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        api_key = api_key_authenticate(key=serializer.validated_data["api_key"])
+        organization = api_key.organization
+        verified = {
+            "api_key_id": api_key.public_id,
+            "organization_id": organization.public_id,
+            "scopes": api_key.scopes,
+            "expires_at": api_key.expires_at,
+            "limits": {"organization": organization, "api_key": api_key},
+            "spend": spend_status(organization=organization),
+        }
+        return Response(self.ApiKeyVerifyOutputSerializer(verified).data)
+
+
+class RegistryApi(InternalAPIView):
+    class RegistryOutputSerializer(serializers.Serializer):
+        class RegistryModelSerializer(serializers.Serializer):
+            name = serializers.CharField()
+            source = serializers.CharField()
+            context_length = serializers.IntegerField()
+
+        class RegistryWorkerSerializer(serializers.Serializer):
+            id = serializers.CharField(source="public_id")
+            name = serializers.CharField()
+            role = serializers.CharField(source="fleet.role")
+            model = serializers.CharField(source="fleet.model.name")
+            region = serializers.CharField(source="fleet.region")
+            hardware_class = serializers.CharField(source="fleet.hardware_class")
+            address = serializers.CharField()
+            state = serializers.CharField()
+            queue_depth = serializers.IntegerField()
+            active_sequences = serializers.IntegerField()
+            kv_blocks_free = serializers.IntegerField()
+            kv_blocks_total = serializers.IntegerField()
+            tokens_per_second = serializers.FloatField()
+            last_heartbeat_at = serializers.DateTimeField()
+
+        models = RegistryModelSerializer(many=True)
+        workers = RegistryWorkerSerializer(many=True)
+
+    @extend_schema(responses=RegistryOutputSerializer)
+    def get(self, request: Request) -> Response:
+        registry = {"models": model_list(), "workers": worker_list_live(now=timezone.now())}
+        return Response(self.RegistryOutputSerializer(registry).data)
+
+
+class WorkerCredentialApi(InternalAPIView):
+    """The worker RPC secret, for the gateway: it carries it on every call to a worker."""
+
+    class WorkerCredentialOutputSerializer(serializers.Serializer):
+        worker_rpc_secret = serializers.CharField()
+
+    @extend_schema(responses=WorkerCredentialOutputSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(self.WorkerCredentialOutputSerializer({"worker_rpc_secret": worker_rpc_secret()}).data)
+
+
+class UsageEventIngestApi(InternalAPIView):
+    class UsageEventBatchInputSerializer(serializers.Serializer):
+        events = UsageReportSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
+
+    class UsageEventBatchOutputSerializer(serializers.Serializer):
+        accepted = serializers.IntegerField()
+        duplicates = serializers.IntegerField()
+
+    @extend_schema(request=UsageEventBatchInputSerializer, responses=UsageEventBatchOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.UsageEventBatchInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        reports = [UsageReport(**event) for event in serializer.validated_data["events"]]
+        result = usage_events_ingest(reports=reports)
+        return Response(self.UsageEventBatchOutputSerializer(asdict(result)).data)
+
+
+class IdempotencyKeyClaimApi(InternalAPIView):
+    """The gateway asks before it runs a request that carries an idempotency key."""
+
+    class IdempotencyKeyClaimInputSerializer(IdempotencyKeyFields):
+        fingerprint = serializers.CharField(max_length=64)
+        lease_seconds = serializers.IntegerField(min_value=1, max_value=24 * 3600)
+
+    class IdempotencyKeyClaimOutputSerializer(serializers.Serializer):
+        outcome = serializers.ChoiceField(choices=["claimed", "in_flight", "completed", "mismatch"])
+        execution_id = serializers.CharField()
+        response = serializers.JSONField(allow_null=True)
+
+    @extend_schema(request=IdempotencyKeyClaimInputSerializer, responses=IdempotencyKeyClaimOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.IdempotencyKeyClaimInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        claim = idempotency_key_claim(
+            organization_id=data["organization_id"], key=data["key"], fingerprint=data["fingerprint"],
+            execution_id=data["execution_id"], lease=timedelta(seconds=data["lease_seconds"]),
+        )
+        return Response(self.IdempotencyKeyClaimOutputSerializer(asdict(claim)).data)
+
+
+class IdempotencyKeyCompleteApi(InternalAPIView):
+    class IdempotencyKeyCompleteInputSerializer(IdempotencyKeyFields):
+        response = serializers.JSONField()
+
+    class IdempotencyKeyCompleteOutputSerializer(serializers.Serializer):
+        stored = serializers.BooleanField(help_text="False when the execution no longer holds the key.")
+
+    @extend_schema(request=IdempotencyKeyCompleteInputSerializer, responses=IdempotencyKeyCompleteOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.IdempotencyKeyCompleteInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        stored = idempotency_key_complete(**serializer.validated_data)
+        return Response(self.IdempotencyKeyCompleteOutputSerializer({"stored": stored}).data)
+
+
+class IdempotencyKeyReleaseApi(InternalAPIView):
+    class IdempotencyKeyReleaseOutputSerializer(serializers.Serializer):
+        released = serializers.BooleanField(help_text="False when the execution no longer holds the key.")
+
+    @extend_schema(request=IdempotencyKeyFields, responses=IdempotencyKeyReleaseOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = IdempotencyKeyFields(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        released = idempotency_key_release(**serializer.validated_data)
+        return Response(self.IdempotencyKeyReleaseOutputSerializer({"released": released}).data)
+
+
+# ---- called by the workers ------------------------------------------------------------------------------
+
+
+class WorkerRegisterApi(FleetAPIView):
+    class WorkerRegisterInputSerializer(serializers.Serializer):
+        address = serializers.CharField(max_length=300, validators=[validate_address])
+        name = serializers.CharField(max_length=100)
+
+    class WorkerRegisterOutputSerializer(serializers.Serializer):
+        class FleetSummarySerializer(serializers.Serializer):
+            name = serializers.CharField()
+            role = serializers.CharField()
+            model = serializers.CharField(source="model.name")
+            region = serializers.CharField()
+            hardware_class = serializers.CharField()
+
+        id = serializers.CharField(source="public_id")
+        fleet = FleetSummarySerializer()
+        heartbeat_interval_seconds = serializers.SerializerMethodField()
+        worker_rpc_secret = serializers.SerializerMethodField(
+            help_text="What every call to a worker must carry as `authorization: Bearer <secret>`."
+        )
+
+        def get_heartbeat_interval_seconds(self, worker) -> int:
+            return settings.DIPTYCH_HEARTBEAT_INTERVAL_SECONDS
+
+        def get_worker_rpc_secret(self, worker) -> str:
+            return worker_rpc_secret()
+
+    @extend_schema(request=WorkerRegisterInputSerializer, responses={201: WorkerRegisterOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.WorkerRegisterInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        worker = worker_register(fleet=self.fleet, **serializer.validated_data)
+        return Response(self.WorkerRegisterOutputSerializer(worker).data, status=status.HTTP_201_CREATED)
+
+
+class WorkerHeartbeatApi(FleetAPIView):
+    class WorkerHeartbeatInputSerializer(serializers.Serializer):
+        state = serializers.ChoiceField(choices=[WorkerState.READY, WorkerState.DRAINING])
+        queue_depth = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        active_sequences = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        kv_blocks_free = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        kv_blocks_total = serializers.IntegerField(min_value=0, max_value=MAX_POSITIVE_INTEGER, default=0)
+        tokens_per_second = serializers.FloatField(min_value=0, default=0.0)
+
+        def validate(self, attrs: dict) -> dict:
+            if attrs["kv_blocks_free"] > attrs["kv_blocks_total"]:
+                raise serializers.ValidationError({"kv_blocks_free": ["Cannot exceed kv_blocks_total."]})
+            return attrs
+
+    class WorkerHeartbeatOutputSerializer(serializers.Serializer):
+        state = serializers.CharField()
+
+    @extend_schema(request=WorkerHeartbeatInputSerializer, responses=WorkerHeartbeatOutputSerializer)
+    def post(self, request: Request, worker_id: str) -> Response:
+        serializer = self.WorkerHeartbeatInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        state = serializer.validated_data.pop("state")
+        worker = worker_heartbeat(
+            fleet=self.fleet, worker_id=worker_id, state=state, load=WorkerLoad(**serializer.validated_data)
+        )
+        return Response(self.WorkerHeartbeatOutputSerializer(worker).data)

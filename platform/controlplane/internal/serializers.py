@@ -1,0 +1,56 @@
+"""Input shapes shared by more than one internal endpoint, or long enough to read on their own."""
+
+from rest_framework import serializers
+
+from controlplane.metering.models import Phase
+
+MAX_BIG_INTEGER = 2**63 - 1
+EXECUTION_ID_PATTERN = r"^exec_[0-9a-f]{32}$"
+CLIENT_REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]{0,128}$"
+
+
+def validate_address(address: str) -> str:
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise serializers.ValidationError("Expected 'host:port' with a port between 1 and 65535.")
+    return address
+
+
+class LimitsSerializer(serializers.Serializer):
+    """Per-minute limits the gateway enforces; null is unlimited."""
+
+    requests_per_minute = serializers.IntegerField(allow_null=True)
+    input_tokens_per_minute = serializers.IntegerField(allow_null=True)
+    output_tokens_per_minute = serializers.IntegerField(allow_null=True)
+
+
+class UsageReportSerializer(serializers.Serializer):
+    request_id = serializers.CharField(max_length=128, help_text="The execution's server-issued id.")
+    client_request_id = serializers.RegexField(CLIENT_REQUEST_ID_PATTERN, required=False, default="", allow_blank=True)
+    phase = serializers.ChoiceField(choices=Phase.choices)
+    organization_id = serializers.CharField(max_length=32)
+    api_key_id = serializers.CharField(max_length=32)
+    model = serializers.CharField(max_length=200)
+    region = serializers.CharField(max_length=64)
+    worker_id = serializers.CharField(max_length=64)
+    tokens = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+    cached_tokens = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+    kv_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+    compute_ms = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["cached_tokens"] > attrs["tokens"]:
+            raise serializers.ValidationError({"cached_tokens": ["Cannot exceed tokens."]})
+        if attrs["started_at"] > attrs["finished_at"]:
+            raise serializers.ValidationError({"finished_at": ["Cannot be before started_at."]})
+        return attrs
+
+
+class IdempotencyKeyFields(serializers.Serializer):
+    """What names one claim of an organization's idempotency key by one execution."""
+
+    organization_id = serializers.CharField(max_length=32)
+    key = serializers.CharField(max_length=255)
+    execution_id = serializers.RegexField(EXECUTION_ID_PATTERN)

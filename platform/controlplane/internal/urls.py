@@ -1,0 +1,19 @@
+"""Mounted at /api/v1/internal/ by the project's urls: every endpoint here is internal, and only here."""
+
+from django.urls import path
+
+from controlplane.internal import apis
+
+urlpatterns = [
+    # the gateway's (DIPTYCH_INTERNAL_TOKEN)
+    path("api-keys/verify", apis.ApiKeyVerifyApi.as_view(), name="internal-api-key-verify"),
+    path("registry", apis.RegistryApi.as_view(), name="internal-registry"),
+    path("worker-credential", apis.WorkerCredentialApi.as_view(), name="internal-worker-credential"),
+    path("usage-events", apis.UsageEventIngestApi.as_view(), name="internal-usage-event-ingest"),
+    path("idempotency-keys/claim", apis.IdempotencyKeyClaimApi.as_view(), name="internal-idempotency-claim"),
+    path("idempotency-keys/complete", apis.IdempotencyKeyCompleteApi.as_view(), name="internal-idempotency-complete"),
+    path("idempotency-keys/release", apis.IdempotencyKeyReleaseApi.as_view(), name="internal-idempotency-release"),
+    # the workers' (their fleet's token)
+    path("workers/register", apis.WorkerRegisterApi.as_view(), name="internal-worker-register"),
+    path("workers/<str:worker_id>/heartbeat", apis.WorkerHeartbeatApi.as_view(), name="internal-worker-heartbeat"),
+]
