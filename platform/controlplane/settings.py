@@ -6,6 +6,7 @@ command runs everything.
 """
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import dj_database_url
@@ -131,6 +132,7 @@ TEMPLATES = [
     },
 ]
 
+DATABASES: dict[str, Mapping[str, object]]
 if EMBEDDED:
     DATABASES = {
         "default": {

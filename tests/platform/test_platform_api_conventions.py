@@ -1,7 +1,14 @@
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.test import Client
-from rest_framework.test import APIClient
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.test import APIClient, APIRequestFactory
+from rest_framework.views import APIView
 
 from controlplane.billing.models import BillingPeriod, Invoice, SpendAlert
 from controlplane.catalog.models import Fleet, Model, Price, Worker
@@ -47,6 +54,25 @@ def test_wrong_method_answers_the_error_shape(client_a):
     response = client_a.delete("/api/v1/organization")
     assert response.status_code == 405
     assert response.data["error"]["type"] == "method_not_allowed"
+
+
+class RaisingApi(APIView):
+    authentication_classes: list[type[BaseAuthentication]] = []
+    permission_classes = [AllowAny]
+    error = Exception("set by as_view")
+
+    def get(self, request: Request) -> Response:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "status_code", "error_type"),
+    [(Http404("No such thing."), 404, "not_found"), (PermissionDenied("Not yours."), 403, "permission_denied")],
+)
+def test_django_errors_raised_in_a_view_answer_the_error_shape(error, status_code, error_type):
+    response = RaisingApi.as_view(error=error)(APIRequestFactory().get("/api/v1/anything"))
+    assert response.status_code == status_code
+    assert response.data == {"error": {"type": error_type, "message": str(error)}}
 
 
 ADMIN_MODELS = [

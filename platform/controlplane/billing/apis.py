@@ -2,6 +2,7 @@ from datetime import timedelta
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,12 +14,12 @@ from controlplane.billing.services import spend_limit_set, stripe_event_process
 from controlplane.billing.stripe_gateway import InvalidWebhook, StripeNotConfigured, stripe_gateway
 from controlplane.common.errors import ApplicationError, InvalidInput
 from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
 
 MAX_DAILY_RANGE = timedelta(days=366)
-MAX_BIG_INTEGER = 2**63 - 1
 
 
 class InvoiceLineOutputSerializer(serializers.Serializer):
@@ -150,7 +151,7 @@ class InvoiceDetailApi(TenantAPIView):
 class StripeWebhookApi(APIView):
     """Stripe's deliveries, authenticated by the Stripe-Signature header alone."""
 
-    authentication_classes = []
+    authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
 
     class StripeWebhookOutputSerializer(serializers.Serializer):

@@ -175,7 +175,7 @@ def spend_alerts_check(*, organization: Organization, period: BillingPeriod) -> 
     """Record (and email the owners) each threshold of the spend limit first crossed in this period."""
     limit = organization.spend_limit_micros
     spent = period.amount_to_date_micros
-    fired = []
+    fired: list[SpendAlert] = []
     if limit is None or spent == 0:
         return fired
     for threshold in SPEND_ALERT_THRESHOLDS:
@@ -325,7 +325,7 @@ def invoice_push(*, invoice: Invoice, gateway: StripeGateway) -> Invoice:
     return invoice_status_set(invoice=invoice, stripe_status=status)
 
 
-def invoice_status_set(*, invoice: Invoice, stripe_status: str) -> Invoice:
+def invoice_status_set(*, invoice: Invoice, stripe_status: str | None) -> Invoice:
     if stripe_status not in STRIPE_INVOICE_STATUSES:
         logger.warning("Ignoring unknown Stripe status %r for invoice %s.", stripe_status, invoice.public_id)
         return invoice

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import stripe
 from django.conf import settings
+from stripe.params import CustomerCreateParams
 
 # Stripe statuses that leave an invoice of ours open, paid, void or uncollectible.
 STRIPE_INVOICE_STATUSES = {"draft", "open", "paid", "void", "uncollectible"}
@@ -45,10 +46,12 @@ class StripeGateway:
     def create_customer(
         self, *, name: str, email: str | None, metadata: Mapping[str, str], idempotency_key: str
     ) -> str:
-        params = {"name": name, "metadata": dict(metadata)}
+        params: CustomerCreateParams = {
+            "api_key": self.api_key, "idempotency_key": idempotency_key, "name": name, "metadata": dict(metadata)
+        }
         if email:
             params["email"] = email
-        customer = stripe.Customer.create(api_key=self.api_key, idempotency_key=idempotency_key, **params)
+        customer = stripe.Customer.create(**params)
         return customer.id
 
     def create_invoice_item(
@@ -89,12 +92,12 @@ class StripeGateway:
         )
         return invoice.id
 
-    def finalize_invoice(self, *, invoice_id: str, idempotency_key: str) -> str:
-        """Finalize the draft so the customer can pay it; returns the invoice's status."""
+    def finalize_invoice(self, *, invoice_id: str, idempotency_key: str) -> str | None:
+        """Finalize the draft so the customer can pay it; returns the invoice's status (Stripe may omit it)."""
         invoice = stripe.Invoice.finalize_invoice(invoice_id, api_key=self.api_key, idempotency_key=idempotency_key)
         return invoice.status
 
-    def invoice_status(self, *, invoice_id: str) -> str:
+    def invoice_status(self, *, invoice_id: str) -> str | None:
         return stripe.Invoice.retrieve(invoice_id, api_key=self.api_key).status
 
     def parse_webhook(self, *, payload: bytes, signature: str | None) -> stripe.Event:

@@ -16,11 +16,10 @@ from controlplane.catalog.selectors import (
 )
 from controlplane.catalog.services import price_set, worker_drain
 from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import IsStaff, StaffAPIView, TenantAPIView
-
-MAX_BIG_INTEGER = 2**63 - 1
 
 
 class ModelOutputSerializer(serializers.Serializer):

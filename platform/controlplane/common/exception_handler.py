@@ -2,7 +2,9 @@
 
 from collections.abc import Iterator
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
@@ -31,7 +33,7 @@ NON_FIELD_KEYS = {api_settings.NON_FIELD_ERRORS_KEY, "non_field_errors"}
 
 
 def error_body(error_type: str, message: str, fields: dict[str, list[str]] | None = None) -> dict:
-    body = {"type": error_type, "message": message}
+    body: dict[str, object] = {"type": error_type, "message": message}
     if fields:
         body["fields"] = fields
     return {"error": body}
@@ -44,17 +46,28 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             error_body(exc.error_type, exc.message, exc.fields),
             status=_status_of_application_error(exc),
         )
-    if isinstance(exc, DjangoValidationError):
-        exc = exceptions.ValidationError(as_serializer_error(exc))
-
-    response = drf_exception_handler(exc, context)
-    if response is None:
+    api_exception = _as_api_exception(exc)
+    if api_exception is None:  # a fault of ours: DRF re-raises it, a 500
         return None
-    if isinstance(exc, exceptions.ValidationError):
-        response.data = _validation_error_body(exc.detail)
+    response = drf_exception_handler(api_exception, context)
+    if isinstance(api_exception, exceptions.ValidationError):
+        response.data = _validation_error_body(api_exception.detail)
     else:
-        response.data = error_body(_error_type(exc), _message(exc.detail))
+        response.data = error_body(_error_type(api_exception), _message(api_exception.detail))
     return response
+
+
+def _as_api_exception(exc: Exception) -> exceptions.APIException | None:
+    """The DRF exception `exc` stands for; None for an exception that is no error of the caller's."""
+    if isinstance(exc, exceptions.APIException):
+        return exc
+    if isinstance(exc, DjangoValidationError):
+        return exceptions.ValidationError(as_serializer_error(exc))
+    if isinstance(exc, Http404):
+        return exceptions.NotFound(*exc.args)
+    if isinstance(exc, DjangoPermissionDenied):
+        return exceptions.PermissionDenied(*exc.args)
+    return None
 
 
 def _status_of_application_error(exc: ApplicationError) -> int:

@@ -8,7 +8,9 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-MAX_OFFSET = 2**63 - 1
+from controlplane.common.limits import MAX_BIG_INTEGER
+
+MAX_OFFSET = MAX_BIG_INTEGER  # the database takes a signed 64-bit offset
 
 
 class DefaultPagination(LimitOffsetPagination):

@@ -2,9 +2,9 @@
 
 from rest_framework import serializers
 
+from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.metering.models import Phase
 
-MAX_BIG_INTEGER = 2**63 - 1
 EXECUTION_ID_PATTERN = r"^exec_[0-9a-f]{32}$"
 CLIENT_REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]{0,128}$"
 

@@ -216,7 +216,7 @@ def idempotency_key_claim(
                 )
             return IdempotencyClaim("claimed", execution_id)
         except IntegrityError:   # a concurrent claim of the same key created it first
-            record = _locked_record(organization, key)
+            record = IdempotencyRecord.objects.select_for_update().get(organization=organization, key=key)
     if _expired(record, now):
         _take_over(record, fingerprint=fingerprint, execution_id=execution_id, now=now, lease=lease, fresh=True)
         return IdempotencyClaim("claimed", execution_id)

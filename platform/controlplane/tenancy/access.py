@@ -20,6 +20,8 @@ Staff users (is_staff) additionally manage fleets, workers and prices, which bel
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from django.contrib.auth.models import AbstractUser
+
 from controlplane.tenancy.models import ApiKey, Organization, Role, Scope
 
 
@@ -72,7 +74,7 @@ class Principal:
     """The caller of a public endpoint: a signed-in user or an API key, within at most one organization."""
 
     organization: Organization | None
-    user: object | None = None  # the Django user of a session
+    user: AbstractUser | None = None  # the Django user of a session
     api_key: ApiKey | None = None
     role: str | None = None
     permissions: frozenset[Permission] = field(default_factory=frozenset)
@@ -84,7 +86,7 @@ class Principal:
         return cls(organization=api_key.organization, api_key=api_key, permissions=permissions)
 
     @classmethod
-    def of_user(cls, user) -> "Principal":
+    def of_user(cls, user: AbstractUser) -> "Principal":
         membership = getattr(user, "membership", None)
         if membership is None:
             return cls(organization=None, user=user)
@@ -107,12 +109,16 @@ class Principal:
     def grantable_scopes(self) -> frozenset[str]:
         if self.api_key is not None:
             return frozenset(self.api_key.scopes) | {Scope.INFERENCE}
+        if self.role is None:
+            return frozenset()
         return ROLE_GRANTABLE_SCOPES.get(self.role, frozenset())
 
     @property
     def manageable_roles(self) -> frozenset[str]:
         if self.api_key is not None:
             return ROLE_MANAGEABLE_ROLES[Role.ADMIN]
+        if self.role is None:
+            return frozenset()
         return ROLE_MANAGEABLE_ROLES.get(self.role, frozenset())
 
     @property

@@ -3,6 +3,7 @@ from django.middleware.csrf import get_token
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -266,7 +267,7 @@ class AuditLogApi(PaginatedListMixin, TenantAPIView):
 
 
 class LoginApi(APIView):
-    authentication_classes = []
+    authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
 
     class LoginInputSerializer(serializers.Serializer):
@@ -287,7 +288,7 @@ class LoginApi(APIView):
 
 
 class AcceptInvitationApi(APIView):
-    authentication_classes = []
+    authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
 
     class AcceptInvitationInputSerializer(serializers.Serializer):

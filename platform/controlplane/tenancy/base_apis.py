@@ -33,7 +33,10 @@ class HasOrganizationPermission(BasePermission):
             return False
         if principal.can(required):
             return True
-        who = f"role {principal.role}" if principal.role else f"API key scopes {', '.join(principal.api_key.scopes)}"
+        if principal.api_key is not None:
+            who = f"API key scopes {', '.join(principal.api_key.scopes)}"
+        else:
+            who = f"role {principal.role}"
         self.message = f"This needs the {required} permission, which your {who} does not grant."
         return False
 

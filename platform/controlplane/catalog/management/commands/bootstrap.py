@@ -67,7 +67,7 @@ class Command(BaseCommand):
                 family=options["family"],
                 dtype=options["dtype"],
             )
-            result = {"fleet_tokens": self._issue_fleet_tokens(model=model)}
+            result: dict[str, object] = {"fleet_tokens": self._issue_fleet_tokens(model=model)}
             self._seed_prices()
             if options["demo"]:
                 organization = organization_ensure(name=DEMO_ORGANIZATION_NAME, slug=DEMO_ORGANIZATION_SLUG)
