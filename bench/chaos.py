@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import httpx
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.chaos_ledger import LedgerEvent, Reconciliation, RequestRecord, reconcile

@@ -13,7 +13,7 @@ import grpc.aio
 
 from bench.stats import RequestResult
 from bench.workload import BenchRequest
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 
 REQUEST_TIMEOUT_S = 600.0
 

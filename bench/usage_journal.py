@@ -7,11 +7,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from gateway.types import UsageEvent
 from gateway.usage import UsageJournal
+
+EVENT = UsageEvent(
+    request_id="exec_bench", client_request_id="", phase="decode", organization_id="org", api_key_id="key",
+    model="diptych-tiny", region="", worker_id="decode-0", tokens=1, cached_tokens=0, kv_bytes=0, compute_ms=0,
+    started_at="2030-01-01T00:00:00+00:00", finished_at="2030-01-01T00:00:00+00:00",
+)
 
 
 def microseconds_per_token(journal: UsageJournal, tokens: int) -> float:
-    journal.track("exec_bench", [{"request_id": "exec_bench", "phase": "decode", "tokens": 1}], delivered=1)
+    journal.track("exec_bench", [EVENT], delivered=1)
     started = time.perf_counter()
     for delivered in range(2, tokens + 2):
         journal.count_delivered("exec_bench", delivered)

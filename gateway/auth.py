@@ -17,11 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import grpc
-
 from gateway.auth_cache import FailedAuthLimiter, LruCache, key_digest, peer_address, whole_seconds
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.errors import GatewayError
+from gateway.types import ErrorKind, GatewayError
 
 INFERENCE_SCOPE = "inference"
 STALE_GRACE_S = 300.0
@@ -77,7 +75,7 @@ class Authenticator:
         try:
             caller = await self._caller_for(authorization, address)
         except GatewayError as error:
-            if error.code is grpc.StatusCode.UNAUTHENTICATED:
+            if error.kind is ErrorKind.UNAUTHENTICATED:
                 self._failures.record_failure(address)
             raise
         _check_allowed(caller)
@@ -101,7 +99,7 @@ class Authenticator:
         except ControlPlaneUnavailable:
             if verified is None or self._age(verified) >= STALE_GRACE_S:
                 raise GatewayError(
-                    grpc.StatusCode.UNAVAILABLE, "cannot verify the API key right now; retry shortly"
+                    ErrorKind.UNAVAILABLE, "cannot verify the API key right now; retry shortly"
                 ) from None
             return verified[0]
         if identity is None:
@@ -117,7 +115,7 @@ class Authenticator:
         wait_s = self._failures.retry_after_s(address)
         if wait_s > 0:
             raise GatewayError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ErrorKind.RESOURCE_EXHAUSTED,
                 f"too many failed authentications from {address or 'this address'}; retry in "
                 f"{whole_seconds(wait_s)} s with a valid API key",
                 retry_after_ms=max(1, round(wait_s * 1000)),
@@ -129,7 +127,7 @@ class Authenticator:
 
 def _invalid_key() -> GatewayError:
     return GatewayError(
-        grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired"
+        ErrorKind.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired"
     )
 
 
@@ -154,14 +152,14 @@ def caller_from_identity(identity: dict) -> Caller:
 def _check_allowed(caller: Caller) -> None:
     if caller.scopes is not None and INFERENCE_SCOPE not in caller.scopes:
         raise GatewayError(
-            grpc.StatusCode.PERMISSION_DENIED,
+            ErrorKind.PERMISSION_DENIED,
             f"this API key lacks the '{INFERENCE_SCOPE}' scope; create a key with that scope to generate text",
         )
     if caller.spend.over_limit:
         limit = caller.spend.limit_micros
         amount = f"${limit / 1_000_000:,.2f}" if limit is not None else "your organization's limit"
         raise GatewayError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ErrorKind.RESOURCE_EXHAUSTED,
             f"spend limit of {amount} reached for this billing period; raise it (PUT /api/v1/spend-limit) "
             "or wait for the next billing period",
         )
@@ -187,5 +185,6 @@ def _bearer_token(authorization: str | None) -> str:
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
     raise GatewayError(
-        grpc.StatusCode.UNAUTHENTICATED, "missing API key: send 'authorization: Bearer <api key>' (a gRPC metadata entry or an HTTP header)"
+        ErrorKind.UNAUTHENTICATED,
+        "missing API key: send 'authorization: Bearer <api key>' (a gRPC metadata entry or an HTTP header)",
     )

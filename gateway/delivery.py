@@ -10,11 +10,10 @@ handed over (a worker's steps beyond a cancel or a stop string, a stream that fa
 token) are not billed.
 """
 
-from diptych._proto.v1 import inference_pb2
 from gateway.auth import Caller
 from gateway.request_path import PhaseRecord, RequestTrace
+from gateway.types import GenerationOutput, GenerationPlan, UsageEvent
 from gateway.usage import UsageJournal, with_delivered
-from gateway.validation import GenerationPlan
 
 
 class Delivery:
@@ -28,8 +27,8 @@ class Delivery:
         self._text: list[str] = []
         self._token_ids: list[int] = []
 
-    def counting(self, response: inference_pb2.GenerateResponse) -> None:
-        """The response is about to be handed to the protocol: it counts from now on."""
+    def counting(self, output: GenerationOutput) -> None:
+        """The output is about to be handed to the protocol: it counts from now on."""
         self.delivered += 1
         workers = self._workers_on_record()
         if workers != self._workers:
@@ -38,26 +37,25 @@ class Delivery:
         else:
             self._journal.count_delivered(self._plan.request_id, self.delivered)
         if self._plan.idempotency_key:
-            self._text.append(response.text)
-            self._token_ids.extend(response.token_ids)
+            self._text.append(output.text)
+            self._token_ids.extend(output.token_ids)
 
     def finish(self) -> None:
         """The stream ended: its events, final compute times and KV bytes included, go to the outbox."""
         if self._workers or self.delivered:
             self._journal.finish(self._plan.request_id, with_delivered(self._events(), self.delivered))
 
-    def whole(self, final: inference_pb2.GenerateResponse) -> inference_pb2.GenerateResponse:
-        """The execution's whole answer in one response, as an idempotency key stores it for a retry."""
-        return inference_pb2.GenerateResponse(
-            request_id=final.request_id, text="".join(self._text), token_ids=self._token_ids,
-            finish_reason=final.finish_reason, usage=final.usage,
+    def whole(self, final: GenerationOutput) -> GenerationOutput:
+        """The execution's whole answer in one output, as an idempotency key stores it for a retry."""
+        return GenerationOutput(
+            final.request_id, "".join(self._text), list(self._token_ids), final.finish_reason, final.usage
         )
 
     def _workers_on_record(self) -> tuple[str, ...]:
         decode = decode_record(self._trace)
         return tuple(record.worker.id for record in (self._trace.prefill, decode) if record is not None)
 
-    def _events(self) -> list[dict]:
+    def _events(self) -> list[UsageEvent]:
         return usage_events(self._plan, self._caller, self._trace, max(self.delivered, 1))
 
 
@@ -65,10 +63,11 @@ def decode_record(trace: RequestTrace) -> PhaseRecord | None:
     """The decode phase; when the first token ended the request, the prefill worker that sampled it."""
     if trace.decode is not None or trace.prefill is None:
         return trace.decode
-    return PhaseRecord(trace.prefill.worker, started_at=trace.prefill.finished_at, finished_at=trace.prefill.finished_at)
+    finished_at = trace.prefill.finished_at
+    return PhaseRecord(trace.prefill.worker, started_at=finished_at, finished_at=finished_at)
 
 
-def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[dict]:
+def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[UsageEvent]:
     """The prefill event bills the prompt, the decode event the output tokens. A prefill re-run after a
     worker failure is not billed again."""
     if trace.prefill is None or completion_tokens == 0:
@@ -78,21 +77,21 @@ def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, comp
         ("decode", decode_record(trace), completion_tokens),
     )
     return [
-        {
-            "request_id": plan.request_id,
-            "client_request_id": plan.client_request_id,
-            "phase": phase,
-            "organization_id": caller.organization_id,
-            "api_key_id": caller.api_key_id,
-            "model": plan.model.name,
-            "region": record.worker.region,
-            "worker_id": record.worker.id,
-            "tokens": tokens,
-            "cached_tokens": record.cached_tokens if phase == "prefill" else 0,
-            "kv_bytes": record.kv_bytes,
-            "compute_ms": record.compute_ms,
-            "started_at": record.started_at.isoformat(),
-            "finished_at": (record.finished_at or record.started_at).isoformat(),
-        }
+        UsageEvent(
+            request_id=plan.request_id,
+            client_request_id=plan.client_request_id,
+            phase=phase,
+            organization_id=caller.organization_id,
+            api_key_id=caller.api_key_id,
+            model=plan.model.name,
+            region=record.worker.region,
+            worker_id=record.worker.id,
+            tokens=tokens,
+            cached_tokens=record.cached_tokens if phase == "prefill" else 0,
+            kv_bytes=record.kv_bytes,
+            compute_ms=record.compute_ms,
+            started_at=record.started_at.isoformat(),
+            finished_at=(record.finished_at or record.started_at).isoformat(),
+        )
         for phase, record, tokens in phases
     ]

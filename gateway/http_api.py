@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`,
-with server-sent-event streaming. It translates each request into the public GenerateRequest and runs
-it through the same pipeline as the gRPC API (same routing, limits and metering), then translates the
-pipeline's output back into OpenAI's shapes. It runs in the gateway's event loop, next to grpc.aio.
+with server-sent-event streaming. It maps each request into the gateway's GenerationRequest and runs it
+through the same pipeline as the gRPC API (same routing, limits and metering), then maps the pipeline's
+outputs and errors into OpenAI's shapes. It runs in the gateway's event loop, next to grpc.aio.
 """
 
 import json
@@ -10,13 +10,20 @@ import math
 import time
 from contextlib import aclosing
 
-import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from diptych._proto.v1 import inference_pb2
-from gateway.errors import GatewayError
 from gateway.pipeline import Admitted, Pipeline
+from gateway.types import (
+    ChatMessage,
+    ErrorKind,
+    GatewayError,
+    GenerationOutput,
+    GenerationRequest,
+    Priority,
+    Usage,
+    as_float32,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,23 +34,22 @@ MAX_JSON_DEPTH = 16   # the deepest legitimate body: messages / a message / cont
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-PRIORITIES = {"interactive": inference_pb2.PRIORITY_INTERACTIVE, "batch": inference_pb2.PRIORITY_BATCH}
+PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 _STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.ABORTED: (409, "conflict_error"),
-    grpc.StatusCode.INTERNAL: (500, "server_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+    ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
+    ErrorKind.PERMISSION_DENIED: (403, "permission_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    ErrorKind.ABORTED: (409, "conflict_error"),
+    ErrorKind.INTERNAL: (500, "server_error"),
+    ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
+    ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
 }
 _PARAMS = ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
            "priority", "idempotency_key", "prompt_token_ids", "request_id", "chat", "stream_options")
 _OTHER_PARAMS = ("max_completion_tokens", "ignore_eos", "stream", "best_of", "echo", "logprobs", "top_logprobs",
                  "presence_penalty", "frequency_penalty", "tools", "functions", "user")
-_FINISH = {inference_pb2.FINISH_REASON_STOP: "stop", inference_pb2.FINISH_REASON_LENGTH: "length"}
 
 
 class HttpError(Exception):
@@ -83,7 +89,8 @@ class OpenAiApi:
             await self._pipeline.auth.authenticate_header(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
-        return web.json_response({"object": "list", "data": [_model(name) for name in sorted(self._pipeline.registry.models)]})
+        models = [_model(name) for name in sorted(self._pipeline.registry.models)]
+        return web.json_response({"object": "list", "data": models})
 
     async def model(self, request: web.Request) -> web.Response:
         try:
@@ -92,7 +99,7 @@ class OpenAiApi:
             return _error_response(error)
         name = request.match_info["model"]
         if name not in self._pipeline.registry.models:
-            return _error_response(GatewayError(grpc.StatusCode.NOT_FOUND, f"model '{name}' does not exist"))
+            return _error_response(GatewayError(ErrorKind.NOT_FOUND, f"model '{name}' does not exist"))
         return web.json_response(_model(name))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -104,23 +111,25 @@ class OpenAiApi:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await _json_body(request)
-            generate_request = _to_generate_request(body, chat, _idempotency_key(request))
+            generation_request = _to_generation_request(body, chat, _idempotency_key(request))
             stream = _flag(body, "stream")
             include_usage = _include_usage(body) and stream
-            admitted = await self._pipeline.admit(_authorization(request), generate_request, "http", request.remote or "")
+            admitted = await self._pipeline.admit(
+                _authorization(request), generation_request, "http", request.remote or ""
+            )
         except HttpError as error:
             return _json_error(error.status, "invalid_request_error", error.message, error.param)
         except GatewayError as error:
             return _error_response(error)
-        shape = _Shape(admitted.execution_id, generate_request.model, chat)
+        shape = _Shape(admitted.execution_id, generation_request.model, chat)
         if stream:
             return await self._stream(request, admitted, shape, include_usage)
         texts, last = [], None
         try:
-            async with aclosing(self._pipeline.generate(admitted)) as responses:
-                async for response in responses:
-                    texts.append(response.text)
-                    last = response
+            async with aclosing(self._pipeline.generate(admitted)) as outputs:
+                async for output in outputs:
+                    texts.append(output.text)
+                    last = output
         except GatewayError as error:
             return _error_response(error)
         return web.json_response(shape.whole("".join(texts), last), headers=_response_headers(admitted))
@@ -133,13 +142,13 @@ class OpenAiApi:
         try:
             if shape.chat:
                 await _send(response, shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
-            async with aclosing(self._pipeline.generate(admitted)) as responses:
-                async for message in responses:
-                    finish = _FINISH.get(message.finish_reason)
-                    if message.text or finish:
-                        await _send(response, shape.chunk(message.text, finish, include_usage))
+            async with aclosing(self._pipeline.generate(admitted)) as outputs:
+                async for output in outputs:
+                    finish = output.finish_reason
+                    if output.text or finish:
+                        await _send(response, shape.chunk(output.text, finish, include_usage))
                     if finish and include_usage:
-                        await _send(response, shape.usage_chunk(message.usage))
+                        await _send(response, shape.usage_chunk(output.usage))
         except GatewayError as error:
             await _send(response, {"error": _error_body(error)})
         except ConnectionError:   # the client went away: leaving the pipeline cancelled the workers' calls
@@ -158,10 +167,11 @@ class _Shape:
         self.chat = chat
         self.created = int(time.time())
 
-    def whole(self, text: str, last: inference_pb2.GenerateResponse) -> dict:
-        finish = _FINISH.get(last.finish_reason, "stop")
+    def whole(self, text: str, last: GenerationOutput) -> dict:
+        finish = last.finish_reason or "stop"
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         return {**self._head(stream=False), "choices": [choice], "usage": _usage(last.usage)}
@@ -177,7 +187,7 @@ class _Shape:
             chunk["usage"] = None
         return chunk
 
-    def usage_chunk(self, usage: inference_pb2.Usage) -> dict:
+    def usage_chunk(self, usage: Usage) -> dict:
         return {**self._head(stream=True), "choices": [], "usage": _usage(usage)}
 
     def _head(self, stream: bool) -> dict:
@@ -188,7 +198,7 @@ class _Shape:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
 
-def _usage(usage: inference_pb2.Usage) -> dict:
+def _usage(usage: Usage) -> dict:
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -282,7 +292,7 @@ def _authorization(request: web.Request) -> str | None:
     value = request.headers.get("Authorization")
     if value is not None and not _printable_ascii(value):
         raise GatewayError(
-            grpc.StatusCode.UNAUTHENTICATED,
+            ErrorKind.UNAUTHENTICATED,
             "the Authorization header holds characters that are not printable ASCII; send 'Bearer <api key>'",
         )
     return value
@@ -302,64 +312,59 @@ def _printable_ascii(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
 
-def _to_generate_request(body: dict, chat: bool, idempotency_key: str) -> inference_pb2.GenerateRequest:
+def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> GenerationRequest:
     model = body.get("model")
     if model is None or model == "":
         raise HttpError("model is required: the name of a model from GET /v1/models", "model")
     if not isinstance(model, str):
         raise HttpError("model must be a string: the name of a model from GET /v1/models", "model")
-    request = inference_pb2.GenerateRequest(model=model, idempotency_key=idempotency_key)
-    if chat:
-        request.chat.CopyFrom(_chat(body.get("messages")))
-    else:
-        _set_prompt(request, body.get("prompt"))
+    fields = {"chat": _chat(body.get("messages"))} if chat else _prompt(body.get("prompt"))
     _refuse_unsupported(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
-        request.max_tokens = _integer(max_tokens, "max_tokens", 0, UINT32_MAX)
-    for name in ("temperature", "top_p"):
+        fields["max_tokens"] = _integer(max_tokens, "max_tokens", 0, UINT32_MAX)
+    for name in ("temperature", "top_p"):   # at float32 precision, as the gRPC API carries them
         if body.get(name) is not None:
-            setattr(request, name, _number(body[name], name))
+            fields[name] = as_float32(_number(body[name], name))
     if body.get("top_k") is not None:
-        request.top_k = _integer(body["top_k"], "top_k", 0, UINT32_MAX)
+        fields["top_k"] = _integer(body["top_k"], "top_k", 0, UINT32_MAX)
     if body.get("seed") is not None:
-        request.seed = _integer(body["seed"], "seed", 0, UINT64_MAX)
-    request.stop.extend(_stop(body.get("stop")))
+        fields["seed"] = _integer(body["seed"], "seed", 0, UINT64_MAX)
+    fields["stop"] = _stop(body.get("stop"))
     if body.get("ignore_eos") is not None:
-        request.ignore_eos = _flag(body, "ignore_eos")
+        fields["ignore_eos"] = _flag(body, "ignore_eos")
     priority = body.get("priority", "interactive")
     if not isinstance(priority, str) or priority not in PRIORITIES:
         raise HttpError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
-    request.priority = PRIORITIES[priority]
-    return request
+    return GenerationRequest(model=model, idempotency_key=idempotency_key, priority=PRIORITIES[priority], **fields)
 
 
-def _set_prompt(request: inference_pb2.GenerateRequest, prompt) -> None:
+def _prompt(prompt) -> dict:
+    """The completion's input: {"prompt": text} or {"prompt_token_ids": ids}."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]   # a batch of one
     if isinstance(prompt, str):
-        request.prompt = prompt
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return {"prompt": prompt}
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if any(not 0 <= t <= UINT32_MAX for t in prompt):
             raise HttpError("prompt token ids must be non-negative integers", "prompt")
-        request.prompt_token_ids.ids.extend(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return {"prompt_token_ids": list(prompt)}
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise HttpError("send one prompt per request; batches of prompts are not supported", "prompt")
-    else:
-        raise HttpError("prompt is required: a string or a list of token ids", "prompt")
+    raise HttpError("prompt is required: a string or a list of token ids", "prompt")
 
 
-def _chat(messages) -> inference_pb2.ChatMessages:
+def _chat(messages) -> list[ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise HttpError("messages must be a non-empty list of {role, content} objects", "messages")
-    chat = inference_pb2.ChatMessages()
+    chat = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise HttpError(f"messages[{index}] must be an object with role and content", "messages")
         role = message.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise HttpError(f"messages[{index}].role is {_shown(role)}; use one of {', '.join(CHAT_ROLES)}", "messages")
-        chat.messages.add(role=CHAT_ROLES[role], content=_content(message.get("content"), index))
+        chat.append(ChatMessage(CHAT_ROLES[role], _content(message.get("content"), index)))
     return chat
 
 
@@ -435,20 +440,21 @@ def _include_usage(body: dict) -> bool:
 
 
 def _error_body(error: GatewayError) -> dict:
-    _, kind = _STATUS.get(error.code, (500, "server_error"))
+    _, kind = _STATUS.get(error.kind, (500, "server_error"))
     first_word = error.message.split(" ", 1)[0].split(".", 1)[0].split("[", 1)[0]
     code = None
-    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if error.kind is ErrorKind.RESOURCE_EXHAUSTED:
         code = "insufficient_quota" if error.message.startswith("spend limit") else "rate_limit_exceeded"
-    elif error.code is grpc.StatusCode.NOT_FOUND:
+    elif error.kind is ErrorKind.NOT_FOUND:
         code = "model_not_found"
-    elif error.code is grpc.StatusCode.UNAUTHENTICATED:
+    elif error.kind is ErrorKind.UNAUTHENTICATED:
         code = "invalid_api_key"
-    return {"message": error.message, "type": kind, "param": first_word if first_word in _PARAMS else None, "code": code}
+    param = first_word if first_word in _PARAMS else None
+    return {"message": error.message, "type": kind, "param": param, "code": code}
 
 
 def _error_response(error: GatewayError) -> web.Response:
-    status, _ = _STATUS.get(error.code, (500, "server_error"))
+    status, _ = _STATUS.get(error.kind, (500, "server_error"))
     headers = {}
     if error.retry_after_ms is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))

@@ -9,15 +9,13 @@ is billed as the new execution it is. A gateway that died holding a key holds it
 """
 
 import asyncio
+import dataclasses
 import hashlib
+import json
 import logging
 
-import grpc
-from google.protobuf import json_format
-
-from diptych._proto.v1 import inference_pb2
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.errors import GatewayError
+from gateway.types import ErrorKind, FinishReason, GatewayError, GenerationOutput, GenerationRequest, PhaseUsage, Usage
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +23,11 @@ MAX_LEASE_S = 24 * 3600
 COMPLETE_TIMEOUT_S = 2.0
 
 
-def fingerprint(request: inference_pb2.GenerateRequest) -> str:
-    """The request's parameters, without the fields that only name it."""
-    essence = inference_pb2.GenerateRequest()
-    essence.CopyFrom(request)
-    essence.ClearField("request_id")
-    essence.ClearField("idempotency_key")
-    return hashlib.sha256(essence.SerializeToString(deterministic=True)).hexdigest()
+def fingerprint(request: GenerationRequest) -> str:
+    """The request's parameters, without the fields that only name it. Both fronts map a request into the
+    same GenerationRequest, so a key's request means the same over gRPC and HTTP."""
+    essence = dataclasses.replace(request, client_request_id="", idempotency_key="")
+    return hashlib.sha256(json.dumps(dataclasses.asdict(essence), sort_keys=True).encode()).hexdigest()
 
 
 class IdempotencyKeys:
@@ -40,8 +36,8 @@ class IdempotencyKeys:
         self._background: set[asyncio.Task] = set()
 
     async def claim(
-        self, organization_id: str, key: str, request: inference_pb2.GenerateRequest, execution_id: str, lease_s: float
-    ) -> inference_pb2.GenerateResponse | None:
+        self, organization_id: str, key: str, request: GenerationRequest, execution_id: str, lease_s: float
+    ) -> GenerationOutput | None:
         """None when this execution may run; the stored response when a completed one answers instead."""
         try:
             claim = await self._control_plane.claim_idempotency_key({
@@ -50,7 +46,7 @@ class IdempotencyKeys:
             })
         except ControlPlaneUnavailable:
             raise GatewayError(
-                grpc.StatusCode.UNAVAILABLE,
+                ErrorKind.UNAVAILABLE,
                 "cannot check the idempotency key now (control plane unreachable); retry shortly, or send the "
                 "request without an idempotency key",
             ) from None
@@ -58,26 +54,26 @@ class IdempotencyKeys:
         if outcome == "claimed":
             return None
         if outcome == "completed":
-            return json_format.ParseDict(claim["response"], inference_pb2.GenerateResponse())
+            return replayed_output(claim["response"])
         if outcome == "in_flight":
             raise GatewayError(
-                grpc.StatusCode.ABORTED,
+                ErrorKind.ABORTED,
                 f"a request with this idempotency key is still running (request {claim['execution_id']}); "
                 "retry after it has finished to get its result",
             )
         raise GatewayError(
-            grpc.StatusCode.INVALID_ARGUMENT,
+            ErrorKind.INVALID_ARGUMENT,
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
     async def complete(
-        self, organization_id: str, key: str, execution_id: str, response: inference_pb2.GenerateResponse
+        self, organization_id: str, key: str, execution_id: str, output: GenerationOutput
     ) -> None:
         """Stores the whole result under the key; if the control plane does not take it in time, the key
         stays claimed until its lease ends."""
         body = {
             "organization_id": organization_id, "key": key, "execution_id": execution_id,
-            "response": json_format.MessageToDict(response),
+            "response": stored_response(output),
         }
         try:
             await asyncio.wait_for(self._send(self._control_plane.complete_idempotency_key, body), COMPLETE_TIMEOUT_S)
@@ -106,3 +102,59 @@ class IdempotencyKeys:
         freed when its lease ends)."""
         if self._background:
             await asyncio.wait(self._background, timeout=timeout_s)
+
+
+# The stored answer is a diptych.v1.GenerateResponse in proto3's JSON form: camelCase names, fields at their
+# default value left out, enums by name, 64-bit integers as strings.
+
+_FINISH_NAMES = {FinishReason.STOP: "FINISH_REASON_STOP", FinishReason.LENGTH: "FINISH_REASON_LENGTH"}
+_FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
+
+
+def stored_response(output: GenerationOutput) -> dict:
+    body = _without_defaults({
+        "requestId": output.request_id, "text": output.text, "tokenIds": list(output.token_ids),
+        "finishReason": _FINISH_NAMES.get(output.finish_reason),
+    })
+    if output.usage is not None:
+        usage = output.usage
+        body["usage"] = _without_defaults({
+            "promptTokens": usage.prompt_tokens, "completionTokens": usage.completion_tokens,
+            "cachedTokens": usage.cached_tokens,
+        })
+        for name, phase in (("prefill", usage.prefill), ("decode", usage.decode)):
+            if phase is not None:
+                body["usage"][name] = _without_defaults({
+                    "tokens": phase.tokens, "cachedTokens": phase.cached_tokens,
+                    "kvBytes": str(phase.kv_bytes) if phase.kv_bytes else None, "computeMs": phase.compute_ms,
+                    "workerId": phase.worker_id,
+                })
+    return body
+
+
+def replayed_output(body: dict) -> GenerationOutput:
+    usage = body.get("usage")
+    return GenerationOutput(
+        request_id=body.get("requestId", ""), text=body.get("text", ""),
+        token_ids=[int(token) for token in body.get("tokenIds", [])],
+        finish_reason=_FINISH_BY_NAME.get(body.get("finishReason")),
+        usage=None if usage is None else Usage(
+            prompt_tokens=int(usage.get("promptTokens", 0)), completion_tokens=int(usage.get("completionTokens", 0)),
+            cached_tokens=int(usage.get("cachedTokens", 0)),
+            prefill=_phase_usage(usage.get("prefill")), decode=_phase_usage(usage.get("decode")),
+        ),
+    )
+
+
+def _phase_usage(body: dict | None) -> PhaseUsage | None:
+    if body is None:
+        return None
+    return PhaseUsage(
+        tokens=int(body.get("tokens", 0)), cached_tokens=int(body.get("cachedTokens", 0)),
+        kv_bytes=int(body.get("kvBytes", 0)), compute_ms=int(body.get("computeMs", 0)),
+        worker_id=body.get("workerId", ""),
+    )
+
+
+def _without_defaults(fields: dict) -> dict:
+    return {name: value for name, value in fields.items() if value not in (None, 0, "", [])}

@@ -14,11 +14,9 @@ import math
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from gateway.auth import Caller
-from gateway.errors import GatewayError
 from gateway.metrics import RATE_LIMITED
+from gateway.types import ErrorKind, GatewayError
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +31,7 @@ _KINDS = (
 
 # KEYS: the buckets. ARGV: for each bucket its capacity then its cost. Returns {0, 0} when taken, else
 # {milliseconds until every bucket holds enough, index (1-based) of the bucket that needs the longest}.
+# (%-formatting: the script's own braces rule out str.format.)
 _TAKE = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
@@ -62,7 +61,7 @@ for i = 1, #KEYS do
   redis.call('PEXPIRE', KEYS[i], %(key_ttl_ms)d)
 end
 return {0, 0}
-""" % {"window_ms": WINDOW_MS, "key_ttl_ms": KEY_TTL_MS}
+""" % {"window_ms": WINDOW_MS, "key_ttl_ms": KEY_TTL_MS}  # noqa: UP031
 
 # KEYS: the buckets. ARGV: for each bucket its capacity then the amount to give back.
 _REFUND = """
@@ -116,7 +115,7 @@ class RateLimiter:
             if bucket.cost > bucket.capacity:
                 RATE_LIMITED.labels(bucket.scope, bucket.kind).inc()
                 raise GatewayError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    ErrorKind.RESOURCE_EXHAUSTED,
                     f"this request needs {bucket.cost} {bucket.kind} but the {bucket.scope} limit is "
                     f"{bucket.capacity} {bucket.kind} per minute; "
                     + ("lower max_tokens" if bucket.kind == "output tokens" else "shorten the prompt"),
@@ -126,7 +125,7 @@ class RateLimiter:
             blocking = buckets[blocking_index]
             RATE_LIMITED.labels(blocking.scope, blocking.kind).inc()
             raise GatewayError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ErrorKind.RESOURCE_EXHAUSTED,
                 f"rate limit reached: the {blocking.scope} limit of {blocking.capacity} {blocking.kind} per minute; "
                 f"retry after {wait_ms} ms",
                 retry_after_ms=wait_ms,
@@ -168,12 +167,12 @@ class RateLimiter:
         levels = [self._level(bucket, now) for bucket in buckets]
         waits = [
             math.ceil((b.cost - level) * WINDOW_MS / b.capacity) if level < b.cost else 0
-            for b, level in zip(buckets, levels)
+            for b, level in zip(buckets, levels, strict=True)
         ]
         longest = max(range(len(waits)), key=waits.__getitem__)
         if waits[longest]:
             return waits[longest], longest
-        for bucket, level in zip(buckets, levels):
+        for bucket, level in zip(buckets, levels, strict=True):
             self._local[bucket.key] = (level - bucket.cost, now)
         return 0, 0
 

@@ -18,7 +18,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from diptych._proto.v1 import inference_pb2
 from gateway.auth import Authenticator
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.http_api import build_app
@@ -29,7 +28,7 @@ from gateway.pipeline import Pipeline
 from gateway.registry import Registry
 from gateway.request_path import RequestPath, Timeouts
 from gateway.routing import Router, ServingMode
-from gateway.service import add_inference_service
+from gateway.service import SERVICE_NAME, add_inference_service
 from gateway.usage import UsageJournal, UsageReporter
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,9 @@ async def serve(config: GatewayConfig) -> None:
     usage = UsageReporter(control_plane, journal)
     idempotency = IdempotencyKeys(control_plane)
     limiter = RateLimiter(config.redis_url)
-    router = Router(registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens)
+    router = Router(
+        registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens
+    )
     path = RequestPath(channels, board, router, config.timeouts)
     pipeline = Pipeline(Authenticator(control_plane), registry, limiter, path, journal, idempotency)
 
@@ -78,9 +79,7 @@ async def serve(config: GatewayConfig) -> None:
     add_inference_service(server, pipeline)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name, reflection.SERVICE_NAME), server
-    )
+    reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), server)
     bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     http_runner = web.AppRunner(build_app(pipeline), handler_cancellation=True, access_log=None)

@@ -9,24 +9,28 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import grpc
-
-from diptych._proto.v1 import inference_pb2
 from gateway.auth import Authenticator, Caller
-from gateway.errors import GatewayError
+from gateway.delivery import Delivery, decode_record
+from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter, Reservation
 from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, REQUESTS, TIME_TO_FIRST_TOKEN
 from gateway.registry import Registry
-from gateway.delivery import Delivery, decode_record
-from gateway.idempotency import IdempotencyKeys
 from gateway.request_path import PhaseRecord, RequestPath, RequestTrace, finish_trace
 from gateway.text import TextStream
+from gateway.types import (
+    ErrorKind,
+    FinishReason,
+    GatewayError,
+    GenerationOutput,
+    GenerationPlan,
+    GenerationRequest,
+    PhaseUsage,
+    Usage,
+)
 from gateway.usage import UsageJournal
-from gateway.validation import GenerationPlan, plan_generation
+from gateway.validation import plan_generation
 
 log = logging.getLogger(__name__)
-
-FinishReason = inference_pb2.FinishReason
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Admitted:
     reservation: Reservation
     arrived: float
     protocol: str
-    replay: inference_pb2.GenerateResponse | None = None   # a completed execution's stored final response
+    replay: GenerationOutput | None = None   # a completed execution's stored whole answer
 
     @property
     def execution_id(self) -> str:
@@ -65,25 +69,25 @@ class Pipeline:
         self.in_flight = 0
 
     async def admit(
-        self, authorization: str | None, request: inference_pb2.GenerateRequest, protocol: str, peer: str = ""
+        self, authorization: str | None, request: GenerationRequest, protocol: str, peer: str = ""
     ) -> Admitted:
         arrived = time.monotonic()
         try:
             if self.draining:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE, "this gateway is shutting down; retry on another")
+                raise GatewayError(ErrorKind.UNAVAILABLE, "this gateway is shutting down; retry on another")
             caller = await self.auth.authenticate_header(authorization, peer)
             plan = await plan_generation(request, self.registry, caller.organization_id)
             reservation = await self._limiter.admit(caller, len(plan.prompt_token_ids), plan.sampling.max_tokens)
             replay = await self._claim_idempotency_key(plan, request, reservation)
         except GatewayError as error:
             model = request.model if request.model in self.registry.models else ""   # no label per unknown name
-            REQUESTS.labels(model, "", error.code.name, protocol).inc()
+            REQUESTS.labels(model, "", error.kind.value, protocol).inc()
             raise
         return Admitted(caller, plan, reservation, arrived, protocol, replay)
 
     async def _claim_idempotency_key(
-        self, plan: GenerationPlan, request: inference_pb2.GenerateRequest, reservation: Reservation
-    ) -> inference_pb2.GenerateResponse | None:
+        self, plan: GenerationPlan, request: GenerationRequest, reservation: Reservation
+    ) -> GenerationOutput | None:
         if not plan.idempotency_key:
             return None
         lease_s = self._path.call_deadline(plan.sampling.max_tokens)
@@ -98,10 +102,10 @@ class Pipeline:
             await self._settle(reservation, 0)
         return replay
 
-    async def generate(self, admitted: Admitted) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    async def generate(self, admitted: Admitted) -> AsyncIterator[GenerationOutput]:
         """Text deltas; the last one carries the finish reason and usage. Raises GatewayError.
 
-        Each response is counted as delivered, durably, just before it is handed to the protocol."""
+        Each output is counted as delivered, durably, just before it is handed to the protocol."""
         if admitted.replay is not None:
             yield admitted.replay
             return
@@ -109,7 +113,7 @@ class Pipeline:
         delivery = Delivery(self._journal, plan, admitted.caller, trace)
         outcome = "CANCELLED"
         last_token_at = None
-        final: inference_pb2.GenerateResponse | None = None
+        final: GenerationOutput | None = None
         self.in_flight += 1
         try:
             text = TextStream(plan.tokenizer, plan.stop)
@@ -117,30 +121,33 @@ class Pipeline:
                 async for event in events:
                     now = time.monotonic()
                     if last_token_at is None:
-                        TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.decision.value).observe(now - admitted.arrived)
+                        ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.decision.value)
+                        ttft.observe(now - admitted.arrived)
                     else:
                         INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
                     last_token_at = now
                     delta = text.push(event.token_id)
                     last = text.stopped or event.finished
-                    response = inference_pb2.GenerateResponse(
-                        request_id=plan.request_id, text=delta, token_ids=[event.token_id]
-                    )
                     if last:
                         finish_trace(trace)
-                        response.text += text.flush()
-                        response.finish_reason = _finish_reason(text.stopped or event.finished_by_eos)
-                        response.usage.CopyFrom(_usage(plan, trace, delivery.delivered + 1))
-                    delivery.counting(response)
+                        stopped = text.stopped or event.finished_by_eos
+                        output = GenerationOutput(
+                            plan.request_id, delta + text.flush(), [event.token_id],
+                            FinishReason.STOP if stopped else FinishReason.LENGTH,
+                            _usage(plan, trace, delivery.delivered + 1),
+                        )
+                    else:
+                        output = GenerationOutput(plan.request_id, delta, [event.token_id])
+                    delivery.counting(output)
                     if last:
-                        final = response
-                        await self._complete_idempotency_key(plan, delivery.whole(response))
-                    yield response
+                        final = output
+                        await self._complete_idempotency_key(plan, delivery.whole(output))
+                    yield output
                     if last:
                         outcome = "OK"
                         return
         except GatewayError as error:
-            outcome = error.code.name
+            outcome = error.kind.value
             raise
         finally:
             self.in_flight -= 1
@@ -153,7 +160,7 @@ class Pipeline:
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
             await self._settle(admitted.reservation, delivery.delivered)
 
-    async def _complete_idempotency_key(self, plan: GenerationPlan, whole: inference_pb2.GenerateResponse) -> None:
+    async def _complete_idempotency_key(self, plan: GenerationPlan, whole: GenerationOutput) -> None:
         """Stored before the last response is handed over, so a retry sent by a client that has the answer
         finds it; the execution is complete and billed whether or not that last write succeeds."""
         if plan.idempotency_key:
@@ -166,12 +173,8 @@ class Pipeline:
             log.warning("could not refund unused output tokens: %r", error)
 
 
-def _finish_reason(stopped: bool) -> int:
-    return FinishReason.FINISH_REASON_STOP if stopped else FinishReason.FINISH_REASON_LENGTH
-
-
-def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) -> inference_pb2.Usage:
-    return inference_pb2.Usage(
+def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) -> Usage:
+    return Usage(
         prompt_tokens=len(plan.prompt_token_ids),
         completion_tokens=completion_tokens,
         cached_tokens=trace.prefill.cached_tokens if trace.prefill else 0,
@@ -180,10 +183,10 @@ def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) ->
     )
 
 
-def _phase_usage(record: PhaseRecord | None, tokens: int) -> inference_pb2.PhaseUsage | None:
+def _phase_usage(record: PhaseRecord | None, tokens: int) -> PhaseUsage | None:
     if record is None:
         return None
-    return inference_pb2.PhaseUsage(
+    return PhaseUsage(
         tokens=tokens, cached_tokens=record.cached_tokens, kv_bytes=record.kv_bytes,
         compute_ms=record.compute_ms, worker_id=record.worker.id,
     )

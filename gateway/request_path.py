@@ -14,6 +14,7 @@ cancels the calls on both workers at once, which frees the KV cache on both.
 """
 
 import asyncio
+import dataclasses
 import logging
 import random
 import secrets
@@ -25,15 +26,19 @@ from datetime import UTC, datetime
 import grpc
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.errors import GatewayError
 from gateway.live_load import Channels, LoadBoard
 from gateway.metrics import (
-    KV_TRANSFER_BYTES, KV_TRANSFER_SECONDS, MIGRATIONS, PREFIX_CACHE_MATCHED_TOKENS, RETRIES, ROUTING_DECISIONS,
+    KV_TRANSFER_BYTES,
+    KV_TRANSFER_SECONDS,
+    MIGRATIONS,
+    PREFIX_CACHE_MATCHED_TOKENS,
+    RETRIES,
+    ROUTING_DECISIONS,
     WORKER_BYTES_RECEIVED,
 )
 from gateway.registry import WorkerInfo
 from gateway.routing import Decision, Lease, Route, Router, RouteRequest
-from gateway.validation import GenerationPlan
+from gateway.types import ErrorKind, GatewayError, GenerationPlan, Priority, SampledToken, SamplingSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,8 @@ MAX_ATTEMPTS = 4
 MAX_REQUEST_FAULTS = 2        # workers that failed the request itself (INTERNAL) before it is given up
 RETRY_BACKOFF_S = 0.05        # before the second attempt; doubled for each further one, with jitter
 RETRY_BACKOFF_MAX_S = 1.0
-_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)
+_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)   # the worker does not serve it
+_WORKER_PRIORITY = {Priority.INTERACTIVE: worker_pb2.PRIORITY_INTERACTIVE, Priority.BATCH: worker_pb2.PRIORITY_BATCH}
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class RequestPath:
         self._router = router
         self._timeouts = timeouts
 
-    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncIterator[worker_pb2.TokenEvent]:
+    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncIterator[SampledToken]:
         """The request's output tokens. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
         produced: list[int] = []
         avoid: set[str] = set()
@@ -136,7 +142,8 @@ class RequestPath:
 
     def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
         """A decode worker that does not serve Generate: go back to the split, without counting a failure."""
-        if route.decision is Decision.SPLIT_SKIPPED and failure.error.code in _NOT_SERVED and not failure.dead:
+        not_served = failure.error.kind in (ErrorKind.UNIMPLEMENTED, ErrorKind.FAILED_PRECONDITION)
+        if route.decision is Decision.SPLIT_SKIPPED and not_served and not failure.dead:
             self._router.note_no_generate(route.prefill.id)
             return True
         return False
@@ -161,20 +168,21 @@ class RequestPath:
 
     async def _split(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
         prompt = plan.prompt_token_ids + produced
-        sampling = _remaining_sampling(plan, produced)
+        sampling = _worker_sampling(plan.sampling, produced)
+        priority = _WORKER_PRIORITY[plan.priority]
         transfer_token = secrets.token_bytes(32)
-        deadline = self.call_deadline(sampling.max_tokens - len(produced))
+        deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
         decode_call = self._channels.stub(route.decode.address).Decode(
             worker_pb2.DecodeRequest(
                 request_id=trace.attempt_id(plan.request_id), transfer_token=transfer_token, sampling=sampling,
-                prompt_tokens=len(prompt), priority=plan.priority, cache_salt=plan.cache_salt,
+                prompt_tokens=len(prompt), priority=priority, cache_salt=plan.cache_salt,
             ),
             timeout=deadline,
         )
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
                 request_id=trace.attempt_id(plan.request_id), prompt_token_ids=prompt, sampling=sampling,
-                decode_address=route.decode.address, transfer_token=transfer_token, priority=plan.priority,
+                decode_address=route.decode.address, transfer_token=transfer_token, priority=priority,
                 cache_salt=plan.cache_salt,
             ),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
@@ -186,9 +194,7 @@ class RequestPath:
             first = message.first_token
             lease.release(route.prefill.id)   # the prompt is done: it no longer weighs on the prefill worker
             _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
-            yield worker_pb2.TokenEvent(
-                token_id=first.token_id, finished=first.finished, finished_by_eos=first.finished_by_eos
-            )
+            yield SampledToken(first.token_id, first.finished, first.finished_by_eos)
             if first.finished:
                 return
             kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route))
@@ -198,7 +204,7 @@ class RequestPath:
                 if event.finished:
                     trace.decode.compute_ms += event.stats.compute_ms
                     await self._account_kv(kv_task, trace)
-                yield event
+                yield _sampled(event)
                 if event.finished:
                     return
         finally:
@@ -215,7 +221,9 @@ class RequestPath:
         try:
             while not read.done():
                 waiting = {read} if kv_task.done() else {read, kv_task}
-                done, _ = await asyncio.wait(waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     raise WorkerFailure(_timed_out(route.decode, "decode"), (route.decode,), dead=False)
                 if kv_task in done and kv_task.exception() is not None and not read.done():
@@ -239,7 +247,7 @@ class RequestPath:
             raise WorkerFailure(failure.error, (route.prefill, route.decode), dead=False) from None
         if not message.HasField("kv_delivered"):
             raise WorkerFailure(
-                GatewayError(grpc.StatusCode.UNAVAILABLE, f"the prefill worker {route.prefill.id} sent no KV delivery"),
+                GatewayError(ErrorKind.UNAVAILABLE, f"the prefill worker {route.prefill.id} sent no KV delivery"),
                 (route.prefill, route.decode), dead=False,
             )
         delivered = message.kv_delivered
@@ -257,14 +265,16 @@ class RequestPath:
         trace.prefill.kv_bytes += delivered.kv_bytes
         trace.decode.kv_bytes += delivered.kv_bytes
 
-    async def _colocated(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
-        sampling = _remaining_sampling(plan, produced)
+    async def _colocated(
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease
+    ):
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
-                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=plan.prompt_token_ids + produced, sampling=sampling,
-                priority=plan.priority, cache_salt=plan.cache_salt,
+                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=plan.prompt_token_ids + produced,
+                sampling=_worker_sampling(plan.sampling, produced), priority=_WORKER_PRIORITY[plan.priority],
+                cache_salt=plan.cache_salt,
             ),
-            timeout=self.call_deadline(sampling.max_tokens - len(produced)),
+            timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
         )
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         started = _now()
@@ -277,7 +287,7 @@ class RequestPath:
             while True:
                 if event.finished and event is not first:
                     trace.decode.compute_ms += event.stats.compute_ms
-                yield event
+                yield _sampled(event)
                 if event.finished:
                     return
                 event = await self._read(call, route.prefill, phase, self._timeouts.next_token_s)
@@ -293,7 +303,7 @@ class RequestPath:
             raise _failure(error, (worker,), phase) from None
         if message is grpc.aio.EOF:
             raise WorkerFailure(
-                GatewayError(grpc.StatusCode.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
+                GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
                 (worker,), dead=False,
             )
         WORKER_BYTES_RECEIVED.inc(message.ByteSize())
@@ -310,21 +320,22 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (attempt - 2)))
 
 
-def _remaining_sampling(plan: GenerationPlan, produced: list[int]) -> worker_pb2.SamplingParams:
+def _worker_sampling(sampling: SamplingSpec, produced: list[int]) -> worker_pb2.SamplingParams:
     """The request's sampling after `produced` tokens: max_tokens stays the request's budget in all (the
     tokens already produced count against it, as the worker knows from tokens_already_generated)."""
-    sampling = worker_pb2.SamplingParams()
-    sampling.CopyFrom(plan.sampling)
-    sampling.tokens_already_generated = len(produced)
-    return sampling
+    return worker_pb2.SamplingParams(
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        has_seed=sampling.seed is not None, seed=sampling.seed or 0, max_tokens=sampling.max_tokens,
+        ignore_eos=sampling.ignore_eos, tokens_already_generated=len(produced),
+    )
 
 
-def _last_of_budget(event: worker_pb2.TokenEvent) -> worker_pb2.TokenEvent:
-    last = worker_pb2.TokenEvent()
-    last.CopyFrom(event)
-    last.finished = True
-    last.finished_by_eos = False
-    return last
+def _sampled(event: worker_pb2.TokenEvent) -> SampledToken:
+    return SampledToken(event.token_id, event.finished, event.finished_by_eos)
+
+
+def _last_of_budget(token: SampledToken) -> SampledToken:
+    return dataclasses.replace(token, finished=True, finished_by_eos=False)
 
 
 def _record_prefill(trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int) -> None:
@@ -348,24 +359,26 @@ def finish_trace(trace: RequestTrace) -> None:
 
 def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phase: str) -> WorkerFailure:
     code = error.code()
-    client_code = grpc.StatusCode.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else grpc.StatusCode.UNAVAILABLE
+    kind = ErrorKind.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else ErrorKind.UNAVAILABLE
     if code in _NOT_SERVED or code is grpc.StatusCode.INTERNAL:
-        client_code = code
+        kind = ErrorKind(code.name)   # the worker's own verdict, passed on
     names = ", ".join(w.id for w in culprits)
     message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
     return WorkerFailure(
-        GatewayError(client_code, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE,
+        GatewayError(kind, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE,
         request_fault=code is grpc.StatusCode.INTERNAL,
     )
 
 
 def _timed_out(worker: WorkerInfo, phase: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {phase} worker {worker.id} did not answer in time; retry the request")
+    return GatewayError(
+        ErrorKind.DEADLINE_EXCEEDED, f"the {phase} worker {worker.id} did not answer in time; retry the request"
+    )
 
 
 def _ended_early(route: Route) -> GatewayError:
     worker = route.decode or route.prefill
-    return GatewayError(grpc.StatusCode.UNAVAILABLE, f"the worker {worker.id} ended its stream before the last token")
+    return GatewayError(ErrorKind.UNAVAILABLE, f"the worker {worker.id} ended its stream before the last token")
 
 
 def _now() -> datetime:

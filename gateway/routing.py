@@ -20,12 +20,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import grpc
-
 from diptych_common.prefix_hash import block_hashes
-from gateway.errors import GatewayError
 from gateway.live_load import LiveLoad, LoadBoard
 from gateway.registry import Registry, WorkerInfo
+from gateway.types import ErrorKind, GatewayError
 
 QUEUED_REQUEST_TOKENS = 128   # the work one waiting request stands for, in prompt tokens
 
@@ -251,5 +249,5 @@ def _unreported(live: LiveLoad | None) -> bool:
 
 def _no_workers(model: str, roles: str) -> GatewayError:
     return GatewayError(
-        grpc.StatusCode.UNAVAILABLE, f"no ready {roles} workers serve {model} right now; retry shortly"
+        ErrorKind.UNAVAILABLE, f"no ready {roles} workers serve {model} right now; retry shortly"
     )

@@ -15,6 +15,7 @@ phase) once, so an event sent again after a lost answer counts once.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from gateway.control_plane import ControlPlaneClient
 from gateway.metrics import USAGE_SPOOLED
+from gateway.types import UsageEvent
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +51,18 @@ class UsageJournal:
 
     # ---- executions in progress -----------------------------------------------------------------
 
-    def track(self, execution_id: str, events: list[dict], delivered: int) -> None:
+    def track(self, execution_id: str, events: list[UsageEvent], delivered: int) -> None:
         """Records an execution's events (their `tokens` of output set from `delivered`) and its count."""
         self._db.execute(
             "INSERT INTO executions (execution_id, events, delivered) VALUES (?, ?, ?)"
             " ON CONFLICT (execution_id) DO UPDATE SET events = excluded.events, delivered = excluded.delivered",
-            (execution_id, json.dumps(events), delivered),
+            (execution_id, json.dumps([event.as_json() for event in events]), delivered),
         )
 
     def count_delivered(self, execution_id: str, delivered: int) -> None:
         self._db.execute("UPDATE executions SET delivered = ? WHERE execution_id = ?", (delivered, execution_id))
 
-    def finish(self, execution_id: str, events: list[dict]) -> None:
+    def finish(self, execution_id: str, events: list[UsageEvent]) -> None:
         """The execution ended: its final events go to the outbox and its row leaves, atomically."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -72,24 +74,25 @@ class UsageJournal:
         """Bills every execution a killed gateway left unfinished for the tokens it had counted."""
         rows = self._db.execute("SELECT execution_id, events, delivered FROM executions").fetchall()
         for execution_id, events, delivered in rows:
-            self.finish(execution_id, with_delivered(json.loads(events), delivered))
+            self.finish(execution_id, with_delivered([UsageEvent(**event) for event in json.loads(events)], delivered))
         return len(rows)
 
     # ---- the outbox ------------------------------------------------------------------------------
 
-    def add(self, events: list[dict]) -> None:
+    def add(self, events: list[UsageEvent]) -> None:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_to_outbox(events)
         USAGE_SPOOLED.set(self.count())
 
-    def _add_to_outbox(self, events: list[dict]) -> None:
+    def _add_to_outbox(self, events: list[UsageEvent]) -> None:
         self._db.executemany(
             "INSERT OR IGNORE INTO outbox (request_id, phase, body) VALUES (?, ?, ?)",
-            [(e["request_id"], e["phase"], json.dumps(e)) for e in events],
+            [(e.request_id, e.phase, json.dumps(e.as_json())) for e in events],
         )
 
     def oldest(self, limit: int) -> list[tuple[int, dict]]:
+        """The outbox's oldest events, as the control plane takes them (`UsageEvent.as_json()`)."""
         rows = self._db.execute("SELECT id, body FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
         return [(row_id, json.loads(body)) for row_id, body in rows]
 
@@ -109,12 +112,12 @@ class UsageJournal:
         self._db.close()
 
 
-def with_delivered(events: list[dict], delivered: int) -> list[dict]:
+def with_delivered(events: list[UsageEvent], delivered: int) -> list[UsageEvent]:
     """The events of an execution that delivered `delivered` output tokens: none when it delivered none
     (the prompt of a request that produced nothing for the client is not billed)."""
     if delivered <= 0:
         return []
-    return [{**event, "tokens": delivered} if event["phase"] == "decode" else event for event in events]
+    return [dataclasses.replace(e, tokens=delivered) if e.phase == "decode" else e for e in events]
 
 
 class UsageReporter:

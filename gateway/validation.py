@@ -1,19 +1,21 @@
-"""Checks a Generate request and turns it into a plan the request path can run. Every refusal says
-what to change."""
+"""Checks a request and turns it into a plan the request path can run. Every refusal says what to change."""
 
 import math
 import re
-import struct
 import uuid
-from dataclasses import dataclass
 
-import grpc
-
-from diptych._proto.v1 import inference_pb2
-from diptych_common.proto.v1 import worker_pb2
-from gateway.errors import GatewayError
 from gateway.registry import ModelInfo, Registry
 from gateway.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
+from gateway.types import (
+    ChatMessage,
+    ErrorKind,
+    GatewayError,
+    GenerationPlan,
+    GenerationRequest,
+    Priority,
+    SamplingSpec,
+    as_float32,
+)
 
 DEFAULT_MAX_TOKENS = 16
 MAX_STOP_STRINGS = 4
@@ -32,34 +34,16 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
-@dataclass(frozen=True)
-class GenerationPlan:
-    request_id: str                # the execution's server-issued id
-    organization_id: str
-    model: ModelInfo
-    tokenizer: object
-    prompt_token_ids: list[int]
-    sampling: worker_pb2.SamplingParams
-    stop: list[str]
-    priority: int = worker_pb2.PRIORITY_INTERACTIVE
-    client_request_id: str = ""    # the client's own label, kept with its usage
-    idempotency_key: str = ""
-
-    @property
-    def cache_salt(self) -> str:
-        """Prefix-cache blocks are shared within an organization only."""
-        return self.organization_id
-
-
-async def plan_generation(request: inference_pb2.GenerateRequest, registry: Registry, organization_id: str) -> GenerationPlan:
-    client_request_id = _client_request_id(request.request_id)
+async def plan_generation(request: GenerationRequest, registry: Registry, organization_id: str) -> GenerationPlan:
+    client_request_id = _client_request_id(request.client_request_id)
     idempotency_key = _idempotency_key(request.idempotency_key)
-    if request.priority not in (inference_pb2.PRIORITY_INTERACTIVE, inference_pb2.PRIORITY_BATCH):
-        raise _invalid(f"priority {request.priority} is unknown; use PRIORITY_INTERACTIVE or PRIORITY_BATCH")
+    priority = _priority(request.priority)
     model = registry.models.get(request.model)
     if model is None:
         available = ", ".join(sorted(registry.models)) or "none"
-        raise _invalid(f"model {_shown(request.model)} does not exist; available models: {available}", grpc.StatusCode.NOT_FOUND)
+        raise _invalid(
+            f"model {_shown(request.model)} does not exist; available models: {available}", ErrorKind.NOT_FOUND
+        )
     tokenizer = await run_off_loop(tokenizer_for, model.source)
     prompt = await _prompt_token_ids(request, tokenizer, model)
     if len(prompt) >= model.context_length:
@@ -74,7 +58,7 @@ async def plan_generation(request: inference_pb2.GenerateRequest, registry: Regi
         prompt_token_ids=prompt,
         sampling=_sampling(request, model, len(prompt)),
         stop=_stop_strings(request.stop),
-        priority=int(request.priority),
+        priority=priority,
     )
 
 
@@ -95,27 +79,33 @@ def _idempotency_key(key: str) -> str:
     return key
 
 
+def _priority(number: int) -> Priority:
+    try:
+        return Priority(number)
+    except ValueError:
+        raise _invalid(f"priority {number} is unknown; use PRIORITY_INTERACTIVE or PRIORITY_BATCH") from None
+
+
 def max_prompt_bytes(model: ModelInfo) -> int:
     return min(MAX_PROMPT_BYTES, PROMPT_BYTES_PER_TOKEN * model.context_length)
 
 
-async def _prompt_token_ids(request: inference_pb2.GenerateRequest, tokenizer, model: ModelInfo) -> list[int]:
+async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelInfo) -> list[int]:
     """The prompt's token ids; tokenizing and chat templates run off the event loop, after the size checks."""
-    kind = request.WhichOneof("input")
-    if kind is None:
-        raise _invalid("set one of prompt, prompt_token_ids or chat")
-    if kind == "prompt":
+    if request.prompt is not None:
         if not request.prompt:
             raise _invalid("prompt must not be empty")
         _check_prompt_size(request.prompt, model)
         return await run_off_loop(encode_prompt, tokenizer, request.prompt)
-    if kind == "prompt_token_ids":
-        return _checked_token_ids(request.prompt_token_ids.ids, tokenizer, model)
-    messages = _chat_messages(request.chat.messages, tokenizer, model)
-    return await run_off_loop(encode_chat, tokenizer, messages)
+    if request.prompt_token_ids is not None:
+        return _checked_token_ids(request.prompt_token_ids, tokenizer, model)
+    if request.chat is not None:
+        messages = _chat_messages(request.chat, tokenizer, model)
+        return await run_off_loop(encode_chat, tokenizer, messages)
+    raise _invalid("set one of prompt, prompt_token_ids or chat")
 
 
-def _checked_token_ids(ids, tokenizer, model: ModelInfo) -> list[int]:
+def _checked_token_ids(ids: list[int], tokenizer, model: ModelInfo) -> list[int]:
     if not ids:
         raise _invalid("prompt_token_ids must not be empty")
     if len(ids) >= model.context_length:
@@ -127,7 +117,7 @@ def _checked_token_ids(ids, tokenizer, model: ModelInfo) -> list[int]:
     return list(ids)
 
 
-def _chat_messages(messages, tokenizer, model: ModelInfo) -> list[dict]:
+def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> list[dict]:
     if not messages:
         raise _invalid("chat.messages must hold at least one message")
     if not tokenizer.chat_template:
@@ -177,9 +167,9 @@ def _too_many_tokens(tokens: int, model: ModelInfo) -> GatewayError:
     )
 
 
-def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_length: int) -> worker_pb2.SamplingParams:
+def _sampling(request: GenerationRequest, model: ModelInfo, prompt_length: int) -> SamplingSpec:
     room = model.context_length - prompt_length
-    if request.HasField("max_tokens"):
+    if request.max_tokens is not None:
         if request.max_tokens < 1:
             raise _invalid(f"max_tokens must be at least 1, got {request.max_tokens}")
         if request.max_tokens > room:
@@ -190,17 +180,12 @@ def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_l
         max_tokens = request.max_tokens
     else:
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
-    temperature = request.temperature if request.HasField("temperature") else 1.0
+    temperature = request.temperature if request.temperature is not None else 1.0
     _check_temperature(temperature)
-    top_p = request.top_p if request.HasField("top_p") else 1.0
+    top_p = request.top_p if request.top_p is not None else 1.0
     _check_top_p(top_p)
-    return worker_pb2.SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=request.top_k,
-        has_seed=request.HasField("seed"),
-        seed=request.seed,
-        max_tokens=max_tokens,
+    return SamplingSpec(
+        temperature=temperature, top_p=top_p, top_k=request.top_k, seed=request.seed, max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
     )
 
@@ -208,7 +193,7 @@ def _sampling(request: inference_pb2.GenerateRequest, model: ModelInfo, prompt_l
 def _check_temperature(temperature: float) -> None:
     if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
         raise _invalid(f"temperature must be between 0 and 2 (0 is greedy), got {_float32_text(temperature)}")
-    if 0.0 < temperature < _as_float32(MIN_TEMPERATURE):
+    if 0.0 < temperature < as_float32(MIN_TEMPERATURE):
         raise _invalid(
             f"temperature {_float32_text(temperature)} is too small to sample with safely; "
             f"send 0 for greedy decoding or at least {MIN_TEMPERATURE}"
@@ -218,16 +203,11 @@ def _check_temperature(temperature: float) -> None:
 def _check_top_p(top_p: float) -> None:
     if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
         raise _invalid(f"top_p must be greater than 0 and at most 1, got {_float32_text(top_p)}")
-    if top_p < _as_float32(MIN_TOP_P):
+    if top_p < as_float32(MIN_TOP_P):
         raise _invalid(
             f"top_p {_float32_text(top_p)} is too small to sample with safely; "
             f"send at least {MIN_TOP_P}, or temperature 0 for greedy decoding"
         )
-
-
-def _as_float32(value: float) -> float:
-    """The value as the request's float fields hold it, so that sending exactly the minimum passes."""
-    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _float32_text(value: float) -> str:
@@ -236,12 +216,12 @@ def _float32_text(value: float) -> str:
         return f"{value:g}"
     for digits in range(1, 10):
         text = f"{value:.{digits}g}"
-        if abs(float(text)) <= FLOAT32_MAX and _as_float32(float(text)) == value:
+        if abs(float(text)) <= FLOAT32_MAX and as_float32(float(text)) == value:
             return text
     return repr(value)
 
 
-def _stop_strings(stop) -> list[str]:
+def _stop_strings(stop: list[str]) -> list[str]:
     if len(stop) > MAX_STOP_STRINGS:
         raise _invalid(f"stop holds {len(stop)} strings; send at most {MAX_STOP_STRINGS}")
     for s in stop:
@@ -250,5 +230,5 @@ def _stop_strings(stop) -> list[str]:
     return list(stop)
 
 
-def _invalid(message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> GatewayError:
-    return GatewayError(code, message)
+def _invalid(message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> GatewayError:
+    return GatewayError(kind, message)

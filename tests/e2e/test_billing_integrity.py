@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import free_port
 from tests.e2e.waiting import wait_for
 

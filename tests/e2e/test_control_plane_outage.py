@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 
 OUTAGE_S = 12.0     # longer than DIPTYCH_WORKER_DEAD_AFTER_SECONDS (10)
 AFTER_S = 4.0       # two heartbeat intervals past its return

@@ -15,9 +15,9 @@ import grpc
 import httpx
 import pytest
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import Stack
 from gateway.live_load import STALE_AFTER_S
 from tests.e2e.conftest import free_port, own_database, worker_credential

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from tests.e2e.conftest import free_port
 
 MODEL = "diptych-tiny"

@@ -2,7 +2,6 @@
 cache, bounded and least-recently-used, with refused keys apart; the per-peer failed-authentication
 budget."""
 
-import grpc
 import pytest
 
 from gateway.auth import (
@@ -17,7 +16,7 @@ from gateway.auth import (
 )
 from gateway.auth_cache import peer_address
 from gateway.control_plane import ControlPlaneUnavailable
-from gateway.errors import GatewayError
+from gateway.types import ErrorKind, GatewayError
 
 BASE = {"api_key_id": "key_1", "organization_id": "org_1"}
 
@@ -44,7 +43,7 @@ def test_limits_and_spend_are_read():
 def test_a_key_without_the_inference_scope_is_denied():
     with pytest.raises(GatewayError) as raised:
         _check_allowed(caller_from_identity({**BASE, "scopes": ["admin:read"]}))
-    assert raised.value.code is grpc.StatusCode.PERMISSION_DENIED
+    assert raised.value.kind is ErrorKind.PERMISSION_DENIED
 
 
 def test_an_organization_over_its_spend_limit_is_refused_with_the_amount():
@@ -52,7 +51,7 @@ def test_an_organization_over_its_spend_limit_is_refused_with_the_amount():
         _check_allowed(caller_from_identity(
             {**BASE, "spend": {"limit_micros": 12_500_000, "spent_micros": 12_600_000, "over_limit": True}}
         ))
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.kind is ErrorKind.RESOURCE_EXHAUSTED
     assert raised.value.message.startswith("spend limit of $12.50 reached for this billing period")
 
 
@@ -100,10 +99,10 @@ def auth(control_plane, clock):
     return Authenticator(control_plane, ttl_s=5.0, clock=clock)
 
 
-async def refused_code(auth, key: str, peer: str) -> grpc.StatusCode:
+async def refused_code(auth, key: str, peer: str) -> ErrorKind:
     with pytest.raises(GatewayError) as raised:
         await auth.authenticate_header(f"Bearer {key}", peer)
-    return raised.value.code
+    return raised.value.kind
 
 
 async def test_a_flood_of_bogus_keys_from_many_peers_does_not_evict_a_verified_key(auth, control_plane, clock):
@@ -111,7 +110,7 @@ async def test_a_flood_of_bogus_keys_from_many_peers_does_not_evict_a_verified_k
     for index in range(MAX_REFUSED_KEYS + 50):
         clock.now += 0.0001
         assert await refused_code(auth, f"bogus-{index}", f"ipv4:10.1.{index // 250}.{index % 250}:4000") \
-            is grpc.StatusCode.UNAUTHENTICATED
+            is ErrorKind.UNAUTHENTICATED
     control_plane.down = True
     clock.now += 10.0   # past the TTL, within the stale grace: served from the cache through the outage
     caller = await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
@@ -127,12 +126,12 @@ async def test_verified_keys_are_evicted_least_recently_used_first(control_plane
     control_plane.down = True
     assert (await auth.authenticate_header("Bearer k1", PEER)).api_key_id == "k1"
     assert (await auth.authenticate_header("Bearer k3", PEER)).api_key_id == "k3"
-    assert await refused_code(auth, "k2", PEER) is grpc.StatusCode.UNAVAILABLE
+    assert await refused_code(auth, "k2", PEER) is ErrorKind.UNAVAILABLE
 
 
 async def test_a_refused_key_is_remembered_briefly_then_asked_again(auth, control_plane, clock):
-    assert await refused_code(auth, "later-valid", PEER) is grpc.StatusCode.UNAUTHENTICATED
-    assert await refused_code(auth, "later-valid", PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, "later-valid", PEER) is ErrorKind.UNAUTHENTICATED
+    assert await refused_code(auth, "later-valid", PEER) is ErrorKind.UNAUTHENTICATED
     assert control_plane.calls == 1
     control_plane.valid.add("later-valid")
     clock.now += REFUSED_TTL_S
@@ -146,28 +145,28 @@ async def test_a_revoked_key_stops_working_once_the_ttl_ends(auth, control_plane
     clock.now += 4.9
     await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
     clock.now += 0.2
-    assert await refused_code(auth, GOOD_KEY, PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, GOOD_KEY, PEER) is ErrorKind.UNAUTHENTICATED
     control_plane.down = True   # the refusal is remembered, not the old verification
-    assert await refused_code(auth, GOOD_KEY, PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, GOOD_KEY, PEER) is ErrorKind.UNAUTHENTICATED
 
 
 async def test_a_peer_over_its_failure_budget_is_refused_with_a_retry_time_before_any_control_plane_call(
     auth, control_plane, clock
 ):
     for index in range(FAILED_AUTH_BURST):
-        assert await refused_code(auth, f"bogus-{index}", PEER) is grpc.StatusCode.UNAUTHENTICATED
+        assert await refused_code(auth, f"bogus-{index}", PEER) is ErrorKind.UNAUTHENTICATED
     calls = control_plane.calls
     # A new port is the same peer; an unknown key is not even sent to the control plane.
     with pytest.raises(GatewayError) as raised:
         await auth.authenticate_header("Bearer bogus-next", "ipv4:10.0.0.7:60000")
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.kind is ErrorKind.RESOURCE_EXHAUSTED
     assert "too many failed authentications from 10.0.0.7" in raised.value.message
     assert raised.value.retry_after_ms == round(60_000 / FAILED_AUTH_PER_MINUTE)
     assert control_plane.calls == calls
     # Another peer is untouched, and the budget refills with time.
-    assert await refused_code(auth, "bogus-other", "ipv4:10.0.0.8:1") is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, "bogus-other", "ipv4:10.0.0.8:1") is ErrorKind.UNAUTHENTICATED
     clock.now += 60 / FAILED_AUTH_PER_MINUTE
-    assert await refused_code(auth, "bogus-next", PEER) is grpc.StatusCode.UNAUTHENTICATED
+    assert await refused_code(auth, "bogus-next", PEER) is ErrorKind.UNAUTHENTICATED
 
 
 async def test_a_key_verified_within_the_ttl_passes_even_from_a_peer_over_its_budget(auth, control_plane):

@@ -9,12 +9,18 @@ import threading
 import grpc
 import pytest
 
-from diptych._proto.v1 import inference_pb2, inference_pb2_grpc
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway import validation
 from gateway.http_api import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from gateway.tokenization import TOKENIZER_THREAD_PREFIX
 from tests.gateway.harness import (
-    API_KEY, CONTEXT_LENGTH, MODEL, assert_openai_error_shape, generate_raw, in_process_gateway, post_json,
+    API_KEY,
+    CONTEXT_LENGTH,
+    MODEL,
+    assert_openai_error_shape,
+    generate_raw,
+    in_process_gateway,
+    post_json,
 )
 
 PROMPT_LIMIT = validation.PROMPT_BYTES_PER_TOKEN * CONTEXT_LENGTH
@@ -31,7 +37,8 @@ def _nested(depth: int) -> str:
 
 
 BAD_BODIES = [   # (raw body, URL, HTTP status, param, part of the message)
-    (b'{"model": "diptych-tiny", "prompt": ' + _nested(100_000).encode() + b"}", "/v1/completions", 400, None, "nests deeper"),
+    (b'{"model": "diptych-tiny", "prompt": ' + _nested(100_000).encode() + b"}", "/v1/completions", 400, None,
+     "nests deeper"),
     (b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_JSON_DEPTH + 1).encode() + b"}", "/v1/completions", 400,
      "prompt", "nests deeper"),
     (b'{"model": "diptych-tiny", "prompt": "a\\ud800b"}', "/v1/completions", 400, "prompt", "lone UTF-16 surrogate"),
@@ -40,13 +47,17 @@ BAD_BODIES = [   # (raw body, URL, HTTP status, param, part of the message)
     (b'{"model": "diptych-tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}', "/v1/chat/completions", 400,
      "messages", "surrogate"),
     (b'{"model": "diptych-tiny", "prompt": "a", "\\ud800": 1}', "/v1/completions", 400, None, "surrogate"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "priority": ["batch"]}', "/v1/completions", 400, "priority", "priority must"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "priority": {"a": 1}}', "/v1/completions", 400, "priority", "priority must"),
+    (b'{"model": "diptych-tiny", "prompt": "a", "priority": ["batch"]}', "/v1/completions", 400, "priority",
+     "priority must"),
+    (b'{"model": "diptych-tiny", "prompt": "a", "priority": {"a": 1}}', "/v1/completions", 400, "priority",
+     "priority must"),
     (b'{"model": "diptych-tiny", "messages": [{"role": ["user"], "content": "x"}]}', "/v1/chat/completions", 400,
      "messages", "messages[0].role"),
     (b'{"model": ["diptych-tiny"], "prompt": "a"}', "/v1/completions", 400, "model", "model must be a string"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "temperature": NaN}', "/v1/completions", 400, None, "not a JSON number"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "seed": ' + b"9" * 5000 + b"}", "/v1/completions", 400, None, "not valid JSON"),
+    (b'{"model": "diptych-tiny", "prompt": "a", "temperature": NaN}', "/v1/completions", 400, None,
+     "not a JSON number"),
+    (b'{"model": "diptych-tiny", "prompt": "a", "seed": ' + b"9" * 5000 + b"}", "/v1/completions", 400, None,
+     "not valid JSON"),
     (b'{"model": "diptych-tiny", "prompt": "\xff\xfe"}', "/v1/completions", 400, None, "not valid JSON"),
     (b'{"model": "diptych-tiny", "prompt": "a", "stream": true, "stream_options": [1]}', "/v1/completions", 400,
      "stream_options", "stream_options must be an object"),
@@ -129,7 +140,9 @@ async def test_a_well_formed_request_still_reaches_the_workers_over_grpc(gateway
 
 async def _generate_error(gateway, **fields) -> grpc.aio.AioRpcError | None:
     stub = inference_pb2_grpc.InferenceStub(gateway.channel)
-    call = stub.Generate(inference_pb2.GenerateRequest(model=MODEL, **fields), metadata=(("authorization", f"Bearer {API_KEY}"),))
+    call = stub.Generate(
+        inference_pb2.GenerateRequest(model=MODEL, **fields), metadata=(("authorization", f"Bearer {API_KEY}"),)
+    )
     try:
         async for _ in call:
             pass
@@ -139,7 +152,8 @@ async def _generate_error(gateway, **fields) -> grpc.aio.AioRpcError | None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"temperature": 1e-40}, "temperature 1e-40 is too small to sample with safely; send 0 for greedy decoding or at least 0.01"),
+    ({"temperature": 1e-40},
+     "temperature 1e-40 is too small to sample with safely; send 0 for greedy decoding or at least 0.01"),
     ({"temperature": 0.009}, "too small to sample with safely"),
     ({"temperature": float("nan")}, "temperature must be between 0 and 2 (0 is greedy), got nan"),
     ({"temperature": float("inf")}, "temperature must be between 0 and 2"),
@@ -186,7 +200,8 @@ async def test_prompts_over_the_byte_limit_are_refused_before_tokenizing(gateway
     body = json.dumps({"model": MODEL, "prompt": "\u00e9" * (PROMPT_LIMIT // 2 + 1)}).encode()   # 2 bytes each
     status, payload = await post_json(gateway, "/v1/completions", body)
     assert status == 400 and payload["error"]["param"] == "prompt"
-    assert f"prompt is {PROMPT_LIMIT + 2} bytes; {MODEL} takes at most {PROMPT_LIMIT} bytes" in payload["error"]["message"]
+    expected = f"prompt is {PROMPT_LIMIT + 2} bytes; {MODEL} takes at most {PROMPT_LIMIT} bytes"
+    assert expected in payload["error"]["message"]
     assert encode.threads == []
 
 
@@ -197,7 +212,8 @@ async def test_prompts_over_the_byte_limit_are_refused_before_tokenizing(gateway
 async def test_chat_content_over_the_byte_limit_is_refused_before_rendering(gateway, monkeypatch, messages, message):
     encode = _RecordingEncoder(validation.encode_chat)
     monkeypatch.setattr(validation, "encode_chat", encode)
-    status, payload = await post_json(gateway, "/v1/chat/completions", json.dumps({"model": MODEL, "messages": messages}).encode())
+    body = json.dumps({"model": MODEL, "messages": messages}).encode()
+    status, payload = await post_json(gateway, "/v1/chat/completions", body)
     assert status == 400, payload
     assert message in payload["error"]["message"] and f"at most {PROMPT_LIMIT} bytes" in payload["error"]["message"]
     assert encode.threads == []
@@ -208,21 +224,28 @@ async def test_chat_content_over_the_byte_limit_is_refused_before_rendering(gate
     ("encode_chat", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
 ])
 async def test_tokenizing_runs_off_the_event_loop_while_the_loop_serves_others(gateway, monkeypatch, name, url, body):
-    """The tokenizer waits until the event loop has run another task while it tokenizes: run on the loop,
+    """The tokenizer, once started, waits until another task of the event loop has run: run on the loop,
     it would stall the loop until its timeout, and on the loop's thread."""
+    loop = asyncio.get_running_loop()
+    encoding = asyncio.Event()
     loop_ran = threading.Event()
-    encode = _RecordingEncoder(getattr(validation, name), before=lambda: loop_ran.wait(timeout=5))
+    waits: list[bool] = []   # whether the loop ran while the tokenizer waited
+
+    def signal_then_wait() -> None:
+        loop.call_soon_threadsafe(encoding.set)
+        waits.append(loop_ran.wait(timeout=5))
+
+    encode = _RecordingEncoder(getattr(validation, name), before=signal_then_wait)
     monkeypatch.setattr(validation, name, encode)
 
     async def other_stream():
-        while not loop_ran.is_set():
-            await asyncio.sleep(0.001)
-            if encode.threads:
-                loop_ran.set()
+        await encoding.wait()
+        loop_ran.set()
 
     ticker = asyncio.create_task(other_stream())
     status, payload = await post_json(gateway, url, json.dumps(body).encode())
-    await ticker
+    await asyncio.wait_for(ticker, timeout=5)
+    assert waits == [True]
     assert status == 503 and payload["error"]["type"] == "service_unavailable", payload   # no workers here
     assert len(encode.threads) == 1
     assert encode.threads[0] is not threading.main_thread()

@@ -12,7 +12,7 @@ import grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from diptych._proto.v1 import inference_pb2
+from diptych_proto.v1 import inference_pb2
 from tests.gateway.harness import MODEL, assert_openai_error_shape, generate_raw, in_process_gateway
 
 FUZZ = settings(
@@ -43,7 +43,9 @@ nested = st.integers(1, 5_000).map(lambda depth: json.loads("[" * depth + "]" * 
 messages = st.lists(
     st.fixed_dictionaries({}, optional={
         "role": st.one_of(st.sampled_from(["system", "developer", "user", "assistant"]), json_values),
-        "content": st.one_of(texts, json_values, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}))),
+        "content": st.one_of(
+            texts, json_values, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}))
+        ),
     }),
     max_size=3,
 )

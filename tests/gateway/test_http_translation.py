@@ -1,39 +1,86 @@
-"""The OpenAI-compatible request bodies, translated into the public GenerateRequest, and refusals."""
+"""The OpenAI-compatible request bodies, mapped into the gateway's GenerationRequest, and refusals; and the
+same request over gRPC, mapped into the same GenerationRequest."""
 
 import pytest
 
-from diptych._proto.v1 import inference_pb2
-from gateway.http_api import HttpError, _to_generate_request
+from diptych_proto.v1 import inference_pb2
+from gateway.http_api import HttpError, _to_generation_request
+from gateway.idempotency import fingerprint
+from gateway.service import generation_request
+from gateway.types import ChatMessage, GenerationRequest, Priority
 
 
-def test_a_completion_body_becomes_a_generate_request():
-    request = _to_generate_request(
+def test_a_completion_body_becomes_a_generation_request():
+    request = _to_generation_request(
         {"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "seed": 3,
          "stop": "x", "top_k": 4, "ignore_eos": True, "priority": "batch", "stream": True},
         chat=False, idempotency_key="k1",
     )
-    assert request.prompt == "hi" and request.max_tokens == 7 and request.temperature == 0
-    assert request.HasField("temperature") and request.top_p == 0.5 and request.seed == 3
-    assert list(request.stop) == ["x"] and request.top_k == 4 and request.ignore_eos
-    assert request.priority == inference_pb2.PRIORITY_BATCH and request.idempotency_key == "k1"
+    assert request == GenerationRequest(
+        model="m", prompt="hi", max_tokens=7, temperature=0.0, top_p=0.5, seed=3, stop=["x"], top_k=4,
+        ignore_eos=True, priority=Priority.BATCH, idempotency_key="k1",
+    )
+
+
+def test_unset_options_stay_unset():
+    request = _to_generation_request({"model": "m", "prompt": "hi"}, chat=False, idempotency_key="")
+    assert request == GenerationRequest(model="m", prompt="hi")
+    assert request.max_tokens is request.temperature is request.top_p is request.seed is None
 
 
 def test_token_id_prompts_and_batches_of_one():
-    assert list(_to_generate_request({"model": "m", "prompt": [1, 2]}, False, "").prompt_token_ids.ids) == [1, 2]
-    assert list(_to_generate_request({"model": "m", "prompt": [[4, 5]]}, False, "").prompt_token_ids.ids) == [4, 5]
-    assert _to_generate_request({"model": "m", "prompt": ["one"]}, False, "").prompt == "one"
+    assert _to_generation_request({"model": "m", "prompt": [1, 2]}, False, "").prompt_token_ids == [1, 2]
+    assert _to_generation_request({"model": "m", "prompt": [[4, 5]]}, False, "").prompt_token_ids == [4, 5]
+    assert _to_generation_request({"model": "m", "prompt": ["one"]}, False, "").prompt == "one"
 
 
 def test_chat_messages_with_text_parts_and_max_completion_tokens():
-    request = _to_generate_request(
+    request = _to_generation_request(
         {"model": "m", "max_completion_tokens": 5, "messages": [
             {"role": "developer", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         ]},
         chat=True, idempotency_key="",
     )
-    assert [(m.role, m.content) for m in request.chat.messages] == [("system", "be brief"), ("user", "ab")]
-    assert request.max_tokens == 5
+    assert request.chat == [ChatMessage("system", "be brief"), ChatMessage("user", "ab")]
+    assert request.max_tokens == 5 and request.prompt is None and request.prompt_token_ids is None
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"prompt": "hi", "max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "seed": 2**64 - 1, "stop": ["a", "b"],
+      "top_k": 40, "ignore_eos": True, "priority": "batch"},
+     inference_pb2.GenerateRequest(prompt="hi", max_tokens=3, temperature=0.7, top_p=0.9, seed=2**64 - 1,
+                                   stop=["a", "b"], top_k=40, ignore_eos=True, priority=inference_pb2.PRIORITY_BATCH)),
+    ({"prompt": [7, 8]}, inference_pb2.GenerateRequest(prompt_token_ids=inference_pb2.TokenIds(ids=[7, 8]))),
+    ({"prompt": "", "temperature": 1e300}, inference_pb2.GenerateRequest(prompt="", temperature=1e300)),
+])
+def test_both_fronts_map_one_request_to_the_same_generation_request(body, message):
+    """Float parameters too: HTTP's are taken at the float32 precision the gRPC contract carries, so one
+    request means the same, and has the same idempotency fingerprint, over either front."""
+    message.model = "m"
+    over_http = _to_generation_request({"model": "m", **body}, chat=False, idempotency_key="")
+    over_grpc = generation_request(message)
+    assert over_http == over_grpc
+    assert fingerprint(over_http) == fingerprint(over_grpc)
+
+
+def test_grpc_chat_and_unset_fields_map_as_unset():
+    message = inference_pb2.GenerateRequest(
+        model="m", chat=inference_pb2.ChatMessages(messages=[inference_pb2.ChatMessage(role="user", content="hi")]),
+        request_id="label-1", idempotency_key="k", priority=7,
+    )
+    assert generation_request(message) == GenerationRequest(
+        model="m", chat=[ChatMessage("user", "hi")], client_request_id="label-1", idempotency_key="k", priority=7,
+    )
+    assert generation_request(inference_pb2.GenerateRequest(model="m")) == GenerationRequest(model="m")
+
+
+def test_the_fingerprint_ignores_only_the_fields_that_name_the_request():
+    base = GenerationRequest(model="m", prompt="hi")
+    assert fingerprint(base) == fingerprint(GenerationRequest(model="m", prompt="hi", client_request_id="x",
+                                                              idempotency_key="k"))
+    assert fingerprint(base) != fingerprint(GenerationRequest(model="m", prompt="hi", max_tokens=16))
+    assert fingerprint(base) != fingerprint(GenerationRequest(model="m", prompt_token_ids=[1]))
 
 
 @pytest.mark.parametrize(("body", "chat", "message", "param"), [
@@ -49,10 +96,11 @@ def test_chat_messages_with_text_parts_and_max_completion_tokens():
     ({"model": "m", "prompt": "x", "priority": "urgent"}, False, "priority must be one of", "priority"),
     ({"model": "m", "messages": []}, True, "messages must be a non-empty list", "messages"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, True, "messages[0].role", "messages"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True, "only text parts", "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True, "only text parts",
+     "messages"),
 ])
 def test_bad_bodies_are_refused_naming_the_parameter(body, chat, message, param):
     with pytest.raises(HttpError) as raised:
-        _to_generate_request(body, chat, "")
+        _to_generation_request(body, chat, "")
     assert message in raised.value.message
     assert raised.value.param == param

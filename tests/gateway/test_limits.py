@@ -4,12 +4,11 @@ import asyncio
 import os
 import uuid
 
-import grpc
 import pytest
 
 from gateway.auth import Caller, RateLimits
-from gateway.errors import GatewayError
 from gateway.limits import RateLimiter
+from gateway.types import ErrorKind, GatewayError
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -35,9 +34,11 @@ async def limiter(request):
     await limiter.close()
 
 
-def caller(org: RateLimits = RateLimits(), key: RateLimits = RateLimits()) -> Caller:
+def caller(org: RateLimits | None = None, key: RateLimits | None = None) -> Caller:
     # Fresh ids: Redis buckets of earlier runs never interfere.
-    return Caller(uuid.uuid4().hex, uuid.uuid4().hex, organization_limits=org, key_limits=key)
+    return Caller(
+        uuid.uuid4().hex, uuid.uuid4().hex, organization_limits=org or RateLimits(), key_limits=key or RateLimits()
+    )
 
 
 async def test_requests_per_minute_refuses_the_next_request_with_the_time_to_retry(limiter):
@@ -47,7 +48,7 @@ async def test_requests_per_minute_refuses_the_next_request_with_the_time_to_ret
     with pytest.raises(GatewayError) as raised:
         await limiter.admit(who, input_tokens=5, max_output_tokens=5)
     error = raised.value
-    assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.kind is ErrorKind.RESOURCE_EXHAUSTED
     # One request comes back every 20 s at 3 per minute.
     assert 15_000 < error.retry_after_ms <= 20_000
     assert "API key limit of 3 requests per minute" in error.message

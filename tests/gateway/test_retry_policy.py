@@ -6,14 +6,20 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from gateway.errors import GatewayError
 from gateway.live_load import Channels, LoadBoard
 from gateway.registry import Registry, WorkerInfo
-from gateway.routing import Router, ServingMode
 from gateway.request_path import (
-    MAX_REQUEST_FAULTS, RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S, RequestPath, RequestTrace, WorkerFailure, _backoff,
+    MAX_REQUEST_FAULTS,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
+    RequestPath,
+    RequestTrace,
+    WorkerFailure,
+    _backoff,
     _failure,
 )
+from gateway.routing import Router, ServingMode
+from gateway.types import ErrorKind, GatewayError
 
 
 class RpcError(grpc.aio.AioRpcError):
@@ -43,9 +49,10 @@ def test_retries_back_off_exponentially_with_full_jitter(attempt):
 
 
 def test_a_worker_failing_the_request_itself_is_a_request_fault_the_client_sees_as_internal():
-    failure = _failure(RpcError(grpc.StatusCode.INTERNAL, "the request failed on this worker: nan"), (worker("d1"),), "decode")
+    error = RpcError(grpc.StatusCode.INTERNAL, "the request failed on this worker: nan")
+    failure = _failure(error, (worker("d1"),), "decode")
     assert failure.request_fault and not failure.dead
-    assert failure.error.code is grpc.StatusCode.INTERNAL
+    assert failure.error.kind is ErrorKind.INTERNAL
     dead = _failure(RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), (worker("d1"),), "decode")
     assert dead.dead and not dead.request_fault
 
@@ -60,7 +67,7 @@ def test_a_request_two_workers_failed_on_its_own_account_is_not_retried_further(
     plan = SimpleNamespace(request_id="exec_abc")
 
     def fault(worker_id: str) -> WorkerFailure:
-        error = GatewayError(grpc.StatusCode.INTERNAL, f"the decode worker {worker_id} failed")
+        error = GatewayError(ErrorKind.INTERNAL, f"the decode worker {worker_id} failed")
         return WorkerFailure(error, (worker(worker_id),), dead=False, request_fault=True)
 
     path._after_failure(plan, fault("d1"), [], trace, avoid)   # the first: retried elsewhere
@@ -68,5 +75,5 @@ def test_a_request_two_workers_failed_on_its_own_account_is_not_retried_further(
     trace.attempts += 1
     with pytest.raises(GatewayError) as given_up:
         path._after_failure(plan, fault("d2"), [], trace, avoid)
-    assert given_up.value.code is grpc.StatusCode.INTERNAL
+    assert given_up.value.kind is ErrorKind.INTERNAL
     assert trace.request_faults == MAX_REQUEST_FAULTS

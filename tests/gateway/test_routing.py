@@ -5,10 +5,10 @@ import pytest
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
-from gateway.errors import GatewayError
 from gateway.live_load import Channels, LoadBoard
 from gateway.registry import Registry, WorkerInfo
 from gateway.routing import Decision, Router, RouteRequest, ServingMode
+from gateway.types import GatewayError
 
 BLOCK = 16
 PREFIX = list(range(3, 3 + 256))   # 16 full blocks

@@ -9,12 +9,27 @@ import textwrap
 
 import pytest
 
-from gateway.control_plane import ControlPlaneClient
+from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
+from gateway.types import UsageEvent
 from gateway.usage import UsageJournal, UsageReporter
 
+# The fields of a usage event as the control plane ingests them: the journal keeps this JSON shape.
+EVENT_FIELDS = {
+    "request_id", "client_request_id", "phase", "organization_id", "api_key_id", "model", "region", "worker_id",
+    "tokens", "cached_tokens", "kv_bytes", "compute_ms", "started_at", "finished_at",
+}
 
-def event(request_id: str, phase: str = "prefill", tokens: int = 3) -> dict:
-    return {"request_id": request_id, "phase": phase, "tokens": tokens}
+
+def event(request_id: str, phase: str = "prefill", tokens: int = 3) -> UsageEvent:
+    return UsageEvent(
+        request_id=request_id, client_request_id="", phase=phase, organization_id="org_1", api_key_id="key_1",
+        model="diptych-tiny", region="local", worker_id=f"{phase}-0", tokens=tokens, cached_tokens=0, kv_bytes=0,
+        compute_ms=1, started_at="2030-01-01T00:00:00+00:00", finished_at="2030-01-01T00:00:01+00:00",
+    )
+
+
+def bodies(*events: UsageEvent) -> list[dict]:
+    return [e.as_json() for e in events]
 
 
 def closed_port() -> int:
@@ -30,14 +45,16 @@ async def test_events_wait_on_disk_while_the_control_plane_is_unreachable_and_su
     reporter = UsageReporter(control_plane, journal)
     journal.finish("a", [event("a"), event("a", "decode")])
     journal.finish("b", [event("b")])
-    with pytest.raises(Exception):
+    with pytest.raises(ControlPlaneUnavailable):
         await reporter.flush()
     assert reporter.pending == 3
     await control_plane.close()
     journal.close()
 
     reopened = UsageJournal(path)   # a new gateway process on the same state directory
-    assert [e for _, e in reopened.oldest(10)] == [event("a"), event("a", "decode"), event("b")]
+    rows = [e for _, e in reopened.oldest(10)]
+    assert rows == bodies(event("a"), event("a", "decode"), event("b"))
+    assert all(set(row) == EVENT_FIELDS for row in rows)
 
 
 def test_the_outbox_holds_each_execution_and_phase_once(tmp_path):
@@ -47,7 +64,7 @@ def test_the_outbox_holds_each_execution_and_phase_once(tmp_path):
     assert journal.count() == 3
     rows = journal.oldest(2)
     journal.remove([row_id for row_id, _ in rows])
-    assert [e for _, e in journal.oldest(10)] == [event("a", "decode")]
+    assert [e for _, e in journal.oldest(10)] == bodies(event("a", "decode"))
 
 
 def test_an_execution_moves_to_the_outbox_in_one_step(tmp_path):
@@ -57,7 +74,7 @@ def test_an_execution_moves_to_the_outbox_in_one_step(tmp_path):
     assert journal.unfinished() == 1 and journal.count() == 0
     journal.finish("x", [event("x"), event("x", "decode", tokens=5)])
     assert journal.unfinished() == 0
-    assert [e for _, e in journal.oldest(10)] == [event("x"), event("x", "decode", tokens=5)]
+    assert [e for _, e in journal.oldest(10)] == bodies(event("x"), event("x", "decode", tokens=5))
 
 
 def test_a_killed_gateway_bills_its_unfinished_executions_for_what_they_delivered_when_it_restarts(tmp_path):
@@ -66,13 +83,12 @@ def test_a_killed_gateway_bills_its_unfinished_executions_for_what_they_delivere
     script = textwrap.dedent(f"""
         import os, signal
         from gateway.usage import UsageJournal
+        from tests.gateway.test_usage_spool import event
         journal = UsageJournal(__import__("pathlib").Path({str(path)!r}))
-        journal.track("streaming", [{{"request_id": "streaming", "phase": "prefill", "tokens": 40}},
-                                    {{"request_id": "streaming", "phase": "decode", "tokens": 1}}], delivered=1)
+        journal.track("streaming", [event("streaming", tokens=40), event("streaming", "decode", 1)], delivered=1)
         for delivered in range(2, 8):
             journal.count_delivered("streaming", delivered)
-        journal.track("nothing-yet", [{{"request_id": "nothing-yet", "phase": "prefill", "tokens": 9}},
-                                      {{"request_id": "nothing-yet", "phase": "decode", "tokens": 1}}], delivered=0)
+        journal.track("nothing-yet", [event("nothing-yet", tokens=9), event("nothing-yet", "decode", 1)], delivered=0)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
@@ -80,9 +96,6 @@ def test_a_killed_gateway_bills_its_unfinished_executions_for_what_they_delivere
 
     journal = UsageJournal(path)
     assert journal.recover() == 2
-    assert [e for _, e in journal.oldest(10)] == [
-        {"request_id": "streaming", "phase": "prefill", "tokens": 40},
-        {"request_id": "streaming", "phase": "decode", "tokens": 7},
-    ]
+    assert [e for _, e in journal.oldest(10)] == bodies(event("streaming", tokens=40), event("streaming", "decode", 7))
     assert journal.unfinished() == 0
     assert journal.recover() == 0

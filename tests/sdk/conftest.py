@@ -8,7 +8,7 @@ import grpc
 import pytest
 from sdk_scripted_server import ScriptedInference, Server
 
-from diptych._proto.v1 import inference_pb2_grpc as pb_grpc
+from diptych_proto.v1 import inference_pb2_grpc as pb_grpc
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
-from diptych._proto.v1 import inference_pb2 as pb
-from diptych._proto.v1 import inference_pb2_grpc as pb_grpc
+from diptych_proto.v1 import inference_pb2 as pb
+from diptych_proto.v1 import inference_pb2_grpc as pb_grpc
 
 Handler = Callable[[pb.GenerateRequest, grpc.ServicerContext], Iterator[pb.GenerateResponse]]
 

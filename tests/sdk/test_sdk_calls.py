@@ -11,7 +11,7 @@ import pytest
 from sdk_scripted_server import endless, fail, final_without_usage, request_id_of, silent_after, tokens, unfinished
 
 import diptych
-from diptych._proto.v1 import inference_pb2 as pb
+from diptych_proto.v1 import inference_pb2 as pb
 
 HELLO = tokens(("Hel", [1, 2]), ("lo", [3]))
 RETRY_NOW = (("retry-after-ms", "0"),)

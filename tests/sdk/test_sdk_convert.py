@@ -15,8 +15,8 @@ from diptych._convert import (
     new_idempotency_key,
     prompt_input,
 )
-from diptych._proto.v1 import inference_pb2 as pb
 from diptych.types import PhaseUsage, Usage
+from diptych_proto.v1 import inference_pb2 as pb
 
 
 def test_text_prompt_request_leaves_unset_options_unset():

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 import grpc
 import pytest
 
@@ -61,13 +63,33 @@ def test_every_status_code_is_mapped():
     assert set(EXPECTED) == set(grpc.StatusCode) - {grpc.StatusCode.OK}
 
 
+def refuse(code: grpc.StatusCode, details: str, issued_id: str):
+    """A server that refuses the call at once, naming it by an id that only the server knows."""
+
+    def handler(request, context):
+        context.set_trailing_metadata((("request-id", issued_id),))
+        context.abort(code, details)
+        yield  # a streaming handler
+
+    return handler
+
+
 @pytest.mark.parametrize("status", list(EXPECTED), ids=lambda status: status.name)
-def test_error_from_rpc(status):
-    error = error_from_rpc(FailedCall(status, "gateway says no"), request_id="req_1")
+def test_a_refusal_from_the_server_reaches_the_caller_as_the_server_sent_it(server, status):
+    """The server refused, not the SDK: the request reached it, and the error carries the server's status, its
+    words and the id it issued, which the SDK had no other way to learn."""
+    issued_id = f"req_{uuid.uuid4().hex}"
+    server.servicer.script = [refuse(status, "the gateway says no", issued_id)]
+    with diptych.Client(api_key="sk-test", base_url=server.base_url, max_retries=0, timeout=5) as client:
+        with pytest.raises(diptych.DiptychError) as raised:
+            client.completions.create(model="m", prompt="x", idempotency_key="order-7")
+    error = raised.value
     assert type(error) is EXPECTED[status]
-    assert isinstance(error, diptych.DiptychError)
-    assert (error.message, error.code, error.request_id) == ("gateway says no", status.name, "req_1")
-    assert str(error) == f"{status.name}: gateway says no (request_id=req_1)"
+    assert (error.code, error.message, error.request_id) == (status.name, "the gateway says no", issued_id)
+    assert str(error) == f"{status.name}: the gateway says no (request_id={issued_id})"
+    (seen,) = server.servicer.requests
+    assert (seen.model, seen.prompt, seen.idempotency_key) == ("m", "x", "order-7")
+    assert error.idempotency_key == "order-7"
 
 
 @pytest.mark.parametrize(
@@ -139,7 +161,8 @@ def test_error_from_http(status_code, error_class):
     body = {"error": {"type": "some_type", "message": "told so"}}
     error = error_from_http(status_code, body, {"Retry-After": "7"}, request_id="req_h")
     assert type(error) is error_class
-    assert (error.message, error.code, error.status_code, error.request_id) == ("told so", "some_type", status_code, "req_h")
+    assert (error.message, error.code, error.status_code) == ("told so", "some_type", status_code)
+    assert error.request_id == "req_h"
     assert error.retry_after == 7.0
 
 

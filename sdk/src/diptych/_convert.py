@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from diptych_proto.v1 import inference_pb2 as pb
 
 from ._errors import APIResponseValidationError
-from ._proto.v1 import inference_pb2 as pb
 from .types import ChatMessageParam, Completion, CompletionChunk, FinishReason, Model, PhaseUsage, Priority, Usage
 
 _FINISH_REASONS: dict[int, FinishReason] = {
@@ -15,7 +17,7 @@ _FINISH_REASONS: dict[int, FinishReason] = {
 }
 
 
-_PRIORITIES: dict[str, int] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
+_PRIORITIES: dict[str, pb.Priority] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
 
 
 def new_idempotency_key() -> str:
@@ -37,7 +39,7 @@ def chat_input(messages: Iterable[ChatMessageParam]) -> dict[str, object]:
 def generate_request(
     *,
     model: str,
-    input_field: dict[str, object],
+    input_field: dict[str, Any],
     idempotency_key: str,
     max_tokens: int | None = None,
     temperature: float | None = None,
@@ -52,7 +54,7 @@ def generate_request(
         raise ValueError(f"priority must be 'interactive' or 'batch', not {priority!r}")
     if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
         raise ValueError("idempotency_key must be a non-empty string of at most 255 characters")
-    sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+    sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     return pb.GenerateRequest(
         model=model,
         idempotency_key=idempotency_key,

@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
-from ._proto.v1.inference_pb2_grpc import InferenceStub
+from diptych_proto.v1.inference_pb2_grpc import InferenceStub
+
 from ._version import __version__
 
 DEFAULT_BASE_URL = "grpc://127.0.0.1:50051"

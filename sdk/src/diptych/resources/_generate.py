@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from diptych_proto.v1 import inference_pb2 as pb
+
 from .._convert import completion_from_chunks
 from .._errors import error_from_rpc
-from .._proto.v1 import inference_pb2 as pb
 from .._retry import with_retries, with_retries_async
 from .._streaming import AsyncStream, Stream
 from ..types import Completion

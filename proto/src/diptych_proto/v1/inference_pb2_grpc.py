@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from diptych._proto.v1 import inference_pb2 as diptych_dot___proto_dot_v1_dot_inference__pb2
+from diptych_proto.v1 import inference_pb2 as diptych__proto_dot_v1_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in diptych/_proto/v1/inference_pb2_grpc.py depends on'
+        + ' but the generated code in diptych_proto/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class InferenceStub:
         """
         self.Generate = channel.unary_stream(
                 '/diptych.v1.Inference/Generate',
-                request_serializer=diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+                request_serializer=diptych__proto_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=diptych__proto_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/diptych.v1.Inference/ListModels',
-                request_serializer=diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
-                response_deserializer=diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
+                request_serializer=diptych__proto_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=diptych__proto_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
 
 
@@ -67,13 +67,13 @@ def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
-                    response_serializer=diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=diptych__proto_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
+                    response_serializer=diptych__proto_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
-                    request_deserializer=diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
-                    response_serializer=diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsResponse.SerializeToString,
+                    request_deserializer=diptych__proto_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
+                    response_serializer=diptych__proto_dot_v1_dot_inference__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -101,8 +101,8 @@ class Inference:
             request,
             target,
             '/diptych.v1.Inference/Generate',
-            diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
-            diptych_dot___proto_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            diptych__proto_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+            diptych__proto_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -128,8 +128,8 @@ class Inference:
             request,
             target,
             '/diptych.v1.Inference/ListModels',
-            diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
-            diptych_dot___proto_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
+            diptych__proto_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
+            diptych__proto_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
