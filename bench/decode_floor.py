@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.step_costs import median_ms
-from workers.decode_graphs import DecodeGraphs
+from workers.decode_graphs import DecodeGraphSpec
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner, StepInput
 
@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     model = load_model(args.model, f"builtin:{args.model}", dtype=dtype).model.to(device)
     blocks_per_sequence = args.context // BLOCK_SIZE + 1
-    runner = ModelRunner(model, max(batches) * blocks_per_sequence, BLOCK_SIZE, args.device)
+    if cuda:
+        print("capturing decode graphs", file=sys.stderr, flush=True)
+    spec = DecodeGraphSpec(max(batches), blocks_per_sequence) if cuda else None
+    runner = ModelRunner(model, max(batches) * blocks_per_sequence, BLOCK_SIZE, args.device, decode_graphs=spec)
+    graphs = runner.decode_graphs  # None on CPU
     runner.kv.normal_()
     weights = weights_read_per_step(model)
     print("measuring the copy bandwidth and the matmul rate", file=sys.stderr, flush=True)
@@ -104,11 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth=copy_bandwidth(device, (1 << 30) if cuda else (256 << 20), args.repeats),
         matmul_rate=matmul_rate(device, dtype, 8192 if cuda else 2048, args.repeats),
     )
-    graphs = None
-    if cuda:
-        print("capturing decode graphs", file=sys.stderr, flush=True)
-        graphs = DecodeGraphs(runner, max(batches), blocks_per_sequence)
-        graphs.capture()
 
     print(f"{args.model} on {device}{'' if cuda else f' ({args.threads} threads)'}, {str(dtype).removeprefix('torch.')}; "
           f"weights read per step {floor.weight_bytes / 1e6:.0f} MB; copy bandwidth {floor.bandwidth / 1e9:.1f} GB/s; "

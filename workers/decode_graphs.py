@@ -8,18 +8,38 @@ of the logits back. Padding rows write their keys and values into the runner's `
 attend to it alone. Steps with prompt chunks, or with more rows or longer block tables than were
 captured, run eagerly.
 
-Without capture (`capture=False`: CPU, where the tests run it) the same padded step runs eagerly from
-the same buffers.
+The runner builds its graphs itself from a `DecodeGraphSpec`. Without capture (`capture=False`: CPU,
+where the tests run it) the same padded step runs eagerly from the same buffers.
 """
+
+from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from workers.model_runner import PADDED_COLUMNS, ModelRunner, StepInput
+if TYPE_CHECKING:
+    from workers.model_runner import ModelRunner, StepInput
 
 log = logging.getLogger(__name__)
+
+# The columns of a padded decode batch before the block table: token, position, slot block, slot offset
+# (see ModelRunner.decode_padded).
+PADDED_COLUMNS = 4
+
+
+@dataclass(frozen=True)
+class DecodeGraphSpec:
+    """The decode steps a runner pads and replays: up to `max_batch` rows, block tables up to `max_blocks`."""
+
+    max_batch: int
+    max_blocks: int
+    # True: capture CUDA graphs, on CUDA devices only (elsewhere the runner pads nothing and runs steps eagerly);
+    # False: run the padded steps eagerly from the same buffers, on any device (how the CPU tests run them).
+    capture: bool = True
 
 
 def capture_batch_sizes(max_batch: int) -> list[int]:
@@ -40,17 +60,21 @@ def _smallest_at_least(sizes: list[int], needed: int) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks: int, capture: bool | None = None) -> None:
+    """A runner's padded decode steps (built by the runner from its DecodeGraphSpec); `capture()` records
+    the graphs, `run()` replays them."""
+
+    def __init__(self, runner: ModelRunner, spec: DecodeGraphSpec) -> None:
         self._runner = runner
-        self.batch_sizes = capture_batch_sizes(max_batch)
-        self.widths = capture_widths(max_blocks)
-        self.capturing = runner.device.type == "cuda" if capture is None else capture
+        self.batch_sizes = capture_batch_sizes(spec.max_batch)
+        self.widths = capture_widths(spec.max_blocks)
+        self.capturing = spec.capture
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._padding_row = [0, 0, runner.padding_block, 0, 1] + [runner.padding_block] * self.widths[-1]
+        self._padding_row = [0, 0, runner.padding_block, 0] + [runner.padding_block] * self.widths[-1]
         columns = len(self._padding_row)
-        self._host = torch.empty(max_batch, columns, dtype=torch.long, pin_memory=self.capturing)
-        self._batch = torch.empty(max_batch, columns, dtype=torch.long, device=runner.device)
-        self._logits = torch.empty(max_batch, runner.config.vocab_size, dtype=torch.float32, device=runner.device)
+        rows = spec.max_batch
+        self._host = torch.empty(rows, columns, dtype=torch.long, pin_memory=self.capturing)
+        self._batch = torch.empty(rows, columns, dtype=torch.long, device=runner.device)
+        self._logits = torch.empty(rows, runner.config.vocab_size, dtype=torch.float32, device=runner.device)
         self._max_tokens = self.widths[-1] * runner.layout.block_size
 
     def covers(self, inputs: list[StepInput]) -> bool:
@@ -84,7 +108,7 @@ class DecodeGraphs:
         for s in inputs:
             block = s.start // size  # the block of the token's slot, and the last the row attends over
             table = s.block_ids[: block + 1]
-            rows.append([s.token_ids[0], s.start, table[-1], s.start % size, s.start + 1] + table
+            rows.append([s.token_ids[0], s.start, table[-1], s.start % size] + table
                         + padding_row[PADDED_COLUMNS + len(table):])
         rows += [padding_row] * (batch - count)
         self._host[:batch, : PADDED_COLUMNS + width] = torch.tensor(rows)
@@ -98,7 +122,7 @@ class DecodeGraphs:
     def _step(self, batch: int, width: int) -> None:
         self._logits[:batch].copy_(self._runner.decode_padded(self._batch[:batch, : PADDED_COLUMNS + width]))
 
-    def _capture_one(self, batch: int, width: int, pool) -> "torch.cuda.CUDAGraph":
+    def _capture_one(self, batch: int, width: int, pool) -> torch.cuda.CUDAGraph:
         device = self._runner.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

@@ -14,9 +14,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from workers.authentication import worker_server
-from workers.decode_graphs import DecodeGraphs
+from workers.decode_graphs import DecodeGraphSpec
 from workers.engine import Engine, EngineConfig
-from workers.kv_transfer import KvInbox, KvReceiver, KvSender, StagingPool, sweep_stale_files
+from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.prefill import PrefillConnector
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
+from workers.kv_connector.shm import sweep_stale_files
+from workers.kv_connector.staging import StagingPool
 from workers.metrics import serve_metrics
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner, kv_layout_of
@@ -35,11 +40,9 @@ def build_engine(loaded, config: EngineConfig, executor) -> Engine:
     model = loaded.model.to(config.device)
     layout = kv_layout_of(model.config, config.block_size, next(model.parameters()).dtype)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_mib << 20) // layout.block_nbytes)
-    runner = ModelRunner(model, num_blocks, config.block_size, config.device)
-    if config.cuda_graphs and runner.device.type == "cuda":
-        max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
-        runner.decode_graphs = DecodeGraphs(runner, config.max_running, max_blocks)
-        runner.decode_graphs.capture()
+    max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
+    graphs = DecodeGraphSpec(config.max_running, max_blocks) if config.cuda_graphs else None
+    runner = ModelRunner(model, num_blocks, config.block_size, config.device, decode_graphs=graphs)
     stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
     return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 
@@ -55,10 +58,11 @@ async def serve(
     fleet_token: str,
     name: str,
     threads: int,
-    engine_config: EngineConfig = EngineConfig(),
+    engine_config: EngineConfig | None = None,
     kv_port: int = 0,
     metrics_port: int = 0,
 ) -> None:
+    engine_config = engine_config or EngineConfig()
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
         log.info("removed %d shared-memory files left by workers that no longer run", swept)
@@ -70,17 +74,18 @@ async def serve(
 
     state = WorkerState(role=role)
     secret = WorkerSecret()  # every call is refused until registration hands it over
-    receiver = sender = None
+    receiver = None
     if role is Role.DECODE:
         receiver = KvReceiver(
             KvInbox(), layout, host=host, port=kv_port, staging=StagingPool(pin=cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
         )
         receiver.start()
+        engine.attach_connector(DecodeConnector(receiver))
     if role is Role.PREFILL:
-        sender = KvSender(layout, pin=cuda)
-    service = WorkerService(state, engine, receiver=receiver, sender=sender, secret=secret)
-    serve_metrics(metrics_port, host, role.value, service.load, engine)
+        engine.attach_connector(PrefillConnector(KvSender(layout, pin=cuda)))
+    service = WorkerService(state, engine, secret=secret)
+    serve_metrics(metrics_port, host, role.value, lambda: service.load().to_proto(), engine)
 
     server = worker_server(secret, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -131,8 +136,6 @@ async def serve(
         for task in tasks:
             task.cancel()
         await link.close()
-        if receiver is not None:
-            receiver.close()
-        if sender is not None:
-            sender.close()  # removes its shared-memory segments
+        if engine.connector is not None:
+            engine.connector.close()  # closes the data port, removes shared-memory files
         executor.shutdown(wait=False)

@@ -1,14 +1,17 @@
-"""Loads a model for serving: a built-in model from its config and seed, or a local Hugging Face directory."""
+"""Loads a model for serving: a built-in model from its config and seed, or a local Hugging Face directory
+of a supported family (`workers.models.families`; any other is refused before its weights are read)."""
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from diptych_common.builtin import BuiltinModel, builtin_model_for
+from workers.models.families import UnsupportedModelError, family_for
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,7 @@ def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> Lo
         tokenizer = AutoTokenizer.from_pretrained(builtin.tokenizer_dir)
     else:
         path = Path(source)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, config=_supported_config(path), dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     eos = model.generation_config.eos_token_id
@@ -63,6 +64,26 @@ def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> Lo
         eos_token_ids=eos_ids,
         context_length=model.config.max_position_embeddings,
     )
+
+
+def _supported_config(path: Path):
+    """The config of a model directory whose family the runner serves; raises UnsupportedModelError (naming
+    what is supported) for any other, having read nothing but config.json."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        declared = json.loads(config_file.read_text())
+        if not isinstance(declared, dict):
+            raise ValueError("config.json holds no JSON object")
+        family = family_for(declared.get("model_type"), declared.get("architectures"))
+        config = AutoConfig.from_pretrained(path)
+        family.check(config)
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(f"cannot serve {path}: {error}") from None
+    except ValueError as error:  # JSON or transformers refusing the config
+        raise ValueError(f"cannot serve {path}: its config.json does not load: {error}") from None
+    return config
 
 
 def save_builtin_model(name: str, directory: Path) -> None:

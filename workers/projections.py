@@ -1,13 +1,11 @@
-"""The decoder's linear projections as the model runner calls them: those that read the same input are
-stacked into one matrix (queries, keys and values; the MLP's gate and up), and on CPU every matrix is
-reordered once into oneDNN's blocked layout.
+"""The decoder's linear projections as `workers.models.decoder` calls them: those that read the same
+input are stacked into one matrix (queries, keys and values; the MLP's gate and up), and on CPU every
+matrix is reordered once into oneDNN's blocked layout.
 
 On CPU, `nn.Linear`'s GEMM re-packs the weight on every call, which costs most when few rows multiply
 it, as in a decode step (`python -m bench.step_costs` compares the two on the LM head). The reordered
 weights are a copy; the model's own modules keep theirs.
 """
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,33 +30,6 @@ class Projection:
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Applies the stacked projection and returns each linear's output."""
         return self(x).split(self.sizes, dim=-1)
-
-
-@dataclass
-class LayerProjections:
-    qkv: Projection
-    o: Projection
-    gate_up: Projection
-    down: Projection
-    act_fn: object
-
-    @classmethod
-    def of(cls, layer: torch.nn.Module) -> "LayerProjections":
-        attn, mlp = layer.self_attn, layer.mlp
-        for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
-            if not hasattr(mlp, name):
-                raise ValueError(f"the model's MLP has no {name}: only gated MLPs (Llama, Qwen, Mistral) are supported")
-        return cls(
-            qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
-            o=Projection(attn.o_proj),
-            gate_up=Projection(mlp.gate_proj, mlp.up_proj),
-            down=Projection(mlp.down_proj),
-            act_fn=mlp.act_fn,
-        )
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.split(x)
-        return self.down(self.act_fn(gate) * up)
 
 
 def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:

@@ -1,9 +1,10 @@
-"""The runner's projections compute what the model's own linear layers compute."""
+"""The decoder's projections compute what the model's own linear layers compute."""
 
 import pytest
 import torch
 
-from workers.projections import LayerProjections, Projection
+from workers.models.families import decoder_of
+from workers.projections import Projection
 
 
 def _linear(inputs: int, outputs: int, bias: bool, seed: int) -> torch.nn.Linear:
@@ -18,7 +19,7 @@ def test_stacked_projection_matches_each_linear(rows):
     x = torch.randn(1, rows, 64)
     outputs = Projection(q, k, v).split(x)
     assert [o.shape[-1] for o in outputs] == [64, 32, 32]
-    for out, linear in zip(outputs, (q, k, v)):
+    for out, linear in zip(outputs, (q, k, v), strict=True):
         torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
 
 
@@ -32,20 +33,12 @@ def test_biases_are_stacked_with_zeros_where_a_linear_has_none():
 
 
 @torch.inference_mode()
-def test_layer_mlp_matches_the_model_mlp(tiny_model):
-    layer = tiny_model.model.layers[0]
-    x = torch.randn(1, 5, tiny_model.config.hidden_size)
-    expected = layer.mlp(x)
+def test_decoder_layer_mlp_matches_the_model_mlp(tiny_model):
+    x = torch.randn(5, tiny_model.config.hidden_size)
+    expected = tiny_model.model.layers[0].mlp(x)
     # float32 GEMMs that sum in another order: agreement to a few units in the 6th digit of the largest value
-    torch.testing.assert_close(LayerProjections.of(layer).mlp(x), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
-
-
-def test_a_model_without_a_gated_mlp_is_refused_by_name():
-    layer = torch.nn.Module()
-    layer.self_attn = torch.nn.Module()
-    layer.mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    with pytest.raises(ValueError, match="no gate_proj"):
-        LayerProjections.of(layer)
+    got = decoder_of(tiny_model).layers[0].mlp(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
 
 
 @torch.inference_mode()

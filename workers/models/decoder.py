@@ -1,0 +1,107 @@
+"""The decoder a step runs: the model's pieces in the order a pre-norm transformer decoder applies them, each
+taken once from the loaded `transformers` model (its embedding, norms, rotary embedding and activation are
+its own modules, so each family's conventions hold as-is) and its linear layers stacked by
+`workers.projections`.
+
+`Decoder` works on packed tokens with no batch dimension: hidden [tokens, hidden_size], queries
+[tokens, heads, head_dim]. It knows nothing of the KV pool: a layer hands its rotated queries and its keys
+and values to the `attention` callable the runner passes, which stores them and attends.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from workers.models.attention import Window
+from workers.projections import Projection
+
+# (layer, query, key, value) → attended [tokens, heads * head_dim]
+Attention = Callable[["DecoderLayer", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(eq=False)
+class DecoderLayer:
+    index: int
+    input_norm: Callable
+    qkv: Projection  # queries, keys and values stacked, with their biases if any
+    qk_norms: tuple[Callable, Callable] | None  # per-head norms of queries and keys, before the rotary embedding
+    head_dim: int
+    scale: float  # of the attention scores
+    window: Window  # how many keys back this layer's queries see
+    o: Projection
+    post_attention_norm: Callable
+    gate_up: Projection  # the MLP's gate and up projections stacked
+    down: Projection
+    act_fn: Callable
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention) -> torch.Tensor:
+        query, key, value = self.qkv.split(self.input_norm(hidden))
+        shape = (hidden.shape[0], -1, self.head_dim)
+        query, key, value = query.view(shape), key.view(shape), value.view(shape)
+        if self.qk_norms is not None:
+            query, key = self.qk_norms[0](query), self.qk_norms[1](key)
+        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        hidden = hidden + self.o(attention(self, query, key, value))
+        return hidden + self.mlp(self.post_attention_norm(hidden))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up.split(x)
+        return self.down(self.act_fn(gate) * up)
+
+
+@dataclass(eq=False)
+class Decoder:
+    embed: Callable  # token ids [tokens] → hidden [tokens, hidden_size]
+    rotary_embedding: Callable  # the model's: (hidden [1, tokens, ...], positions [1, tokens]) → cos, sin
+    layers: list[DecoderLayer]
+    norm: Callable
+    lm_head: Projection
+
+    @cached_property
+    def windows(self) -> tuple[Window, ...]:
+        """The distinct windows of the layers: what a step's attention plan is built for."""
+        return tuple(dict.fromkeys(layer.window for layer in self.layers))
+
+    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [tokens, 1, head_dim], broadcast over the heads."""
+        cos, sin = self.rotary_embedding(hidden[None], positions[None])
+        return cos[0, :, None], sin[0, :, None]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding over halves of the head dimension (as `transformers` applies it: same operations,
+    same rounding)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def pre_norm_decoder(model: torch.nn.Module, windows: list[Window], qk_norm: bool) -> Decoder:
+    """The decoder of a Llama-shaped causal LM (`model.model.layers[i].self_attn.{q,k,v,o}_proj`,
+    `.mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`), one window per layer."""
+    base = model.model
+    layers = []
+    for index, (layer, window) in enumerate(zip(base.layers, windows, strict=True)):
+        attn, mlp = layer.self_attn, layer.mlp
+        layers.append(DecoderLayer(
+            index=index,
+            input_norm=layer.input_layernorm,
+            qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
+            qk_norms=(attn.q_norm, attn.k_norm) if qk_norm else None,
+            head_dim=attn.head_dim,
+            scale=attn.scaling,
+            window=window,
+            o=Projection(attn.o_proj),
+            post_attention_norm=layer.post_attention_layernorm,
+            gate_up=Projection(mlp.gate_proj, mlp.up_proj),
+            down=Projection(mlp.down_proj),
+            act_fn=mlp.act_fn,
+        ))
+    return Decoder(
+        embed=base.embed_tokens, rotary_embedding=base.rotary_emb, layers=layers, norm=base.norm,
+        lm_head=Projection(model.lm_head),
+    )
