@@ -29,8 +29,10 @@ class GatewayClient:
         self._channel = grpc.aio.insecure_channel(self._address)
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self._channel.close()
+    async def __aexit__(self, *exc: object) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
 
     async def generate(
         self, prompt_token_ids: list[int], max_tokens: int, *, ignore_eos: bool = True, shares_prefix: bool = False,

@@ -63,8 +63,8 @@ class Authenticator:
         self._control_plane = control_plane
         self._ttl_s = ttl_s
         self._clock = clock
-        self._verified = LruCache(MAX_CACHED_KEYS)    # key digest -> (Caller, verified at)
-        self._refused = LruCache(MAX_REFUSED_KEYS)    # key digest -> (None, refused at)
+        self._verified: LruCache[Caller] = LruCache(MAX_CACHED_KEYS)   # key digest -> (Caller, verified at)
+        self._refused: LruCache[None] = LruCache(MAX_REFUSED_KEYS)     # key digest -> (None, refused at)
         self._failures = FailedAuthLimiter(FAILED_AUTH_BURST, FAILED_AUTH_PER_MINUTE, MAX_TRACKED_PEERS, clock)
 
     async def authenticate_header(self, authorization: str | None, peer: str = "") -> Caller:
@@ -93,7 +93,7 @@ class Authenticator:
             raise _invalid_key()
         return await self._verify(api_key, digest, verified)
 
-    async def _verify(self, api_key: str, digest: bytes, verified: tuple | None) -> Caller:
+    async def _verify(self, api_key: str, digest: bytes, verified: tuple[Caller, float] | None) -> Caller:
         try:
             identity = await self._control_plane.verify_api_key(api_key)
         except ControlPlaneUnavailable:
@@ -121,7 +121,7 @@ class Authenticator:
                 retry_after_ms=max(1, round(wait_s * 1000)),
             )
 
-    def _age(self, entry: tuple) -> float:
+    def _age(self, entry: tuple[object, float]) -> float:
         return self._clock() - entry[1]
 
 

@@ -10,21 +10,24 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from urllib.parse import unquote
+
+V = TypeVar("V")
 
 
 def key_digest(api_key: str) -> bytes:
     return hashlib.sha256(api_key.encode()).digest()
 
 
-class LruCache:
+class LruCache(Generic[V]):
     """At most `capacity` entries of (value, stored at); the least recently used goes first."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("an LRU cache needs room for at least one entry")
         self._capacity = capacity
-        self._entries: OrderedDict[bytes, tuple[object, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[V, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -32,13 +35,13 @@ class LruCache:
     def __contains__(self, key: bytes) -> bool:
         return key in self._entries
 
-    def get(self, key: bytes) -> tuple[object, float] | None:
+    def get(self, key: bytes) -> tuple[V, float] | None:
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
         return entry
 
-    def put(self, key: bytes, value: object, stored_at: float) -> None:
+    def put(self, key: bytes, value: V, stored_at: float) -> None:
         self._entries[key] = (value, stored_at)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:
@@ -63,7 +66,7 @@ class FailedAuthLimiter:
         self._burst = burst
         self._rate_per_s = per_minute / 60.0
         self._clock = clock
-        self._peers: LruCache = LruCache(max_peers)
+        self._peers: LruCache[_Budget] = LruCache(max_peers)
 
     def retry_after_s(self, peer: str) -> float:
         """0 when the peer may try again now, else the seconds until it may."""
@@ -81,7 +84,7 @@ class FailedAuthLimiter:
         entry = self._peers.get(peer.encode())
         if entry is None:
             return None
-        budget: _Budget = entry[0]
+        budget = entry[0]
         now = self._clock()
         budget.tokens = min(float(self._burst), budget.tokens + (now - budget.updated) * self._rate_per_s)
         budget.updated = now

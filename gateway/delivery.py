@@ -61,20 +61,27 @@ class Delivery:
 
 def decode_record(trace: RequestTrace) -> PhaseRecord | None:
     """The decode phase; when the first token ended the request, the prefill worker that sampled it."""
-    if trace.decode is not None or trace.prefill is None:
+    if trace.prefill is None:
         return trace.decode
-    finished_at = trace.prefill.finished_at
-    return PhaseRecord(trace.prefill.worker, started_at=finished_at, finished_at=finished_at)
+    return _billed_decode(trace.prefill, trace.decode)
+
+
+def _billed_decode(prefill: PhaseRecord, decode: PhaseRecord | None) -> PhaseRecord:
+    if decode is not None:
+        return decode
+    finished_at = prefill.finished_at or prefill.started_at   # a prefill is recorded once finished
+    return PhaseRecord(prefill.worker, started_at=finished_at, finished_at=finished_at)
 
 
 def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[UsageEvent]:
     """The prefill event bills the prompt, the decode event the output tokens. A prefill re-run after a
     worker failure is not billed again."""
-    if trace.prefill is None or completion_tokens == 0:
+    prefill = trace.prefill
+    if prefill is None or completion_tokens == 0:
         return []
     phases = (
-        ("prefill", trace.prefill, len(plan.prompt_token_ids)),
-        ("decode", decode_record(trace), completion_tokens),
+        ("prefill", prefill, len(plan.prompt_token_ids)),
+        ("decode", _billed_decode(prefill, trace.decode), completion_tokens),
     )
     return [
         UsageEvent(

@@ -124,7 +124,8 @@ class OpenAiApi:
         shape = _Shape(admitted.execution_id, generation_request.model, chat)
         if stream:
             return await self._stream(request, admitted, shape, include_usage)
-        texts, last = [], None
+        texts: list[str] = []
+        last: GenerationOutput | None = None
         try:
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
@@ -132,6 +133,8 @@ class OpenAiApi:
                     last = output
         except GatewayError as error:
             return _error_response(error)
+        if last is None:   # the pipeline ends every execution with an output or an error
+            return _error_response(GatewayError(ErrorKind.INTERNAL, "the generation ended without a response"))
         return web.json_response(shape.whole("".join(texts), last), headers=_response_headers(admitted))
 
     async def _stream(self, request, admitted, shape: "_Shape", include_usage: bool) -> web.StreamResponse:
@@ -187,7 +190,7 @@ class _Shape:
             chunk["usage"] = None
         return chunk
 
-    def usage_chunk(self, usage: Usage) -> dict:
+    def usage_chunk(self, usage: Usage | None) -> dict:
         return {**self._head(stream=True), "choices": [], "usage": _usage(usage)}
 
     def _head(self, stream: bool) -> dict:
@@ -198,7 +201,10 @@ class _Shape:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
 
-def _usage(usage: Usage) -> dict:
+def _usage(usage: Usage | None) -> dict | None:
+    """None where the output carries no usage, as the gRPC API leaves it out."""
+    if usage is None:
+        return None
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,

@@ -114,7 +114,7 @@ _FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
 def stored_response(output: GenerationOutput) -> dict:
     body = _without_defaults({
         "requestId": output.request_id, "text": output.text, "tokenIds": list(output.token_ids),
-        "finishReason": _FINISH_NAMES.get(output.finish_reason),
+        "finishReason": _FINISH_NAMES[output.finish_reason] if output.finish_reason is not None else None,
     })
     if output.usage is not None:
         usage = output.usage
@@ -137,7 +137,7 @@ def replayed_output(body: dict) -> GenerationOutput:
     return GenerationOutput(
         request_id=body.get("requestId", ""), text=body.get("text", ""),
         token_ids=[int(token) for token in body.get("tokenIds", [])],
-        finish_reason=_FINISH_BY_NAME.get(body.get("finishReason")),
+        finish_reason=_FINISH_BY_NAME.get(body.get("finishReason", "")),
         usage=None if usage is None else Usage(
             prompt_tokens=int(usage.get("promptTokens", 0)), completion_tokens=int(usage.get("completionTokens", 0)),
             cached_tokens=int(usage.get("cachedTokens", 0)),

@@ -66,8 +66,11 @@ class LiveLoad:
     broken: bool = False               # the last stream or poll failed
 
     @property
-    def fresh(self) -> bool:
-        return self.load is not None and not self.broken and time.monotonic() - self.updated_at < STALE_AFTER_S
+    def fresh_load(self) -> worker_pb2.Load | None:
+        """The last report while it is fresh; None before the first, after a broken stream, or once stale."""
+        if self.broken or time.monotonic() - self.updated_at >= STALE_AFTER_S:
+            return None
+        return self.load
 
 
 class LoadBoard:
@@ -93,10 +96,14 @@ class LoadBoard:
     def get(self, worker_id: str) -> LiveLoad | None:
         return self._live.get(worker_id)
 
+    def fresh_load(self, worker_id: str) -> worker_pb2.Load | None:
+        """The worker's last report, while it is fresh."""
+        live = self._live.get(worker_id)
+        return live.fresh_load if live is not None else None
+
     def is_fresh(self, worker_id: str) -> bool:
         """The worker reported recently on a working stream: it is alive, whatever the registry says."""
-        live = self._live.get(worker_id)
-        return live is not None and live.fresh
+        return self.fresh_load(worker_id) is not None
 
     def report(self, worker: WorkerInfo, load: worker_pb2.Load) -> None:
         """Records a worker's load report."""
@@ -166,8 +173,9 @@ class LoadBoard:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     def _publish_queue_depth(self, role: str) -> None:
-        total = sum(
-            live.load.queue_depth for worker_id, live in self._live.items()
-            if self._roles.get(worker_id) == role and live.fresh
-        )
+        total = 0
+        for worker_id, live in self._live.items():
+            load = live.fresh_load
+            if load is not None and self._roles.get(worker_id) == role:
+                total += load.queue_depth
         QUEUE_DEPTH.labels(role).set(total)

@@ -5,7 +5,7 @@ OpenAI-compatible HTTP API both translate to and from this and nothing else.
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -102,7 +102,7 @@ class Pipeline:
             await self._settle(reservation, 0)
         return replay
 
-    async def generate(self, admitted: Admitted) -> AsyncIterator[GenerationOutput]:
+    async def generate(self, admitted: Admitted) -> AsyncGenerator[GenerationOutput, None]:
         """Text deltas; the last one carries the finish reason and usage. Raises GatewayError.
 
         Each output is counted as delivered, durably, just before it is handed to the protocol."""
@@ -121,7 +121,7 @@ class Pipeline:
                 async for event in events:
                     now = time.monotonic()
                     if last_token_at is None:
-                        ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.decision.value)
+                        ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode)
                         ttft.observe(now - admitted.arrived)
                     else:
                         INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
@@ -152,8 +152,7 @@ class Pipeline:
         finally:
             self.in_flight -= 1
             finish_trace(trace)
-            mode = trace.decision.value if trace.decision else ""
-            REQUESTS.labels(plan.model.name, mode, outcome, admitted.protocol).inc()
+            REQUESTS.labels(plan.model.name, trace.mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
             delivery.finish()
             if plan.idempotency_key and final is None:   # failed or cancelled: a retry runs anew

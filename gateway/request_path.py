@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import random
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,6 +76,11 @@ class RequestTrace:
     attempts: int = 0
     request_faults: int = 0
 
+    @property
+    def mode(self) -> str:
+        """The routing decision as a metric label; empty before the request was routed."""
+        return self.decision.value if self.decision is not None else ""
+
     def attempt_id(self, execution_id: str) -> str:
         """Each attempt's own id on the workers, so that a retry never meets the attempt it replaces."""
         return f"{execution_id}.{self.attempts}"
@@ -102,7 +107,7 @@ class RequestPath:
         self._router = router
         self._timeouts = timeouts
 
-    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncIterator[SampledToken]:
+    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncGenerator[SampledToken, None]:
         """The request's output tokens. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
         produced: list[int] = []
         avoid: set[str] = set()
@@ -135,10 +140,12 @@ class RequestPath:
             finally:
                 lease.release()
 
-    def _attempt(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
-        if route.colocated:
+    def _attempt(
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease
+    ) -> AsyncGenerator[SampledToken, None]:
+        if route.decode is None:
             return self._colocated(plan, route, produced, trace, lease)
-        return self._split(plan, route, produced, trace, lease)
+        return self._split(plan, route, route.decode, produced, trace, lease)
 
     def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
         """A decode worker that does not serve Generate: go back to the split, without counting a failure."""
@@ -166,13 +173,16 @@ class RequestPath:
             RETRIES.labels("prefill").inc()
             log.warning("request %s: retrying the prompt away from %s: %s", plan.request_id, names, failure)
 
-    async def _split(self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease):
+    async def _split(
+        self, plan: GenerationPlan, route: Route, decode: WorkerInfo, produced: list[int], trace: RequestTrace,
+        lease: Lease,
+    ) -> AsyncGenerator[SampledToken, None]:
         prompt = plan.prompt_token_ids + produced
         sampling = _worker_sampling(plan.sampling, produced)
         priority = _WORKER_PRIORITY[plan.priority]
         transfer_token = secrets.token_bytes(32)
         deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
-        decode_call = self._channels.stub(route.decode.address).Decode(
+        decode_call = self._channels.stub(decode.address).Decode(
             worker_pb2.DecodeRequest(
                 request_id=trace.attempt_id(plan.request_id), transfer_token=transfer_token, sampling=sampling,
                 prompt_tokens=len(prompt), priority=priority, cache_salt=plan.cache_salt,
@@ -182,7 +192,7 @@ class RequestPath:
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
                 request_id=trace.attempt_id(plan.request_id), prompt_token_ids=prompt, sampling=sampling,
-                decode_address=route.decode.address, transfer_token=transfer_token, priority=priority,
+                decode_address=decode.address, transfer_token=transfer_token, priority=priority,
                 cache_salt=plan.cache_salt,
             ),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
@@ -193,17 +203,17 @@ class RequestPath:
             message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.first_token_s)
             first = message.first_token
             lease.release(route.prefill.id)   # the prompt is done: it no longer weighs on the prefill worker
-            _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
+            prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
             yield SampledToken(first.token_id, first.finished, first.finished_by_eos)
             if first.finished:
                 return
-            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route))
-            _start_decode(trace, route.decode)
+            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
+            decode_record = _start_decode(trace, decode)
             while True:
-                event = await self._next_decode_event(decode_call, route, kv_task)
+                event = await self._next_decode_event(decode_call, route, decode, kv_task)
                 if event.finished:
-                    trace.decode.compute_ms += event.stats.compute_ms
-                    await self._account_kv(kv_task, trace)
+                    decode_record.compute_ms += event.stats.compute_ms
+                    await self._account_kv(kv_task, prefill_record, decode_record)
                 yield _sampled(event)
                 if event.finished:
                     return
@@ -215,8 +225,11 @@ class RequestPath:
             decode_call.cancel()
             prefill_call.cancel()
 
-    async def _next_decode_event(self, decode_call, route: Route, kv_task: asyncio.Task) -> worker_pb2.TokenEvent:
-        """The next decode token; fails when the KV hand-off failed before it or no token came in time."""
+    async def _next_decode_event(
+        self, decode_call, route: Route, decode: WorkerInfo, kv_task: asyncio.Task
+    ) -> worker_pb2.TokenEvent:
+        """The next decode token from `decode`; fails when the KV hand-off failed before it or no token came
+        in time."""
         read = asyncio.ensure_future(decode_call.read())
         try:
             while not read.done():
@@ -225,49 +238,51 @@ class RequestPath:
                     waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
-                    raise WorkerFailure(_timed_out(route.decode, "decode"), (route.decode,), dead=False)
-                if kv_task in done and kv_task.exception() is not None and not read.done():
-                    raise kv_task.exception()
+                    raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False)
+                if kv_task in done:
+                    kv_failure = kv_task.exception()
+                    if kv_failure is not None and not read.done():
+                        raise kv_failure
             message = read.result()
         except grpc.aio.AioRpcError as error:
-            raise _failure(error, (route.decode,), "decode") from None
+            raise _failure(error, (decode,), "decode") from None
         finally:
             read.cancel()
         if message is grpc.aio.EOF:
-            raise WorkerFailure(_ended_early(route), (route.decode,), dead=False)
+            raise WorkerFailure(_ended_early(route), (decode,), dead=False)
         WORKER_BYTES_RECEIVED.inc(message.ByteSize())
         return message
 
-    async def _kv_delivered(self, prefill_call, route: Route) -> worker_pb2.KvDelivered:
+    async def _kv_delivered(self, prefill_call, prefill: WorkerInfo, decode: WorkerInfo) -> worker_pb2.KvDelivered:
         """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
         be at fault (a dead decode worker makes the push fail): the request moves to another pair."""
         try:
-            message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.kv_delivery_s)
+            message = await self._read(prefill_call, prefill, "prefill", self._timeouts.kv_delivery_s)
         except WorkerFailure as failure:
-            raise WorkerFailure(failure.error, (route.prefill, route.decode), dead=False) from None
+            raise WorkerFailure(failure.error, (prefill, decode), dead=False) from None
         if not message.HasField("kv_delivered"):
             raise WorkerFailure(
-                GatewayError(ErrorKind.UNAVAILABLE, f"the prefill worker {route.prefill.id} sent no KV delivery"),
-                (route.prefill, route.decode), dead=False,
+                GatewayError(ErrorKind.UNAVAILABLE, f"the prefill worker {prefill.id} sent no KV delivery"),
+                (prefill, decode), dead=False,
             )
         delivered = message.kv_delivered
         KV_TRANSFER_BYTES.inc(delivered.kv_bytes)
         KV_TRANSFER_SECONDS.observe(delivered.transfer_ms / 1000)
         return delivered
 
-    async def _account_kv(self, kv_task: asyncio.Task, trace: RequestTrace) -> None:
+    async def _account_kv(self, kv_task: asyncio.Task, prefill: PhaseRecord, decode: PhaseRecord) -> None:
         """Every token is in: the KV cache arrived, so its delivery report only adds to usage."""
         try:
             delivered = await asyncio.wait_for(asyncio.shield(kv_task), self._timeouts.kv_delivery_s)
         except (WorkerFailure, TimeoutError) as error:
             log.warning("no KV delivery report after the stream ended: %s", error)
             return
-        trace.prefill.kv_bytes += delivered.kv_bytes
-        trace.decode.kv_bytes += delivered.kv_bytes
+        prefill.kv_bytes += delivered.kv_bytes
+        decode.kv_bytes += delivered.kv_bytes
 
     async def _colocated(
         self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease
-    ):
+    ) -> AsyncGenerator[SampledToken, None]:
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
                 request_id=trace.attempt_id(plan.request_id), prompt_token_ids=plan.prompt_token_ids + produced,
@@ -282,11 +297,11 @@ class RequestPath:
             first = await self._read(call, route.prefill, phase, self._timeouts.first_token_s)
             lease.prompt_done()
             _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
-            _start_decode(trace, route.prefill)
+            decode_record = _start_decode(trace, route.prefill)
             event = first
             while True:
                 if event.finished and event is not first:
-                    trace.decode.compute_ms += event.stats.compute_ms
+                    decode_record.compute_ms += event.stats.compute_ms
                 yield _sampled(event)
                 if event.finished:
                     return
@@ -338,18 +353,22 @@ def _last_of_budget(token: SampledToken) -> SampledToken:
     return dataclasses.replace(token, finished=True, finished_by_eos=False)
 
 
-def _record_prefill(trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int) -> None:
+def _record_prefill(
+    trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int
+) -> PhaseRecord:
     """The first prefill is the one billed; a prefill re-run after a failure only adds compute time."""
     if trace.prefill is None:
         trace.prefill = PhaseRecord(worker, started_at=started, finished_at=_now(), cached_tokens=cached)
     trace.prefill.compute_ms += compute_ms
+    return trace.prefill
 
 
-def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> None:
+def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> PhaseRecord:
     if trace.decode is None:
         trace.decode = PhaseRecord(worker, started_at=_now())
     else:
         trace.decode.worker = worker   # the stream moved: the last decode worker is the one on record
+    return trace.decode
 
 
 def finish_trace(trace: RequestTrace) -> None:

@@ -174,7 +174,7 @@ class Router:
     def _prompt_backlog(self, worker: WorkerInfo) -> int:
         """Prompt tokens the worker has still to compute: its report, or this gateway's count when that is
         higher (the report lags by up to 50 ms)."""
-        load = self._load(worker)
+        load = self._board.fresh_load(worker.id)
         reported = load.prompt_tokens_pending if load is not None else 0
         return max(reported, self._prompting[worker.id])
 
@@ -182,13 +182,13 @@ class Router:
         tokens = len(request.prompt_token_ids) + request.max_tokens
 
         def room(worker: WorkerInfo) -> bool:
-            load = self._load(worker)
+            load = self._board.fresh_load(worker.id)
             if load is None or not load.kv_blocks_total or not load.block_size:
                 return True   # no block accounting published: assume room
             return load.kv_blocks_free >= math.ceil(tokens / load.block_size)
 
         def free_blocks(worker: WorkerInfo) -> int:
-            load = self._load(worker)
+            load = self._board.fresh_load(worker.id)
             return load.kv_blocks_free if load is not None else 0
 
         with_room = [w for w in workers if room(w)] or workers
@@ -197,7 +197,7 @@ class Router:
     def _pending(self, worker: WorkerInfo) -> int:
         """Requests on the worker: its own report, or this gateway's count when that is higher (the
         report lags by up to 50 ms)."""
-        load = self._load(worker)
+        load = self._board.fresh_load(worker.id)
         reported = 0
         if load is not None:
             reported = load.queue_depth + (load.active_sequences if worker.role != "prefill" else 0)
@@ -207,7 +207,7 @@ class Router:
         """Prompt tokens the worker holds for the request's organization: its published blocks that match
         the prompt's leading blocks, named under the request's cache salt as the worker names them."""
         live = self._board.get(worker.id)
-        if live is None or not live.cached_blocks or not live.load.block_size:
+        if live is None or live.load is None or not live.cached_blocks or not live.load.block_size:
             return 0
         block_size = live.load.block_size
         if block_size not in chains:
@@ -218,10 +218,6 @@ class Router:
                 break
             matched += block_size
         return matched
-
-    def _load(self, worker: WorkerInfo):
-        live = self._board.get(worker.id)
-        return live.load if live is not None and live.fresh else None
 
     def _candidates(self, model: str, role: str, avoid: frozenset[str]) -> list[WorkerInfo]:
         """Usable workers of the role, best tier first: same region, other regions, then workers that
@@ -240,7 +236,8 @@ class Router:
 
 
 def _usable(live: LiveLoad | None) -> bool:
-    return live is not None and live.fresh and not live.load.draining
+    load = live.fresh_load if live is not None else None
+    return load is not None and not load.draining
 
 
 def _unreported(live: LiveLoad | None) -> bool:

@@ -132,23 +132,31 @@ TEMPLATES = [
     },
 ]
 
-DATABASES: dict[str, Mapping[str, object]]
-if EMBEDDED:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": _private_sqlite_database(STATE_DIR / "controlplane.sqlite3"),
-            # Gateway, workers and Celery write concurrently: WAL plus immediate transactions turn
-            # "database is locked" failures into short waits.
-            "OPTIONS": {
-                "timeout": 20,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL;",
-            },
-        }
-    }
-else:
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+# Gateway, workers and Celery write concurrently: WAL plus immediate transactions turn "database is
+# locked" failures into short waits. A deferred transaction that reads and then writes (an idempotency
+# claim) fails at once, without waiting, when another connection wrote in between.
+SQLITE_OPTIONS: Mapping[str, object] = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL;",
+}
+
+
+def database_settings(database_url: str) -> dj_database_url.DBConfig:
+    """The default database: DATABASE_URL's, else the embedded SQLite file in the state directory. Every
+    SQLite database gets SQLITE_OPTIONS, under the options a `sqlite:///` URL names itself."""
+    if database_url:
+        database = dj_database_url.parse(database_url, conn_max_age=60)
+    else:
+        database = dj_database_url.DBConfig(
+            ENGINE="django.db.backends.sqlite3", NAME=str(_private_sqlite_database(STATE_DIR / "controlplane.sqlite3"))
+        )
+    if database.get("ENGINE") == "django.db.backends.sqlite3":
+        database["OPTIONS"] = {**SQLITE_OPTIONS, **database.get("OPTIONS", {})}
+    return database
+
+
+DATABASES: dict[str, dj_database_url.DBConfig] = {"default": database_settings(os.environ.get("DATABASE_URL", ""))}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
