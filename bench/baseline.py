@@ -23,7 +23,8 @@ class _StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        # StoppingCriteria declares the legacy torch.BoolTensor, which no tensor operation is typed to return.
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
 
 
 class StaticBatchGenerate:
@@ -63,7 +64,7 @@ class StaticBatchGenerate:
                 token_ids=output[row, width:width + request.output_tokens].tolist(),
                 prompt_tokens=len(request.prompt_token_ids), shares_prefix=request.shares_prefix,
             )
-            for row, (request, sent) in enumerate(zip(requests, sent_at))
+            for row, (request, sent) in enumerate(zip(requests, sent_at, strict=True))
         ]
 
     def replay_closed_loop(self, requests: list[BenchRequest], concurrency: int) -> list[RequestResult]:

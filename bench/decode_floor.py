@@ -13,6 +13,7 @@ from a data sheet.
 import argparse
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -20,6 +21,7 @@ from bench.step_costs import median_ms
 from workers.decode_graphs import DecodeGraphSpec
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner, StepInput
+from workers.models.families import ServedModel
 
 BLOCK_SIZE = 16
 
@@ -44,7 +46,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, repeats: in
     return 2 * size**3 / (_median_ms(lambda: a @ b, repeats, device) / 1000)
 
 
-def weights_read_per_step(model: torch.nn.Module) -> list[torch.Tensor]:
+def weights_read_per_step(model: ServedModel) -> list[torch.Tensor]:
     """The decoder layers, the final norm and the LM head; of the embedding, a step reads only its rows."""
     read = {id(p): p for p in [*model.model.layers.parameters(), *model.model.norm.parameters(), model.lm_head.weight]}
     return list(read.values())
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"loading {args.model}", file=sys.stderr, flush=True)
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = load_model(args.model, f"builtin:{args.model}", dtype=dtype).model.to(device)
+    model = load_model(args.model, f"builtin:{args.model}", dtype=dtype).model
+    # PreTrainedModel.to is functools.wraps(nn.Module.to), which typeshed types as a callable that binds no self.
+    model.to(device)  # type: ignore[arg-type]
     blocks_per_sequence = args.context // BLOCK_SIZE + 1
     if cuda:
         print("capturing decode graphs", file=sys.stderr, flush=True)
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         matmul_rate=matmul_rate(device, dtype, 8192 if cuda else 2048, args.repeats),
     )
 
-    print(f"{args.model} on {device}{'' if cuda else f' ({args.threads} threads)'}, {str(dtype).removeprefix('torch.')}; "
+    threads = "" if cuda else f" ({args.threads} threads)"
+    print(f"{args.model} on {device}{threads}, {str(dtype).removeprefix('torch.')}; "
           f"weights read per step {floor.weight_bytes / 1e6:.0f} MB; copy bandwidth {floor.bandwidth / 1e9:.1f} GB/s; "
           f"matmul {floor.matmul_rate / 1e12:.2f} TFLOP/s")
     print(f"{'batch':>5} {'context':>7} {'eager ms':>9} {'graphs ms':>9} {'floor ms':>9} {'bound':>7} "
@@ -119,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         inputs = decode_inputs(batch, args.context)
         floor_ms, bound = floor.ms(batch, args.context)
         runner.decode_graphs = None
-        eager = _median_ms(lambda: runner.execute(inputs), args.repeats, device)
+        eager = _median_ms(partial(runner.execute, inputs), args.repeats, device)
         line = f"{batch:>5} {args.context:>7} {eager:>9.2f} "
         if graphs is None:
             line += f"{'-':>9} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x {'-':>12} {'-':>14}"
         else:
             runner.decode_graphs = graphs
-            replayed = _median_ms(lambda: runner.execute(inputs), args.repeats, device)
+            replayed = _median_ms(partial(runner.execute, inputs), args.repeats, device)
             line += (f"{replayed:>9.2f} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x "
                      f"{replayed / floor_ms:>11.2f}x {eager / replayed:>13.2f}x")
         print(line, flush=True)

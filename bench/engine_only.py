@@ -48,7 +48,7 @@ async def _run(args, loaded) -> None:
         rates = []
         for repeat in range(args.repeats):
             steps: list[tuple[int, float]] = []
-            engine.on_step = lambda tokens, step_ms: steps.append((tokens, step_ms))
+            engine.on_step = lambda tokens, step_ms, steps=steps: steps.append((tokens, step_ms))
             started = time.perf_counter()
             tokens = await _closed_loop(engine, closed_loop_requests(profile, repeat), profile.concurrency)
             elapsed = time.perf_counter() - started

@@ -50,7 +50,7 @@ class Divergence:
 
 def first_difference(expected: list[int], actual: list[int]) -> int | None:
     """The first index where the two lists differ (a shorter list differs where it ends), else None."""
-    for index, (a, b) in enumerate(zip(expected, actual)):
+    for index, (a, b) in enumerate(zip(expected, actual, strict=False)):
         if a != b:
             return index
     return None if len(expected) == len(actual) else min(len(expected), len(actual))
@@ -87,7 +87,7 @@ async def run_streams(engine: Engine, streams: list[Stream], output_tokens: int,
         temperature=0.0, max_tokens=output_tokens, ignore_eos=True, tokens_already_generated=already
     )
     handles = [engine.add(EngineRequest(request_id, result.prompt, params)) for request_id, result in by_id.items()]
-    for handle, result in zip(handles, results):
+    for handle, result in zip(handles, results, strict=True):
         while True:
             output = await handle.outputs.get()
             if isinstance(output, Exception):
@@ -111,7 +111,7 @@ async def with_fresh_engine(loaded: LoadedModel, config: EngineConfig, work):
 
 def migrate_and_compare(undisturbed: list[Stream], migrated: list[Stream], cut: int) -> list[Divergence]:
     divergences = []
-    for index, (whole, rest) in enumerate(zip(undisturbed, migrated)):
+    for index, (whole, rest) in enumerate(zip(undisturbed, migrated, strict=True)):
         offset = first_difference(whole.tokens[cut:], rest.tokens)
         if offset is None:
             continue
@@ -130,7 +130,7 @@ def largest_drift(undisturbed: list[Stream], migrated: list[Stream], cut: int) -
     """The largest difference between the undisturbed and the migrated logit of the token both chose:
     the numerical noise a migration adds, which flips a greedy choice only where the top two are closer."""
     drift = 0.0
-    for whole, rest in zip(undisturbed, migrated):
+    for whole, rest in zip(undisturbed, migrated, strict=True):
         same = first_difference(whole.tokens[cut:], rest.tokens)
         for at in range(cut, cut + (len(rest.tokens) if same is None else same)):
             drift = max(drift, abs(whole.top[at][0][0] - rest.top[at][0][0]))
@@ -144,7 +144,9 @@ def reference_differences(loaded: LoadedModel, streams: list[Stream], output_tok
     for index, stream in enumerate(streams):
         ids = torch.tensor([stream.prompt])
         with torch.inference_mode():
-            out = loaded.model.generate(
+            # transformers' self type for generate (GenerativePreTrainedModel) declares device and dtype settable,
+            # which its models' read-only properties are not.
+            out = loaded.model.generate(  # type: ignore[misc]
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_tokens,
                 min_new_tokens=output_tokens, do_sample=False, pad_token_id=2,
             )
@@ -179,7 +181,8 @@ async def _run(args, loaded: LoadedModel) -> None:
     streams = [Stream(p) for p in make_prompts(args.streams, args.prompt_min, args.prompt_max, vocab_size, args.seed)]
     started = time.perf_counter()
     undisturbed = await with_fresh_engine(loaded, config, lambda e: run_streams(e, streams, args.output_tokens))
-    print(f"  undisturbed: {len(streams)} streams in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    print(f"  undisturbed: {len(streams)} streams in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr, flush=True)
     cuts = sorted({min(args.output_tokens - 1, max(1, round(f * args.output_tokens))) for f in args.cuts})
     lengths = [len(s.prompt) for s in streams]
     print(f"{args.model}: {len(streams)} greedy streams, prompts of {min(lengths)}-{max(lengths)} tokens, "
@@ -222,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the comparison with transformers generate")
     args = parser.parse_args(argv)
     if not 1 <= args.prompt_min <= args.prompt_max:
-        parser.error(f"--prompt-min ({args.prompt_min}) must be at least 1 and at most --prompt-max ({args.prompt_max})")
+        parser.error(
+            f"--prompt-min ({args.prompt_min}) must be at least 1 and at most --prompt-max ({args.prompt_max})"
+        )
     if args.output_tokens < 2 or args.streams < 1:
         parser.error("--output-tokens must be at least 2 (a cut needs tokens on both sides) and --streams at least 1")
     if not all(0.0 < f < 1.0 for f in args.cuts):

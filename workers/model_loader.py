@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedConfig
 
 from diptych_common.builtin import BuiltinModel, builtin_model_for
-from workers.models.families import UnsupportedModelError, family_for
+from workers.models.families import ModelFamily, ServedModel, UnsupportedModelError, family_for
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class LoadedModel:
     name: str
-    model: torch.nn.Module
+    model: ServedModel
     tokenizer: object
     eos_token_ids: frozenset[int]
     context_length: int
@@ -33,19 +33,22 @@ def build_builtin_model(builtin: BuiltinModel, dtype: torch.dtype = torch.float3
         model = LlamaForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    return model.to(dtype)
+    # PreTrainedModel.to is functools.wraps(nn.Module.to), which typeshed types as a callable that binds no self.
+    return model.to(dtype)  # type: ignore[arg-type]
 
 
 def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     started = time.monotonic()
     log.info("loading model %s from %s", name, source)
     builtin = builtin_model_for(source)
+    model: ServedModel
     if builtin is not None:
         model = build_builtin_model(builtin, dtype)
         tokenizer = AutoTokenizer.from_pretrained(builtin.tokenizer_dir)
     else:
         path = Path(source)
-        model = AutoModelForCausalLM.from_pretrained(path, config=_supported_config(path), dtype=dtype)
+        family, config = _supported_family(path)
+        model = family.causal_lm.from_pretrained(path, config=config, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     eos = model.generation_config.eos_token_id
@@ -66,9 +69,9 @@ def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> Lo
     )
 
 
-def _supported_config(path: Path):
-    """The config of a model directory whose family the runner serves; raises UnsupportedModelError (naming
-    what is supported) for any other, having read nothing but config.json."""
+def _supported_family(path: Path) -> tuple[ModelFamily, PreTrainedConfig]:
+    """The family and config of a model directory whose family the runner serves; raises
+    UnsupportedModelError (naming what is supported) for any other, having read nothing but config.json."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
@@ -83,12 +86,13 @@ def _supported_config(path: Path):
         raise UnsupportedModelError(f"cannot serve {path}: {error}") from None
     except ValueError as error:  # JSON or transformers refusing the config
         raise ValueError(f"cannot serve {path}: its config.json does not load: {error}") from None
-    return config
+    return family, config
 
 
 def save_builtin_model(name: str, directory: Path) -> None:
     """Writes a built-in model as a standard Hugging Face model directory."""
     builtin = builtin_model_for(f"builtin:{name}")
+    assert builtin is not None  # a builtin: source names a built-in model or raises
     model = build_builtin_model(builtin)
     model.generation_config.do_sample = False
     model.save_pretrained(directory)

@@ -17,6 +17,7 @@ on CUDA) write there.
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from workers.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
 from workers.models.attention import (
@@ -61,7 +62,7 @@ class KvLayout:
         return self.block_size * self.token_nbytes
 
 
-def kv_layout_of(config, block_size: int, dtype: torch.dtype) -> KvLayout:
+def kv_layout_of(config: PreTrainedConfig, block_size: int, dtype: torch.dtype) -> KvLayout:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     return KvLayout(config.num_hidden_layers, kv_heads, head_dim, block_size, dtype)
@@ -69,7 +70,7 @@ def kv_layout_of(config, block_size: int, dtype: torch.dtype) -> KvLayout:
 
 class ModelRunner:
     def __init__(
-        self, model: torch.nn.Module, num_blocks: int, block_size: int, device: str = "cpu",
+        self, model: PreTrainedModel, num_blocks: int, block_size: int, device: str = "cpu",
         decode_graphs: DecodeGraphSpec | None = None,
     ) -> None:
         """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
@@ -86,7 +87,7 @@ class ModelRunner:
             lay.num_layers, 2, num_blocks + 1, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
         self._gather_buffers = GatherBuffers(self.kv.shape[3:], dtype, self.device)
-        self.decode_group_cost = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
+        self.decode_group_cost: float = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
         self.decode_graphs = None  # the DecodeGraphs that run the steps they cover, when the spec asks for them
         if decode_graphs is not None and (self.device.type == "cuda" or not decode_graphs.capture):
             self.decode_graphs = DecodeGraphs(self, decode_graphs)
@@ -173,7 +174,7 @@ class ModelRunner:
                 runs.append((block_ids[start], block_ids[index - 1] + 1))
                 start = index
         return [
-            memoryview(self.kv[layer, kind, first:end].numpy()).cast("B")
+            self.kv[layer, kind, first:end].numpy().data.cast("B")
             for layer in range(self.layout.num_layers) for kind in (0, 1) for first, end in runs
         ]
 

@@ -8,11 +8,13 @@ its own modules, so each family's conventions hold as-is) and its linear layers 
 and values to the `attention` callable the runner passes, which stores them and attends.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from workers.models.attention import Window
 from workers.projections import Projection
@@ -80,9 +82,47 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def pre_norm_decoder(model: torch.nn.Module, windows: list[Window], qk_norm: bool) -> Decoder:
-    """The decoder of a Llama-shaped causal LM (`model.model.layers[i].self_attn.{q,k,v,o}_proj`,
-    `.mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`), one window per layer."""
+class _Attention(Protocol):
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+    q_norm: nn.Module  # q_norm and k_norm: only in the families whose qk_norm is set (read only there)
+    k_norm: nn.Module
+    head_dim: int
+    scaling: float
+
+
+class _Mlp(Protocol):
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+
+class _Layer(Protocol):
+    input_layernorm: nn.Module
+    self_attn: _Attention
+    post_attention_layernorm: nn.Module
+    mlp: _Mlp
+
+
+class _Base(Protocol):
+    embed_tokens: nn.Embedding
+    rotary_emb: nn.Module
+    layers: Sequence[_Layer]
+    norm: nn.Module
+
+
+class PreNormCausalLM(Protocol):
+    """The modules of a Llama-shaped `transformers` causal LM that `pre_norm_decoder` takes."""
+
+    model: _Base
+    lm_head: nn.Linear
+
+
+def pre_norm_decoder(model: PreNormCausalLM, windows: list[Window], qk_norm: bool) -> Decoder:
+    """The decoder of a Llama-shaped causal LM, one window per layer."""
     base = model.model
     layers = []
     for index, (layer, window) in enumerate(zip(base.layers, windows, strict=True)):

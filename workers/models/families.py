@@ -14,7 +14,15 @@ none of which this decoder does.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from transformers import (
+    GemmaForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 from workers.models.attention import Window
 from workers.models.decoder import Decoder, pre_norm_decoder
@@ -24,55 +32,66 @@ class UnsupportedModelError(ValueError):
     """A model the runner cannot serve exactly; raised at load, before its weights are read."""
 
 
-def _no_window(config) -> list[Window]:
+# A model of a supported family, as `transformers` builds it.
+ServedModel = LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM | GemmaForCausalLM
+
+
+def _no_window(config: PreTrainedConfig) -> list[Window]:
     return [None] * config.num_hidden_layers
 
 
-def _window_on_every_layer(config) -> list[Window]:
+def _window_on_every_layer(config: PreTrainedConfig) -> list[Window]:
     """Mistral: `sliding_window` (None: no window) on every layer."""
     return [config.sliding_window] * config.num_hidden_layers
 
 
-def _window_by_layer_type(config) -> list[Window]:
+def _window_by_layer_type(config: PreTrainedConfig) -> list[Window]:
     """Qwen2, Qwen3: `sliding_window` on the layers `layer_types` marks sliding (none unless the config sets
     `use_sliding_window`, in which case the layers from `max_window_layers` on)."""
     return [config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types]
 
 
-def _gemma_refusal(config) -> str | None:
+def _gemma_refusal(config: PreTrainedConfig) -> str | None:
     if getattr(config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention makes it attend to later tokens; only causal decoding is served"
     return None
 
 
-def _no_refusal(config) -> str | None:
+def _no_refusal(config: PreTrainedConfig) -> str | None:
     return None
 
 
 @dataclass(frozen=True)
 class ModelFamily:
-    architecture: str
+    causal_lm: type[ServedModel]  # the class config.json's `architectures` names
     model_type: str
-    windows: Callable[[object], list[Window]]  # per layer, from the config
+    windows: Callable[[PreTrainedConfig], list[Window]]  # per layer, from the config
     qk_norm: bool = False
-    refusal: Callable[[object], str | None] = _no_refusal
+    refusal: Callable[[PreTrainedConfig], str | None] = _no_refusal
 
-    def check(self, config) -> None:
+    @property
+    def architecture(self) -> str:
+        return self.causal_lm.__name__
+
+    def check(self, config: PreTrainedConfig) -> None:
         """Raises UnsupportedModelError for a config this family's decoder would not compute exactly."""
         reason = _rope_refusal(config) or self.refusal(config)
         if reason:
             raise UnsupportedModelError(f"{self.architecture} with this config is not supported: {reason}")
 
-    def decoder(self, model: torch.nn.Module) -> Decoder:
+    def decoder(self, model: PreTrainedModel) -> Decoder:
+        if not isinstance(model, self.causal_lm):  # a class of the same name from elsewhere
+            raise UnsupportedModelError(f"{type(model).__module__}.{type(model).__qualname__} is not "
+                                        f"transformers' {self.architecture}")
         return pre_norm_decoder(model, self.windows(model.config), self.qk_norm)
 
 
 FAMILIES = {family.model_type: family for family in (
-    ModelFamily("LlamaForCausalLM", "llama", _no_window),
-    ModelFamily("MistralForCausalLM", "mistral", _window_on_every_layer),
-    ModelFamily("Qwen2ForCausalLM", "qwen2", _window_by_layer_type),
-    ModelFamily("Qwen3ForCausalLM", "qwen3", _window_by_layer_type, qk_norm=True),
-    ModelFamily("GemmaForCausalLM", "gemma", _no_window, refusal=_gemma_refusal),
+    ModelFamily(LlamaForCausalLM, "llama", _no_window),
+    ModelFamily(MistralForCausalLM, "mistral", _window_on_every_layer),
+    ModelFamily(Qwen2ForCausalLM, "qwen2", _window_by_layer_type),
+    ModelFamily(Qwen3ForCausalLM, "qwen3", _window_by_layer_type, qk_norm=True),
+    ModelFamily(GemmaForCausalLM, "gemma", _no_window, refusal=_gemma_refusal),
 )}
 
 SUPPORTED = ", ".join(f"{family.architecture} ({family.model_type})" for family in FAMILIES.values())
@@ -81,7 +100,7 @@ SUPPORTED = ", ".join(f"{family.architecture} ({family.model_type})" for family 
 def family_for(model_type: str | None, architectures: list[str] | None) -> ModelFamily:
     """The family of a model_type whose architectures (if named) are all its causal-LM class; raises
     UnsupportedModelError naming what is supported otherwise."""
-    family = FAMILIES.get(model_type)
+    family = None if model_type is None else FAMILIES.get(model_type)
     others = [name for name in architectures or [] if family is None or name != family.architecture]
     if family is None or others:
         what = f"architecture {others[0]}" if others else "a model"
@@ -89,7 +108,7 @@ def family_for(model_type: str | None, architectures: list[str] | None) -> Model
     return family
 
 
-def decoder_of(model: torch.nn.Module) -> Decoder:
+def decoder_of(model: PreTrainedModel) -> Decoder:
     """The decoder of a loaded model of a supported family; raises UnsupportedModelError otherwise."""
     family = family_for(model.config.model_type, [type(model).__name__])
     family.check(model.config)
@@ -101,7 +120,7 @@ def decoder_of(model: torch.nn.Module) -> Decoder:
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
-def _rope_refusal(config) -> str | None:
+def _rope_refusal(config: PreTrainedConfig) -> str | None:
     parameters = getattr(config, "rope_parameters", None) or {}
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if isinstance(rope_type, str) and any(kind in rope_type for kind in _LENGTH_DEPENDENT_ROPE):
