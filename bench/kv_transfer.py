@@ -13,10 +13,11 @@ Paths, run in interleaved rounds so that every one sees the same machine load:
 After the rounds, for comparison:
   raw, hot     raw, alone repeated back to back: the same buffer every time, partly still in the CPU's
                caches, which no path sees in the rounds (each round's other transfers evict it)
-  grpc stream  the previous hand-off: a client-streaming gRPC call of 1 MiB messages
+  grpc stream  the previous hand-off's transport: a client-streaming gRPC call of 1 MiB messages
 The receiving side runs in another process, as on a decode worker. Each figure is the median of the
 repeats, from the first byte (the first staged chunk) to the sender holding the receiver's acknowledgement
-that the whole cache arrived and checked out. The KV layout is a 12-layer model with 4 KV heads of 64 (the 100M built-in model's shape).
+that the whole cache arrived and checked out. The KV layout is a 12-layer model with 4 KV heads of 64 (the
+100M built-in model's shape).
 """
 
 import argparse
@@ -39,13 +40,16 @@ import xxhash
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
-from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
-from workers.kv_transfer import SOCKET_BUFFER_BYTES, KvInbox, KvReceiver, KvSender, Peer  # noqa: E402
+from workers.kv_connector.base import KvTransferParams, Peer  # noqa: E402
+from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
+from workers.kv_connector.sender import KvSender  # noqa: E402
+from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402
 from workers.model_runner import KvLayout, ModelRunner  # noqa: E402
 
 LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)
 CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged
 GRPC_MESSAGE = 1 << 20
+GRPC_PUSH = "/bench.KvStream/Push"  # raw bytes both ways: no message types needed
 TINY_LAYOUT = KvLayout(num_layers=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)  # diptych-tiny
 OVERLAP_PROMPT_TOKENS = 2048
 
@@ -109,7 +113,8 @@ class RawAlone:
 
 def receiver_process(ready, max_bytes: int, requests: int) -> None:
     """Serves the receiving end of the workers'
-    data port (expecting requests bench-0.. with token b"token"), and a gRPC PushKv server."""
+    data port (expecting requests bench-0.. with token b"token"), and a gRPC server that takes a stream
+    of 1 MiB messages (the previous hand-off's transport)."""
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the finally below removes the probe file
     inbox = KvInbox()
@@ -130,7 +135,8 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
     async def serve_grpc():
         options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         server = grpc.aio.server(options=options)
-        worker_pb2_grpc.add_WorkerServicer_to_server(_PushKvServicer(), server)
+        push = grpc.stream_unary_rpc_method_handler(_push)  # no (de)serializers: messages are bytes
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.KvStream", {"Push": push})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         ready.send((receiver.port, port, tiny_receiver.port))
@@ -143,15 +149,10 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
         tiny_receiver.close()
 
 
-class _PushKvServicer(worker_pb2_grpc.WorkerServicer):
-    async def PushKv(self, request_iterator, context):
-        parts, total = [], 0
-        async for chunk in request_iterator:
-            if chunk.HasField("tensor"):
-                parts.append(chunk.tensor.data)
-                total += len(chunk.tensor.data)
-        np.frombuffer(b"".join(parts), dtype=np.uint8)  # the cache assembled on the receiving side
-        return worker_pb2.KvAck(bytes_received=total)
+async def _push(request_iterator, context) -> bytes:
+    parts = [part async for part in request_iterator]
+    np.frombuffer(b"".join(parts), dtype=np.uint8)  # the cache assembled on the receiving side
+    return struct.pack("<Q", sum(len(part) for part in parts))
 
 
 # ---- the sending side -----------------------------------------------------------------------------
@@ -235,19 +236,17 @@ async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
     data = np.ones(nbytes, dtype=np.uint8).tobytes()
     times = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        stub = worker_pb2_grpc.WorkerStub(channel)
+        push = channel.stream_unary(GRPC_PUSH)
 
         def chunks():
-            yield worker_pb2.KvChunk(header=worker_pb2.KvHeader(request_id="bench"))
             for start in range(0, nbytes, GRPC_MESSAGE):
-                yield worker_pb2.KvChunk(tensor=worker_pb2.KvTensor(data=data[start:start + GRPC_MESSAGE]))
-            yield worker_pb2.KvChunk(trailer=worker_pb2.KvTrailer(crc32=0))
+                yield data[start:start + GRPC_MESSAGE]
 
         for _ in range(repeats + 1):
             started = time.perf_counter()
-            ack = await stub.PushKv(chunks())
+            ack = await push(chunks())
             times.append(time.perf_counter() - started)
-            assert ack.bytes_received == nbytes
+            assert struct.unpack("<Q", ack)[0] == nbytes
     return times[1:]
 
 
@@ -272,6 +271,7 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
 
     from diptych_common.builtin import DIPTYCH_TINY
     from workers.engine import Engine, EngineConfig
+    from workers.kv_connector.prefill import PrefillConnector
     from workers.model_loader import build_builtin_model
     from workers.request import EngineRequest
     from workers.sampling import SamplingParams, StopCriteria
@@ -279,26 +279,25 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
     model = build_builtin_model(DIPTYCH_TINY).eval()
     config = EngineConfig(block_size=LAYOUT.block_size, token_budget=token_budget)
     runner = ModelRunner(model, prompt_tokens // config.block_size + 2, config.block_size)
-    with ThreadPoolExecutor(max_workers=1) as forward, ThreadPoolExecutor(max_workers=1) as transfers:
+    with ThreadPoolExecutor(max_workers=1) as forward:
         engine = Engine(runner, config, StopCriteria(frozenset(), 1 << 20), forward)
+        connector = PrefillConnector(KvSender(runner.layout))
+        engine.attach_connector(connector)
         loop_task = asyncio.create_task(engine.run())
-        sender = KvSender(runner.layout)
         prompt = [(7 * i) % 500 + 3 for i in range(prompt_tokens)]
-        outgoing = sender.open("overlap-0", b"token", prompt, Peer("127.0.0.1", data_port, False))
-        sending = asyncio.get_running_loop().run_in_executor(transfers, outgoing.send)
-        await asyncio.sleep(0.05)
+        transfer = KvTransferParams(send_to=Peer("127.0.0.1", data_port, False), transfer_token=b"token")
         started = time.perf_counter()
-        handle = engine.add(EngineRequest(
-            "overlap-0", prompt, SamplingParams(temperature=0.0, max_tokens=1), prefill_only=True, kv_stage=outgoing
+        handle = engine.add(EngineRequest(  # its transfer connects at once, while the prompt computes
+            "overlap-0", prompt, SamplingParams(temperature=0.0, max_tokens=2), prefill_only=True,
+            kv_transfer=transfer,
         ))
-        first = await handle.outputs.get()
+        await handle.outputs.get()
         first_token_at = time.perf_counter()
-        outgoing.finish(first.token_id)
-        nbytes = await sending
+        sent = await asyncio.wrap_future(handle.kv_sent)
         delivered_at = time.perf_counter()
         loop_task.cancel()
-        sender.close()
-    return first_token_at - started, delivered_at - first_token_at, nbytes
+        connector.close()
+    return first_token_at - started, delivered_at - first_token_at, sent.nbytes
 
 
 def median_rate(nbytes: int, times: list[float]) -> float:
@@ -335,8 +334,8 @@ def main() -> None:
             nbytes = num_blocks * LAYOUT.block_nbytes
             progress(f"{nbytes / 1e6:.1f} MB ({num_blocks} blocks of {LAYOUT.block_size} tokens):")
             raw, alone = RawSocket(raw_port, nbytes), RawAlone(context, raw_port, nbytes)
-            runs = {"raw socket": raw.run, "tcp path": lambda: path.transfer(num_blocks, False),
-                    "shm path": lambda: path.transfer(num_blocks, True), "raw, alone": alone.run}
+            runs = {"raw socket": raw.run, "tcp path": lambda blocks=num_blocks: path.transfer(blocks, False),
+                    "shm path": lambda blocks=num_blocks: path.transfer(blocks, True), "raw, alone": alone.run}
             times = {name: [] for name in runs}
             for repeat in range(args.repeats + 1):  # interleaved, so every path sees the same machine load
                 progress(f"  round {repeat + 1} of {args.repeats + 1}" + (" (warm-up)" if repeat == 0 else ""))
@@ -354,7 +353,9 @@ def main() -> None:
             figures["grpc stream"] = median_rate(nbytes, asyncio.run(grpc_stream(grpc_port, nbytes, args.repeats)))
             rows.append((nbytes, figures))
         progress("overlap: a chunked prefill streaming its KV as it computes ...")
-        prefill_s, tail_s, overlap_bytes = asyncio.run(overlap(tiny_port, prompt_tokens=OVERLAP_PROMPT_TOKENS, token_budget=256))
+        prefill_s, tail_s, overlap_bytes = asyncio.run(
+            overlap(tiny_port, prompt_tokens=OVERLAP_PROMPT_TOKENS, token_budget=256)
+        )
     finally:
         path.close()
         for process in (receiver, raw_receiver):

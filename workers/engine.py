@@ -1,19 +1,20 @@
 """The engine loop: schedule a step, run it on the model runner, sample, hand out tokens, repeat.
 
 One engine serves every role. A prefill worker's requests are `prefill_only` (they stop after the first
-token, their KV is staged for transfer as it is computed); a decode worker's requests start from
-imported KV; a colocated request runs both phases here.
+token) and its KV connector streams their KV out as it is computed; a decode worker's connector loads
+the KV its requests received; a colocated request runs both phases here, with no connector.
 """
 
 import asyncio
 import logging
 import time
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from workers.kv_cache_manager import KVCacheManager
+from workers.kv_connector.base import KvConnector, KvSent
 from workers.model_runner import ModelRunner, StepInput
-from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
+from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
 from workers.sampling import StopCriteria, finite_rows, sample
 from workers.scheduler import Scheduler, SchedulerOutput
 
@@ -53,11 +54,39 @@ class TokenOutput:
 
 @dataclass
 class RequestHandle:
-    """The caller's side of a request: tokens (or one exception) arrive on `outputs`."""
+    """The caller's side of a request: tokens (or one exception) arrive on `outputs`; when the connector
+    sends its KV, the transfer's outcome arrives on `kv_sent` (KvSent, or a KvTransferError)."""
 
     request: EngineRequest
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     compute_ms: float = 0.0
+    kv_sent: Future[KvSent] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine holds and has done, at one moment: the worker's load reports derive from it."""
+
+    running: int
+    waiting_interactive: int
+    waiting_batch: int
+    prompt_tokens_pending: int  # of queued and running requests: the prefill work ahead
+    kv_blocks_total: int
+    kv_blocks_free: int
+    block_size: int
+    prefix_cache_version: int  # grows whenever the set of named blocks changes
+    prefix_cache_hashes: tuple[int, ...]
+    prefix_cache_hit_tokens: int
+    prefix_cache_queried_tokens: int
+    tokens_generated: int
+    prompt_tokens_computed: int
+    steps: int
+    kv_bytes_sent: int
+    kv_bytes_received: int
+
+    @property
+    def waiting(self) -> int:
+        return self.waiting_interactive + self.waiting_batch
 
 
 class Engine:
@@ -65,6 +94,7 @@ class Engine:
         num_blocks = runner.num_blocks  # the runner's pool, sized by workers.main.build_engine
         self.runner = runner
         self.config = config
+        self.connector: KvConnector | None = None  # KV that crosses workers: see attach_connector
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running)
         self._stop = stop
@@ -72,7 +102,6 @@ class Engine:
         self._handles: dict[str, RequestHandle] = {}
         self._wakeup = asyncio.Event()
         self._load_watchers: set[asyncio.Event] = set()
-        self._leaving_stages: list = []  # KV stages of requests that left since the last step
         self.tokens_generated = 0
         self.prompt_tokens_computed = 0
         self.steps_run = 0
@@ -80,9 +109,19 @@ class Engine:
         # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks)
         self.on_logits = None
 
+    def attach_connector(self, connector: KvConnector) -> None:
+        """Gives the engine its KV connector, before its first request (the connector is built for the
+        runner's KV layout and pool, which are known once the engine is)."""
+        if self._handles or self.steps_run:
+            raise RuntimeError("attach the KV connector before the engine takes its first request")
+        self.connector = connector
+        self.scheduler.connector = connector
+
     # ---- requests -------------------------------------------------------------------------------
 
     def add(self, request: EngineRequest) -> RequestHandle:
+        """Queues a request. Raises RequestRejected when it can never be served as given (and the
+        connector's KvTransferError when the KV it should load is not there)."""
         if request.request_id in self._handles:
             raise RequestRejected(f"request {request.request_id} is already running on this worker")
         if not request.prompt_token_ids:
@@ -97,6 +136,8 @@ class Engine:
         if (unknown := self._unknown_token(request)) is not None:
             handle.outputs.put_nowait(RequestFailed(unknown))  # it would fail its whole batch's forward pass
             return handle
+        if self.connector is not None:
+            handle.kv_sent = self.connector.add_request(request)
         self._handles[request.request_id] = handle
         self.scheduler.add(request)
         self._changed()
@@ -120,16 +161,27 @@ class Engine:
             handle.request.aborted = True
             self._wakeup.set()
 
-    @property
-    def num_active(self) -> int:
-        return len(self.scheduler.running)
-
-    def waiting(self, priority: int) -> int:
-        return self.scheduler.waiting_count(priority)
-
-    @property
-    def num_waiting(self) -> int:
-        return self.waiting(INTERACTIVE) + self.waiting(BATCH)
+    def stats(self) -> EngineStats:
+        kv, scheduler = self.kv, self.scheduler
+        transfers = self.connector.stats() if self.connector is not None else None
+        return EngineStats(
+            running=len(scheduler.running),
+            waiting_interactive=scheduler.waiting_count(INTERACTIVE),
+            waiting_batch=scheduler.waiting_count(BATCH),
+            prompt_tokens_pending=scheduler.prompt_tokens_pending,
+            kv_blocks_total=kv.num_blocks,
+            kv_blocks_free=kv.num_free_blocks,
+            block_size=kv.block_size,
+            prefix_cache_version=kv.pool.version,
+            prefix_cache_hashes=tuple(kv.cached_block_hashes()),
+            prefix_cache_hit_tokens=kv.hits_tokens,
+            prefix_cache_queried_tokens=kv.queried_tokens,
+            tokens_generated=self.tokens_generated,
+            prompt_tokens_computed=self.prompt_tokens_computed,
+            steps=self.steps_run,
+            kv_bytes_sent=transfers.bytes_sent if transfers else 0,
+            kv_bytes_received=transfers.bytes_received if transfers else 0,
+        )
 
     def load_changed(self) -> None:
         """Wakes the load watchers (the worker's own state, such as draining, changed)."""
@@ -155,55 +207,41 @@ class Engine:
             if not out.chunks:
                 self._wakeup.clear()
                 continue
-            inputs, staging = self._prepare(out)
-            self._leaving_stages += [r.kv_stage for r in out.preempted if r.kv_stage is not None]
-            leaving, self._leaving_stages = self._leaving_stages, []
+            inputs = self._prepare(out)
             started = time.monotonic()
             try:
-                results = await loop.run_in_executor(self._executor, self._step, out, inputs, staging, leaving)
+                results = await loop.run_in_executor(self._executor, self._step, out, inputs)
             except Exception as error:  # a failed step fails its requests, never the engine
                 log.exception("engine step failed")
+                self._connector_step_done(out)
                 self._fail(out, error)
                 continue
+            self._connector_step_done(out)
             self.steps_run += 1
             self._account(out, (time.monotonic() - started) * 1000)
             self._update(out, results)
             self._changed()
 
-    def _prepare(self, out: SchedulerOutput) -> tuple[list[StepInput], list[tuple]]:
-        inputs, staging = [], []
+    def _prepare(self, out: SchedulerOutput) -> list[StepInput]:
+        inputs = []
         for chunk in out.chunks:
             request = chunk.request
-            block_ids = self.kv.block_ids(request.request_id)
             tokens = request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens]
-            inputs.append(StepInput(tokens, chunk.start, block_ids, chunk.samples))
-            stage = request.kv_stage
-            if stage is not None:
-                computed = chunk.start + chunk.num_tokens
-                prompt_done = computed >= len(request.prompt_token_ids)
-                upto = self.kv.blocks_for(computed) if prompt_done else computed // self.kv.block_size
-                if upto > stage.blocks_staged:
-                    staging.append((stage, block_ids[stage.blocks_staged:upto], stage.blocks_staged))
-                    stage.blocks_staged = upto
-        return inputs, staging
+            inputs.append(StepInput(tokens, chunk.start, self.kv.block_ids(request.request_id), chunk.samples))
+        return inputs
 
-    def _step(
-        self, out: SchedulerOutput, inputs: list[StepInput], staging: list[tuple], leaving: list
-    ) -> list[int | RequestFailed]:
-        """Runs on the forward thread: writes imported KV, runs the model, samples, stages KV for transfer;
+    def _step(self, out: SchedulerOutput, inputs: list[StepInput]) -> list[int | RequestFailed]:
+        """Runs on the forward thread: the connector's loads, the model, the connector's saves, sampling;
         returns, per sampling request, its token or why it alone failed.
-        Blocks freed by requests that left may be overwritten now: their transfers must have read them.
         Every tensor operation of the engine runs on this one thread: an operation on another thread
         would start a second OpenMP team whose spinning threads take cores from this one's."""
-        for stage in leaving:
-            stage.wait_sent()
-        for request in out.imports:
-            block_ids = self.kv.block_ids(request.request_id)
-            for first_block, data in request.imported_kv.chunks:
-                self.runner.write_blocks(block_ids[first_block:first_block + data.shape[2]], data)
+        connector, meta = self.connector, out.kv_connector_meta
+        if connector is not None and meta is not None:
+            connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
+            connector.load_kv(meta, self.runner)
         logits = self.runner.execute(inputs)
-        for stage, block_ids, first_block in staging:
-            stage.write_blocks(self.runner, block_ids, first_block)
+        if connector is not None and meta is not None:
+            connector.save_kv(meta, self.runner)
         sampling = [chunk.request for chunk in out.chunks if chunk.samples]
         if self.on_logits is not None:
             self.on_logits(sampling, logits)
@@ -217,12 +255,12 @@ class Engine:
             if handle is not None:
                 handle.compute_ms += step_ms * chunk.num_tokens / out.num_tokens
 
+    def _connector_step_done(self, out: SchedulerOutput) -> None:
+        if self.connector is not None and out.kv_connector_meta is not None:
+            self.connector.step_done(out.kv_connector_meta)
+
     def _update(self, out: SchedulerOutput, results: list[int | RequestFailed]) -> None:
-        for request in out.imports:
-            request.imported_kv, imported = None, request.imported_kv
-            if imported.release is not None:
-                imported.release()
-        sampled = list(zip((chunk.request for chunk in out.chunks if chunk.samples), results))
+        sampled = list(zip((chunk.request for chunk in out.chunks if chunk.samples), results, strict=True))
         failed = {id(request) for request, result in sampled if isinstance(result, RequestFailed)}
         for chunk in out.chunks:
             request = chunk.request
@@ -252,11 +290,11 @@ class Engine:
         handle = self._handles[request.request_id]
         handle.outputs.put_nowait(TokenOutput(token_id, finished, by_eos))
         if finished or request.prefill_only:
-            self._remove(request)
+            self._remove(request, FinishReason.STOPPED if finished else FinishReason.HANDED_OFF)
 
     def _drop_aborted(self) -> None:
         for handle in [h for h in self._handles.values() if h.request.aborted]:
-            self._remove(handle.request)
+            self._remove(handle.request, FinishReason.ABORTED)
 
     def _fail(self, out: SchedulerOutput, error: Exception) -> None:
         """The step as a whole failed (the forward pass raised): so do all its requests."""
@@ -270,13 +308,12 @@ class Engine:
         handle = self._handles.get(request.request_id)
         if handle is not None:
             handle.outputs.put_nowait(error)
-        self._remove(request)
+        self._remove(request, FinishReason.FAILED)
 
-    def _remove(self, request: EngineRequest) -> None:
+    def _remove(self, request: EngineRequest, reason: FinishReason) -> None:
         if request.status is not RequestStatus.FINISHED:
+            request.finish_reason = reason
             self.scheduler.finish(request)
-            if request.kv_stage is not None:
-                self._leaving_stages.append(request.kv_stage)
         self._handles.pop(request.request_id, None)
         self._changed()
 
@@ -297,7 +334,7 @@ def _sample_each(logits, requests: list[EngineRequest]) -> list[int | RequestFai
         for request in requests
     ]
     usable = [row for row, ok in enumerate(finite) if ok]
-    for row, result in zip(usable, _sample_rows(logits, requests, usable)):
+    for row, result in zip(usable, _sample_rows(logits, requests, usable), strict=True):
         results[row] = result
     return results
 
@@ -306,7 +343,7 @@ def _sample_rows(logits, requests: list[EngineRequest], rows: list[int]) -> list
     """One batched call; if it raises, row by row, so that only the rows that raise fail."""
     usable = logits if len(rows) == len(requests) else logits[rows]
     try:
-        return sample(usable, [requests[r].sampling for r in rows], [requests[r].sample_index for r in rows])
+        return list(sample(usable, [requests[r].sampling for r in rows], [requests[r].sample_index for r in rows]))
     except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
         return [_sample_one(logits[row:row + 1], requests[row]) for row in rows]
 

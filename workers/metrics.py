@@ -1,9 +1,11 @@
 """A worker's Prometheus metrics, read at scrape time from the same Load report the gateway routes on
-(so the two never disagree), served over HTTP when the worker is given a metrics port.
+(`WorkerLoad.to_proto()`, from the engine's stats: the two never disagree), served over HTTP when the
+worker is given a metrics port.
 
 Engine steps are the exception: their durations and sizes are observed as they happen, into histograms.
 
-Wiring: `serve_metrics(port, host, role, service.load, engine)` once the worker's service exists.
+Wiring: `serve_metrics(port, host, role, lambda: service.load().to_proto(), engine)` once the worker's
+service exists.
 """
 
 from collections.abc import Callable
@@ -45,10 +47,14 @@ class LoadCollector(Collector):
         yield gauge("diptych_worker_active_sequences", "Sequences running on this worker", load.active_sequences)
         yield gauge("diptych_worker_kv_blocks_free", "Free KV cache blocks", load.kv_blocks_free)
         yield gauge("diptych_worker_kv_blocks_total", "KV cache blocks in all", load.kv_blocks_total)
-        yield gauge("diptych_worker_draining", "1 while the worker finishes its work and takes no new", int(load.draining))
+        yield gauge(
+            "diptych_worker_draining", "1 while the worker finishes its work and takes no new", int(load.draining)
+        )
         yield gauge("diptych_worker_tokens_per_second", "Tokens processed per second, recently", load.tokens_per_second)
-        yield counter("diptych_worker_kv_sent_bytes", "KV cache bytes pushed to decode workers", load.kv_bytes_sent)
-        yield counter("diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received)
+        yield counter("diptych_worker_kv_sent_bytes", "KV cache bytes sent to decode workers", load.kv_bytes_sent)
+        yield counter(
+            "diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received
+        )
         yield counter("diptych_worker_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
                       load.prefix_cache.hits_tokens)
         yield counter("diptych_worker_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",

@@ -3,6 +3,7 @@
 import enum
 from dataclasses import dataclass, field
 
+from workers.kv_connector.base import KvTransferParams
 from workers.sampling import SamplingParams
 
 INTERACTIVE, BATCH = 0, 1  # priorities, as in worker.proto; lower is served first
@@ -14,14 +15,11 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
-class ImportedKv:
-    """KV of the first `num_tokens` tokens computed elsewhere (a prefill worker): `chunks` are
-    (first block index, tensor [layers, 2, blocks, block_size, kv_heads, head_dim]) in block order."""
-
-    num_tokens: int
-    chunks: list
-    release: object = None  # called once the KV has been copied into the pool
+class FinishReason(enum.Enum):
+    STOPPED = "stopped"  # a stop condition: end of sequence, max tokens, context length
+    HANDED_OFF = "handed_off"  # a prefill-only request produced its first token; decode goes on elsewhere
+    ABORTED = "aborted"
+    FAILED = "failed"
 
 
 @dataclass
@@ -36,8 +34,8 @@ class EngineRequest:
     num_cached_tokens: int = 0  # prefix-cache hit when first scheduled
     arrival: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    imported_kv: ImportedKv | None = None
-    kv_stage: object = None  # a prefill-only request's KV goes there as it is computed
+    finish_reason: FinishReason | None = None
+    kv_transfer: KvTransferParams | None = None  # its part in a KV hand-off between workers
     num_preemptions: int = 0
     aborted: bool = False
     cache_salt: str = ""  # its organization: prefix-cache blocks are named, and shared, under it
@@ -52,8 +50,9 @@ class EngineRequest:
 
     @property
     def prompt_tokens_pending(self) -> int:
-        """Prompt tokens whose KV is still to be computed here (none when it comes from another worker)."""
-        if self.imported_kv is not None:
+        """Prompt tokens whose KV is still to be computed here: none while it comes from another worker
+        (once preempted, the request recomputes its whole prompt)."""
+        if self.kv_transfer is not None and self.kv_transfer.load_tokens and self.num_preemptions == 0:
             return 0
         return max(0, len(self.prompt_token_ids) - self.num_computed_tokens)
 

@@ -3,15 +3,18 @@
 Running requests go first, in admission order: a decoding request needs one token, a request still
 in its prompt gets the next chunk of it (so a long prompt never stalls the others: it takes at most the
 budget left after the decodes). When a running request needs a block and none is free, the running
-request with the lowest priority, admitted last, is preempted: its blocks are freed and it waits to be
+request of lowest priority, admitted last, is preempted, whichever it is (the one that needs the block
+included): its blocks are freed, what it was given this step is withdrawn, and it waits to be
 recomputed from its tokens. Waiting requests (interactive before batch, then arrival order) are admitted
-while blocks, budget and batch slots last; a prompt's cached prefix blocks are reused.
+while blocks, budget and batch slots last; a prompt's cached prefix blocks are reused, and a KV connector
+may supply a request's first tokens' KV (then they are loaded, not computed).
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from workers.kv_cache_manager import KVCacheManager
+from workers.kv_connector.base import KvConnector, KvConnectorMeta
 from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 
 
@@ -30,8 +33,9 @@ class ScheduledChunk:
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
-    imports: list[EngineRequest] = field(default_factory=list)  # imported KV to write before the step
+    loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
     preempted: list[EngineRequest] = field(default_factory=list)
+    kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
 
     @property
     def num_tokens(self) -> int:
@@ -39,14 +43,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, token_budget: int = 512, max_running: int = 64) -> None:
+    def __init__(
+        self, kv: KVCacheManager, token_budget: int = 512, max_running: int = 64, connector: KvConnector | None = None
+    ) -> None:
         if token_budget < 1 or max_running < 1:
             raise ValueError("the token budget and the batch size must be positive")
         self.kv = kv
         self.token_budget = token_budget
         self.max_running = max_running
+        self.connector = connector
         self.running: list[EngineRequest] = []
-        self._waiting = {INTERACTIVE: deque(), BATCH: deque()}
+        self._waiting: dict[int, deque[EngineRequest]] = {INTERACTIVE: deque(), BATCH: deque()}
         self._arrivals = 0
 
     @property
@@ -79,7 +86,8 @@ class Scheduler:
             self._waiting[self._queue_of(request)].remove(request)
         request.status = RequestStatus.FINISHED
         self.kv.free(request.request_id)
-        _release_import(request)
+        if self.connector is not None:
+            self.connector.request_finished(request)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -88,32 +96,40 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._make_room(request, num_new, index, out):
-                continue  # the request itself was preempted; the same index is now the next one
-            out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
-            budget -= num_new
-            index += 1
+            scheduled = True
+            while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+                victim = max(self.running, key=lambda r: (r.priority, r.arrival))
+                if self.running.index(victim) < index:
+                    index -= 1  # the requests after it move up one place
+                budget += self._preempt(victim, out)
+                if victim is request:
+                    scheduled = False  # the same index is now the next request
+                    break
+            if scheduled:
+                out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+                budget -= num_new
+                index += 1
         if not out.preempted:
             self._admit(out, budget)
+        if self.connector is not None and out.chunks:
+            out.kv_connector_meta = self.connector.build_meta(out, self.kv)
         return out
 
-    def _make_room(self, request: EngineRequest, num_new: int, index: int, out: SchedulerOutput) -> bool:
-        while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
-            later = self.running[index + 1:]
-            victim = max(later, key=lambda r: (r.priority, r.arrival)) if later else request
-            self._preempt(victim, out)
-            if victim is request:
-                return False
-        return True
-
-    def _preempt(self, request: EngineRequest, out: SchedulerOutput) -> None:
+    def _preempt(self, request: EngineRequest, out: SchedulerOutput) -> int:
+        """Frees the request's blocks and queues it at the front of its queue, to be recomputed; withdraws
+        the chunk it was given this step, if any, and returns that chunk's tokens to the budget."""
         self.running.remove(request)
         self.kv.free(request.request_id)
+        withdrawn = sum(chunk.num_tokens for chunk in out.chunks if chunk.request is request)
+        out.chunks = [chunk for chunk in out.chunks if chunk.request is not request]
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self._waiting[self._queue_of(request)].appendleft(request)
         out.preempted.append(request)
+        if self.connector is not None:
+            self.connector.request_preempted(request)
+        return withdrawn
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.max_running:
@@ -121,11 +137,12 @@ class Scheduler:
             if not queue:
                 return
             request = queue[0]
-            if request.imported_kv is not None:
+            external = self.connector.num_external_tokens(request) if self.connector is not None else 0
+            if external:
                 if not self.kv.allocate(request.request_id, request.num_tokens):
                     return
-                request.num_computed_tokens = request.imported_kv.num_tokens
-                out.imports.append(request)
+                request.num_computed_tokens = external
+                out.loads.append(request)
             else:
                 hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
                 cached = hit.num_tokens(self.kv.block_size)
@@ -146,9 +163,3 @@ class Scheduler:
     @staticmethod
     def _queue_of(request: EngineRequest) -> int:
         return BATCH if request.priority == BATCH else INTERACTIVE
-
-
-def _release_import(request: EngineRequest) -> None:
-    imported, request.imported_kv = request.imported_kv, None
-    if imported is not None and imported.release is not None:
-        imported.release()

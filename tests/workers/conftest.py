@@ -1,6 +1,8 @@
 """The built-in model, its reference greedy outputs, and engines built on it."""
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -59,6 +61,21 @@ def make_engine(tiny_model, executor):
         task.cancel()
 
 
+async def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Whether `condition` holds within `timeout` seconds (checked every 5 ms, the event loop running)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+def all_blocks_free(engine) -> bool:
+    stats = engine.stats()
+    return stats.kv_blocks_free == stats.kv_blocks_total and not stats.running and not stats.waiting
+
+
 def prompts(lengths, salt: int = 0) -> list[list[int]]:
     """Token ids 3..502 (no special tokens) in a pattern that varies with the length and the salt."""
     return [[(7 * n + 13 * salt + i * i) % 500 + 3 for i in range(n)] for n in lengths]
@@ -71,7 +88,8 @@ def prefilled(runner, lengths: list[int]) -> list[StepInput]:
     for length in lengths:
         tables.append(list(range(first, first + length // size + 1)))
         first += length // size + 1
-    for salt, (length, table) in enumerate(zip(lengths, tables)):
+    for salt, (length, table) in enumerate(zip(lengths, tables, strict=True)):
         runner.execute([StepInput(prompts([length], salt)[0], 0, table, True)])
-    return [StepInput([11 + n], length, table, True) for n, (length, table) in enumerate(zip(lengths, tables))]
+    pairs = enumerate(zip(lengths, tables, strict=True))
+    return [StepInput([11 + n], length, table, True) for n, (length, table) in pairs]
 

@@ -10,7 +10,10 @@ from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from workers.authentication import worker_server
 from workers.engine import Engine, EngineConfig
-from workers.kv_transfer import KvInbox, KvReceiver, KvSender
+from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.prefill import PrefillConnector
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
 from workers.model_runner import ModelRunner
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
@@ -19,15 +22,24 @@ SECRET = "tests-worker-rpc-secret"
 
 
 class Worker:
+    """A worker of `role` on `model`: engine (128 blocks of 16 tokens, 64 tokens a step, context 1024),
+    its KV connector (a prefill worker sends, a decode worker receives) and its gRPC service."""
+
     def __init__(self, role: Role, model, executor, allow_shm: bool, secret: str = SECRET) -> None:
         self.secret = WorkerSecret(secret)
         config = EngineConfig(num_kv_blocks=128, token_budget=64)
         runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
         self.engine = Engine(runner, config, StopCriteria(frozenset(), 1024), executor)
-        self.receiver = KvReceiver(KvInbox(), runner.layout) if role is Role.DECODE else None
-        self.sender = KvSender(runner.layout, allow_shm=allow_shm) if role is Role.PREFILL else None
+        self.receiver: KvReceiver | None = None
+        self.sender: KvSender | None = None
+        if role is Role.DECODE:
+            self.receiver = KvReceiver(KvInbox(), runner.layout)
+            self.engine.attach_connector(DecodeConnector(self.receiver))
+        if role is Role.PREFILL:
+            self.sender = KvSender(runner.layout, allow_shm=allow_shm)
+            self.engine.attach_connector(PrefillConnector(self.sender))
         self.state = WorkerState(role, worker_id=f"{role}-0")
-        self.service = WorkerService(self.state, self.engine, self.receiver, self.sender, secret=self.secret)
+        self.service = WorkerService(self.state, self.engine, secret=self.secret)
 
     async def start(self) -> None:
         if self.receiver:
@@ -44,10 +56,8 @@ class Worker:
         self.task.cancel()
         await self.channel.close()
         await self.server.stop(None)
-        if self.receiver:
-            self.receiver.close()
-        if self.sender:
-            self.sender.close()
+        if self.engine.connector is not None:
+            self.engine.connector.close()
 
 
 def sampling(count: int) -> worker_pb2.SamplingParams:

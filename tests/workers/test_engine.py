@@ -6,9 +6,24 @@ import asyncio
 import pytest
 import torch
 
-from tests.workers.conftest import prompts
+from tests.workers.conftest import all_blocks_free, prompts, wait_until
 from workers.engine import RequestRejected
-from workers.request import BATCH, EngineRequest, ImportedKv
+from workers.kv_connector.base import (
+    KvChunk,
+    KvConnector,
+    KvConnectorMeta,
+    KvConnectorStats,
+    KvLoad,
+    KvSave,
+    KvTransferParams,
+    Peer,
+)
+from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.prefill import PrefillConnector
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
+from workers.model_runner import kv_layout_of
+from workers.request import BATCH, EngineRequest, FinishReason
 from workers.sampling import SamplingParams
 
 
@@ -28,10 +43,8 @@ async def collect(handle) -> list[int]:
 
 
 async def settle(engine) -> None:
-    for _ in range(200):
-        if not engine.scheduler.running and not engine.num_waiting:
-            return
-        await asyncio.sleep(0.01)
+    """Waits (2 s at most) until no request runs or waits."""
+    await wait_until(lambda: not engine.stats().running and not engine.stats().waiting)
 
 
 def assert_all_blocks_free(engine) -> None:
@@ -42,7 +55,8 @@ def assert_all_blocks_free(engine) -> None:
 
 async def run_all(engine, batch, counts, **request_options):
     handles = [
-        engine.add(EngineRequest(f"r{i}", p, greedy(n), **request_options)) for i, (p, n) in enumerate(zip(batch, counts))
+        engine.add(EngineRequest(f"r{i}", p, greedy(n), **request_options))
+        for i, (p, n) in enumerate(zip(batch, counts, strict=True))
     ]
     return await asyncio.gather(*(collect(h) for h in handles)), handles
 
@@ -52,7 +66,7 @@ async def test_many_concurrent_mixed_length_prompts_match_generate(make_engine, 
     batch = prompts([3, 9, 16, 17, 31, 48, 70, 100, 130, 5])
     counts = [12, 20, 8, 15, 10, 18, 9, 14, 11, 25]
     outputs, _ = await run_all(engine, batch, counts)
-    for prompt, count, output in zip(batch, counts, outputs):
+    for prompt, count, output in zip(batch, counts, outputs, strict=True):
         assert output == reference(prompt, count)
     await settle(engine)
     assert_all_blocks_free(engine)
@@ -66,7 +80,7 @@ async def test_requests_joining_a_running_batch_match_generate(make_engine, refe
     late = [engine.add(EngineRequest(f"late{i}", p, greedy(10))) for i, p in enumerate(late_prompts)]
     rest = await asyncio.gather(collect(early), *(collect(h) for h in late))
     assert [first.token_id] + rest[0] == reference(prompts([40])[0], 30)
-    for prompt, output in zip(late_prompts, rest[1:]):
+    for prompt, output in zip(late_prompts, rest[1:], strict=True):
         assert output == reference(prompt, 10)
 
 
@@ -75,7 +89,7 @@ async def test_prompts_longer_than_the_budget_are_chunked_and_still_exact(make_e
     batch = prompts([200, 150, 4])
     outputs, _ = await run_all(engine, batch, [6, 6, 6])
     assert outputs == [reference(p, 6) for p in batch]
-    assert engine.steps_run >= 350 // 32
+    assert engine.stats().steps >= 350 // 32
 
 
 async def test_a_shared_prefix_is_computed_once_and_reported(make_engine, reference):
@@ -102,7 +116,7 @@ async def test_a_tiny_kv_pool_preempts_and_recomputes_exactly(make_engine, refer
     counts = [40, 40, 30, 40, 30]
     outputs, handles = await run_all(engine, batch, counts)
     assert sum(h.request.num_preemptions for h in handles) > 0
-    for prompt, count, output in zip(batch, counts, outputs):
+    for prompt, count, output in zip(batch, counts, outputs, strict=True):
         assert output == reference(prompt, count)
     await settle(engine)
     assert_all_blocks_free(engine)
@@ -110,7 +124,9 @@ async def test_a_tiny_kv_pool_preempts_and_recomputes_exactly(make_engine, refer
 
 async def test_interactive_requests_are_admitted_before_batch_ones(make_engine):
     engine = make_engine(max_running=1, token_budget=512)
-    batch_handles = [engine.add(EngineRequest(f"b{i}", prompts([10], salt=i)[0], greedy(3), priority=BATCH)) for i in range(2)]
+    batch_handles = [
+        engine.add(EngineRequest(f"b{i}", prompts([10], salt=i)[0], greedy(3), priority=BATCH)) for i in range(2)
+    ]
     interactive = engine.add(EngineRequest("i0", prompts([10], salt=9)[0], greedy(3)))
     finished_order = []
 
@@ -122,41 +138,166 @@ async def test_interactive_requests_are_admitted_before_batch_ones(make_engine):
     assert finished_order.index("i0") < finished_order.index("b1")
 
 
-class CaptureStage:
-    """Stands where a KV transfer stands: receives the blocks of a prefill-only request as computed."""
+class CaptureConnector(KvConnector):
+    """Another implementation of the connector interface, in memory: it saves the blocks of requests that
+    ask to send, as they are computed, into one tensor per request, and loads such a tensor into the
+    blocks of requests that ask to load (what a KV store would do, minus the store)."""
 
-    def __init__(self, layout, num_blocks: int) -> None:
-        self.blocks_staged = 0
-        self.data = torch.zeros(layout.num_layers, 2, num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
-        self.writes = []
+    def __init__(self, layout) -> None:
+        self.layout = layout
+        self.saved: dict[str, torch.Tensor] = {}  # request id → [layers, 2, blocks, block_size, heads, dim]
+        self.saves: list[tuple[int, int]] = []  # (first block, count) of every save, in order
+        self.to_load: dict[str, KvChunk] = {}
+        self._blocks_saved: dict[str, int] = {}
+        self.finished: list[tuple[str, FinishReason]] = []
 
-    def write_blocks(self, runner, block_ids, first_block):
-        chunk = torch.empty(self.data.shape[0], 2, len(block_ids), *self.data.shape[3:])
-        runner.read_blocks(block_ids, chunk)
-        self.data[:, :, first_block:first_block + len(block_ids)] = chunk
-        self.writes.append((first_block, len(block_ids)))
+    def add_request(self, request):
+        if request.kv_transfer is not None and request.kv_transfer.send_to is not None:
+            self._blocks_saved[request.request_id] = 0
+        return None
 
-    def wait_sent(self):
+    def num_external_tokens(self, request) -> int:
+        chunk = self.to_load.get(request.request_id)
+        return request.kv_transfer.load_tokens if chunk is not None and request.num_preemptions == 0 else 0
+
+    def build_meta(self, out, kv) -> KvConnectorMeta:
+        saves = []
+        for chunk in out.chunks:
+            request_id = chunk.request.request_id
+            if request_id not in self._blocks_saved:
+                continue
+            computed = chunk.start + chunk.num_tokens
+            done = computed >= len(chunk.request.prompt_token_ids)
+            upto = kv.blocks_for(computed) if done else computed // kv.block_size
+            if upto > self._blocks_saved[request_id]:
+                first = self._blocks_saved[request_id]
+                saves.append(KvSave(request_id, kv.block_ids(request_id)[first:upto], first))
+                self._blocks_saved[request_id] = upto
+        loads = [KvLoad(request.request_id, kv.block_ids(request.request_id)) for request in out.loads]
+        return KvConnectorMeta(loads=loads, saves=saves)
+
+    def request_preempted(self, request) -> None:
         pass
 
+    def request_finished(self, request) -> None:
+        self.finished.append((request.request_id, request.finish_reason))
 
-async def test_kv_staged_during_a_chunked_prefill_continues_exactly_elsewhere(make_engine, reference):
-    """What a prefill and a decode worker do, minus the wire: a chunked prefill stages its blocks as
-    they are computed; another engine decodes from them."""
-    prefill = make_engine(token_budget=32)
-    decode = make_engine()
+    def step_done(self, meta) -> None:
+        pass
+
+    def stats(self) -> KvConnectorStats:
+        return KvConnectorStats()
+
+    def close(self) -> None:
+        pass
+
+    def wait_for_save(self, meta) -> None:
+        pass  # saves copy the blocks out at once
+
+    def load_kv(self, meta, runner) -> None:
+        for load in meta.loads:
+            chunk = self.to_load[load.request_id]
+            runner.write_blocks(load.block_ids[:chunk.data.shape[2]], chunk.data)
+
+    def save_kv(self, meta, runner) -> None:
+        for save in meta.saves:
+            lay = self.layout
+            data = torch.empty(lay.num_layers, 2, len(save.block_ids), lay.block_size, lay.kv_heads, lay.head_dim)
+            runner.read_blocks(save.block_ids, data)
+            previous = self.saved.get(save.request_id)
+            self.saved[save.request_id] = data if previous is None else torch.cat([previous, data], dim=2)
+            self.saves.append((save.first_block, len(save.block_ids)))
+
+
+async def test_kv_saved_during_a_chunked_prefill_is_loaded_by_another_engine_and_continues_exactly(
+    make_engine, reference
+):
+    """What a prefill and a decode worker do through the connector interface, minus the wire: a chunked
+    prefill saves its blocks as they are computed; another engine loads them and decodes on."""
+    prefill, decode = make_engine(token_budget=32), make_engine()
+    prefill_side, decode_side = CaptureConnector(prefill.runner.layout), CaptureConnector(decode.runner.layout)
+    prefill.attach_connector(prefill_side)
+    decode.attach_connector(decode_side)
     prompt = prompts([77], salt=7)[0]
-    stage = CaptureStage(prefill.runner.layout, 5)
-    handle = prefill.add(EngineRequest("p", prompt, greedy(10), prefill_only=True, kv_stage=stage))
-    first = await collect(handle)
-    assert stage.writes == [(0, 2), (2, 2), (4, 1)]  # full blocks as each chunk completes, the tail last
+    sending = KvTransferParams(send_to=Peer("in memory", 0, False), transfer_token=b"t")  # it keeps the KV
+    first = await collect(prefill.add(EngineRequest("p", prompt, greedy(10), prefill_only=True, kv_transfer=sending)))
+    assert prefill_side.saves == [(0, 2), (2, 2), (4, 1)]  # full blocks as each chunk completes, the tail last
+    assert prefill_side.finished == [("p", FinishReason.HANDED_OFF)]
+    decode_side.to_load["d"] = KvChunk(0, prefill_side.saved["p"])
     request = EngineRequest(
-        "d", prompt, greedy(10), output_token_ids=list(first), imported_kv=ImportedKv(77, [(0, stage.data)])
+        "d", prompt, greedy(10), output_token_ids=list(first), kv_transfer=KvTransferParams(load_tokens=77)
     )
     tokens = first + await collect(decode.add(request))
     assert tokens == reference(prompt, 10)
+    assert decode.stats().prompt_tokens_computed == 0  # the prompt was loaded, never computed
     await settle(decode)
     assert_all_blocks_free(decode)
+
+
+@pytest.fixture
+def data_port(tiny_model):
+    receiver = KvReceiver(KvInbox(arrival_timeout=10.0), kv_layout_of(tiny_model.config, 16, torch.float32))
+    receiver.start()
+    yield receiver
+    receiver.close()
+
+
+async def test_kv_still_to_be_sent_survives_the_reuse_of_its_blocks(make_engine, reference, data_port):
+    """The decode request registers only after the prefill finished and another request overwrote every
+    block of the pool: the chunks not sent yet were copied out before that step (the TCP path sends
+    straight from the pool), so the decode worker still continues exactly."""
+    prefill = make_engine(num_kv_blocks=8, enable_prefix_caching=False)
+    sender = KvSender(prefill.runner.layout, allow_shm=False)
+    prefill.attach_connector(PrefillConnector(sender))
+    decode = make_engine()
+    decode.attach_connector(DecodeConnector(data_port))
+    prompt = prompts([40], salt=50)[0]  # 3 blocks
+    params = KvTransferParams(send_to=Peer(data_port.host, data_port.port, False), transfer_token=b"t" * 32)
+    handle = prefill.add(EngineRequest("a", prompt, greedy(10), prefill_only=True, kv_transfer=params))
+    first = await collect(handle)
+    await collect(prefill.add(EngineRequest("b", prompts([120], salt=51)[0], greedy(1))))  # all 8 blocks
+    received = await asyncio.wrap_future(decode.connector.expect("a", b"t" * 32, len(prompt)))
+    request = EngineRequest(
+        "a", received.prompt_token_ids, greedy(10), output_token_ids=[received.first_token_id],
+        kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
+    )
+    rest = await collect(decode.add(request))
+    decode.connector.forget("a")
+    assert first + rest == reference(prompt, 10)
+    assert (await asyncio.wrap_future(handle.kv_sent)).nbytes == 3 * prefill.runner.layout.block_nbytes
+    sender.close()
+
+
+async def test_an_aborted_request_frees_its_blocks_at_once_running_or_queued(make_engine):
+    """Requests of 900 tokens cannot finish within the wait: only the abort frees their blocks."""
+    engine = make_engine(max_running=1)
+    running = engine.add(EngineRequest("running", prompts([30])[0], greedy(900)))
+    engine.add(EngineRequest("queued", prompts([40], salt=1)[0], greedy(900)))
+    await running.outputs.get()
+    assert engine.stats().running == 1 and engine.stats().waiting == 1
+    engine.abort("queued")  # before it ever ran
+    engine.abort("running")  # while decoding
+    assert await wait_until(lambda: all_blocks_free(engine), timeout=2.0)
+    assert engine.stats().tokens_generated < 900
+    assert_all_blocks_free(engine)
+
+
+async def test_a_later_interactive_request_keeps_running_when_an_earlier_batch_one_is_preempted(
+    make_engine, reference
+):
+    """Six blocks hold both prompts, not both continuations: the batch request admitted first is the one
+    preempted when the interactive one needs a block, and both still match generate."""
+    engine = make_engine(num_kv_blocks=6, token_budget=64, enable_prefix_caching=False)
+    batch_prompt, interactive_prompt = prompts([30], salt=12)[0], prompts([30], salt=13)[0]
+    batch = engine.add(EngineRequest("batch", batch_prompt, greedy(60), priority=BATCH))
+    first = await batch.outputs.get()  # admitted, and running, before the interactive request arrives
+    interactive = engine.add(EngineRequest("interactive", interactive_prompt, greedy(60)))
+    outputs = await asyncio.gather(collect(batch), collect(interactive))
+    assert interactive.request.num_preemptions == 0 and batch.request.num_preemptions > 0
+    assert [first.token_id] + outputs[0] == reference(batch_prompt, 60)
+    assert outputs[1] == reference(interactive_prompt, 60)
+    await settle(engine)
+    assert_all_blocks_free(engine)
 
 
 async def test_every_block_is_free_after_cancels_failures_and_finishes(make_engine, monkeypatch):
@@ -181,6 +322,8 @@ async def test_every_block_is_free_after_cancels_failures_and_finishes(make_engi
     assert any(isinstance(r, RuntimeError) for r in results)
     await settle(engine)
     assert_all_blocks_free(engine)
+    # The aborted requests got nothing more (r1 at most the token of a step already under way).
+    assert handles[5].outputs.empty() and handles[1].outputs.qsize() <= 1
     # The engine keeps serving after a failed step.
     assert len(await collect(engine.add(EngineRequest("after", batch[0], greedy(5))))) == 5
 

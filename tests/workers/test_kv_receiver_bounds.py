@@ -13,16 +13,9 @@ import grpc
 import pytest
 import torch
 
-from workers.kv_transfer import (
-    FRAME,
-    MAGIC,
-    MAX_HELLO_BYTES,
-    KvInbox,
-    KvReceiver,
-    KvTransferError,
-    StagingPool,
-    checksum,
-)
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.wire import FRAME, MAGIC, MAX_HELLO_BYTES, KvTransferError, checksum
 from workers.model_runner import KvLayout
 
 LAYOUT = KvLayout(num_layers=2, kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)

@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from diptych_common.proto.v1 import worker_pb2
-from workers import kv_transfer
-from workers.kv_transfer import (
-    FRAME, MAGIC, KvInbox, KvReceiver, KvSender, KvTransferError, Peer, ReceivedKv, checksum, peer_from_endpoint,
-)
+from workers.kv_connector import shm
+from workers.kv_connector.base import Peer
+from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
+from workers.kv_connector.sender import KvSender, peer_from_endpoint
+from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.wire import FRAME, MAGIC, KvTransferError, checksum
 from workers.model_runner import KvLayout, ModelRunner
 
 LAYOUT = KvLayout(num_layers=2, kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)
@@ -72,8 +74,18 @@ def send_in_background(outgoing) -> queue.Queue:
     return result
 
 
+def taken_by_the_transfer(outgoing, timeout: float = 5.0) -> bool:
+    """Whether the transfer's thread took every chunk staged so far, within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not outgoing._events.empty():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 def idle_receive_buffers(receiver) -> int:
-    return len(receiver.staging._idle)
+    return receiver.staging.num_idle
 
 
 @pytest.mark.parametrize(
@@ -87,7 +99,7 @@ def test_a_cache_staged_chunk_by_chunk_arrives_whole_and_identical(receiver, sen
     outgoing = sender.open("req-1", TOKEN, list(range(3, 13)), Peer(receiver.host, receiver.port, same_host))
     result = send_in_background(outgoing)
     outgoing.write_blocks(runner, [7, 2], 0)
-    time.sleep(0.05)  # the connection is open and the first chunk sent while "compute" goes on
+    assert taken_by_the_transfer(outgoing)  # the first chunk leaves while "compute" goes on
     outgoing.write_blocks(runner, [11], 2)
     outgoing.finish(42)
     assert result.get(timeout=5) == 3 * LAYOUT.block_nbytes  # whole blocks, the last one partly filled
@@ -95,8 +107,8 @@ def test_a_cache_staged_chunk_by_chunk_arrives_whole_and_identical(receiver, sen
     assert isinstance(received, ReceivedKv)
     assert received.data_path == ("shm" if same_host else "tcp")
     assert received.prompt_token_ids == list(range(3, 13)) and received.first_token_id == 42
-    assert received.num_tokens == 10 and [first for first, _ in received.chunks] == [0, 2]
-    whole = torch.cat([data for _, data in received.chunks], dim=2)
+    assert received.num_tokens == 10 and [chunk.first_block for chunk in received.chunks] == [0, 2]
+    whole = torch.cat([chunk.data for chunk in received.chunks], dim=2)
     assert torch.equal(whole, runner.kv[:, :, [7, 2, 11]])
     received.release()
     assert receiver.bytes_received == sender.bytes_sent == 3 * LAYOUT.block_nbytes
@@ -120,7 +132,7 @@ def test_a_wrong_token_is_refused_on_both_sides_and_the_request_keeps_waiting(re
 
 def test_a_token_works_once(receiver, sender):
     arrived = expect(receiver)
-    for attempt in range(2):
+    for _ in range(2):
         outgoing = sender.open("req-1", TOKEN, [1], Peer(receiver.host, receiver.port, False))
         result = send_in_background(outgoing)
         outgoing.write_blocks(PoolRunner(), [0], 0)
@@ -290,18 +302,18 @@ def test_a_peer_is_same_host_only_when_its_probe_file_is_readable(receiver):
 
 
 def test_shared_memory_segments_are_reused_and_removed_on_close():
-    segments = kv_transfer.SharedSegments()
+    segments = shm.SharedSegments()
     first = segments.acquire(3 << 20)
     segments.release(first)
     assert segments.acquire(2 << 20) is first
-    path = os.path.join(kv_transfer.SHM_DIR, first.name)
+    path = os.path.join(shm.SHM_DIR, first.name)
     assert os.path.exists(path)
     segments.close()
     assert not os.path.exists(path)
 
 
 def test_staging_buffers_of_any_sizes_are_reused_by_identity():
-    pool = kv_transfer.StagingPool(keep_bytes=8 << 20)
+    pool = StagingPool(keep_bytes=8 << 20)
     small, large = pool.acquire(1 << 20), pool.acquire(3 << 20)
     pool.release(small)
     pool.release(large)
@@ -324,18 +336,18 @@ def test_blocks_handed_over_from_the_pool_survive_their_reuse(receiver, sender):
     arrived = expect(receiver)  # the decode request registers only now
     assert result.get(timeout=5) == 2 * LAYOUT.block_nbytes
     received = arrived.get(timeout=5)
-    assert torch.equal(received.chunks[0][1], original)
+    assert torch.equal(received.chunks[0].data, original)
 
 
 def test_files_left_by_dead_processes_are_swept_and_live_ones_kept(receiver):
     dead = subprocess_pid_that_exited()
-    stale = os.path.join(kv_transfer.SHM_DIR, f"{kv_transfer.SHM_PREFIX}{dead}-1-abcd")
-    stale_probe = os.path.join(kv_transfer.SHM_DIR, f"{kv_transfer.SHM_PREFIX}probe-{dead}-abcd")
+    stale = os.path.join(shm.SHM_DIR, f"{shm.SHM_PREFIX}{dead}-1-abcd")
+    stale_probe = os.path.join(shm.SHM_DIR, f"{shm.SHM_PREFIX}probe-{dead}-abcd")
     for path in (stale, stale_probe):
         open(path, "wb").close()
-    assert kv_transfer.sweep_stale_files() >= 2
+    assert shm.sweep_stale_files() >= 2
     assert not os.path.exists(stale) and not os.path.exists(stale_probe)
-    assert os.path.exists(os.path.join(kv_transfer.SHM_DIR, receiver.shm_probe_name))  # ours: alive
+    assert os.path.exists(os.path.join(shm.SHM_DIR, receiver.shm_probe_name))  # ours: alive
 
 
 def subprocess_pid_that_exited() -> int:
@@ -345,11 +357,11 @@ def subprocess_pid_that_exited() -> int:
 
 
 def test_idle_segments_beyond_the_limit_are_removed():
-    segments = kv_transfer.SharedSegments(keep_bytes=4 << 20)
+    segments = shm.SharedSegments(keep_bytes=4 << 20)
     small, large = segments.acquire(1 << 20), segments.acquire(4 << 20)
     segments.release(large)
     segments.release(small)  # 5 MiB idle > 4 MiB: the smallest goes
-    assert not os.path.exists(os.path.join(kv_transfer.SHM_DIR, small.name))
-    assert os.path.exists(os.path.join(kv_transfer.SHM_DIR, large.name))
+    assert not os.path.exists(os.path.join(shm.SHM_DIR, small.name))
+    assert os.path.exists(os.path.join(shm.SHM_DIR, large.name))
     segments.close()
-    assert not os.path.exists(os.path.join(kv_transfer.SHM_DIR, large.name))
+    assert not os.path.exists(os.path.join(shm.SHM_DIR, large.name))

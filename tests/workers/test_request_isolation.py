@@ -97,7 +97,8 @@ async def test_a_request_whose_sampling_raises_fails_alone(make_engine, referenc
 async def colocated(make_engine):
     engine = make_engine(token_budget=64)
     server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(WorkerState(Role.COLOCATED, "colocated-0"), engine), server)
+    service = WorkerService(WorkerState(Role.COLOCATED, "colocated-0"), engine)
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     channel = grpc.aio.insecure_channel(address)

@@ -23,7 +23,8 @@ def test_a_seeded_draw_does_not_depend_on_the_batch_it_runs_in():
     values = logits(rows=8)
     seeded = SamplingParams(temperature=1.0, seed=99)
     alone = sample(values[3:4], [seeded], [5])
-    in_batch = sample(values, [SamplingParams(temperature=1.0)] * 3 + [seeded] + [SamplingParams()] * 4, [0, 1, 2, 5, 0, 0, 0, 0])
+    params = [SamplingParams(temperature=1.0)] * 3 + [seeded] + [SamplingParams()] * 4
+    in_batch = sample(values, params, [0, 1, 2, 5, 0, 0, 0, 0])
     assert in_batch[3] == alone[0]
 
 

@@ -94,6 +94,40 @@ def test_when_a_running_request_needs_a_block_the_latest_lowest_priority_one_is_
     assert planned(out)["second"] == 5
 
 
+def test_an_earlier_batch_request_is_preempted_when_a_later_interactive_one_needs_a_block():
+    kv = KVCacheManager(3, SIZE)
+    scheduler = Scheduler(kv, token_budget=100)
+    batch = request("batch", 2, BATCH)
+    scheduler.add(batch)
+    step(scheduler)  # the batch request runs alone: one block
+    interactive = request("interactive", 8)
+    scheduler.add(interactive)
+    step(scheduler)  # the interactive prompt takes the two other blocks
+    assert [r.request_id for r in scheduler.running] == ["batch", "interactive"]
+    out = step(scheduler)  # the interactive request's 9th token needs a third block; none is free
+    assert [r.request_id for r in out.preempted] == ["batch"]
+    assert planned(out) == {"interactive": 1}  # the batch request's token this step was withdrawn
+    assert batch.status is RequestStatus.WAITING and "batch" not in kv.block_tables
+    assert interactive.num_preemptions == 0 and len(kv.block_tables["interactive"]) == 3
+
+
+def test_after_an_earlier_victim_every_later_request_is_still_scheduled_once():
+    kv = KVCacheManager(4, SIZE)
+    scheduler = Scheduler(kv, token_budget=100)
+    batch = request("batch", 2, BATCH)
+    scheduler.add(batch)
+    step(scheduler)
+    first, second = request("first", 8), request("second", 4)
+    scheduler.add(first)
+    scheduler.add(second)
+    step(scheduler)  # the pool is full: batch 1 block, first 2, second 1
+    out = step(scheduler)
+    # first needs a block: batch goes; then second needs one and is itself the latest interactive request.
+    assert [r.request_id for r in out.preempted] == ["batch", "second"]
+    assert planned(out) == {"first": 1}
+    assert [r.request_id for r in scheduler.running] == ["first"]
+
+
 def test_a_request_that_is_the_only_victim_preempts_itself():
     kv = KVCacheManager(2, SIZE)
     scheduler = Scheduler(kv, token_budget=100)

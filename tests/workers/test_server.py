@@ -1,13 +1,14 @@
 """Prefill and decode workers' gRPC services in process, the KV moving between them on the data path."""
 
 import asyncio
+import secrets
 
 import grpc
 import pytest
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
-from tests.workers.conftest import prompts
+from tests.workers.conftest import all_blocks_free, prompts, wait_until
 from tests.workers.serving import Worker, sampling, split
 from workers.server import Role
 
@@ -27,19 +28,20 @@ async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(
     prefill, decode = workers
     batch = prompts([5, 40, 77, 120], salt=21)
     results = await asyncio.gather(*(split(prefill, decode, f"r{i}", p, 9) for i, p in enumerate(batch)))
-    for prompt, (prefill_events, rest) in zip(batch, results):
+    for prompt, (prefill_events, rest) in zip(batch, results, strict=True):
         first, delivered = prefill_events[0].first_token, prefill_events[1].kv_delivered
         assert [first.token_id] + [e.token_id for e in rest] == reference(prompt, 9)
         assert delivered.kv_bytes == -(-len(prompt) // 16) * prefill.engine.runner.layout.block_nbytes
         assert delivered.data_path == ("shm" if prefill.sender.allow_shm else "tcp")
-        assert rest[-1].finished and rest[-1].stats.kv_bytes == delivered.kv_bytes
+        assert rest[-1].finished and rest[-1].HasField("stats")
+    moved = sum(prefill_events[1].kv_delivered.kv_bytes for prefill_events, _ in results)
+    assert decode.engine.stats().kv_bytes_received == prefill.engine.stats().kv_bytes_sent == moved
     # The same long prompt again: its full blocks come from the prefix cache.
     prefill_events, rest = await split(prefill, decode, "again", batch[3], 9)
     assert prefill_events[0].first_token.cached_tokens == 112
     assert [prefill_events[0].first_token.token_id] + [e.token_id for e in rest] == reference(batch[3], 9)
-    await asyncio.sleep(0.05)
     for worker in (prefill, decode):
-        assert worker.engine.kv.num_free_blocks == worker.engine.kv.num_blocks
+        assert await wait_until(lambda worker=worker: all_blocks_free(worker.engine))
 
 
 async def test_cached_prompts_are_shared_within_an_organization_only(workers, reference):
@@ -66,7 +68,7 @@ async def test_decode_workers_serve_generate_too(workers, reference):
         request_id="g", prompt_token_ids=prompt, sampling=sampling(7)
     ))]
     assert [e.token_id for e in events] == reference(prompt, 7)
-    assert events[0].stats.worker_id == "decode-0" and events[-1].finished
+    assert events[0].HasField("stats") and events[-1].finished
 
 
 async def test_a_wrong_transfer_token_fails_both_calls_with_clear_errors(workers):
@@ -83,8 +85,7 @@ async def test_a_wrong_transfer_token_fails_both_calls_with_clear_errors(workers
     assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "PERMISSION_DENIED" in raised.value.details() and "token does not match" in raised.value.details()
     decode_call.cancel()
-    await asyncio.sleep(0.05)
-    assert prefill.engine.kv.num_free_blocks == prefill.engine.kv.num_blocks
+    assert await wait_until(lambda: all_blocks_free(prefill.engine))
 
 
 async def test_load_is_published_at_once_and_on_change_with_the_prefix_summary(workers):
@@ -99,6 +100,8 @@ async def test_load_is_published_at_once_and_on_change_with_the_prefix_summary(w
             break
     assert list(load.prefix_cache.block_hashes) == block_hashes(prompt, 16)
     assert load.prefix_cache.queried_tokens == 64 and load.prefix_cache.version > first.prefix_cache.version
+    report = prefill.service.load_report()  # the heartbeat's report comes from the same shape
+    assert (report["kv_blocks_free"], report["kv_blocks_total"], report["queue_depth"]) == (128, 128, 0)
     prefill.service.set_draining(True)
     async for load in watch:
         if load.draining:
@@ -116,3 +119,58 @@ async def test_roles_are_enforced(workers):
     assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     endpoint = await decode.stub.GetKvEndpoint(worker_pb2.KvEndpointRequest())
     assert endpoint.data_port == decode.receiver.port and endpoint.block_size == 16
+
+
+# Cancellation: each request below needs about a thousand tokens, far more than the worker computes
+# within the bound its blocks must be free in; only the cancel frees them.
+
+async def test_cancelling_a_generate_call_frees_its_blocks_at_once(workers):
+    _, decode = workers
+    call = decode.stub.Generate(worker_pb2.GenerateWork(
+        request_id="long", prompt_token_ids=prompts([24], salt=40)[0], sampling=sampling(1000)
+    ))
+    await call.read()
+    assert not all_blocks_free(decode.engine)
+    call.cancel()
+    assert await wait_until(lambda: all_blocks_free(decode.engine), timeout=2.0)
+    assert decode.engine.stats().tokens_generated < 1000
+
+
+async def test_cancelling_a_decode_call_frees_its_blocks_at_once(workers):
+    prefill, decode = workers
+    prompt = prompts([24], salt=41)[0]
+    token = secrets.token_bytes(32)
+    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
+        request_id="long", transfer_token=token, sampling=sampling(1000), prompt_tokens=len(prompt),
+    ))
+    events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
+        request_id="long", prompt_token_ids=prompt, sampling=sampling(1000), decode_address=decode.address,
+        transfer_token=token,
+    ))]
+    assert events[-1].HasField("kv_delivered")
+    await decode_call.read()
+    decode_call.cancel()
+    assert await wait_until(lambda: all_blocks_free(decode.engine), timeout=2.0)
+    assert decode.engine.stats().tokens_generated < 1000
+
+
+async def test_cancelling_a_prefill_call_frees_its_blocks_at_once_and_aborts_its_transfer(workers):
+    prefill, decode = workers
+    prompt = prompts([1000], salt=42)[0]  # 16 steps of 64 tokens
+    token = secrets.token_bytes(32)
+    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
+        request_id="long", transfer_token=token, sampling=sampling(8), prompt_tokens=len(prompt),
+    ))
+    prefill_call = prefill.stub.Prefill(worker_pb2.PrefillRequest(
+        request_id="long", prompt_token_ids=prompt, sampling=sampling(8), decode_address=decode.address,
+        transfer_token=token,
+    ))
+    assert await wait_until(lambda: prefill.engine.stats().prompt_tokens_computed > 0, timeout=10.0)
+    prefill_call.cancel()
+    assert await wait_until(lambda: all_blocks_free(prefill.engine), timeout=2.0)
+    assert prefill.engine.stats().prompt_tokens_computed < len(prompt)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await decode_call.read()
+    assert raised.value.code() is grpc.StatusCode.ABORTED
+    assert "the prefill request was cancelled" in raised.value.details()
+    assert all_blocks_free(decode.engine)

@@ -88,7 +88,7 @@ async def test_every_worker_call_without_the_secret_is_unauthenticated(pair, raw
         await call(raw_stub(worker), metadata)
     assert raised.value.code() is grpc.StatusCode.UNAUTHENTICATED
     assert "Bearer" in raised.value.details() or "does not match" in raised.value.details()
-    assert worker.engine.num_waiting == worker.engine.num_active == 0  # nothing ran
+    assert worker.engine.stats().waiting == worker.engine.stats().running == 0  # nothing ran
     assert decode.receiver.bytes_received == 0
 
 
@@ -164,7 +164,7 @@ async def test_a_prefill_worker_sends_no_kv_to_a_worker_that_cannot_prove_the_se
         assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
         assert "could not prove it is a registered decode worker" in raised.value.details()
         assert impostor.receiver.bytes_received == 0 and prefill.sender.bytes_sent == 0
-        assert address not in prefill.sender.peers
+        assert prefill.engine.connector.peer(address) is None
     finally:
         await impostor.server.stop(None)
         impostor.receiver.close()

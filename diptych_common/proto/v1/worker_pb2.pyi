@@ -61,20 +61,18 @@ class PrefillEvent(_message.Message):
     def __init__(self, first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., kv_delivered: _Optional[_Union[KvDelivered, _Mapping]] = ...) -> None: ...
 
 class FirstToken(_message.Message):
-    __slots__ = ("token_id", "cached_tokens", "compute_ms", "worker_id", "finished", "finished_by_eos")
+    __slots__ = ("token_id", "cached_tokens", "compute_ms", "finished", "finished_by_eos")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_BY_EOS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     cached_tokens: int
     compute_ms: int
-    worker_id: str
     finished: bool
     finished_by_eos: bool
-    def __init__(self, token_id: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compute_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ...) -> None: ...
+    def __init__(self, token_id: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compute_ms: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ...) -> None: ...
 
 class KvDelivered(_message.Message):
     __slots__ = ("kv_bytes", "transfer_ms", "data_path")
@@ -129,66 +127,12 @@ class TokenEvent(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ..., stats: _Optional[_Union[PhaseStats, _Mapping]] = ...) -> None: ...
 
 class PhaseStats(_message.Message):
-    __slots__ = ("worker_id", "compute_ms", "cached_tokens", "kv_bytes")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("compute_ms", "cached_tokens")
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
-    worker_id: str
     compute_ms: int
     cached_tokens: int
-    kv_bytes: int
-    def __init__(self, worker_id: _Optional[str] = ..., compute_ms: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
-
-class KvChunk(_message.Message):
-    __slots__ = ("header", "tensor", "trailer")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
-    TRAILER_FIELD_NUMBER: _ClassVar[int]
-    header: KvHeader
-    tensor: KvTensor
-    trailer: KvTrailer
-    def __init__(self, header: _Optional[_Union[KvHeader, _Mapping]] = ..., tensor: _Optional[_Union[KvTensor, _Mapping]] = ..., trailer: _Optional[_Union[KvTrailer, _Mapping]] = ...) -> None: ...
-
-class KvHeader(_message.Message):
-    __slots__ = ("request_id", "transfer_token", "prompt_token_ids", "first_token_id", "num_layers", "dtype", "shape")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
-    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    transfer_token: bytes
-    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    first_token_id: int
-    num_layers: int
-    dtype: str
-    shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., first_token_id: _Optional[int] = ..., num_layers: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class KvTensor(_message.Message):
-    __slots__ = ("layer", "is_value", "data")
-    LAYER_FIELD_NUMBER: _ClassVar[int]
-    IS_VALUE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    layer: int
-    is_value: bool
-    data: bytes
-    def __init__(self, layer: _Optional[int] = ..., is_value: _Optional[bool] = ..., data: _Optional[bytes] = ...) -> None: ...
-
-class KvTrailer(_message.Message):
-    __slots__ = ("crc32",)
-    CRC32_FIELD_NUMBER: _ClassVar[int]
-    crc32: int
-    def __init__(self, crc32: _Optional[int] = ...) -> None: ...
-
-class KvAck(_message.Message):
-    __slots__ = ("bytes_received",)
-    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
-    bytes_received: int
-    def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
+    def __init__(self, compute_ms: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -49,11 +49,6 @@ class WorkerStub:
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
                 response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenEvent.FromString,
                 _registered_method=True)
-        self.PushKv = channel.stream_unary(
-                '/diptych.internal.v1.Worker/PushKv',
-                request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.SerializeToString,
-                response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.FromString,
-                _registered_method=True)
         self.GetKvEndpoint = channel.unary_unary(
                 '/diptych.internal.v1.Worker/GetKvEndpoint',
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvEndpointRequest.SerializeToString,
@@ -75,8 +70,9 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Prefill(self, request, context):
-        """Prefill role: runs the prompt, streams PrefillEvent.first_token as soon as it is sampled, pushes
-        the KV cache to the decode worker named in the request, then ends with PrefillEvent.kv_delivered.
+        """Prefill role: runs the prompt, streams PrefillEvent.first_token as soon as it is sampled, sends
+        the KV cache to the decode worker named in the request over the KV data path (see GetKvEndpoint)
+        as it is computed, then ends with PrefillEvent.kv_delivered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,14 +88,6 @@ class WorkerServicer:
 
     def Generate(self, request, context):
         """Colocated role: both phases in one process; streams every token, the first one included.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PushKv(self, request_iterator, context):
-        """Decode role: receives a KV cache from a prefill worker. The first chunk is a header.
-        Superseded by the KV data path (GetKvEndpoint); kept in the contract, no longer served by workers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,11 +133,6 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.GenerateWork.FromString,
                     response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenEvent.SerializeToString,
-            ),
-            'PushKv': grpc.stream_unary_rpc_method_handler(
-                    servicer.PushKv,
-                    request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.FromString,
-                    response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.SerializeToString,
             ),
             'GetKvEndpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.GetKvEndpoint,
@@ -248,33 +231,6 @@ class Worker:
             '/diptych.internal.v1.Worker/Generate',
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PushKv(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/diptych.internal.v1.Worker/PushKv',
-            diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvChunk.SerializeToString,
-            diptych__common_dot_proto_dot_v1_dot_worker__pb2.KvAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,148 @@
+"""The KV connector: the one interface between the engine and KV that crosses workers.
+
+A connector has two sides. Its scheduler side runs on the event loop as the scheduler decides a step:
+which of a request's tokens it loads rather than the engine computing them (`num_external_tokens`),
+and what each step loads and saves (`build_meta`, a `KvConnectorMeta` of plain data). Its worker side
+carries that out on the forward thread, around the forward pass: `wait_for_save` before the step (blocks
+freed since the last step are no longer read by a save, so the step may overwrite them), `load_kv`
+before the forward pass, `save_kv` after it. The engine calls nothing else of it; the server hands it a
+request's part in a hand-off as `KvTransferParams` on the request.
+
+Implementations: `workers.kv_connector.prefill.PrefillConnector` (a prefill worker streams each request's
+KV to its decode worker as it is computed) and `workers.kv_connector.decode.DecodeConnector` (a decode
+worker loads the KV it received). Both move bytes over a data path, TCP or shared memory
+(`workers.kv_connector.paths`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from workers.kv_cache_manager import KVCacheManager
+    from workers.request import EngineRequest
+    from workers.scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A decode worker's KV data port as a prefill worker reaches it."""
+
+    host: str
+    port: int
+    same_host: bool  # its /dev/shm is ours: chunks go through shared memory
+
+
+@dataclass(frozen=True)
+class KvTransferParams:
+    """A request's part in a KV hand-off between workers, as its call asked for it."""
+
+    send_to: Peer | None = None  # stream the request's KV to this decode worker as it is computed
+    transfer_token: bytes = b""  # ... with the one-time token that decode worker checks
+    load_tokens: int = 0  # the KV of the first load_tokens tokens arrived from a prefill worker: load it
+
+
+class KvChunk(NamedTuple):
+    """Blocks first_block.. of a request's KV: data [layers, 2, blocks, block_size, kv_heads, head_dim]."""
+
+    first_block: int
+    data: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KvLoad:
+    """Write the KV the connector holds for a request into its blocks, before the step computes on them."""
+
+    request_id: str
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class KvSave:
+    """Blocks computed by the end of this step that leave now: the request's blocks first_block.."""
+
+    request_id: str
+    block_ids: list[int]
+    first_block: int
+
+
+@dataclass(frozen=True)
+class KvConnectorMeta:
+    """One step's KV hand-off, decided on the scheduler side, carried out on the worker side."""
+
+    loads: list[KvLoad] = field(default_factory=list)
+    saves: list[KvSave] = field(default_factory=list)
+    freed: list[str] = field(default_factory=list)  # requests whose blocks were freed since the last step
+
+
+@dataclass(frozen=True)
+class KvSent:
+    """A request's KV arrived whole and checked at its decode worker."""
+
+    nbytes: int
+    data_path: str
+
+
+@dataclass(frozen=True)
+class KvConnectorStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+class KvConnector(ABC):
+    """Every method is the connector's to define; one a connector has no use for does nothing."""
+
+    # ---- scheduler side: the event loop's thread ------------------------------------------------
+
+    @abstractmethod
+    def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
+        """The engine took the request. A connector that sends its KV starts the transfer and returns
+        its outcome (KvSent, or a KvTransferError)."""
+
+    @abstractmethod
+    def num_external_tokens(self, request: EngineRequest) -> int:
+        """At admission: how many of the request's first tokens this connector loads (0: none). The
+        scheduler then computes only the tokens after them and lists the request in SchedulerOutput.loads."""
+
+    @abstractmethod
+    def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
+        """What the step `out` loads and saves; called once per step that computes anything."""
+
+    @abstractmethod
+    def request_preempted(self, request: EngineRequest) -> None:
+        """The request's blocks were freed; it will be recomputed from its tokens."""
+
+    @abstractmethod
+    def request_finished(self, request: EngineRequest) -> None:
+        """The request left (`request.finish_reason` says why) and its blocks were freed."""
+
+    @abstractmethod
+    def step_done(self, meta: KvConnectorMeta) -> None:
+        """The step of `meta` ended, or failed: the forward thread no longer reads what it named."""
+
+    @abstractmethod
+    def stats(self) -> KvConnectorStats:
+        """Bytes moved so far."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The worker stops."""
+
+    # ---- worker side: the forward thread ----------------------------------------------------------
+
+    @abstractmethod
+    def wait_for_save(self, meta: KvConnectorMeta) -> None:
+        """Before the step: saves no longer read the blocks of meta.freed (the step may overwrite them)."""
+
+    @abstractmethod
+    def load_kv(self, meta: KvConnectorMeta, runner) -> None:
+        """Before the forward pass: writes meta.loads into the pool."""
+
+    @abstractmethod
+    def save_kv(self, meta: KvConnectorMeta, runner) -> None:
+        """After the forward pass: hands meta.saves to their transfers."""

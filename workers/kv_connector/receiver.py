@@ -1,0 +1,291 @@
+"""The receiving side of the KV data path: the decode worker's data port.
+
+The receiver hands a cache over only when every block arrived and every checksum matched, so a half-
+received cache is never decoded. Both sides time out after `io_timeout` seconds without progress.
+
+Nothing is allocated for a peer before it proved it may send, since the port is reachable before any
+gRPC credential is checked: the hello is small and bounded and must arrive whole within `hello_timeout`;
+the transfer token is checked, and the declared size against what the waiting decode request needs and
+the KV pool holds, before the prompt is read or a buffer is taken; and the number of open data
+connections is bounded (one thread each), beyond which connections are refused.
+"""
+
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from workers.kv_connector.base import KvChunk
+from workers.kv_connector.paths import ReceivePath, blocks_in
+from workers.kv_connector.shm import SegmentReader, ShmReceive, make_probe, remove_file
+from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.tcp import TcpReceive
+from workers.kv_connector.wire import (
+    ABORT,
+    CHUNK,
+    END,
+    FRAME,
+    KEEPALIVE,
+    TOKEN_ID,
+    KvTransferError,
+    checksum,
+    error_reply,
+    read_hello,
+    recv_exact,
+    recv_json,
+    send_json,
+    try_send_json,
+    tune,
+)
+from workers.model_runner import KvLayout
+
+log = logging.getLogger(__name__)
+
+MAX_DATA_CONNECTIONS = 256
+
+
+@dataclass(eq=False)
+class ReceivedKv:
+    prompt_token_ids: list[int]
+    first_token_id: int
+    num_tokens: int
+    chunks: list[KvChunk]  # views into one staging buffer, in block order
+    nbytes: int  # whole blocks, the last one partly filled: what moved
+    data_path: str
+    release: Callable[[], None]  # gives the staging buffer back; works once
+
+
+Delivery = Callable[[ReceivedKv | KvTransferError], None]
+
+
+@dataclass
+class _Slot:
+    transfer_token: bytes
+    deliver: Delivery  # called once, on a receiver thread
+    max_tokens: int  # the prompt length the decode request declared: no larger cache is accepted
+    claimed: bool = False
+
+
+class KvInbox:
+    """Where decode requests wait for their KV. Thread-safe: transfers arrive on receiver threads.
+    A transfer may arrive before its request registers; it then waits up to `arrival_timeout`."""
+
+    def __init__(self, arrival_timeout: float = 5.0) -> None:
+        self._arrival_timeout = arrival_timeout
+        self._slots: dict[str, _Slot] = {}
+        self._changed = threading.Condition()
+
+    def expect(self, request_id: str, transfer_token: bytes, deliver: Delivery, max_tokens: int) -> None:
+        with self._changed:
+            if request_id in self._slots:
+                raise KvTransferError(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} already waits for KV")
+            self._slots[request_id] = _Slot(transfer_token, deliver, max_tokens)
+            self._changed.notify_all()
+
+    def forget(self, request_id: str) -> None:
+        with self._changed:
+            self._slots.pop(request_id, None)
+
+    def claim(self, request_id: str, transfer_token: bytes) -> _Slot:
+        deadline = time.monotonic() + self._arrival_timeout
+        with self._changed:
+            while (slot := self._slots.get(request_id)) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KvTransferError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"no decode request for {request_id} is waiting for its KV cache",
+                    )
+                self._changed.wait(remaining)
+            if not hmac.compare_digest(slot.transfer_token, transfer_token):
+                raise KvTransferError(grpc.StatusCode.PERMISSION_DENIED, "the KV transfer token does not match")
+            if slot.claimed:
+                raise KvTransferError(
+                    grpc.StatusCode.PERMISSION_DENIED, f"the KV cache of {request_id} was already sent"
+                )
+            slot.claimed = True
+            return slot
+
+
+class KvReceiver:
+    """The decode worker's data port: one thread per incoming transfer (at most `max_connections`),
+    reading into warm buffers. `max_tokens` is what the KV pool holds: no larger cache is accepted."""
+
+    def __init__(
+        self, inbox: KvInbox, layout: KvLayout, host: str = "127.0.0.1", port: int = 0,
+        io_timeout: float = 5.0, staging: StagingPool | None = None, max_tokens: int | None = None,
+        max_connections: int = MAX_DATA_CONNECTIONS, hello_timeout: float = 5.0,
+    ) -> None:
+        self.inbox = inbox
+        self.layout = layout
+        self.io_timeout = io_timeout
+        self.hello_timeout = hello_timeout  # the whole hello must arrive within it
+        self.max_tokens = max_tokens
+        self.staging = staging or StagingPool()
+        self._connections = threading.BoundedSemaphore(max_connections)
+        self.connections_refused = 0
+        self._segments = SegmentReader()
+        self._listener = socket.create_server((host, port), backlog=128)
+        self.host, self.port = self._listener.getsockname()[:2]
+        self.bytes_received = 0
+        self._count = threading.Lock()
+        self.shm_probe_name = ""
+        self.shm_probe_nonce = b""
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_forever, name="kv-receiver", daemon=True)
+
+    def start(self) -> None:
+        self.shm_probe_name, self.shm_probe_nonce = make_probe()
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        if self.shm_probe_name:
+            remove_file(self.shm_probe_name)
+        self._segments.close()
+
+    def _accept_forever(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._connections.acquire(blocking=False):
+                self._refuse(conn)
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="kv-receive", daemon=True).start()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        self.connections_refused += 1
+        with conn:
+            conn.setblocking(False)  # a peer that reads nothing cannot hold up the accept loop
+            try_send_json(conn, {
+                "ok": False, "code": "RESOURCE_EXHAUSTED",
+                "error": "this decode worker has as many KV connections open as it serves; retry shortly",
+            })
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_connection(conn)
+        finally:
+            self._connections.release()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        slot = None
+        try:
+            with conn:
+                tune(conn)
+                try:
+                    header = read_hello(conn, self.layout, time.monotonic() + self.hello_timeout)
+                    conn.settimeout(self.io_timeout)
+                    slot = self.inbox.claim(header["request_id"], bytes.fromhex(header["transfer_token"]))
+                    self._check_size(int(header["num_tokens"]), slot)
+                    send_json(conn, {"ok": True})
+                    received = self._read_cache(conn, header)
+                except KvTransferError as error:
+                    if slot is not None:
+                        slot.deliver(error)
+                    try_send_json(conn, error_reply(error))
+                    return
+                with self._count:
+                    self.bytes_received += received.nbytes
+                slot.deliver(received)
+                try_send_json(conn, {"ok": True, "bytes": received.nbytes})
+        except Exception as error:  # never let a bad peer kill the thread silently
+            log.exception("KV receive failed")
+            if slot is not None:
+                slot.deliver(KvTransferError(grpc.StatusCode.INTERNAL, f"the KV receive failed: {error}"))
+
+    def _check_size(self, num_tokens: int, slot: _Slot) -> None:
+        """Before anything is allocated for it: the cache may be no larger than its request's prompt."""
+        if not 1 <= num_tokens <= slot.max_tokens:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the KV header declares {num_tokens} tokens, but the decode request waits for the KV of "
+                f"a prompt of {slot.max_tokens}",
+            )
+        if self.max_tokens is not None and num_tokens > self.max_tokens:
+            raise KvTransferError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the KV cache of {num_tokens} tokens exceeds this worker's KV pool ({self.max_tokens} tokens)",
+            )
+
+    def _read_cache(self, conn: socket.socket, header: dict) -> ReceivedKv:
+        num_tokens = int(header["num_tokens"])
+        prompt = recv_exact(conn, num_tokens * TOKEN_ID.size, "the prompt's token ids")
+        total_blocks = -(-num_tokens // self.layout.block_size)
+        nbytes = total_blocks * self.layout.block_nbytes
+        buffer = self.staging.acquire(nbytes)
+        try:
+            first_token_id, chunks = self._read_frames(conn, self._path_of(header), buffer, total_blocks)
+        except BaseException:
+            self.staging.release(buffer)
+            raise
+        return ReceivedKv(
+            prompt_token_ids=[token for (token,) in TOKEN_ID.iter_unpack(prompt)],
+            first_token_id=first_token_id, num_tokens=num_tokens, chunks=chunks, nbytes=nbytes,
+            data_path=header["data_path"], release=_once(lambda: self.staging.release(buffer)),
+        )
+
+    def _path_of(self, header: dict) -> ReceivePath:
+        if header["data_path"] == "shm":
+            return ShmReceive(self._segments.view(str(header.get("segment", ""))))
+        return TcpReceive()
+
+    def _read_frames(
+        self, conn: socket.socket, path: ReceivePath, buffer: torch.Tensor, total_blocks: int
+    ) -> tuple[int, list[KvChunk]]:
+        """Reads frames until the end frame; returns the first token and the chunks, each checked."""
+        lay = self.layout
+        view = buffer.numpy().data
+        chunks: list[KvChunk] = []
+        next_block = 0
+        while True:
+            kind, first, count, offset, digest = FRAME.unpack(recv_exact(conn, FRAME.size, "a KV frame"))
+            if kind == KEEPALIVE:
+                continue
+            if kind == ABORT:
+                reason = recv_json(conn, "the KV abort reason").get("reason", "")
+                raise KvTransferError(grpc.StatusCode.ABORTED, f"the prefill worker aborted the KV transfer: {reason}")
+            if kind == END:
+                if next_block != total_blocks:
+                    raise KvTransferError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"the KV stream ended after {next_block} of {total_blocks} blocks",
+                    )
+                return first, chunks
+            if kind != CHUNK or first != next_block or count == 0 or first + count > total_blocks:
+                raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "a KV frame is out of order or out of range")
+            start, size = first * lay.block_nbytes, count * lay.block_nbytes
+            target = view[start:start + size]
+            what = f"KV blocks {first}..{first + count - 1}"
+            path.read(conn, target, offset, what)
+            if checksum(target) != digest:
+                raise KvTransferError(grpc.StatusCode.DATA_LOSS, f"{what} failed their checksum")
+            chunks.append(KvChunk(first, blocks_in(buffer, lay, first, count)))
+            next_block = first + count
+
+
+def _once(function: Callable[[], None]) -> Callable[[], None]:
+    """A buffer handed back twice would be handed out twice: release callbacks work once."""
+    lock, done = threading.Lock(), list[bool]()
+
+    def call() -> None:
+        with lock:
+            if done:
+                return
+            done.append(True)
+        function()
+
+    return call

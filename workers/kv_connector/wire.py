@@ -1,0 +1,206 @@
+"""The KV data path's wire protocol (DKV2) and the socket helpers both ends use.
+
+On the wire (little-endian):
+  sender → receiver  HELLO: b"DKV2", u32 length (at most MAX_HELLO_BYTES), JSON header (request id,
+                     transfer token, KV layout, number of tokens, data path, shared-memory segment name)
+  receiver → sender  REPLY: u32 length, JSON {"ok": true} or {"ok": false, "code", "error"}
+  sender → receiver  the prompt's token ids, number of tokens × u32
+  sender → receiver  frames: FRAME struct (kind, first block, block count, offset, xxh3-64 checksum),
+                     followed, on the TCP path, by the chunk's bytes; kind KEEPALIVE keeps an idle connection
+                     alive, ABORT carries a reason, END ends with the first token id (in `first_block`)
+  receiver → sender  REPLY once the whole cache is in and checked.
+"""
+
+import json
+import socket
+import struct
+import time
+
+import grpc
+import torch
+import xxhash
+
+from workers.model_runner import KvLayout
+
+MAGIC = b"DKV2"
+FRAME = struct.Struct("<cxxxIIQQ")  # kind, first block, block count, offset, checksum
+CHUNK, KEEPALIVE, ABORT, END = b"C", b"K", b"X", b"E"
+TOKEN_ID = struct.Struct("<I")
+MAX_HELLO_BYTES = 4 << 10  # the hello carries no prompt: a few hundred bytes
+MAX_REPLY_BYTES = 64 << 10  # replies and abort reasons: a sentence
+SOCKET_BUFFER_BYTES = 4 << 20  # larger kernel buffers: fewer, longer system calls per chunk
+DATA_PATHS = ("tcp", "shm")
+
+
+class KvTransferError(Exception):
+    """A KV transfer failed; `code` is the gRPC status its calls report."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def checksum(data) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---- the hello --------------------------------------------------------------------------------------
+
+def encode_hello(
+    request_id: str, transfer_token: bytes, layout: KvLayout, num_tokens: int, data_path: str, segment: str
+) -> bytes:
+    body = json.dumps({
+        "request_id": request_id, "transfer_token": transfer_token.hex(), "data_path": data_path,
+        "segment": segment, "num_tokens": num_tokens, "num_layers": layout.num_layers, "kv_heads": layout.kv_heads,
+        "head_dim": layout.head_dim, "block_size": layout.block_size, "dtype": dtype_name(layout.dtype),
+    }).encode()
+    return MAGIC + struct.pack("<I", len(body)) + body
+
+
+def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> dict:
+    """Reads and checks a hello: whole by `deadline`, at most MAX_HELLO_BYTES, complete, of this layout."""
+    if recv_exact(sock, 4, "the KV hello", deadline) != MAGIC:
+        raise KvTransferError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"this is not a Diptych KV stream of this version (it starts with {MAGIC!r})",
+        )
+    header = recv_json(sock, "the KV header", MAX_HELLO_BYTES, deadline)
+    expected = [layout.num_layers, layout.kv_heads, layout.head_dim, layout.block_size, dtype_name(layout.dtype)]
+    try:
+        got = [header["num_layers"], header["kv_heads"], header["head_dim"], header["block_size"], header["dtype"]]
+        int(header["num_tokens"]), bytes.fromhex(header["transfer_token"]), str(header["request_id"])
+    except (KeyError, TypeError, ValueError):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header is incomplete") from None
+    if got != expected:
+        raise KvTransferError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the KV layout (layers, kv heads, head dim, block size, dtype) {got} does not match this "
+            f"worker's {expected}: both workers must serve the same model with the same block size",
+        )
+    if header.get("data_path") not in DATA_PATHS:
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header names no known data path")
+    return header
+
+
+# ---- frames -----------------------------------------------------------------------------------------
+
+def chunk_frame(first_block: int, count: int, offset: int, digest: int) -> bytes:
+    return FRAME.pack(CHUNK, first_block, count, offset, digest)
+
+
+def end_frame(first_token_id: int) -> bytes:
+    return FRAME.pack(END, first_token_id, 0, 0, 0)
+
+
+def keepalive_frame() -> bytes:
+    return FRAME.pack(KEEPALIVE, 0, 0, 0, 0)
+
+
+def abort_frame(reason: str) -> bytes:
+    body = json.dumps({"reason": reason}).encode()
+    return FRAME.pack(ABORT, 0, 0, 0, 0) + struct.pack("<I", len(body)) + body
+
+
+# ---- replies ----------------------------------------------------------------------------------------
+
+def send_json(sock: socket.socket, message: dict) -> None:
+    body = json.dumps(message).encode()
+    sock.sendall(struct.pack("<I", len(body)) + body)
+
+
+def try_send_json(sock: socket.socket, message: dict) -> None:
+    """Sends a last word to a peer that may already be gone."""
+    try:
+        send_json(sock, message)
+    except OSError:
+        pass
+
+
+def recv_json(sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, deadline: float | None = None) -> dict:
+    (length,) = struct.unpack("<I", recv_exact(sock, 4, what, deadline))
+    if length > limit:
+        raise KvTransferError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is too large ({length} bytes; at most {limit})"
+        )
+    try:
+        message = json.loads(recv_exact(sock, length, what, deadline))
+    except ValueError:
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is not a JSON object")
+    return message
+
+
+def error_reply(error: KvTransferError) -> dict:
+    return {"ok": False, "code": error.code.name, "error": str(error)}
+
+
+def check_reply(reply: dict) -> None:
+    if not reply.get("ok"):
+        code = getattr(grpc.StatusCode, str(reply.get("code")), grpc.StatusCode.UNKNOWN)
+        raise KvTransferError(code, f"the decode worker refused the KV cache: {reply.get('error')}")
+
+
+def reply_after_close(sock: socket.socket) -> dict:
+    """The receiver's last word after it broke the connection, when it left one."""
+    try:
+        return recv_json(sock, "the decode worker's reason for closing")
+    except (KvTransferError, OSError):
+        return {"ok": True}
+
+
+# ---- sockets ----------------------------------------------------------------------------------------
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+
+
+def recv_into(sock: socket.socket, view: memoryview, what: str, deadline: float | None = None) -> None:
+    """Fills `view`; by `deadline` (time.monotonic()) in all when given, so a trickle cannot hold on."""
+    received = 0
+    while received < len(view):
+        try:
+            if deadline is not None:
+                sock.settimeout(_until(deadline))
+            count = sock.recv_into(view[received:])
+        except TimeoutError:
+            raise KvTransferError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the KV transfer stalled while receiving {what}"
+            ) from None
+        if count == 0:
+            raise KvTransferError(
+                grpc.StatusCode.DATA_LOSS,
+                f"the KV stream was cut off while receiving {what} ({received} of {len(view)} bytes)",
+            )
+        received += count
+
+
+def recv_exact(sock: socket.socket, nbytes: int, what: str, deadline: float | None = None) -> bytes:
+    buffer = bytearray(nbytes)
+    recv_into(sock, memoryview(buffer), what, deadline)
+    return bytes(buffer)
+
+
+def sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
+    """Sends every view, in order, with as few system calls as the kernel allows (scatter-gather)."""
+    views = [view for view in views if len(view)]
+    while views:
+        sent = sock.sendmsg(views[:512])
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
+
+
+def _until(deadline: float) -> float:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    return remaining
