@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
+from functools import partial
 
 import grpc
 import numpy as np
@@ -79,7 +81,7 @@ def _receive_raw(conn: socket.socket, target: np.ndarray) -> None:
     with conn:
         while header := conn.recv(8, socket.MSG_WAITALL):  # transfers on one connection until it closes
             (size,) = struct.unpack("<Q", header)
-            view, got = memoryview(target)[:size], 0
+            view, got = target.data[:size], 0
             while got < size:
                 got += conn.recv_into(view[got:])
             conn.sendall(b"k")
@@ -176,7 +178,7 @@ class RawSocket:
     def run(self) -> float:
         started = time.perf_counter()
         self.sock.sendall(struct.pack("<Q", self.nbytes))
-        self.sock.sendall(memoryview(self.source))
+        self.sock.sendall(self.source.data)
         assert self.sock.recv(1) == b"k"
         return time.perf_counter() - started
 
@@ -212,7 +214,7 @@ class DataPath:
         self.counter += 1
         tokens = num_blocks * LAYOUT.block_size
         outgoing = self.sender.open(request_id, b"token", [5] * tokens, Peer("127.0.0.1", self.port, same_host))
-        result = queue.Queue()
+        result: queue.Queue[int] = queue.Queue()
         thread = threading.Thread(target=lambda: result.put(outgoing.send()))
         thread.start()
         time.sleep(0.02)  # the connection opens while the prefill computes, before the first chunk
@@ -253,7 +255,7 @@ async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
 # ---- checksums ------------------------------------------------------------------------------------
 
 def checksum_rates(nbytes: int) -> dict[str, float]:
-    data = memoryview(np.ones(nbytes, dtype=np.uint8))
+    data = np.ones(nbytes, dtype=np.uint8).data
     rates = {}
     for name, function in (("xxh3-64", xxhash.xxh3_64_intdigest), ("crc32 (zlib)", zlib.crc32)):
         function(data)
@@ -293,6 +295,8 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
         ))
         await handle.outputs.get()
         first_token_at = time.perf_counter()
+        if handle.kv_sent is None:
+            raise RuntimeError("the prefill request opened no KV transfer")
         sent = await asyncio.wrap_future(handle.kv_sent)
         delivered_at = time.perf_counter()
         loop_task.cancel()
@@ -334,9 +338,9 @@ def main() -> None:
             nbytes = num_blocks * LAYOUT.block_nbytes
             progress(f"{nbytes / 1e6:.1f} MB ({num_blocks} blocks of {LAYOUT.block_size} tokens):")
             raw, alone = RawSocket(raw_port, nbytes), RawAlone(context, raw_port, nbytes)
-            runs = {"raw socket": raw.run, "tcp path": lambda blocks=num_blocks: path.transfer(blocks, False),
-                    "shm path": lambda blocks=num_blocks: path.transfer(blocks, True), "raw, alone": alone.run}
-            times = {name: [] for name in runs}
+            runs: dict[str, Callable[[], float]] = {"raw socket": raw.run, "tcp path": partial(path.transfer, num_blocks, False),
+                    "shm path": partial(path.transfer, num_blocks, True), "raw, alone": alone.run}
+            times: dict[str, list[float]] = {name: [] for name in runs}
             for repeat in range(args.repeats + 1):  # interleaved, so every path sees the same machine load
                 progress(f"  round {repeat + 1} of {args.repeats + 1}" + (" (warm-up)" if repeat == 0 else ""))
                 for name, run in runs.items():

@@ -8,8 +8,11 @@ the KV its requests received; a colocated request runs both phases here, with no
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+
+import torch
 
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvSent
@@ -105,9 +108,10 @@ class Engine:
         self.tokens_generated = 0
         self.prompt_tokens_computed = 0
         self.steps_run = 0
-        self.on_step = None  # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
+        # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
+        self.on_step: Callable[[int, float], None] | None = None
         # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks)
-        self.on_logits = None
+        self.on_logits: Callable[[list[EngineRequest], torch.Tensor], None] | None = None
 
     def attach_connector(self, connector: KvConnector) -> None:
         """Gives the engine its KV connector, before its first request (the connector is built for the
