@@ -37,10 +37,13 @@ class StaticBatchGenerate:
         input_ids = torch.tensor([prompt_token_ids])
         with torch.inference_mode():
             output = self._model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                do_sample=False, pad_token_id=self._pad,
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=self._pad,
             )
-        return output[0, len(prompt_token_ids):].tolist()
+        return output[0, len(prompt_token_ids) :].tolist()
 
     def run_batch(self, requests: list[BenchRequest], sent_at: list[float]) -> list[RequestResult]:
         """One static batch, left-padded; end-of-sequence suppressed so every answer has its length."""
@@ -49,20 +52,27 @@ class StaticBatchGenerate:
         attention_mask = torch.zeros_like(input_ids)
         for row, request in enumerate(requests):
             length = len(request.prompt_token_ids)
-            input_ids[row, width - length:] = torch.tensor(request.prompt_token_ids)
-            attention_mask[row, width - length:] = 1
+            input_ids[row, width - length :] = torch.tensor(request.prompt_token_ids)
+            attention_mask[row, width - length :] = 1
         longest = max(r.output_tokens for r in requests)
         clock = _StepClock()
         with torch.inference_mode():
             output = self._model.generate(
-                input_ids, attention_mask=attention_mask, max_new_tokens=longest, min_new_tokens=longest,
-                do_sample=False, pad_token_id=self._pad, stopping_criteria=StoppingCriteriaList([clock]),
+                input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=self._pad,
+                stopping_criteria=StoppingCriteriaList([clock]),
             )
         return [
             RequestResult(
-                sent_at=sent, token_times=clock.times[:request.output_tokens],
-                token_ids=output[row, width:width + request.output_tokens].tolist(),
-                prompt_tokens=len(request.prompt_token_ids), shares_prefix=request.shares_prefix,
+                sent_at=sent,
+                token_times=clock.times[: request.output_tokens],
+                token_ids=output[row, width : width + request.output_tokens].tolist(),
+                prompt_tokens=len(request.prompt_token_ids),
+                shares_prefix=request.shares_prefix,
             )
             for row, (request, sent) in enumerate(zip(requests, sent_at, strict=True))
         ]
@@ -71,7 +81,7 @@ class StaticBatchGenerate:
         """Batches of `concurrency` in order, each request counted as sent when its batch starts."""
         results = []
         for first in range(0, len(requests), concurrency):
-            batch = requests[first:first + concurrency]
+            batch = requests[first : first + concurrency]
             started = time.perf_counter()
             results += self.run_batch(batch, [started] * len(batch))
         return results
@@ -87,6 +97,6 @@ class StaticBatchGenerate:
                 time.sleep(pending[0].arrival_s - now)
                 now = pending[0].arrival_s
             arrived = [r for r in pending if r.arrival_s <= now][:max_batch]
-            pending = pending[len(arrived):]
+            pending = pending[len(arrived) :]
             results += self.run_batch(arrived, [start + r.arrival_s for r in arrived])
         return results

@@ -30,12 +30,12 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import httpx
-from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.chaos_ledger import LedgerEvent, Reconciliation, RequestRecord, reconcile
 from bench.workload import FIRST_ORDINARY_TOKEN
 from diptych_common.builtin import DIPTYCH_TINY
+from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import REPO_ROOT, Stack, StackError, free_port
 
 VICTIM_KINDS = ("prefill", "decode", "gateway", "control-plane")
@@ -44,14 +44,17 @@ MODEL = "diptych-tiny"
 SECOND_ORGANIZATION = ("Chaos B", "chaos-b")
 READY_TIMEOUT_S = 180.0
 POLL_S = 0.25
-ERROR_BACKOFF_S = 0.25        # a client whose request failed before any token waits this long
-DRAIN_STABLE_POLLS = 3        # the ledger unchanged for this many polls, one a second, with nothing spooled
+ERROR_BACKOFF_S = 0.25  # a client whose request failed before any token waits this long
+DRAIN_STABLE_POLLS = 3  # the ledger unchanged for this many polls, one a second, with nothing spooled
 ERROR_MESSAGE_CHARS = 160
 TOP_ERROR_MESSAGES = 6
 # The clients reconnect to a restarted gateway within a second, as a well-configured client would; gRPC's
 # default backoff grows to two minutes, which would measure the client's patience, not the platform.
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 1000))
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 SPOOLED_METRIC = "diptych_gateway_usage_events_spooled"
 _started = time.monotonic()
 
@@ -62,14 +65,15 @@ def log(message: str) -> None:
 
 # --- the platform -------------------------------------------------------------------------------------
 
+
 @dataclass
 class ChaosPlatform:
     stack: Stack
-    api_keys: dict[str, str]            # organization id -> API key
+    api_keys: dict[str, str]  # organization id -> API key
     gateway_port: int
     metrics_url: str
-    workers: dict[str, list[str]]       # role -> worker names
-    _replaced_ids: dict[str, str] = field(default_factory=dict)   # killed worker -> its registry id
+    workers: dict[str, list[str]]  # role -> worker names
+    _replaced_ids: dict[str, str] = field(default_factory=dict)  # killed worker -> its registry id
 
     @property
     def gateway_address(self) -> str:
@@ -167,18 +171,35 @@ def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int) -
         api_keys = {credentials.organization_id: credentials.api_key, second_id: second_key}
         log(f"starting the control plane on {stack.control_plane_url}")
         stack.start_control_plane()
-        workers = {"prefill": [f"prefill-{i}" for i in range(prefill_workers)],
-                   "decode": [f"decode-{i}" for i in range(decode_workers)]}
+        workers = {
+            "prefill": [f"prefill-{i}" for i in range(prefill_workers)],
+            "decode": [f"decode-{i}" for i in range(decode_workers)],
+        }
         for role, names in workers.items():
             for name in names:
                 stack.start_worker(name, role, credentials.fleet_tokens[role], free_port())
         port, metrics_port = free_port(), free_port()
-        log(f"starting the gateway on 127.0.0.1:{port} (its usage spool under {state_dir / 'gateway'}) while "
-            f"{prefill_workers} prefill and {decode_workers} decode workers load the model")
+        log(
+            f"starting the gateway on 127.0.0.1:{port} (its usage spool under {state_dir / 'gateway'}) while "
+            f"{prefill_workers} prefill and {decode_workers} decode workers load the model"
+        )
         # Every request takes the split path, so that killing a prefill worker always hits something.
-        stack.start_gateway(GATEWAY, port, metrics_port, "split", http_port=free_port(), timeout=READY_TIMEOUT_S,
-                            extra=("--state-dir", str(state_dir / "gateway"), "--skip-split-below", "0",
-                                   "--prefill-overflow-tokens", "0"))
+        stack.start_gateway(
+            GATEWAY,
+            port,
+            metrics_port,
+            "split",
+            http_port=free_port(),
+            timeout=READY_TIMEOUT_S,
+            extra=(
+                "--state-dir",
+                str(state_dir / "gateway"),
+                "--skip-split-below",
+                "0",
+                "--prefill-overflow-tokens",
+                "0",
+            ),
+        )
         stack.wait_for_workers([n for names in workers.values() for n in names], timeout=READY_TIMEOUT_S)
     except BaseException:
         stack.stop()
@@ -216,14 +237,22 @@ def read_ledger(stack: Stack) -> list[LedgerEvent]:
 
 def django_shell(stack: Stack, code: str) -> str:
     """Runs code in the control plane's Django environment; returns the last line it printed."""
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO_ROOT, env=stack.env(),
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=REPO_ROOT,
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if result.returncode != 0:
         raise StackError(f"manage.py shell failed:\n{result.stderr[-3000:]}")
     return result.stdout.strip().splitlines()[-1]
 
 
 # --- the load -----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LoadSettings:
@@ -241,10 +270,10 @@ class Load:
         self._settings = settings
         self._seed = seed
         self.records: list[RequestRecord] = []
-        self.error_messages: Counter[str] = Counter()   # "CODE: details" -> requests
+        self.error_messages: Counter[str] = Counter()  # "CODE: details" -> requests
         self.started = time.monotonic()
-        self.seconds = 0.0          # how long the load ran, the tail after the last restart included
-        self.until = self.started   # clients send while the clock is before this; the chaos may extend it
+        self.seconds = 0.0  # how long the load ran, the tail after the last restart included
+        self.until = self.started  # clients send while the clock is before this; the chaos may extend it
 
     async def warm_up(self, timeout_s: float) -> None:
         """One completed request per organization before the clock starts: the gateway has seen the workers
@@ -256,13 +285,15 @@ class Load:
             for organization_id, api_key in self._platform.api_keys.items():
                 while not (await self._one_request(stub, organization_id, api_key, rng)).completed:
                     if time.monotonic() > deadline:
-                        raise StackError(f"no request of {organization_id} completed within {timeout_s:.0f} s: "
-                                         f"{dict(self.error_messages.most_common(3))}")
+                        raise StackError(
+                            f"no request of {organization_id} completed within {timeout_s:.0f} s: "
+                            f"{dict(self.error_messages.most_common(3))}"
+                        )
                     await asyncio.sleep(ERROR_BACKOFF_S)
 
     async def run(self, duration_s: float) -> None:
         now = time.monotonic()
-        for record in self.records:   # the warm-up's, before the clock starts: negative times
+        for record in self.records:  # the warm-up's, before the clock starts: negative times
             record.sent_at_s -= now - self.started
         self.started = now
         self.until = self.started + duration_s
@@ -283,16 +314,22 @@ class Load:
                 await asyncio.sleep(ERROR_BACKOFF_S)
 
     async def _one_request(self, stub, organization_id: str, api_key: str, rng: random.Random) -> RequestRecord:
-        prompt = [rng.randrange(FIRST_ORDINARY_TOKEN, DIPTYCH_TINY.llama_config["vocab_size"])
-                  for _ in range(rng.randint(*self._settings.prompt_tokens))]
+        prompt = [
+            rng.randrange(FIRST_ORDINARY_TOKEN, DIPTYCH_TINY.llama_config["vocab_size"])
+            for _ in range(rng.randint(*self._settings.prompt_tokens))
+        ]
         request = inference_pb2.GenerateRequest(
-            model=MODEL, prompt_token_ids=inference_pb2.TokenIds(ids=prompt),
-            max_tokens=rng.randint(*self._settings.max_tokens), temperature=0.0, ignore_eos=True,
+            model=MODEL,
+            prompt_token_ids=inference_pb2.TokenIds(ids=prompt),
+            max_tokens=rng.randint(*self._settings.max_tokens),
+            temperature=0.0,
+            ignore_eos=True,
         )
         record = RequestRecord(organization_id, len(prompt), time.monotonic() - self.started)
         self.records.append(record)
-        call = stub.Generate(request, metadata=(("authorization", f"Bearer {api_key}"),),
-                             timeout=self._settings.request_timeout_s)
+        call = stub.Generate(
+            request, metadata=(("authorization", f"Bearer {api_key}"),), timeout=self._settings.request_timeout_s
+        )
         try:
             async for message in call:
                 record.request_id = record.request_id or message.request_id
@@ -313,11 +350,12 @@ def _metadata_request_id(metadata) -> str:
 
 # --- the chaos ----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ChaosSettings:
     victims: tuple[str, ...]
-    interval_s: tuple[float, float]      # between one victim's return and the next kill
-    down_s: tuple[float, float]          # between a kill and the restart
+    interval_s: tuple[float, float]  # between one victim's return and the next kill
+    down_s: tuple[float, float]  # between a kill and the restart
     max_kills: int | None
 
 
@@ -347,7 +385,7 @@ class Chaos:
             if time.monotonic() + pause >= until:
                 return
             await asyncio.sleep(pause)
-            load.until = math.inf   # the load goes on while a victim is down, whatever the clock says
+            load.until = math.inf  # the load goes on while a victim is down, whatever the clock says
             try:
                 self.exited_by_themselves += await asyncio.to_thread(self._platform.revive_exited)
                 await self._kill_one(load.started)
@@ -376,23 +414,33 @@ async def report_progress(load: Load, chaos: Chaos, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         records = load.records
-        log(f"load: {len(records)} sent, {sum(r.completed for r in records)} completed, "
+        log(
+            f"load: {len(records)} sent, {sum(r.completed for r in records)} completed, "
             f"{sum(bool(r.error) for r in records)} errored, {sum(r.delivered_tokens for r in records)} tokens; "
-            f"{len(chaos.kills)} kill(s)")
+            f"{len(chaos.kills)} kill(s)"
+        )
 
 
 async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Chaos]:
-    load = Load(platform, LoadSettings(args.clients_per_org, tuple(args.prompt_tokens), tuple(args.max_tokens),
-                                       args.request_timeout), args.seed)
-    chaos = Chaos(platform, ChaosSettings(tuple(args.victims), tuple(args.kill_interval), tuple(args.down_time),
-                                          args.max_kills), args.seed)
+    load = Load(
+        platform,
+        LoadSettings(args.clients_per_org, tuple(args.prompt_tokens), tuple(args.max_tokens), args.request_timeout),
+        args.seed,
+    )
+    chaos = Chaos(
+        platform,
+        ChaosSettings(tuple(args.victims), tuple(args.kill_interval), tuple(args.down_time), args.max_kills),
+        args.seed,
+    )
     log("warming up: one completed request per organization")
     await load.warm_up(READY_TIMEOUT_S)
-    log(f"load for {args.duration:g} s: {args.clients_per_org} streaming client(s) per organization; "
-        f"victims {', '.join(args.victims)}")
+    log(
+        f"load for {args.duration:g} s: {args.clients_per_org} streaming client(s) per organization; "
+        f"victims {', '.join(args.victims)}"
+    )
     progress = asyncio.create_task(report_progress(load, chaos, args.progress_every))
     load_task = asyncio.create_task(load.run(args.duration))
-    await asyncio.sleep(0)   # lets the load stamp its start before the chaos reads it
+    await asyncio.sleep(0)  # lets the load stamp its start before the chaos reads it
     try:
         await asyncio.gather(load_task, chaos.run(load, args.duration, args.tail))
     finally:
@@ -405,6 +453,7 @@ async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Cha
 
 
 # --- after the load -----------------------------------------------------------------------------------
+
 
 def wait_for_usage_drained(platform: ChaosPlatform, timeout_s: float) -> bool:
     """True once the gateway's spool is empty and the ledger's totals stayed the same for a few seconds."""
@@ -426,8 +475,11 @@ def _ledger_totals(platform: ChaosPlatform) -> tuple | None:
     totals = []
     for organization_id, api_key in sorted(platform.api_keys.items()):
         try:
-            response = httpx.get(f"{platform.stack.control_plane_url}/api/v1/usage/summary",
-                                 headers={"Authorization": f"Bearer {api_key}"}, timeout=5.0)
+            response = httpx.get(
+                f"{platform.stack.control_plane_url}/api/v1/usage/summary",
+                headers={"Authorization": f"Bearer {api_key}"},
+                timeout=5.0,
+            )
         except httpx.TransportError:
             return None
         if response.status_code != 200:
@@ -454,7 +506,7 @@ class ChaosReport:
     kills: dict[str, int]
     timeline: list[dict]
     exited_by_themselves: list[str]
-    error_messages: dict[str, int]      # the most frequent "CODE: details" the clients got
+    error_messages: dict[str, int]  # the most frequent "CODE: details" the clients got
     drained: bool
     completed_after_last_restart: int | None
     ledger: Reconciliation
@@ -464,12 +516,16 @@ def build_report(args, load: Load, chaos: Chaos, drained: bool, events: list[Led
     last_back = max((k.back_at_s for k in chaos.kills), default=None)
     after = None if last_back is None else sum(r.completed and r.sent_at_s >= last_back for r in load.records)
     return ChaosReport(
-        duration_s=args.duration, load_s=round(load.seconds, 1),
+        duration_s=args.duration,
+        load_s=round(load.seconds, 1),
         organizations=len({r.organization_id for r in load.records}),
-        kills=chaos.kills_by_kind(), timeline=[dataclasses.asdict(k) for k in chaos.kills],
+        kills=chaos.kills_by_kind(),
+        timeline=[dataclasses.asdict(k) for k in chaos.kills],
         exited_by_themselves=chaos.exited_by_themselves,
         error_messages=dict(load.error_messages.most_common(TOP_ERROR_MESSAGES)),
-        drained=drained, completed_after_last_restart=after, ledger=reconcile(load.records, events),
+        drained=drained,
+        completed_after_last_restart=after,
+        ledger=reconcile(load.records, events),
     )
 
 
@@ -484,12 +540,16 @@ def render(report: ChaosReport) -> str:
         ("ledger events", ledger.ledger_events),
         ("billed input tokens", ledger.billed_input_tokens),
         ("billed output tokens", ledger.billed_output_tokens),
-        ("**lost** (output tokens; missing prefill)",
-         f"{ledger.lost} ({ledger.lost_output_tokens}; {ledger.missing_prefill})"),
+        (
+            "**lost** (output tokens; missing prefill)",
+            f"{ledger.lost} ({ledger.lost_output_tokens}; {ledger.missing_prefill})",
+        ),
         ("**doubled** (request ids shared)", f"{ledger.doubled} ({ledger.shared_request_ids})"),
         ("overbilled", ledger.overbilled),
-        ("overbilled by (extra tokens: requests)",
-         ", ".join(f"+{extra}: {n}" for extra, n in sorted(ledger.overbilled_distribution.items())) or "none"),
+        (
+            "overbilled by (extra tokens: requests)",
+            ", ".join(f"+{extra}: {n}" for extra, n in sorted(ledger.overbilled_distribution.items())) or "none",
+        ),
         ("**misattributed**", ledger.misattributed),
         ("unknown events (their output tokens)", f"{ledger.unknown_events} ({ledger.unknown_output_tokens})"),
         ("prefill events not billing the prompt sent", ledger.prefill_tokens_mismatch),
@@ -499,10 +559,11 @@ def render(report: ChaosReport) -> str:
         ("requests completed after the last restart", report.completed_after_last_restart),
         ("usage drained before the ledger was read", "yes" if report.drained else "**no**"),
     ]
-    title = (f"## Chaos run: {report.load_s:g} s of load ({report.duration_s:g} s of kills) from "
-             f"{report.organizations} organizations")
-    lines = [title, "",
-             "| figure | value |", "| --- | --- |"]
+    title = (
+        f"## Chaos run: {report.load_s:g} s of load ({report.duration_s:g} s of kills) from "
+        f"{report.organizations} organizations"
+    )
+    lines = [title, "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     verdict = "FAILED: usage lost, doubled or misattributed" if ledger.failed else "every delivered token billed once"
     return "\n".join(lines + ["", f"Verdict: {verdict}."])
@@ -541,27 +602,61 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
     parser.add_argument("--clients-per-org", type=int, default=3, help="concurrent streaming clients per organization")
-    parser.add_argument("--victims", nargs="+", choices=VICTIM_KINDS, default=list(VICTIM_KINDS),
-                        help="the kinds of process to kill (default: all four)")
-    parser.add_argument("--kill-interval", type=float, nargs=2, default=[2.0, 6.0], metavar=("MIN", "MAX"),
-                        help="seconds between a victim's return and the next kill (default 2 6)")
-    parser.add_argument("--down-time", type=float, nargs=2, default=[0.5, 3.0], metavar=("MIN", "MAX"),
-                        help="seconds between a kill and the restart (default 0.5 3)")
+    parser.add_argument(
+        "--victims",
+        nargs="+",
+        choices=VICTIM_KINDS,
+        default=list(VICTIM_KINDS),
+        help="the kinds of process to kill (default: all four)",
+    )
+    parser.add_argument(
+        "--kill-interval",
+        type=float,
+        nargs=2,
+        default=[2.0, 6.0],
+        metavar=("MIN", "MAX"),
+        help="seconds between a victim's return and the next kill (default 2 6)",
+    )
+    parser.add_argument(
+        "--down-time",
+        type=float,
+        nargs=2,
+        default=[0.5, 3.0],
+        metavar=("MIN", "MAX"),
+        help="seconds between a kill and the restart (default 0.5 3)",
+    )
     parser.add_argument("--max-kills", type=int, help="kill at most this many times (default: until the load ends)")
-    parser.add_argument("--tail", type=float, default=5.0,
-                        help="seconds the load goes on after the last victim serves again (default 5)")
+    parser.add_argument(
+        "--tail",
+        type=float,
+        default=5.0,
+        help="seconds the load goes on after the last victim serves again (default 5)",
+    )
     parser.add_argument("--prefill-workers", type=int, default=2)
     parser.add_argument("--decode-workers", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"))
-    parser.add_argument("--max-tokens", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"),
-                        help="output tokens per request (end of sequence ignored)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        nargs=2,
+        default=[8, 64],
+        metavar=("MIN", "MAX"),
+        help="output tokens per request (end of sequence ignored)",
+    )
     parser.add_argument("--request-timeout", type=float, default=60.0, help="each request's gRPC deadline in seconds")
-    parser.add_argument("--drain-timeout", type=float, default=120.0,
-                        help="seconds to wait for the gateway's usage to reach the ledger after the load")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the gateway's usage to reach the ledger after the load",
+    )
     parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--seed", type=int, default=0, help="seeds the victims, pauses, prompts and lengths")
-    parser.add_argument("--state-dir", type=Path,
-                        help="logs and databases here, kept (default: a temporary directory, kept only on failure)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="logs and databases here, kept (default: a temporary directory, kept only on failure)",
+    )
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
     return parser
 
@@ -575,8 +670,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} takes MIN MAX with 0 <= MIN <= MAX, not {low} {high}")
     if args.prompt_tokens[0] < 1 or args.max_tokens[0] < 1:
         parser.error("--prompt-tokens and --max-tokens need MIN of at least 1")
-    for name in ("duration", "clients_per_org", "prefill_workers", "decode_workers", "request_timeout",
-                 "progress_every"):
+    for name in (
+        "duration",
+        "clients_per_org",
+        "prefill_workers",
+        "decode_workers",
+        "request_timeout",
+        "progress_every",
+    ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}")
     if args.tail < 0:

@@ -14,14 +14,15 @@ PREFILL, DECODE = "prefill", "decode"
 @dataclass
 class RequestRecord:
     """One request as its client saw it."""
+
     organization_id: str
-    prompt_tokens: int                 # what the client sent
-    sent_at_s: float                   # seconds since the load started
-    request_id: str = ""               # from the first message, or the error's `request-id` metadata
-    delivered_tokens: int = 0          # token ids that reached the client, an error's included
-    completed: bool = False            # the stream ended with a finish reason
-    error: str = ""                    # the gRPC status code's name when it did not
-    usage_completion_tokens: int | None = None   # what the last message's usage said, when it came
+    prompt_tokens: int  # what the client sent
+    sent_at_s: float  # seconds since the load started
+    request_id: str = ""  # from the first message, or the error's `request-id` metadata
+    delivered_tokens: int = 0  # token ids that reached the client, an error's included
+    completed: bool = False  # the stream ended with a finish reason
+    error: str = ""  # the gRPC status code's name when it did not
+    usage_completion_tokens: int | None = None  # what the last message's usage said, when it came
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class Reconciliation:
     # overbilled: a decode event for more tokens than reached the client; {extra tokens: requests}
     overbilled: int = 0
     overbilled_distribution: dict[int, int] = field(default_factory=dict)
-    prefill_tokens_mismatch: int = 0   # a prefill event that does not bill the prompt the client sent
-    usage_mismatch: int = 0            # a completed stream whose usage disagrees with the tokens received
-    misattributed: int = 0             # events billed to another organization than the client's
-    unknown_events: int = 0            # events whose request id no client saw
+    prefill_tokens_mismatch: int = 0  # a prefill event that does not bill the prompt the client sent
+    usage_mismatch: int = 0  # a completed stream whose usage disagrees with the tokens received
+    misattributed: int = 0  # events billed to another organization than the client's
+    unknown_events: int = 0  # events whose request id no client saw
     unknown_output_tokens: int = 0
 
     @property
@@ -85,9 +86,7 @@ def _count_client_side(records: list[RequestRecord], result: Reconciliation) -> 
     result.errored_before_any_token = sum(not r.completed and r.delivered_tokens == 0 for r in records)
     result.errors_by_code = dict(errors.most_common())
     result.delivered_tokens = sum(r.delivered_tokens for r in records)
-    result.usage_mismatch = sum(
-        r.completed and r.usage_completion_tokens != r.delivered_tokens for r in records
-    )
+    result.usage_mismatch = sum(r.completed and r.usage_completion_tokens != r.delivered_tokens for r in records)
 
 
 def _index_events(events: list[LedgerEvent], result: Reconciliation) -> dict[str, dict[str, LedgerEvent]]:

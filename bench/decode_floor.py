@@ -58,8 +58,8 @@ class Floor:
     weight_count: int
     kv_token_bytes: int
     attention_flops_per_token: int  # per token of context attended over: scores and weighted values
-    bandwidth: float                # bytes/s
-    matmul_rate: float              # FLOP/s
+    bandwidth: float  # bytes/s
+    matmul_rate: float  # FLOP/s
 
     def ms(self, batch: int, context: int) -> tuple[float, str]:
         """The step's floor in milliseconds, and which resource sets it."""
@@ -114,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     threads = "" if cuda else f" ({args.threads} threads)"
-    print(f"{args.model} on {device}{threads}, {str(dtype).removeprefix('torch.')}; "
-          f"weights read per step {floor.weight_bytes / 1e6:.0f} MB; copy bandwidth {floor.bandwidth / 1e9:.1f} GB/s; "
-          f"matmul {floor.matmul_rate / 1e12:.2f} TFLOP/s")
-    print(f"{'batch':>5} {'context':>7} {'eager ms':>9} {'graphs ms':>9} {'floor ms':>9} {'bound':>7} "
-          f"{'eager/floor':>11} {'graphs/floor':>12} {'graphs speedup':>14}")
+    print(
+        f"{args.model} on {device}{threads}, {str(dtype).removeprefix('torch.')}; "
+        f"weights read per step {floor.weight_bytes / 1e6:.0f} MB; copy bandwidth {floor.bandwidth / 1e9:.1f} GB/s; "
+        f"matmul {floor.matmul_rate / 1e12:.2f} TFLOP/s"
+    )
+    print(
+        f"{'batch':>5} {'context':>7} {'eager ms':>9} {'graphs ms':>9} {'floor ms':>9} {'bound':>7} "
+        f"{'eager/floor':>11} {'graphs/floor':>12} {'graphs speedup':>14}"
+    )
     for batch in batches:
         print(f"decode steps of {batch}", file=sys.stderr, flush=True)
         inputs = decode_inputs(batch, args.context)
@@ -131,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runner.decode_graphs = graphs
             replayed = _median_ms(partial(runner.execute, inputs), args.repeats, device)
-            line += (f"{replayed:>9.2f} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x "
-                     f"{replayed / floor_ms:>11.2f}x {eager / replayed:>13.2f}x")
+            line += (
+                f"{replayed:>9.2f} {floor_ms:>9.2f} {bound:>7} {eager / floor_ms:>10.2f}x "
+                f"{replayed / floor_ms:>11.2f}x {eager / replayed:>13.2f}x"
+            )
         print(line, flush=True)
     return 0
 

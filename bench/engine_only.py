@@ -53,8 +53,10 @@ async def _run(args, loaded) -> None:
             tokens = await _closed_loop(engine, closed_loop_requests(profile, repeat), profile.concurrency)
             elapsed = time.perf_counter() - started
             rates.append(tokens / elapsed)
-            print(f"run {repeat + 1}: {tokens} tokens in {elapsed:.1f} s = {rates[-1]:.0f} output tok/s, "
-                  f"{len(steps)} steps taking {sum(ms for _, ms in steps) / 1000:.1f} s")
+            print(
+                f"run {repeat + 1}: {tokens} tokens in {elapsed:.1f} s = {rates[-1]:.0f} output tok/s, "
+                f"{len(steps)} steps taking {sum(ms for _, ms in steps) / 1000:.1f} s"
+            )
             _print_steps(steps)
         loop_task.cancel()
     print(f"median: {statistics.median(rates):.0f} output tok/s over {args.repeats} run(s)")

@@ -35,14 +35,22 @@ class GatewayClient:
             self._channel = None
 
     async def generate(
-        self, prompt_token_ids: list[int], max_tokens: int, *, ignore_eos: bool = True, shares_prefix: bool = False,
+        self,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = True,
+        shares_prefix: bool = False,
         due_at: float | None = None,
     ) -> RequestResult:
         """One greedy request; never raises for a failed call: the result carries the error. Latencies count
         from `due_at` (perf_counter) when given, so that a late send counts against the platform."""
         request = inference_pb2.GenerateRequest(
-            model=self._model, prompt_token_ids=inference_pb2.TokenIds(ids=prompt_token_ids),
-            max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos,
+            model=self._model,
+            prompt_token_ids=inference_pb2.TokenIds(ids=prompt_token_ids),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=ignore_eos,
         )
         stub = inference_pb2_grpc.InferenceStub(self._channel)
         result = RequestResult(sent_at=time.perf_counter() if due_at is None else due_at, shares_prefix=shares_prefix)
@@ -83,9 +91,11 @@ class GatewayClient:
         async def client() -> None:
             while queue:
                 request = queue.pop()
-                results.append(await self.generate(
-                    request.prompt_token_ids, request.output_tokens, shares_prefix=request.shares_prefix
-                ))
+                results.append(
+                    await self.generate(
+                        request.prompt_token_ids, request.output_tokens, shares_prefix=request.shares_prefix
+                    )
+                )
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
         return results

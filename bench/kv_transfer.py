@@ -62,6 +62,7 @@ def progress(message: str) -> None:
 
 # ---- the receiving side: another process, as on a real decode worker --------------------------------
 
+
 def raw_receiver_process(ready, max_bytes: int) -> None:
     """The raw socket's receiving end (u64 size, bytes, a 1-byte ack), in a process of its own: the ceiling.
     Each sender's connection is served on its own thread; the benchmark runs one transfer at a time."""
@@ -159,6 +160,7 @@ async def _push(request_iterator, context) -> bytes:
 
 # ---- the sending side -----------------------------------------------------------------------------
 
+
 def _set_buffer_sizes(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
@@ -222,7 +224,7 @@ class DataPath:
         step = -(-num_blocks // CHUNKS)
         started = time.perf_counter()
         for first in range(0, num_blocks, step):
-            outgoing.write_blocks(self.runner, blocks[first:first + step], first)
+            outgoing.write_blocks(self.runner, blocks[first : first + step], first)
         outgoing.finish(7)
         thread.join()
         elapsed = time.perf_counter() - started  # send() returns once the receiver checked every block
@@ -242,7 +244,7 @@ async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
 
         def chunks():
             for start in range(0, nbytes, GRPC_MESSAGE):
-                yield data[start:start + GRPC_MESSAGE]
+                yield data[start : start + GRPC_MESSAGE]
 
         for _ in range(repeats + 1):
             started = time.perf_counter()
@@ -253,6 +255,7 @@ async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
 
 
 # ---- checksums ------------------------------------------------------------------------------------
+
 
 def checksum_rates(nbytes: int) -> dict[str, float]:
     data = np.ones(nbytes, dtype=np.uint8).data
@@ -289,10 +292,15 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
         prompt = [(7 * i) % 500 + 3 for i in range(prompt_tokens)]
         transfer = KvTransferParams(send_to=Peer("127.0.0.1", data_port, False), transfer_token=b"token")
         started = time.perf_counter()
-        handle = engine.add(EngineRequest(  # its transfer connects at once, while the prompt computes
-            "overlap-0", prompt, SamplingParams(temperature=0.0, max_tokens=2), prefill_only=True,
-            kv_transfer=transfer,
-        ))
+        handle = engine.add(
+            EngineRequest(  # its transfer connects at once, while the prompt computes
+                "overlap-0",
+                prompt,
+                SamplingParams(temperature=0.0, max_tokens=2),
+                prefill_only=True,
+                kv_transfer=transfer,
+            )
+        )
         await handle.outputs.get()
         first_token_at = time.perf_counter()
         if handle.kv_sent is None:
@@ -326,8 +334,9 @@ def main() -> None:
     receiver.start()
     data_port, grpc_port, tiny_port = ours.recv()
     raw_ours, raw_theirs = context.Pipe()
-    raw_receiver = context.Process(target=raw_receiver_process, args=(raw_theirs, max_blocks * LAYOUT.block_nbytes),
-                                   daemon=True)
+    raw_receiver = context.Process(
+        target=raw_receiver_process, args=(raw_theirs, max_blocks * LAYOUT.block_nbytes), daemon=True
+    )
     raw_receiver.start()
     raw_port = raw_ours.recv()
     path = DataPath(data_port, max_blocks)
@@ -338,8 +347,12 @@ def main() -> None:
             nbytes = num_blocks * LAYOUT.block_nbytes
             progress(f"{nbytes / 1e6:.1f} MB ({num_blocks} blocks of {LAYOUT.block_size} tokens):")
             raw, alone = RawSocket(raw_port, nbytes), RawAlone(context, raw_port, nbytes)
-            runs: dict[str, Callable[[], float]] = {"raw socket": raw.run, "tcp path": partial(path.transfer, num_blocks, False),
-                    "shm path": partial(path.transfer, num_blocks, True), "raw, alone": alone.run}
+            runs: dict[str, Callable[[], float]] = {
+                "raw socket": raw.run,
+                "tcp path": partial(path.transfer, num_blocks, False),
+                "shm path": partial(path.transfer, num_blocks, True),
+                "raw, alone": alone.run,
+            }
             times: dict[str, list[float]] = {name: [] for name in runs}
             for repeat in range(args.repeats + 1):  # interleaved, so every path sees the same machine load
                 progress(f"  round {repeat + 1} of {args.repeats + 1}" + (" (warm-up)" if repeat == 0 else ""))
@@ -365,17 +378,23 @@ def main() -> None:
         for process in (receiver, raw_receiver):
             process.terminate()
             process.join(10)
-    print(f"\nKV transfer on loopback, receiver in another process, median of {args.repeats}; ratio = against the"
-          " raw socket of the same size sent from this process, and against the raw socket sent from a process"
-          " of its own (the yardstick); both interleaved with the paths, under the same load\n")
+    print(
+        f"\nKV transfer on loopback, receiver in another process, median of {args.repeats}; ratio = against the"
+        " raw socket of the same size sent from this process, and against the raw socket sent from a process"
+        " of its own (the yardstick); both interleaved with the paths, under the same load\n"
+    )
     print(f"{'size':>9}  {'path':<12} {'GB/s':>7} {'ratio':>6} {'vs alone':>8}")
     for nbytes, figures in rows:
         for name, rate in figures.items():
-            print(f"{nbytes / 1e6:>7.1f}MB  {name:<12} {rate:>7.2f} {rate / figures['raw socket']:>6.2f}"
-                  f" {rate / figures['raw, alone']:>8.2f}")
-    print(f"\noverlap: diptych-tiny, 2048-token prompt in chunks of 256, {overlap_bytes / 1e6:.1f} MB of KV over the"
-          f" tcp path\n  prefill to first token {prefill_s * 1000:.0f} ms; transfer left after the first token"
-          f" {tail_s * 1000:.1f} ms (the rest was sent while later chunks computed)")
+            print(
+                f"{nbytes / 1e6:>7.1f}MB  {name:<12} {rate:>7.2f} {rate / figures['raw socket']:>6.2f}"
+                f" {rate / figures['raw, alone']:>8.2f}"
+            )
+    print(
+        f"\noverlap: diptych-tiny, 2048-token prompt in chunks of 256, {overlap_bytes / 1e6:.1f} MB of KV over the"
+        f" tcp path\n  prefill to first token {prefill_s * 1000:.0f} ms; transfer left after the first token"
+        f" {tail_s * 1000:.1f} ms (the rest was sent while later chunks computed)"
+    )
     sys.stdout.flush()
     print("\nintegrity check cost, single thread:")
     for name, rate in checksum_rates(25 << 20).items():

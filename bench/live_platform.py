@@ -17,14 +17,13 @@ MODE_ROLES = {"split": ("prefill", "decode"), "colocated": ("colocated",)}
 MODES = tuple(MODE_ROLES)
 
 
-
 @dataclass
 class LivePlatform:
     stack: Stack
     api_key: str
     model: str
-    fleet_tokens: dict[str, str]    # role -> fleet token
-    threads: dict[str, int]         # role -> torch threads of its worker
+    fleet_tokens: dict[str, str]  # role -> fleet token
+    threads: dict[str, int]  # role -> torch threads of its worker
     log: Callable[[str], None]
 
     @contextmanager
@@ -34,11 +33,21 @@ class LivePlatform:
         try:
             for role in MODE_ROLES[mode]:
                 name = f"{role}-0"
-                self.log(f"starting the {role} worker ({self.model}, {self.threads[role]} torch thread(s)); "
-                         "it loads the model")
+                self.log(
+                    f"starting the {role} worker ({self.model}, {self.threads[role]} torch thread(s)); "
+                    "it loads the model"
+                )
                 self.stack.start_worker(
-                    name, role, self.fleet_tokens[role], free_port(), "--model", self.model,
-                    "--model-source", f"builtin:{self.model}", "--threads", str(self.threads[role]),
+                    name,
+                    role,
+                    self.fleet_tokens[role],
+                    free_port(),
+                    "--model",
+                    self.model,
+                    "--model-source",
+                    f"builtin:{self.model}",
+                    "--threads",
+                    str(self.threads[role]),
                 )
                 names.append(name)
             self.stack.wait_for_workers(names, timeout=300)
@@ -81,9 +90,20 @@ def start_platform(
 def _bootstrap_model(stack: Stack, model: str, context_length: int) -> dict[str, str]:
     """Puts the model in the catalog with its fleets; returns fresh fleet tokens."""
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "bootstrap", "--json", "--model", model,
-         "--context-length", str(context_length)],
-        cwd=REPO_ROOT, env=stack.env(), capture_output=True, text=True,
+        [
+            sys.executable,
+            str(REPO_ROOT / "manage.py"),
+            "bootstrap",
+            "--json",
+            "--model",
+            model,
+            "--context-length",
+            str(context_length),
+        ],
+        cwd=REPO_ROOT,
+        env=stack.env(),
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         raise RuntimeError(f"manage.py bootstrap --model {model} failed:\n{result.stderr[-3000:]}")
@@ -94,7 +114,9 @@ def save_model(model: str, directory: Path) -> None:
     """The built-in model as a Hugging Face directory, written by `diptych model save` as any user would."""
     result = subprocess.run(
         [sys.executable, "-m", "diptych_server.cli", "model", "save", model, str(directory)],
-        cwd=REPO_ROOT, capture_output=True, text=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         raise RuntimeError(f"diptych model save {model} failed:\n{result.stderr[-3000:]}")

@@ -43,9 +43,9 @@ class Stream:
 class Divergence:
     stream: int
     cut: int
-    at: int                  # index, in the whole stream, of the first token that differs
+    at: int  # index, in the whole stream, of the first token that differs
     undisturbed_margin: float | None  # undisturbed logit of its token minus that of the migrated one
-    migrated_margin: float | None     # the other way round, in the migrated run
+    migrated_margin: float | None  # the other way round, in the migrated run
 
 
 def first_difference(expected: list[int], actual: list[int]) -> int | None:
@@ -120,9 +120,9 @@ def migrate_and_compare(undisturbed: list[Stream], migrated: list[Stream], cut: 
             divergences.append(Divergence(index, cut, at, None, None))
             continue
         ours, theirs = whole.tokens[at], rest.tokens[offset]
-        divergences.append(Divergence(
-            index, cut, at, margin(whole.top.get(at), ours, theirs), margin(rest.top.get(at), theirs, ours)
-        ))
+        divergences.append(
+            Divergence(index, cut, at, margin(whole.top.get(at), ours, theirs), margin(rest.top.get(at), theirs, ours))
+        )
     return divergences
 
 
@@ -147,10 +147,14 @@ def reference_differences(loaded: LoadedModel, streams: list[Stream], output_tok
             # transformers' self type for generate (GenerativePreTrainedModel) declares device and dtype settable,
             # which its models' read-only properties are not.
             out = loaded.model.generate(  # type: ignore[misc]
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_tokens,
-                min_new_tokens=output_tokens, do_sample=False, pad_token_id=2,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=output_tokens,
+                min_new_tokens=output_tokens,
+                do_sample=False,
+                pad_token_id=2,
             )
-        expected = out[0, len(stream.prompt):].tolist()
+        expected = out[0, len(stream.prompt) :].tolist()
         at = first_difference(expected, stream.tokens)
         if at is not None:
             gap = margin(stream.top.get(at), stream.tokens[at], expected[at]) if at < len(expected) else None
@@ -166,8 +170,10 @@ def _gap(value: float | None) -> str:
 def print_divergences(cut: int, count: int, divergences: list[Divergence]) -> None:
     print(f"migrated after token {cut}: {len(divergences)} of {count} streams diverge")
     for d in divergences:
-        print(f"    stream {d.stream}: from token {d.at}, logit gap undisturbed {_gap(d.undisturbed_margin)}, "
-              f"migrated {_gap(d.migrated_margin)}")
+        print(
+            f"    stream {d.stream}: from token {d.at}, logit gap undisturbed {_gap(d.undisturbed_margin)}, "
+            f"migrated {_gap(d.migrated_margin)}"
+        )
 
 
 def smallest_top2_margin(streams: list[Stream]) -> float:
@@ -181,12 +187,15 @@ async def _run(args, loaded: LoadedModel) -> None:
     streams = [Stream(p) for p in make_prompts(args.streams, args.prompt_min, args.prompt_max, vocab_size, args.seed)]
     started = time.perf_counter()
     undisturbed = await with_fresh_engine(loaded, config, lambda e: run_streams(e, streams, args.output_tokens))
-    print(f"  undisturbed: {len(streams)} streams in {time.perf_counter() - started:.1f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"  undisturbed: {len(streams)} streams in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True
+    )
     cuts = sorted({min(args.output_tokens - 1, max(1, round(f * args.output_tokens))) for f in args.cuts})
     lengths = [len(s.prompt) for s in streams]
-    print(f"{args.model}: {len(streams)} greedy streams, prompts of {min(lengths)}-{max(lengths)} tokens, "
-          f"{args.output_tokens} tokens each, token budget {args.token_budget}")
+    print(
+        f"{args.model}: {len(streams)} greedy streams, prompts of {min(lengths)}-{max(lengths)} tokens, "
+        f"{args.output_tokens} tokens each, token budget {args.token_budget}"
+    )
     print(f"closest top-2 logit margin among the undisturbed choices: {smallest_top2_margin(undisturbed):.2e}")
     everything: list[Divergence] = []
     for cut in cuts:
@@ -197,16 +206,22 @@ async def _run(args, loaded: LoadedModel) -> None:
         print(f"  migrated after token {cut} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         divergences = migrate_and_compare(undisturbed, migrated, cut)
         print_divergences(cut, len(streams), divergences)
-        print(f"    largest drift of the chosen token's logit where both chose it: "
-              f"{largest_drift(undisturbed, migrated, cut):.2e}")
+        print(
+            f"    largest drift of the chosen token's logit where both chose it: "
+            f"{largest_drift(undisturbed, migrated, cut):.2e}"
+        )
         everything += divergences
     print(f"in all: {len(everything)} of {len(streams) * len(cuts)} migrated streams diverge")
     if not args.no_reference:
         differences = reference_differences(loaded, undisturbed, args.output_tokens)
-        where = ", ".join(f"stream {d.stream} from token {d.at} (engine's logit gap {_gap(d.undisturbed_margin)})"
-                          for d in differences)
-        print(f"reference: {len(differences)} of {len(streams)} undisturbed streams differ from transformers "
-              f"generate{': ' + where if where else ''}")
+        where = ", ".join(
+            f"stream {d.stream} from token {d.at} (engine's logit gap {_gap(d.undisturbed_margin)})"
+            for d in differences
+        )
+        print(
+            f"reference: {len(differences)} of {len(streams)} undisturbed streams differ from transformers "
+            f"generate{': ' + where if where else ''}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=128, help="greedy tokens per stream")
     parser.add_argument("--prompt-min", type=int, default=8)
     parser.add_argument("--prompt-max", type=int, default=400)
-    parser.add_argument("--cuts", type=float, nargs="+", default=[0.25, 0.5, 0.75],
-                        help="cut points, as fractions of --output-tokens")
+    parser.add_argument(
+        "--cuts", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="cut points, as fractions of --output-tokens"
+    )
     parser.add_argument("--token-budget", type=int, default=EngineConfig.token_budget)
     parser.add_argument("--kv-cache-mib", type=int, default=EngineConfig.kv_cache_mib)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -236,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loading {args.model}", file=sys.stderr, flush=True)
     loaded = load_model(args.model, f"builtin:{args.model}")
     if args.prompt_max + args.output_tokens > loaded.context_length:
-        parser.error(f"--prompt-max + --output-tokens ({args.prompt_max + args.output_tokens}) must fit in "
-                     f"{args.model}'s context of {loaded.context_length} tokens")
+        parser.error(
+            f"--prompt-max + --output-tokens ({args.prompt_max + args.output_tokens}) must fit in "
+            f"{args.model}'s context of {loaded.context_length} tokens"
+        )
     asyncio.run(_run(args, loaded))
     return 0
 

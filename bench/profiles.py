@@ -11,13 +11,13 @@ class Profile:
     name: str
     model: str
     context_length: int
-    workload: WorkloadSpec                 # the Poisson runs and the closed-loop run draw from it
+    workload: WorkloadSpec  # the Poisson runs and the closed-loop run draw from it
     rates_per_s: tuple[float, ...]
     poisson_requests: int
     closed_loop_requests: int
-    closed_loop_repeats: int               # each mode's closed loop runs this often; the median run stands
+    closed_loop_repeats: int  # each mode's closed loop runs this often; the median run stands
     concurrency: int
-    baseline_max_batch: int                # the largest static batch `generate` takes in the Poisson runs
+    baseline_max_batch: int  # the largest static batch `generate` takes in the Poisson runs
     slo: Slo
     prefix_prompt_tokens: int
     prefix_shared_fraction: float
@@ -31,8 +31,14 @@ QUICK = Profile(
     model="diptych-tiny",
     context_length=1024,
     workload=WorkloadSpec(
-        requests=64, prompt_tokens_mean=128, prompt_tokens_min=16, prompt_tokens_max=512,
-        output_tokens_min=16, output_tokens_max=64, shared_prefix_share=0.5, shared_prefix_tokens=64,
+        requests=64,
+        prompt_tokens_mean=128,
+        prompt_tokens_min=16,
+        prompt_tokens_max=512,
+        output_tokens_min=16,
+        output_tokens_max=64,
+        shared_prefix_share=0.5,
+        shared_prefix_tokens=64,
         vocab_size=512,
     ),
     rates_per_s=(2.0, 5.0, 10.0, 20.0),
@@ -54,8 +60,14 @@ FULL = Profile(
     model="diptych-100m",
     context_length=2048,
     workload=WorkloadSpec(
-        requests=64, prompt_tokens_mean=128, prompt_tokens_min=32, prompt_tokens_max=384,
-        output_tokens_min=16, output_tokens_max=48, shared_prefix_share=0.5, shared_prefix_tokens=64,
+        requests=64,
+        prompt_tokens_mean=128,
+        prompt_tokens_min=32,
+        prompt_tokens_max=384,
+        output_tokens_min=16,
+        output_tokens_max=48,
+        shared_prefix_share=0.5,
+        shared_prefix_tokens=64,
         vocab_size=32000,
     ),
     rates_per_s=(0.5, 1.0, 2.0),

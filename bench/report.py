@@ -8,9 +8,9 @@ from pathlib import Path
 
 from bench.stats import RequestResult, RunSummary, Slo
 
-THROUGHPUT_TARGET = 3.0      # platform output tokens/s at concurrency 32, over `generate`
-PREFIX_TTFT_TARGET = 0.30    # TTFT with a 90 % shared prefix, over cold TTFT
-KV_TARGET = 0.70             # project KV data path over the raw socket, for a 25 MB cache
+THROUGHPUT_TARGET = 3.0  # platform output tokens/s at concurrency 32, over `generate`
+PREFIX_TTFT_TARGET = 0.30  # TTFT with a 90 % shared prefix, over cold TTFT
+KV_TARGET = 0.70  # project KV data path over the raw socket, for a 25 MB cache
 KV_TARGET_MB = 25.0
 # A row of bench/kv_transfer.py's table: "   25.2MB  tcp path        3.10   0.81"
 _KV_ROW = re.compile(r"^\s*([\d.]+)MB\s+(.+?)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s*$")
@@ -44,7 +44,7 @@ class PoissonRun:
     mode: str
     rate_per_s: float
     summary: RunSummary
-    load_1m: float              # the machine's 1-minute load average when the run ended
+    load_1m: float  # the machine's 1-minute load average when the run ended
 
 
 @dataclass
@@ -57,15 +57,15 @@ class BenchReport:
     colocated_threads: int
     baseline_threads: int = 0
     tree_state: str = ""
-    load_average: list[float] = field(default_factory=list)   # 1-minute load at the start and at the end
-    closed_loop: dict[str, RunSummary] = field(default_factory=dict)       # the median run of each mode
+    load_average: list[float] = field(default_factory=list)  # 1-minute load at the start and at the end
+    closed_loop: dict[str, RunSummary] = field(default_factory=dict)  # the median run of each mode
     closed_loop_runs: dict[str, list[float]] = field(default_factory=dict)  # output tok/s of every run
     closed_loop_load_1m: dict[str, float] = field(default_factory=dict)
     poisson: list[PoissonRun] = field(default_factory=list)
     greedy: list[GreedyCheck] = field(default_factory=list)
     prefix: list[PrefixEffect] = field(default_factory=list)
     kv_bytes_per_request: dict[str, float] = field(default_factory=dict)
-    split_whole_on_decode: tuple[int, int] | None = None   # the split median run: (on one worker, requests)
+    split_whole_on_decode: tuple[int, int] | None = None  # the split median run: (on one worker, requests)
     kv_transfer_output: str = ""
 
     def add_closed_loop(self, mode: str, runs: list[tuple[RunSummary, list[RequestResult]]]) -> None:
@@ -94,28 +94,31 @@ def _triple(values: tuple[float, float, float]) -> str:
 
 
 def render_report(report: BenchReport) -> str:
-    return "\n".join([
-        f"## Profile `{report.profile}`: model `{report.model}`",
-        "",
-        f"Threads: split workers {report.split_threads} each, colocated worker {report.colocated_threads}, "
-        f"`generate` {report.baseline_threads} (the fastest of the thread counts tried in its closed loop). SLO for goodput: TTFT ≤ {report.slo.ttft_s * 1000:.0f} ms and TPOT ≤ "
-        f"{report.slo.tpot_s * 1000:.0f} ms. Latencies in ms as p50 / p90 / p99.",
-        f"Measured on {report.tree_state}; 1-minute load average at start / end: "
-        f"{' / '.join(f'{v:.1f}' for v in report.load_average)} (2 cores); the `load` columns give it at the end "
-        "of each run (it counts the platform's own busy processes too; far above 3, other programs were running).",
-        "",
-        *_closed_loop_table(report),
-        "",
-        *_poisson_table(report),
-        "",
-        *_prefix_table(report),
-        "",
-        *_greedy_lines(report),
-        "",
-        *_kv_lines(report),
-        "",
-        *_target_lines(report),
-    ])
+    return "\n".join(
+        [
+            f"## Profile `{report.profile}`: model `{report.model}`",
+            "",
+            f"Threads: split workers {report.split_threads} each, colocated worker {report.colocated_threads}, "
+            f"`generate` {report.baseline_threads} (the fastest of the thread counts tried in its closed loop). "
+            f"SLO for goodput: TTFT ≤ {report.slo.ttft_s * 1000:.0f} ms and TPOT ≤ "
+            f"{report.slo.tpot_s * 1000:.0f} ms. Latencies in ms as p50 / p90 / p99.",
+            f"Measured on {report.tree_state}; 1-minute load average at start / end: "
+            f"{' / '.join(f'{v:.1f}' for v in report.load_average)} (2 cores); the `load` columns give it at the end "
+            "of each run (it counts the platform's own busy processes too; far above 3, other programs were running).",
+            "",
+            *_closed_loop_table(report),
+            "",
+            *_poisson_table(report),
+            "",
+            *_prefix_table(report),
+            "",
+            *_greedy_lines(report),
+            "",
+            *_kv_lines(report),
+            "",
+            *_target_lines(report),
+        ]
+    )
 
 
 def _closed_loop_table(report: BenchReport) -> list[str]:
@@ -132,14 +135,19 @@ def _closed_loop_table(report: BenchReport) -> list[str]:
     for mode, s in report.closed_loop.items():
         ratio = f"{s.output_tokens_per_s / baseline.output_tokens_per_s:.2f}x" if baseline else "—"
         runs = ", ".join(f"{rate:.0f}" for rate in report.closed_loop_runs.get(mode, []))
-        lines.append(f"| {mode} | {s.requests} ({s.failed}) | {s.output_tokens_per_s:.0f} | {runs} | {ratio} | "
-                     f"{_triple(s.ttft)} | {_triple(s.tpot)} | {_triple(s.itl)} | "
-                     f"{report.closed_loop_load_1m.get(mode, math.nan):.1f} |")
+        lines.append(
+            f"| {mode} | {s.requests} ({s.failed}) | {s.output_tokens_per_s:.0f} | {runs} | {ratio} | "
+            f"{_triple(s.ttft)} | {_triple(s.tpot)} | {_triple(s.itl)} | "
+            f"{report.closed_loop_load_1m.get(mode, math.nan):.1f} |"
+        )
     if report.split_whole_on_decode:
         whole, total = report.split_whole_on_decode
-        lines += ["", f"In the split run shown, {whole} of {total} requests ran whole on the decode worker (a short "
-                  "prompt, or the prefill worker's queue over the gateway's `--prefill-overflow-tokens`); the "
-                  "others handed their KV over."]
+        lines += [
+            "",
+            f"In the split run shown, {whole} of {total} requests ran whole on the decode worker (a short "
+            "prompt, or the prefill worker's queue over the gateway's `--prefill-overflow-tokens`); the "
+            "others handed their KV over.",
+        ]
     return lines
 
 
@@ -171,8 +179,10 @@ def _prefix_table(report: BenchReport) -> list[str]:
     ]
     for p in report.prefix:
         errors = f" errors: {p.errors}" if p.errors else ""
-        lines.append(f"| {p.mode} | {p.prompt_tokens} | {_ms(p.cold_ttft_p50)} | {_ms(p.warm_ttft_p50)} | "
-                     f"{p.ratio:.2f} | {p.warm_cached_tokens}{errors} |")
+        lines.append(
+            f"| {p.mode} | {p.prompt_tokens} | {_ms(p.cold_ttft_p50)} | {_ms(p.warm_ttft_p50)} | "
+            f"{p.ratio:.2f} | {p.warm_cached_tokens}{errors} |"
+        )
     return lines
 
 
@@ -190,8 +200,14 @@ def _kv_lines(report: BenchReport) -> list[str]:
     for mode, size in report.kv_bytes_per_request.items():
         lines.append(f"- {mode}: {size / 1e6:.2f} MB of KV cache handed over per request on average (closed loop)")
     if report.kv_transfer_output:
-        lines += ["", "`bench/kv_transfer.py`, run after the platform stopped:", "", "```",
-                  report.kv_transfer_output, "```"]
+        lines += [
+            "",
+            "`bench/kv_transfer.py`, run after the platform stopped:",
+            "",
+            "```",
+            report.kv_transfer_output,
+            "```",
+        ]
     return lines
 
 
@@ -202,19 +218,25 @@ def _target_lines(report: BenchReport) -> list[str]:
         s = report.closed_loop.get(mode)
         if s and baseline:
             ratio = s.output_tokens_per_s / baseline.output_tokens_per_s
-            lines.append(f"- output tok/s at {report.concurrency} concurrent, {mode} / generate: {ratio:.2f}x "
-                         f"(target ≥ {THROUGHPUT_TARGET:g}x: {'met' if ratio >= THROUGHPUT_TARGET else 'NOT met'})")
+            lines.append(
+                f"- output tok/s at {report.concurrency} concurrent, {mode} / generate: {ratio:.2f}x "
+                f"(target ≥ {THROUGHPUT_TARGET:g}x: {'met' if ratio >= THROUGHPUT_TARGET else 'NOT met'})"
+            )
     for p in report.prefix:
         met = "met" if p.ratio <= PREFIX_TTFT_TARGET else "NOT met"
-        lines.append(f"- TTFT with a {p.shared_fraction:.0%} shared prefix / cold TTFT, {p.mode}: {p.ratio:.0%} "
-                     f"(target ≤ {PREFIX_TTFT_TARGET:.0%}: {met})")
+        lines.append(
+            f"- TTFT with a {p.shared_fraction:.0%} shared prefix / cold TTFT, {p.mode}: {p.ratio:.0%} "
+            f"(target ≤ {PREFIX_TTFT_TARGET:.0%}: {met})"
+        )
     for size_mb, path, rate, ratio in kv_rows(report.kv_transfer_output):
         # The raw sockets are the yardsticks and the gRPC stream the earlier hand-off, shown for comparison.
         if abs(size_mb - KV_TARGET_MB) / KV_TARGET_MB < 0.2 and not path.startswith(("raw", "grpc")):
             met = "met" if ratio >= KV_TARGET else "NOT met"
-            lines.append(f"- KV transfer of {size_mb:g} MB, {path}: {rate:.2f} GB/s = {ratio:.0%} of the raw socket "
-                         f"sent from a process of its own "
-                         f"(target ≥ {KV_TARGET:.0%}: {met})")
+            lines.append(
+                f"- KV transfer of {size_mb:g} MB, {path}: {rate:.2f} GB/s = {ratio:.0%} of the raw socket "
+                f"sent from a process of its own "
+                f"(target ≥ {KV_TARGET:.0%}: {met})"
+            )
     identical = all(g.identical == g.samples for g in report.greedy) and bool(report.greedy)
     lines.append(f"- greedy outputs identical to generate: {'yes' if identical else 'no'}")
     return lines
@@ -240,13 +262,26 @@ def render_chart(report: BenchReport, path: Path) -> None:
     for mode in dict.fromkeys(r.mode for r in report.poisson):
         runs = sorted((r for r in report.poisson if r.mode == mode), key=lambda r: r.rate_per_s)
         rates = [r.rate_per_s for r in runs]
-        line, = ttft_axis.plot(rates, [r.summary.ttft[0] * 1000 for r in runs], marker="o", label=f"{mode} p50")
-        ttft_axis.plot(rates, [r.summary.ttft[2] * 1000 for r in runs], marker="x", linestyle="--",
-                       color=line.get_color(), label=f"{mode} p99")
-        tpot_axis.plot(rates, [r.summary.tpot[0] * 1000 for r in runs], marker="o", color=line.get_color(),
-                       label=f"{mode} p50")
-        tpot_axis.plot(rates, [r.summary.tpot[2] * 1000 for r in runs], marker="x", linestyle="--",
-                       color=line.get_color(), label=f"{mode} p99")
+        (line,) = ttft_axis.plot(rates, [r.summary.ttft[0] * 1000 for r in runs], marker="o", label=f"{mode} p50")
+        ttft_axis.plot(
+            rates,
+            [r.summary.ttft[2] * 1000 for r in runs],
+            marker="x",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{mode} p99",
+        )
+        tpot_axis.plot(
+            rates, [r.summary.tpot[0] * 1000 for r in runs], marker="o", color=line.get_color(), label=f"{mode} p50"
+        )
+        tpot_axis.plot(
+            rates,
+            [r.summary.tpot[2] * 1000 for r in runs],
+            marker="x",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{mode} p99",
+        )
     for axis, title in ((ttft_axis, "time to first token"), (tpot_axis, "time per output token")):
         axis.set_xlabel("offered load (requests/s, Poisson)")
         axis.set_ylabel("ms")

@@ -72,9 +72,15 @@ def run_benchmark(profile: Profile, scratch: Path, args) -> BenchReport:
     log(f"reference greedy outputs for {len(greedy_prompts)} prompts with `generate`")
     references = [generate.greedy(p, profile.greedy_max_tokens) for p in greedy_prompts]
 
-    report = BenchReport(profile=profile.name, model=profile.model, concurrency=profile.concurrency,
-                         slo=profile.slo, split_threads=args.split_threads, colocated_threads=args.colocated_threads,
-                         tree_state=_tree_state())
+    report = BenchReport(
+        profile=profile.name,
+        model=profile.model,
+        concurrency=profile.concurrency,
+        slo=profile.slo,
+        split_threads=args.split_threads,
+        colocated_threads=args.colocated_threads,
+        tree_state=_tree_state(),
+    )
     report.load_average.append(os.getloadavg()[0])
     platform = start_platform(
         scratch / "stack", profile.model, profile.context_length, args.split_threads, args.colocated_threads, log
@@ -82,8 +88,9 @@ def run_benchmark(profile: Profile, scratch: Path, args) -> BenchReport:
     try:
         for mode in MODES:
             with platform.serving(mode) as address:
-                asyncio.run(_measure_platform_mode(address, platform.api_key, mode, profile,
-                                                   greedy_prompts, references, report))
+                asyncio.run(
+                    _measure_platform_mode(address, platform.api_key, mode, profile, greedy_prompts, references, report)
+                )
     finally:
         log("stopping the control plane")
         platform.stop()
@@ -104,16 +111,22 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
 
         log(f"[{mode}] greedy check: {len(greedy_prompts)} prompts against `generate`")
         outputs = [await client.generate(p, profile.greedy_max_tokens, ignore_eos=False) for p in greedy_prompts]
-        report.greedy.append(GreedyCheck(
-            mode, len(references), sum(o.token_ids == r for o, r in zip(outputs, references)),
-            [o.error for o in outputs if o.error][:3],
-        ))
+        report.greedy.append(
+            GreedyCheck(
+                mode,
+                len(references),
+                sum(o.token_ids == r for o, r in zip(outputs, references, strict=True)),
+                [o.error for o in outputs if o.error][:3],
+            )
+        )
 
         runs = []
         for repeat in range(profile.closed_loop_repeats):
             requests = closed_loop_requests(profile, repeat)
-            log(f"[{mode}] closed loop {repeat + 1} of {profile.closed_loop_repeats}: {len(requests)} requests, "
-                f"{profile.concurrency} at a time")
+            log(
+                f"[{mode}] closed loop {repeat + 1} of {profile.closed_loop_repeats}: {len(requests)} requests, "
+                f"{profile.concurrency} at a time"
+            )
             results = await client.replay_closed_loop(requests, profile.concurrency)
             runs.append((_logged(mode, summarize(results, profile.slo)), results))
         report.add_closed_loop(mode, runs)
@@ -124,8 +137,10 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
             results = await client.replay_open_loop(requests)
             report.add_poisson(mode, rate, _logged(mode, summarize(results, profile.slo)), results)
 
-        log(f"[{mode}] prefix cache: {profile.prefix_samples} cold prompts and {profile.prefix_samples} sharing "
-            f"{profile.prefix_shared_fraction:.0%} of {profile.prefix_prompt_tokens} tokens")
+        log(
+            f"[{mode}] prefix cache: {profile.prefix_samples} cold prompts and {profile.prefix_samples} sharing "
+            f"{profile.prefix_shared_fraction:.0%} of {profile.prefix_prompt_tokens} tokens"
+        )
         report.prefix.append(await _prefix_effect(client, mode, profile))
 
 
@@ -147,28 +162,35 @@ def _measure_baseline(generate: StaticBatchGenerate, profile: Profile, report: B
     report.add_closed_loop(BASELINE, runs)
     for run, rate in enumerate(profile.rates_per_s):
         requests = _poisson_requests(profile, run, rate)
-        log(f"[{BASELINE}] Poisson {rate:g} req/s: {len(requests)} requests, static batches up to "
-            f"{profile.baseline_max_batch}")
+        log(
+            f"[{BASELINE}] Poisson {rate:g} req/s: {len(requests)} requests, static batches up to "
+            f"{profile.baseline_max_batch}"
+        )
         results = generate.replay_open_loop(requests, profile.baseline_max_batch)
         report.add_poisson(BASELINE, rate, _logged(BASELINE, summarize(results, profile.slo)), results)
 
 
 def _baseline_closed_loop(generate: StaticBatchGenerate, profile: Profile, repeat: int, count: int):
     requests = closed_loop_requests(profile, repeat)
-    log(f"[{BASELINE}] closed loop, {count} thread(s): {len(requests)} requests in static batches of "
-        f"{profile.concurrency}")
+    log(
+        f"[{BASELINE}] closed loop, {count} thread(s): {len(requests)} requests in static batches of "
+        f"{profile.concurrency}"
+    )
     results = generate.replay_closed_loop(requests, profile.concurrency)
     return _logged(BASELINE, summarize(results, profile.slo)), results
 
 
 async def _prefix_effect(client: GatewayClient, mode: str, profile: Profile) -> PrefixEffect:
     cold, warm = shared_prefix_prompts(
-        profile.prefix_prompt_tokens, profile.prefix_shared_fraction, profile.prefix_samples,
-        profile.workload.vocab_size, PREFIX_SEED,
+        profile.prefix_prompt_tokens,
+        profile.prefix_shared_fraction,
+        profile.prefix_samples,
+        profile.workload.vocab_size,
+        PREFIX_SEED,
     )
-    filler = await client.generate(warm[0], 1)   # puts the shared prefix in the cache; not counted
+    filler = await client.generate(warm[0], 1)  # puts the shared prefix in the cache; not counted
     cold_results, measured = [], []
-    for cold_prompt, warm_prompt in zip(cold, warm[1:]):   # interleaved: both see the same machine load
+    for cold_prompt, warm_prompt in zip(cold, warm[1:], strict=True):  # interleaved: both see the same machine load
         cold_results.append(await client.generate(cold_prompt, 1))
         measured.append(await client.generate(warm_prompt, 1))
     return PrefixEffect(
@@ -183,8 +205,10 @@ async def _prefix_effect(client: GatewayClient, mode: str, profile: Profile) -> 
 
 
 def _logged(mode: str, summary: RunSummary) -> RunSummary:
-    log(f"[{mode}]   {summary.output_tokens_per_s:.0f} output tok/s, TTFT p50 {summary.ttft[0] * 1000:.0f} ms, "
-        f"TPOT p50 {summary.tpot[0] * 1000:.0f} ms, {summary.failed} failed")
+    log(
+        f"[{mode}]   {summary.output_tokens_per_s:.0f} output tok/s, TTFT p50 {summary.ttft[0] * 1000:.0f} ms, "
+        f"TPOT p50 {summary.tpot[0] * 1000:.0f} ms, {summary.failed} failed"
+    )
     return summary
 
 
@@ -195,8 +219,9 @@ def _greedy_prompts(profile: Profile) -> list[list[int]]:
 
 def closed_loop_requests(profile: Profile, repeat: int):
     # A fresh seed per repeat, as for the Poisson runs; `generate`'s repeats replay the same sets.
-    return make_requests(dataclasses.replace(profile.workload, requests=profile.closed_loop_requests,
-                                             seed=CLOSED_LOOP_SEED + repeat))
+    return make_requests(
+        dataclasses.replace(profile.workload, requests=profile.closed_loop_requests, seed=CLOSED_LOOP_SEED + repeat)
+    )
 
 
 def _poisson_requests(profile: Profile, run: int, rate: float):
@@ -207,6 +232,7 @@ def _poisson_requests(profile: Profile, run: int, rate: float):
 
 def _tree_state() -> str:
     """The commit measured, and how many files differed from it: the engine changes under active work."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
 
@@ -219,8 +245,13 @@ def _kv_transfer(extra_args: list[str]) -> str:
     if not script.is_file():
         return "bench/kv_transfer.py is not in this tree: no KV transfer figures."
     log("KV data path microbenchmark (bench/kv_transfer.py)")
-    result = subprocess.run([sys.executable, "-m", "bench.kv_transfer", *extra_args], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.kv_transfer", *extra_args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     output = result.stdout.strip()
     if result.returncode != 0:
         output += f"\n(bench/kv_transfer.py exited with status {result.returncode}: {result.stderr.strip()[-1500:]})"
@@ -233,9 +264,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rates", type=float, nargs="+", help="Poisson arrival rates in requests/s")
     parser.add_argument("--poisson-requests", type=int, help="requests per Poisson run (default: the profile's)")
     parser.add_argument("--closed-loop-requests", type=int, help="requests of the closed-loop run")
-    parser.add_argument("--generate-threads", type=int, nargs="+", default=[1, 2],
-                        help="torch thread counts to try for `generate` (the fastest is kept)")
-    parser.add_argument("--split-threads", type=int, default=1, help="torch threads of the prefill and of the decode worker")
+    parser.add_argument(
+        "--generate-threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="torch thread counts to try for `generate` (the fastest is kept)",
+    )
+    parser.add_argument(
+        "--split-threads", type=int, default=1, help="torch threads of the prefill and of the decode worker"
+    )
     parser.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated worker")
     parser.add_argument("--chart", type=Path, help="write the latency-against-load chart (PNG) here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")

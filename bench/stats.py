@@ -2,12 +2,13 @@
 
 import math
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 @dataclass
 class RequestResult:
-    sent_at: float                          # perf_counter seconds
-    token_times: list[float] = field(default_factory=list)   # arrival of each output token
+    sent_at: float  # perf_counter seconds
+    token_times: list[float] = field(default_factory=list)  # arrival of each output token
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -34,7 +35,7 @@ class RequestResult:
 
     @property
     def inter_token_gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return [b - a for a, b in pairwise(self.token_times)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,13 +65,13 @@ class RunSummary:
     failed: int
     duration_s: float
     output_tokens: int
-    ttft: tuple[float, float, float]        # p50, p90, p99 in seconds
+    ttft: tuple[float, float, float]  # p50, p90, p99 in seconds
     tpot: tuple[float, float, float]
     itl: tuple[float, float, float]
     output_tokens_per_s: float
     goodput_per_s: float
-    prefix_hit_rate: float                  # cached prompt tokens / prompt tokens
-    ttft_p50_prefix_hit: float              # requests that found cached tokens
+    prefix_hit_rate: float  # cached prompt tokens / prompt tokens
+    ttft_p50_prefix_hit: float  # requests that found cached tokens
     ttft_p50_prefix_miss: float
 
 

@@ -54,16 +54,22 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = torch.randn(32, model.config.hidden_size)
     lm_head = Projection(model.lm_head)
-    _row("LM head, 32 rows", median_ms(lambda: model.lm_head(rows), args.repeats),
-         median_ms(lambda: lm_head(rows), args.repeats))
+    _row(
+        "LM head, 32 rows",
+        median_ms(lambda: model.lm_head(rows), args.repeats),
+        median_ms(lambda: lm_head(rows), args.repeats),
+    )
 
     runner = ModelRunner(model, num_blocks=4096, block_size=16)
     runner.kv.normal_()  # touched memory, as a pool in use is
     pool = runner.kv[0, 0]
     tables = torch.randperm(4096)[: 32 * 14].view(32, 14)
     buffer = torch.empty(32 * 14, *pool.shape[1:])
-    _row("KV of 32 sequences x 14 blocks, one layer", median_ms(lambda: pool[tables], args.repeats),
-         median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats))
+    _row(
+        "KV of 32 sequences x 14 blocks, one layer",
+        median_ms(lambda: pool[tables], args.repeats),
+        median_ms(lambda: torch.index_select(pool, 0, tables.reshape(-1), out=buffer), args.repeats),
+    )
 
     lengths = [160] * 31 + [430]
     firsts = list(itertools.accumulate((n // 16 + 1 for n in lengths), initial=0))

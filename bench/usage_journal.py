@@ -11,9 +11,20 @@ from gateway.types import UsageEvent
 from gateway.usage import UsageJournal
 
 EVENT = UsageEvent(
-    request_id="exec_bench", client_request_id="", phase="decode", organization_id="org", api_key_id="key",
-    model="diptych-tiny", region="", worker_id="decode-0", tokens=1, cached_tokens=0, kv_bytes=0, compute_ms=0,
-    started_at="2030-01-01T00:00:00+00:00", finished_at="2030-01-01T00:00:00+00:00",
+    request_id="exec_bench",
+    client_request_id="",
+    phase="decode",
+    organization_id="org",
+    api_key_id="key",
+    model="diptych-tiny",
+    region="",
+    worker_id="decode-0",
+    tokens=1,
+    cached_tokens=0,
+    kv_bytes=0,
+    compute_ms=0,
+    started_at="2030-01-01T00:00:00+00:00",
+    finished_at="2030-01-01T00:00:00+00:00",
 )
 
 

@@ -8,7 +8,7 @@ the seed.
 import random
 from dataclasses import dataclass
 
-FIRST_ORDINARY_TOKEN = 6   # the built-in tokenizers put <s>, </s>, <pad> and three role tokens first
+FIRST_ORDINARY_TOKEN = 6  # the built-in tokenizers put <s>, </s>, <pad> and three role tokens first
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class WorkloadSpec:
     prompt_tokens_max: int
     output_tokens_min: int
     output_tokens_max: int
-    shared_prefix_share: float      # fraction of requests that open with the shared prefix
+    shared_prefix_share: float  # fraction of requests that open with the shared prefix
     shared_prefix_tokens: int
     vocab_size: int
     seed: int = 0
@@ -30,7 +30,7 @@ class BenchRequest:
     index: int
     prompt_token_ids: list[int]
     output_tokens: int
-    arrival_s: float = 0.0          # offset from the start of the run; 0 for closed-loop runs
+    arrival_s: float = 0.0  # offset from the start of the run; 0 for closed-loop runs
     shares_prefix: bool = False
 
 
@@ -74,7 +74,7 @@ def with_arrivals(requests: list[BenchRequest], rate_per_s: float, seed: int) ->
     arrivals = poisson_arrivals(len(requests), rate_per_s, seed)
     return [
         BenchRequest(r.index, r.prompt_token_ids, r.output_tokens, arrival, r.shares_prefix)
-        for r, arrival in zip(requests, arrivals)
+        for r, arrival in zip(requests, arrivals, strict=True)
     ]
 
 

@@ -23,17 +23,18 @@ from gateway.types import ErrorKind, GatewayError
 
 INFERENCE_SCOPE = "inference"
 STALE_GRACE_S = 300.0
-MAX_CACHED_KEYS = 10_000          # verified keys
-MAX_REFUSED_KEYS = 10_000         # refused keys, bounded apart so they never evict verified ones
+MAX_CACHED_KEYS = 10_000  # verified keys
+MAX_REFUSED_KEYS = 10_000  # refused keys, bounded apart so they never evict verified ones
 REFUSED_TTL_S = 2.0
-FAILED_AUTH_BURST = 20            # failed authentications a peer may make at once ...
-FAILED_AUTH_PER_MINUTE = 30       # ... and then at this rate
+FAILED_AUTH_BURST = 20  # failed authentications a peer may make at once ...
+FAILED_AUTH_PER_MINUTE = 30  # ... and then at this rate
 MAX_TRACKED_PEERS = 10_000
 
 
 @dataclass(frozen=True)
 class RateLimits:
     """Per-minute limits; None means unlimited."""
+
     requests_per_minute: int | None = None
     input_tokens_per_minute: int | None = None
     output_tokens_per_minute: int | None = None
@@ -50,7 +51,7 @@ class Spend:
 class Caller:
     organization_id: str
     api_key_id: str
-    scopes: tuple[str, ...] | None = None        # None: the control plane sends no scopes (all allowed)
+    scopes: tuple[str, ...] | None = None  # None: the control plane sends no scopes (all allowed)
     organization_limits: RateLimits = field(default_factory=RateLimits)
     key_limits: RateLimits = field(default_factory=RateLimits)
     spend: Spend = field(default_factory=Spend)
@@ -63,8 +64,8 @@ class Authenticator:
         self._control_plane = control_plane
         self._ttl_s = ttl_s
         self._clock = clock
-        self._verified: LruCache[Caller] = LruCache(MAX_CACHED_KEYS)   # key digest -> (Caller, verified at)
-        self._refused: LruCache[None] = LruCache(MAX_REFUSED_KEYS)     # key digest -> (None, refused at)
+        self._verified: LruCache[Caller] = LruCache(MAX_CACHED_KEYS)  # key digest -> (Caller, verified at)
+        self._refused: LruCache[None] = LruCache(MAX_REFUSED_KEYS)  # key digest -> (None, refused at)
         self._failures = FailedAuthLimiter(FAILED_AUTH_BURST, FAILED_AUTH_PER_MINUTE, MAX_TRACKED_PEERS, clock)
 
     async def authenticate_header(self, authorization: str | None, peer: str = "") -> Caller:
@@ -126,9 +127,7 @@ class Authenticator:
 
 
 def _invalid_key() -> GatewayError:
-    return GatewayError(
-        ErrorKind.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired"
-    )
+    return GatewayError(ErrorKind.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired")
 
 
 def caller_from_identity(identity: dict) -> Caller:

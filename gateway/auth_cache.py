@@ -100,7 +100,7 @@ def peer_address(peer: str) -> str:
         return peer
     rest = unquote(rest)
     if kind == "ipv6" and rest.startswith("["):
-        return rest[1:rest.index("]")] if "]" in rest else rest[1:]
+        return rest[1 : rest.index("]")] if "]" in rest else rest[1:]
     host, _, port = rest.rpartition(":")
     return host if host and port.isdigit() else rest
 

@@ -23,7 +23,7 @@ class Delivery:
         self._caller = caller
         self._trace = trace
         self.delivered = 0
-        self._workers: tuple[str, ...] = ()    # the workers the journal's events name
+        self._workers: tuple[str, ...] = ()  # the workers the journal's events name
         self._text: list[str] = []
         self._token_ids: list[int] = []
 
@@ -69,7 +69,7 @@ def decode_record(trace: RequestTrace) -> PhaseRecord | None:
 def _billed_decode(prefill: PhaseRecord, decode: PhaseRecord | None) -> PhaseRecord:
     if decode is not None:
         return decode
-    finished_at = prefill.finished_at or prefill.started_at   # a prefill is recorded once finished
+    finished_at = prefill.finished_at or prefill.started_at  # a prefill is recorded once finished
     return PhaseRecord(prefill.worker, started_at=finished_at, finished_at=finished_at)
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # Bounds the body before it is parsed: twice the longest prompt any model takes (validation.py's
 # MAX_PROMPT_BYTES), for JSON's escapes and the rest of the body.
 MAX_BODY_BYTES = 8 << 20
-MAX_JSON_DEPTH = 16   # the deepest legitimate body: messages / a message / content parts / a part
+MAX_JSON_DEPTH = 16  # the deepest legitimate body: messages / a message / content parts / a part
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -46,10 +46,38 @@ _STATUS = {
     ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
     ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
 }
-_PARAMS = ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
-           "priority", "idempotency_key", "prompt_token_ids", "request_id", "chat", "stream_options")
-_OTHER_PARAMS = ("max_completion_tokens", "ignore_eos", "stream", "best_of", "echo", "logprobs", "top_logprobs",
-                 "presence_penalty", "frequency_penalty", "tools", "functions", "user")
+_PARAMS = (
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "priority",
+    "idempotency_key",
+    "prompt_token_ids",
+    "request_id",
+    "chat",
+    "stream_options",
+)
+_OTHER_PARAMS = (
+    "max_completion_tokens",
+    "ignore_eos",
+    "stream",
+    "best_of",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "tools",
+    "functions",
+    "user",
+)
 
 
 class HttpError(Exception):
@@ -68,7 +96,7 @@ def build_app(pipeline: Pipeline) -> web.Application:
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_get("/health", api.health)
-    app.router.add_get("/metrics", api.metrics)   # also on --metrics-port; here too for benchmark tools
+    app.router.add_get("/metrics", api.metrics)  # also on --metrics-port; here too for benchmark tools
     return app
 
 
@@ -133,14 +161,18 @@ class OpenAiApi:
                     last = output
         except GatewayError as error:
             return _error_response(error)
-        if last is None:   # the pipeline ends every execution with an output or an error
+        if last is None:  # the pipeline ends every execution with an output or an error
             return _error_response(GatewayError(ErrorKind.INTERNAL, "the generation ended without a response"))
         return web.json_response(shape.whole("".join(texts), last), headers=_response_headers(admitted))
 
     async def _stream(self, request, admitted, shape: "_Shape", include_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **_response_headers(admitted),
-        })
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **_response_headers(admitted),
+            }
+        )
         await response.prepare(request)
         try:
             if shape.chat:
@@ -154,7 +186,7 @@ class OpenAiApi:
                         await _send(response, shape.usage_chunk(output.usage))
         except GatewayError as error:
             await _send(response, {"error": _error_body(error)})
-        except ConnectionError:   # the client went away: leaving the pipeline cancelled the workers' calls
+        except ConnectionError:  # the client went away: leaving the pipeline cancelled the workers' calls
             return response
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -247,7 +279,7 @@ async def _json_body(request: web.Request) -> dict:
         body = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
         raise HttpError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as error:   # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise HttpError(f"the request body is not valid JSON: {str(error)[:200]}") from None
     if not isinstance(body, dict):
         raise HttpError("the request body must be a JSON object")
@@ -329,7 +361,7 @@ def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gene
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         fields["max_tokens"] = _integer(max_tokens, "max_tokens", 0, UINT32_MAX)
-    for name in ("temperature", "top_p"):   # at float32 precision, as the gRPC API carries them
+    for name in ("temperature", "top_p"):  # at float32 precision, as the gRPC API carries them
         if body.get(name) is not None:
             fields[name] = as_float32(_number(body[name], name))
     if body.get("top_k") is not None:
@@ -348,7 +380,7 @@ def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gene
 def _prompt(prompt) -> dict:
     """The completion's input: {"prompt": text} or {"prompt_token_ids": ids}."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]   # a batch of one
+        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return {"prompt": prompt}
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

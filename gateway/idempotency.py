@@ -40,10 +40,15 @@ class IdempotencyKeys:
     ) -> GenerationOutput | None:
         """None when this execution may run; the stored response when a completed one answers instead."""
         try:
-            claim = await self._control_plane.claim_idempotency_key({
-                "organization_id": organization_id, "key": key, "fingerprint": fingerprint(request),
-                "execution_id": execution_id, "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
-            })
+            claim = await self._control_plane.claim_idempotency_key(
+                {
+                    "organization_id": organization_id,
+                    "key": key,
+                    "fingerprint": fingerprint(request),
+                    "execution_id": execution_id,
+                    "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
+                }
+            )
         except ControlPlaneUnavailable:
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
@@ -66,13 +71,13 @@ class IdempotencyKeys:
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
-    async def complete(
-        self, organization_id: str, key: str, execution_id: str, output: GenerationOutput
-    ) -> None:
+    async def complete(self, organization_id: str, key: str, execution_id: str, output: GenerationOutput) -> None:
         """Stores the whole result under the key; if the control plane does not take it in time, the key
         stays claimed until its lease ends."""
         body = {
-            "organization_id": organization_id, "key": key, "execution_id": execution_id,
+            "organization_id": organization_id,
+            "key": key,
+            "execution_id": execution_id,
             "response": stored_response(output),
         }
         try:
@@ -112,36 +117,52 @@ _FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
 
 
 def stored_response(output: GenerationOutput) -> dict:
-    body = _without_defaults({
-        "requestId": output.request_id, "text": output.text, "tokenIds": list(output.token_ids),
-        "finishReason": _FINISH_NAMES[output.finish_reason] if output.finish_reason is not None else None,
-    })
+    body = _without_defaults(
+        {
+            "requestId": output.request_id,
+            "text": output.text,
+            "tokenIds": list(output.token_ids),
+            "finishReason": _FINISH_NAMES[output.finish_reason] if output.finish_reason is not None else None,
+        }
+    )
     if output.usage is not None:
         usage = output.usage
-        body["usage"] = _without_defaults({
-            "promptTokens": usage.prompt_tokens, "completionTokens": usage.completion_tokens,
-            "cachedTokens": usage.cached_tokens,
-        })
+        body["usage"] = _without_defaults(
+            {
+                "promptTokens": usage.prompt_tokens,
+                "completionTokens": usage.completion_tokens,
+                "cachedTokens": usage.cached_tokens,
+            }
+        )
         for name, phase in (("prefill", usage.prefill), ("decode", usage.decode)):
             if phase is not None:
-                body["usage"][name] = _without_defaults({
-                    "tokens": phase.tokens, "cachedTokens": phase.cached_tokens,
-                    "kvBytes": str(phase.kv_bytes) if phase.kv_bytes else None, "computeMs": phase.compute_ms,
-                    "workerId": phase.worker_id,
-                })
+                body["usage"][name] = _without_defaults(
+                    {
+                        "tokens": phase.tokens,
+                        "cachedTokens": phase.cached_tokens,
+                        "kvBytes": str(phase.kv_bytes) if phase.kv_bytes else None,
+                        "computeMs": phase.compute_ms,
+                        "workerId": phase.worker_id,
+                    }
+                )
     return body
 
 
 def replayed_output(body: dict) -> GenerationOutput:
     usage = body.get("usage")
     return GenerationOutput(
-        request_id=body.get("requestId", ""), text=body.get("text", ""),
+        request_id=body.get("requestId", ""),
+        text=body.get("text", ""),
         token_ids=[int(token) for token in body.get("tokenIds", [])],
         finish_reason=_FINISH_BY_NAME.get(body.get("finishReason", "")),
-        usage=None if usage is None else Usage(
-            prompt_tokens=int(usage.get("promptTokens", 0)), completion_tokens=int(usage.get("completionTokens", 0)),
+        usage=None
+        if usage is None
+        else Usage(
+            prompt_tokens=int(usage.get("promptTokens", 0)),
+            completion_tokens=int(usage.get("completionTokens", 0)),
             cached_tokens=int(usage.get("cachedTokens", 0)),
-            prefill=_phase_usage(usage.get("prefill")), decode=_phase_usage(usage.get("decode")),
+            prefill=_phase_usage(usage.get("prefill")),
+            decode=_phase_usage(usage.get("decode")),
         ),
     )
 
@@ -150,8 +171,10 @@ def _phase_usage(body: dict | None) -> PhaseUsage | None:
     if body is None:
         return None
     return PhaseUsage(
-        tokens=int(body.get("tokens", 0)), cached_tokens=int(body.get("cachedTokens", 0)),
-        kv_bytes=int(body.get("kvBytes", 0)), compute_ms=int(body.get("computeMs", 0)),
+        tokens=int(body.get("tokens", 0)),
+        cached_tokens=int(body.get("cachedTokens", 0)),
+        kv_bytes=int(body.get("kvBytes", 0)),
+        compute_ms=int(body.get("computeMs", 0)),
         worker_id=body.get("workerId", ""),
     )
 

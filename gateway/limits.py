@@ -78,23 +78,24 @@ return 0
 
 @dataclass(frozen=True)
 class Bucket:
-    key: str          # e.g. "org:<id>:input tokens"
-    scope: str        # "organization" or "API key"
-    kind: str         # "requests", "input tokens" or "output tokens"
-    capacity: int     # the per-minute limit
+    key: str  # e.g. "org:<id>:input tokens"
+    scope: str  # "organization" or "API key"
+    kind: str  # "requests", "input tokens" or "output tokens"
+    capacity: int  # the per-minute limit
     cost: int
 
 
 @dataclass
 class Reservation:
     """What a request took; `settle` gives back the output tokens it did not use."""
+
     output_buckets: list[Bucket]
     reserved_output_tokens: int
 
 
 class RateLimiter:
     def __init__(self, redis_url: str | None = None) -> None:
-        self._local: dict[str, tuple[float, float]] = {}   # key -> (tokens, updated at in ms)
+        self._local: dict[str, tuple[float, float]] = {}  # key -> (tokens, updated at in ms)
         self._redis = None
         if redis_url:
             import redis.asyncio as redis_asyncio

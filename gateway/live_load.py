@@ -60,10 +60,10 @@ class Channels:
 @dataclass
 class LiveLoad:
     load: worker_pb2.Load | None = None
-    updated_at: float = 0.0            # time.monotonic() of the last report
+    updated_at: float = 0.0  # time.monotonic() of the last report
     cached_blocks: frozenset[int] = frozenset()
     cache_version: int = -1
-    broken: bool = False               # the last stream or poll failed
+    broken: bool = False  # the last stream or poll failed
 
     @property
     def fresh_load(self) -> worker_pb2.Load | None:
@@ -78,7 +78,7 @@ class LoadBoard:
         self._channels = channels
         self._live: dict[str, LiveLoad] = {}
         self._roles: dict[str, str] = {}
-        self._watches: dict[str, tuple[str, asyncio.Task]] = {}   # worker id -> (address, watching task)
+        self._watches: dict[str, tuple[str, asyncio.Task]] = {}  # worker id -> (address, watching task)
 
     def sync(self, workers: list[WorkerInfo]) -> None:
         """Watches every worker the registry lists, and stops watching those it no longer lists."""
@@ -154,7 +154,7 @@ class LoadBoard:
                 self.mark_broken(worker.id)
             except TimeoutError:
                 self.mark_broken(worker.id)
-            except Exception as error:   # keep watching whatever went wrong
+            except Exception as error:  # keep watching whatever went wrong
                 log.warning("watching the load of %s failed: %r", worker.id, error)
                 self.mark_broken(worker.id)
             await asyncio.sleep(RECONNECT_DELAY_S)

@@ -89,7 +89,13 @@ async def serve(config: GatewayConfig) -> None:
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "gateway serving gRPC on %s:%d and HTTP on %s:%d (%s mode, region %r, rate limits %s, usage spool %s)",
-        config.host, bound_port, config.host, config.http_port, config.mode, config.region, limiter.backend,
+        config.host,
+        bound_port,
+        config.host,
+        config.http_port,
+        config.mode,
+        config.region,
+        limiter.backend,
         journal.count(),
     )
 
@@ -103,7 +109,7 @@ async def serve(config: GatewayConfig) -> None:
     log.info("draining: finishing %d in-flight streams, taking no new ones", pipeline.in_flight)
     pipeline.draining = True
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await http_site.stop()   # no new HTTP connections
+    await http_site.stop()  # no new HTTP connections
     await asyncio.gather(server.stop(DRAIN_GRACE_S), _wait_idle(pipeline, DRAIN_GRACE_S))
     await http_runner.cleanup()
     for task in tasks:

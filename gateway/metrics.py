@@ -13,22 +13,28 @@ WORKER_BYTES_RECEIVED = Counter(
     "Bytes of worker responses the gateway received; KV caches move between workers and never count here",
 )
 TIME_TO_FIRST_TOKEN = Histogram(
-    "diptych_gateway_time_to_first_token_seconds", "From request arrival to the first token", ["model", "mode"],
+    "diptych_gateway_time_to_first_token_seconds",
+    "From request arrival to the first token",
+    ["model", "mode"],
     buckets=_LATENCY_BUCKETS,
 )
 INTER_TOKEN_LATENCY = Histogram(
-    "diptych_gateway_inter_token_latency_seconds", "Between consecutive output tokens of a stream", ["model"],
+    "diptych_gateway_inter_token_latency_seconds",
+    "Between consecutive output tokens of a stream",
+    ["model"],
     buckets=_LATENCY_BUCKETS,
 )
 QUEUE_DEPTH = Gauge(
-    "diptych_gateway_worker_queue_depth", "Requests waiting on the workers of a role, from their live load reports",
+    "diptych_gateway_worker_queue_depth",
+    "Requests waiting on the workers of a role, from their live load reports",
     ["role"],
 )
 KV_TRANSFER_BYTES = Counter(
     "diptych_gateway_kv_transfer_bytes_total", "KV cache bytes the prefill workers reported delivered to decode workers"
 )
 KV_TRANSFER_SECONDS = Histogram(
-    "diptych_gateway_kv_transfer_seconds", "KV cache transfer time reported by the prefill workers",
+    "diptych_gateway_kv_transfer_seconds",
+    "KV cache transfer time reported by the prefill workers",
     buckets=_LATENCY_BUCKETS,
 )
 ROUTING_DECISIONS = Counter(
@@ -40,16 +46,12 @@ PREFIX_CACHE_MATCHED_TOKENS = Counter(
     "diptych_gateway_prefix_matched_tokens_total",
     "Prompt tokens the chosen prefill worker already held in its prefix cache, by the workers' published block hashes",
 )
-RETRIES = Counter(
-    "diptych_gateway_retries_total", "Worker calls retried on another worker after a failure", ["phase"]
-)
+RETRIES = Counter("diptych_gateway_retries_total", "Worker calls retried on another worker after a failure", ["phase"])
 MIGRATIONS = Counter(
     "diptych_gateway_decode_migrations_total",
     "Streams moved to another decode worker mid-way (prefill re-run on prompt plus the tokens already sent)",
 )
-RATE_LIMITED = Counter(
-    "diptych_gateway_rate_limited_total", "Requests refused by a rate limit", ["scope", "kind"]
-)
+RATE_LIMITED = Counter("diptych_gateway_rate_limited_total", "Requests refused by a rate limit", ["scope", "kind"])
 USAGE_SPOOLED = Gauge(
     "diptych_gateway_usage_events_spooled", "Usage events waiting in the local spool for the control plane"
 )

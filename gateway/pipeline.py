@@ -36,12 +36,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class Admitted:
     """A request that passed authentication, validation and the rate limits; nothing ran yet."""
+
     caller: Caller
     plan: GenerationPlan
     reservation: Reservation
     arrived: float
     protocol: str
-    replay: GenerationOutput | None = None   # a completed execution's stored whole answer
+    replay: GenerationOutput | None = None  # a completed execution's stored whole answer
 
     @property
     def execution_id(self) -> str:
@@ -56,8 +57,13 @@ class Admitted:
 
 class Pipeline:
     def __init__(
-        self, auth: Authenticator, registry: Registry, limiter: RateLimiter, path: RequestPath,
-        journal: UsageJournal, idempotency: IdempotencyKeys,
+        self,
+        auth: Authenticator,
+        registry: Registry,
+        limiter: RateLimiter,
+        path: RequestPath,
+        journal: UsageJournal,
+        idempotency: IdempotencyKeys,
     ) -> None:
         self.auth = auth
         self.registry = registry
@@ -80,7 +86,7 @@ class Pipeline:
             reservation = await self._limiter.admit(caller, len(plan.prompt_token_ids), plan.sampling.max_tokens)
             replay = await self._claim_idempotency_key(plan, request, reservation)
         except GatewayError as error:
-            model = request.model if request.model in self.registry.models else ""   # no label per unknown name
+            model = request.model if request.model in self.registry.models else ""  # no label per unknown name
             REQUESTS.labels(model, "", error.kind.value, protocol).inc()
             raise
         return Admitted(caller, plan, reservation, arrived, protocol, replay)
@@ -132,7 +138,9 @@ class Pipeline:
                         finish_trace(trace)
                         stopped = text.stopped or event.finished_by_eos
                         output = GenerationOutput(
-                            plan.request_id, delta + text.flush(), [event.token_id],
+                            plan.request_id,
+                            delta + text.flush(),
+                            [event.token_id],
                             FinishReason.STOP if stopped else FinishReason.LENGTH,
                             _usage(plan, trace, delivery.delivered + 1),
                         )
@@ -155,7 +163,7 @@ class Pipeline:
             REQUESTS.labels(plan.model.name, trace.mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
             delivery.finish()
-            if plan.idempotency_key and final is None:   # failed or cancelled: a retry runs anew
+            if plan.idempotency_key and final is None:  # failed or cancelled: a retry runs anew
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
             await self._settle(admitted.reservation, delivery.delivered)
 
@@ -168,7 +176,7 @@ class Pipeline:
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:
             await self._limiter.settle(reservation, completion_tokens)
-        except Exception as error:   # a refund that failed only makes the limit stricter for a minute
+        except Exception as error:  # a refund that failed only makes the limit stricter for a minute
             log.warning("could not refund unused output tokens: %r", error)
 
 
@@ -186,6 +194,9 @@ def _phase_usage(record: PhaseRecord | None, tokens: int) -> PhaseUsage | None:
     if record is None:
         return None
     return PhaseUsage(
-        tokens=tokens, cached_tokens=record.cached_tokens, kv_bytes=record.kv_bytes,
-        compute_ms=record.compute_ms, worker_id=record.worker.id,
+        tokens=tokens,
+        cached_tokens=record.cached_tokens,
+        kv_bytes=record.kv_bytes,
+        compute_ms=record.compute_ms,
+        worker_id=record.worker.id,
     )

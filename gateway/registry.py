@@ -58,8 +58,13 @@ class Registry:
         }
         listed = [
             WorkerInfo(
-                id=w["id"], role=w["role"], model=w["model"], region=w["region"], address=w["address"],
-                state=w["state"], queue_depth=int(w.get("queue_depth", 0)),
+                id=w["id"],
+                role=w["role"],
+                model=w["model"],
+                region=w["region"],
+                address=w["address"],
+                state=w["state"],
+                queue_depth=int(w.get("queue_depth", 0)),
                 active_sequences=int(w.get("active_sequences", 0)),
             )
             for w in snapshot["workers"]
@@ -82,10 +87,7 @@ class Registry:
         if self._is_alive is None:
             return []
         listed_live = {w.id for w in listed if w.state != "dead"}
-        return [
-            w for w in self.workers
-            if w.state == "ready" and w.id not in listed_live and self._is_alive(w.id)
-        ]
+        return [w for w in self.workers if w.state == "ready" and w.id not in listed_live and self._is_alive(w.id)]
 
     def ready_workers(self, model: str, role: str) -> list[WorkerInfo]:
         return [w for w in self.workers if w.model == model and w.role == role and w.state == "ready"]

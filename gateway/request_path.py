@@ -43,18 +43,18 @@ from gateway.types import ErrorKind, GatewayError, GenerationPlan, Priority, Sam
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4
-MAX_REQUEST_FAULTS = 2        # workers that failed the request itself (INTERNAL) before it is given up
-RETRY_BACKOFF_S = 0.05        # before the second attempt; doubled for each further one, with jitter
+MAX_REQUEST_FAULTS = 2  # workers that failed the request itself (INTERNAL) before it is given up
+RETRY_BACKOFF_S = 0.05  # before the second attempt; doubled for each further one, with jitter
 RETRY_BACKOFF_MAX_S = 1.0
-_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)   # the worker does not serve it
+_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)  # the worker does not serve it
 _WORKER_PRIORITY = {Priority.INTERACTIVE: worker_pb2.PRIORITY_INTERACTIVE, Priority.BATCH: worker_pb2.PRIORITY_BATCH}
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    first_token_s: float = 30.0   # a prefill call's first token (queueing included)
-    kv_delivery_s: float = 30.0   # the KV hand-off, after the first token
-    next_token_s: float = 10.0    # each following token of a stream
+    first_token_s: float = 30.0  # a prefill call's first token (queueing included)
+    kv_delivery_s: float = 30.0  # the KV hand-off, after the first token
+    next_token_s: float = 10.0  # each following token of a stream
 
 
 @dataclass
@@ -70,6 +70,7 @@ class PhaseRecord:
 @dataclass
 class RequestTrace:
     """What each phase did, for usage: filled in as the request runs."""
+
     prefill: PhaseRecord | None = None
     decode: PhaseRecord | None = None
     decision: Decision | None = None
@@ -112,10 +113,15 @@ class RequestPath:
         produced: list[int] = []
         avoid: set[str] = set()
         while True:
-            route = self._router.route(RouteRequest(
-                plan.model.name, plan.prompt_token_ids + produced, plan.sampling.max_tokens - len(produced),
-                frozenset(avoid), plan.cache_salt,
-            ))
+            route = self._router.route(
+                RouteRequest(
+                    plan.model.name,
+                    plan.prompt_token_ids + produced,
+                    plan.sampling.max_tokens - len(produced),
+                    frozenset(avoid),
+                    plan.cache_salt,
+                )
+            )
             trace.decision = route.decision
             trace.attempts += 1
             ROUTING_DECISIONS.labels(plan.model.name, route.decision.value).inc()
@@ -128,7 +134,7 @@ class RequestPath:
                     async for event in attempt:
                         produced.append(event.token_id)
                         if len(produced) >= plan.sampling.max_tokens and not event.finished:
-                            event = _last_of_budget(event)   # a worker that counts the budget per call
+                            event = _last_of_budget(event)  # a worker that counts the budget per call
                         yield event
                         if event.finished:
                             return
@@ -167,14 +173,24 @@ class RequestPath:
                 self._board.mark_broken(worker.id)
         if produced:
             MIGRATIONS.inc()
-            log.warning("request %s: moving the stream after %d tokens away from %s: %s",
-                        plan.request_id, len(produced), names, failure)
+            log.warning(
+                "request %s: moving the stream after %d tokens away from %s: %s",
+                plan.request_id,
+                len(produced),
+                names,
+                failure,
+            )
         else:
             RETRIES.labels("prefill").inc()
             log.warning("request %s: retrying the prompt away from %s: %s", plan.request_id, names, failure)
 
     async def _split(
-        self, plan: GenerationPlan, route: Route, decode: WorkerInfo, produced: list[int], trace: RequestTrace,
+        self,
+        plan: GenerationPlan,
+        route: Route,
+        decode: WorkerInfo,
+        produced: list[int],
+        trace: RequestTrace,
         lease: Lease,
     ) -> AsyncGenerator[SampledToken, None]:
         prompt = plan.prompt_token_ids + produced
@@ -184,15 +200,23 @@ class RequestPath:
         deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
         decode_call = self._channels.stub(decode.address).Decode(
             worker_pb2.DecodeRequest(
-                request_id=trace.attempt_id(plan.request_id), transfer_token=transfer_token, sampling=sampling,
-                prompt_tokens=len(prompt), priority=priority, cache_salt=plan.cache_salt,
+                request_id=trace.attempt_id(plan.request_id),
+                transfer_token=transfer_token,
+                sampling=sampling,
+                prompt_tokens=len(prompt),
+                priority=priority,
+                cache_salt=plan.cache_salt,
             ),
             timeout=deadline,
         )
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
-                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=prompt, sampling=sampling,
-                decode_address=decode.address, transfer_token=transfer_token, priority=priority,
+                request_id=trace.attempt_id(plan.request_id),
+                prompt_token_ids=prompt,
+                sampling=sampling,
+                decode_address=decode.address,
+                transfer_token=transfer_token,
+                priority=priority,
                 cache_salt=plan.cache_salt,
             ),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
@@ -202,7 +226,7 @@ class RequestPath:
         try:
             message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.first_token_s)
             first = message.first_token
-            lease.release(route.prefill.id)   # the prompt is done: it no longer weighs on the prefill worker
+            lease.release(route.prefill.id)  # the prompt is done: it no longer weighs on the prefill worker
             prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
             yield SampledToken(first.token_id, first.finished, first.finished_by_eos)
             if first.finished:
@@ -221,7 +245,7 @@ class RequestPath:
             if kv_task is not None:
                 kv_task.cancel()
                 if kv_task.done() and not kv_task.cancelled():
-                    kv_task.exception()   # retrieved: a failed hand-off was already handled or moot
+                    kv_task.exception()  # retrieved: a failed hand-off was already handled or moot
             decode_call.cancel()
             prefill_call.cancel()
 
@@ -263,7 +287,8 @@ class RequestPath:
         if not message.HasField("kv_delivered"):
             raise WorkerFailure(
                 GatewayError(ErrorKind.UNAVAILABLE, f"the prefill worker {prefill.id} sent no KV delivery"),
-                (prefill, decode), dead=False,
+                (prefill, decode),
+                dead=False,
             )
         delivered = message.kv_delivered
         KV_TRANSFER_BYTES.inc(delivered.kv_bytes)
@@ -285,8 +310,10 @@ class RequestPath:
     ) -> AsyncGenerator[SampledToken, None]:
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
-                request_id=trace.attempt_id(plan.request_id), prompt_token_ids=plan.prompt_token_ids + produced,
-                sampling=_worker_sampling(plan.sampling, produced), priority=_WORKER_PRIORITY[plan.priority],
+                request_id=trace.attempt_id(plan.request_id),
+                prompt_token_ids=plan.prompt_token_ids + produced,
+                sampling=_worker_sampling(plan.sampling, produced),
+                priority=_WORKER_PRIORITY[plan.priority],
                 cache_salt=plan.cache_salt,
             ),
             timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
@@ -319,7 +346,8 @@ class RequestPath:
         if message is grpc.aio.EOF:
             raise WorkerFailure(
                 GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
-                (worker,), dead=False,
+                (worker,),
+                dead=False,
             )
         WORKER_BYTES_RECEIVED.inc(message.ByteSize())
         return message
@@ -339,9 +367,14 @@ def _worker_sampling(sampling: SamplingSpec, produced: list[int]) -> worker_pb2.
     """The request's sampling after `produced` tokens: max_tokens stays the request's budget in all (the
     tokens already produced count against it, as the worker knows from tokens_already_generated)."""
     return worker_pb2.SamplingParams(
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        has_seed=sampling.seed is not None, seed=sampling.seed or 0, max_tokens=sampling.max_tokens,
-        ignore_eos=sampling.ignore_eos, tokens_already_generated=len(produced),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        has_seed=sampling.seed is not None,
+        seed=sampling.seed or 0,
+        max_tokens=sampling.max_tokens,
+        ignore_eos=sampling.ignore_eos,
+        tokens_already_generated=len(produced),
     )
 
 
@@ -367,7 +400,7 @@ def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> PhaseRecord:
     if trace.decode is None:
         trace.decode = PhaseRecord(worker, started_at=_now())
     else:
-        trace.decode.worker = worker   # the stream moved: the last decode worker is the one on record
+        trace.decode.worker = worker  # the stream moved: the last decode worker is the one on record
     return trace.decode
 
 
@@ -380,11 +413,13 @@ def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phas
     code = error.code()
     kind = ErrorKind.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else ErrorKind.UNAVAILABLE
     if code in _NOT_SERVED or code is grpc.StatusCode.INTERNAL:
-        kind = ErrorKind(code.name)   # the worker's own verdict, passed on
+        kind = ErrorKind(code.name)  # the worker's own verdict, passed on
     names = ", ".join(w.id for w in culprits)
     message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
     return WorkerFailure(
-        GatewayError(kind, message), culprits, dead=code is grpc.StatusCode.UNAVAILABLE,
+        GatewayError(kind, message),
+        culprits,
+        dead=code is grpc.StatusCode.UNAVAILABLE,
         request_fault=code is grpc.StatusCode.INTERNAL,
     )
 

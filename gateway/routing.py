@@ -25,27 +25,27 @@ from gateway.live_load import LiveLoad, LoadBoard
 from gateway.registry import Registry, WorkerInfo
 from gateway.types import ErrorKind, GatewayError
 
-QUEUED_REQUEST_TOKENS = 128   # the work one waiting request stands for, in prompt tokens
+QUEUED_REQUEST_TOKENS = 128  # the work one waiting request stands for, in prompt tokens
 
 
 class ServingMode(enum.StrEnum):
-    AUTO = "auto"            # split when both fleets have ready workers, colocated otherwise
+    AUTO = "auto"  # split when both fleets have ready workers, colocated otherwise
     SPLIT = "split"
     COLOCATED = "colocated"
 
 
 class Decision(enum.StrEnum):
     SPLIT = "split"
-    SPLIT_SKIPPED = "split_skipped"   # both phases on the decode worker
+    SPLIT_SKIPPED = "split_skipped"  # both phases on the decode worker
     COLOCATED = "colocated"
 
 
 @dataclass(frozen=True)
 class Route:
-    prefill: WorkerInfo            # the worker that runs the prompt (both phases unless `decode` is set)
+    prefill: WorkerInfo  # the worker that runs the prompt (both phases unless `decode` is set)
     decode: WorkerInfo | None
     decision: Decision
-    matched_tokens: int = 0        # prompt tokens the prefill worker holds, by its published block hashes
+    matched_tokens: int = 0  # prompt tokens the prefill worker holds, by its published block hashes
     prompt_tokens: int = 0
 
     @property
@@ -63,8 +63,8 @@ class RouteRequest:
     model: str
     prompt_token_ids: list[int]
     max_tokens: int
-    avoid: frozenset[str] = frozenset()   # worker ids that already failed this request
-    cache_salt: str = ""                  # the organization's prefix-cache salt (PrefillRequest.cache_salt)
+    avoid: frozenset[str] = frozenset()  # worker ids that already failed this request
+    cache_salt: str = ""  # the organization's prefix-cache salt (PrefillRequest.cache_salt)
 
 
 class Lease:
@@ -96,7 +96,12 @@ class Lease:
 
 class Router:
     def __init__(
-        self, registry: Registry, board: LoadBoard, mode: ServingMode, region: str = "", skip_split_below: int = 0,
+        self,
+        registry: Registry,
+        board: LoadBoard,
+        mode: ServingMode,
+        region: str = "",
+        skip_split_below: int = 0,
         prefill_overflow_tokens: int = 0,
     ) -> None:
         self._registry = registry
@@ -106,8 +111,8 @@ class Router:
         self._skip_split_below = skip_split_below
         self._prefill_overflow_tokens = prefill_overflow_tokens
         self._in_flight: Counter[str] = Counter()
-        self._prompting: Counter[str] = Counter()   # prompt tokens sent per worker, not yet at their first token
-        self._no_generate: set[str] = set()   # decode workers that refused Generate
+        self._prompting: Counter[str] = Counter()  # prompt tokens sent per worker, not yet at their first token
+        self._no_generate: set[str] = set()  # decode workers that refused Generate
 
     def route(self, request: RouteRequest) -> Route:
         model = request.model
@@ -123,8 +128,9 @@ class Router:
             roles = "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated"
             raise _no_workers(model, roles)
         worker = min(colocated, key=lambda w: (self._pending(w), w.id))
-        return Route(prefill=worker, decode=None, decision=Decision.COLOCATED,
-                     prompt_tokens=len(request.prompt_token_ids))
+        return Route(
+            prefill=worker, decode=None, decision=Decision.COLOCATED, prompt_tokens=len(request.prompt_token_ids)
+        )
 
     def acquire(self, route: Route) -> "Lease":
         """Counts the request on its workers until the lease is released."""
@@ -139,7 +145,7 @@ class Router:
 
     def _split_route(self, request: RouteRequest, prefill: list[WorkerInfo], decode: list[WorkerInfo]) -> Route:
         prompt = request.prompt_token_ids
-        chains: dict[int, list[int]] = {}   # the prompt's block hashes, per block size
+        chains: dict[int, list[int]] = {}  # the prompt's block hashes, per block size
         decode_worker = self._pick_decode(request, decode)
         may_skip = decode_worker.id not in self._no_generate
         held = self._matched_tokens(decode_worker, request, chains) if may_skip else 0
@@ -184,7 +190,7 @@ class Router:
         def room(worker: WorkerInfo) -> bool:
             load = self._board.fresh_load(worker.id)
             if load is None or not load.kv_blocks_total or not load.block_size:
-                return True   # no block accounting published: assume room
+                return True  # no block accounting published: assume room
             return load.kv_blocks_free >= math.ceil(tokens / load.block_size)
 
         def free_blocks(worker: WorkerInfo) -> int:
@@ -245,6 +251,4 @@ def _unreported(live: LiveLoad | None) -> bool:
 
 
 def _no_workers(model: str, roles: str) -> GatewayError:
-    return GatewayError(
-        ErrorKind.UNAVAILABLE, f"no ready {roles} workers serve {model} right now; retry shortly"
-    )
+    return GatewayError(ErrorKind.UNAVAILABLE, f"no ready {roles} workers serve {model} right now; retry shortly")

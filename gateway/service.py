@@ -26,9 +26,10 @@ from gateway.types import (
 )
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
-_STATUS = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}   # each kind is the status of its name
+_STATUS = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}  # each kind is the status of its name
 _FINISH_REASON = {
-    FinishReason.STOP: inference_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: inference_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
 }
 
 
@@ -94,13 +95,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             await self._pipeline.auth.authenticate_header(_authorization(context), context.peer())
         except GatewayError as error:
             await _abort(context, error, "")
-        return inference_pb2.ListModelsResponse(models=[
-            inference_pb2.Model(
-                id=model.name, context_length=model.context_length,
-                has_chat_template=bool(tokenizer_for(model.source).chat_template),
-            )
-            for model in self._pipeline.registry.models.values()
-        ])
+        return inference_pb2.ListModelsResponse(
+            models=[
+                inference_pb2.Model(
+                    id=model.name,
+                    context_length=model.context_length,
+                    has_chat_template=bool(tokenizer_for(model.source).chat_template),
+                )
+                for model in self._pipeline.registry.models.values()
+            ]
+        )
 
 
 def generation_request(message: inference_pb2.GenerateRequest) -> GenerationRequest:
@@ -137,8 +141,11 @@ def generate_response(output: GenerationOutput) -> inference_pb2.GenerateRespons
 
 def _usage(usage: Usage) -> inference_pb2.Usage:
     return inference_pb2.Usage(
-        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-        prefill=_phase_usage(usage.prefill), decode=_phase_usage(usage.decode),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        prefill=_phase_usage(usage.prefill),
+        decode=_phase_usage(usage.decode),
     )
 
 
@@ -146,7 +153,10 @@ def _phase_usage(phase: PhaseUsage | None) -> inference_pb2.PhaseUsage | None:
     if phase is None:
         return None
     return inference_pb2.PhaseUsage(
-        tokens=phase.tokens, cached_tokens=phase.cached_tokens, kv_bytes=phase.kv_bytes, compute_ms=phase.compute_ms,
+        tokens=phase.tokens,
+        cached_tokens=phase.cached_tokens,
+        kv_bytes=phase.kv_bytes,
+        compute_ms=phase.compute_ms,
         worker_id=phase.worker_id,
     )
 

@@ -38,12 +38,12 @@ class TextStream:
     def _decode_new(self, final: bool = False) -> str:
         ids = self._token_ids
         decode = self._tokenizer.decode
-        before = decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
-        after = decode(ids[self._prefix_offset:], skip_special_tokens=True)
+        before = decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        after = decode(ids[self._prefix_offset :], skip_special_tokens=True)
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-        return after[len(before):]
+        return after[len(before) :]
 
     def _find_stop(self) -> int | None:
         if not self._stop:
@@ -55,6 +55,6 @@ class TextStream:
     def _emit_until(self, end: int) -> str:
         if end <= self._emitted:
             return ""
-        delta = self._text[self._emitted:end]
+        delta = self._text[self._emitted : end]
         self._emitted = end
         return delta

@@ -24,7 +24,7 @@ class ErrorKind(enum.StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
-    ABORTED = "ABORTED"                       # the first request with an idempotency key still runs
+    ABORTED = "ABORTED"  # the first request with an idempotency key still runs
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     UNIMPLEMENTED = "UNIMPLEMENTED"
     UNAVAILABLE = "UNAVAILABLE"
@@ -49,13 +49,13 @@ class GatewayError(Exception):
 class Priority(enum.IntEnum):
     """The numbers are the public contract's (`diptych.v1.Priority`), which a gRPC client sends as they are."""
 
-    INTERACTIVE = 0   # served first when workers are busy
+    INTERACTIVE = 0  # served first when workers are busy
     BATCH = 1
 
 
 class FinishReason(enum.StrEnum):
-    STOP = "stop"       # the end-of-sequence token or a stop string
-    LENGTH = "length"   # max_tokens or the context length
+    STOP = "stop"  # the end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens or the context length
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,14 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     chat: list[ChatMessage] | None = None
     max_tokens: int | None = None
-    temperature: float | None = None   # float32 values, as the contract carries them (`as_float32`)
+    temperature: float | None = None  # float32 values, as the contract carries them (`as_float32`)
     top_p: float | None = None
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     client_request_id: str = ""
     idempotency_key: str = ""
-    priority: int = Priority.INTERACTIVE   # any number a gRPC client sent; validation refuses unknown ones
+    priority: int = Priority.INTERACTIVE  # any number a gRPC client sent; validation refuses unknown ones
     ignore_eos: bool = False
 
 
@@ -95,11 +95,11 @@ def as_float32(value: float) -> float:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    temperature: float = 1.0   # 0: greedy
+    temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
-    top_k: int = 0             # 0: off
+    top_k: int = 0  # 0: off
     seed: int | None = None
-    max_tokens: int = 16       # output tokens in all, the first one included
+    max_tokens: int = 16  # output tokens in all, the first one included
     ignore_eos: bool = False
 
 
@@ -107,7 +107,7 @@ class SamplingSpec:
 class GenerationPlan:
     """A validated, tokenized request: everything the request path needs to run it."""
 
-    request_id: str                # the execution's server-issued id
+    request_id: str  # the execution's server-issued id
     organization_id: str
     model: ModelInfo
     tokenizer: object
@@ -115,7 +115,7 @@ class GenerationPlan:
     sampling: SamplingSpec
     stop: list[str]
     priority: Priority = Priority.INTERACTIVE
-    client_request_id: str = ""    # the client's own label, kept with its usage
+    client_request_id: str = ""  # the client's own label, kept with its usage
     idempotency_key: str = ""
 
     @property
@@ -129,8 +129,8 @@ class SampledToken:
     """One output token from a worker."""
 
     token_id: int
-    finished: bool = False          # the last token of the request
-    finished_by_eos: bool = False   # ... and it is the end-of-sequence token
+    finished: bool = False  # the last token of the request
+    finished_by_eos: bool = False  # ... and it is the end-of-sequence token
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,9 @@ class GenerationOutput:
 class UsageEvent:
     """What one phase of one execution costs, as the control plane ingests it (its JSON is `as_json()`)."""
 
-    request_id: str                # the execution id; with `phase`, the ledger's idempotency key
+    request_id: str  # the execution id; with `phase`, the ledger's idempotency key
     client_request_id: str
-    phase: str                     # "prefill" or "decode"
+    phase: str  # "prefill" or "decode"
     organization_id: str
     api_key_id: str
     model: str
@@ -179,7 +179,7 @@ class UsageEvent:
     cached_tokens: int
     kv_bytes: int
     compute_ms: int
-    started_at: str                # ISO 8601, with the time zone
+    started_at: str  # ISO 8601, with the time zone
     finished_at: str
 
     def as_json(self) -> dict:

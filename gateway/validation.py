@@ -185,7 +185,11 @@ def _sampling(request: GenerationRequest, model: ModelInfo, prompt_length: int) 
     top_p = request.top_p if request.top_p is not None else 1.0
     _check_top_p(top_p)
     return SamplingSpec(
-        temperature=temperature, top_p=top_p, top_k=request.top_k, seed=request.seed, max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=request.top_k,
+        seed=request.seed,
+        max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
     )
 

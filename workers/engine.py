@@ -39,13 +39,13 @@ class RequestFailed(Exception):
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
-    num_kv_blocks: int = 0          # 0: as many as kv_cache_mib holds
+    num_kv_blocks: int = 0  # 0: as many as kv_cache_mib holds
     kv_cache_mib: int = 256
-    token_budget: int = 512         # tokens per step, prompt chunks and decoding tokens together
+    token_budget: int = 512  # tokens per step, prompt chunks and decoding tokens together
     max_running: int = 64
     enable_prefix_caching: bool = True
     device: str = "cpu"
-    cuda_graphs: bool = True        # on CUDA devices, replay decode steps from captured graphs
+    cuda_graphs: bool = True  # on CUDA devices, replay decode steps from captured graphs
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class Engine:
         inputs = []
         for chunk in out.chunks:
             request = chunk.request
-            tokens = request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens]
+            tokens = request.all_token_ids[chunk.start : chunk.start + chunk.num_tokens]
             inputs.append(StepInput(tokens, chunk.start, self.kv.block_ids(request.request_id), chunk.samples))
         return inputs
 
@@ -332,9 +332,7 @@ def _sample_each(logits, requests: list[EngineRequest]) -> list[int | RequestFai
     raises, fails its request alone."""
     finite = finite_rows(logits)
     results: list[int | RequestFailed] = [
-        RequestFailed(
-            f"the model's logits for its output token {request.sample_index} hold NaN or infinite values"
-        )
+        RequestFailed(f"the model's logits for its output token {request.sample_index} hold NaN or infinite values")
         for request in requests
     ]
     usable = [row for row, ok in enumerate(finite) if ok]
@@ -349,7 +347,7 @@ def _sample_rows(logits, requests: list[EngineRequest], rows: list[int]) -> list
     try:
         return list(sample(usable, [requests[r].sampling for r in rows], [requests[r].sample_index for r in rows]))
     except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
-        return [_sample_one(logits[row:row + 1], requests[row]) for row in rows]
+        return [_sample_one(logits[row : row + 1], requests[row]) for row in rows]
 
 
 def _sample_one(logits, request: EngineRequest) -> int | RequestFailed:

@@ -120,7 +120,7 @@ class KVCacheManager:
         usable = (len(token_ids) - 1) // self.block_size
         for index in range(usable):
             start = index * self.block_size
-            parent = block_hash(parent, token_ids[start:start + self.block_size])
+            parent = block_hash(parent, token_ids[start : start + self.block_size])
             block = self.pool.cached.get(parent)
             if block is None:
                 break
@@ -162,7 +162,7 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else chain_root(salt)
         for index in range(len(hashes), num_computed // self.block_size):
             start = index * self.block_size
-            parent = block_hash(parent, token_ids[start:start + self.block_size])
+            parent = block_hash(parent, token_ids[start : start + self.block_size])
             hashes.append(parent)
             self.pool.name(table[index], parent)
 

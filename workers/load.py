@@ -34,8 +34,10 @@ class WorkerLoad:
             prompt_tokens_pending=stats.prompt_tokens_pending,
             draining=self.draining,
             prefix_cache=worker_pb2.PrefixCacheSummary(
-                version=stats.prefix_cache_version, block_hashes=stats.prefix_cache_hashes,
-                hits_tokens=stats.prefix_cache_hit_tokens, queried_tokens=stats.prefix_cache_queried_tokens,
+                version=stats.prefix_cache_version,
+                block_hashes=stats.prefix_cache_hashes,
+                hits_tokens=stats.prefix_cache_hit_tokens,
+                queried_tokens=stats.prefix_cache_queried_tokens,
             ),
         )
 

@@ -77,7 +77,11 @@ async def serve(
     receiver = None
     if role is Role.DECODE:
         receiver = KvReceiver(
-            KvInbox(), layout, host=host, port=kv_port, staging=StagingPool(pin=cuda),
+            KvInbox(),
+            layout,
+            host=host,
+            port=kv_port,
+            staging=StagingPool(pin=cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
         )
         receiver.start()
@@ -87,10 +91,13 @@ async def serve(
     service = WorkerService(state, engine, secret=secret)
     serve_metrics(metrics_port, host, role.value, lambda: service.load().to_proto(), engine)
 
-    server = worker_server(secret, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ])
+    server = worker_server(
+        secret,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -99,8 +106,13 @@ async def serve(
     address = f"{host}:{bound_port}"
 
     link = ControlPlaneLink(
-        control_plane_url, fleet_token, address, name, service.load_report,
-        on_state=lambda _: service.set_draining(link.draining), secret=secret,
+        control_plane_url,
+        fleet_token,
+        address,
+        name,
+        service.load_report,
+        on_state=lambda _: service.set_draining(link.draining),
+        secret=secret,
     )
     await link.register_until_accepted()
     if link.fleet.get("model") != model or link.fleet.get("role") != role:
@@ -113,7 +125,14 @@ async def serve(
     data = f", KV data port {receiver.host}:{receiver.port}" if receiver else ""
     log.info(
         "%s worker %s serving %s on %s%s; %d KV blocks of %d tokens on %s",
-        role, link.worker_id, model, address, data, engine.kv.num_blocks, engine.kv.block_size, engine_config.device,
+        role,
+        link.worker_id,
+        model,
+        address,
+        data,
+        engine.kv.num_blocks,
+        engine.kv.block_size,
+        engine_config.device,
     )
 
     tasks = [asyncio.create_task(link.heartbeat_forever()), asyncio.create_task(engine.run())]

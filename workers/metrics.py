@@ -38,7 +38,8 @@ class LoadCollector(Collector):
             return family
 
         queue = GaugeMetricFamily(
-            "diptych_worker_queue_depth", "Requests waiting on this worker, by priority class",
+            "diptych_worker_queue_depth",
+            "Requests waiting on this worker, by priority class",
             labels=labels + ["priority"],
         )
         queue.add_metric(values + ["interactive"], load.waiting_interactive)
@@ -55,10 +56,16 @@ class LoadCollector(Collector):
         yield counter(
             "diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received
         )
-        yield counter("diptych_worker_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
-                      load.prefix_cache.hits_tokens)
-        yield counter("diptych_worker_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
-                      load.prefix_cache.queried_tokens)
+        yield counter(
+            "diptych_worker_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            load.prefix_cache.hits_tokens,
+        )
+        yield counter(
+            "diptych_worker_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            load.prefix_cache.queried_tokens,
+        )
 
 
 class StepMetrics:
@@ -66,12 +73,18 @@ class StepMetrics:
 
     def __init__(self, role: str, registry=REGISTRY) -> None:
         self._seconds = Histogram(
-            "diptych_worker_step_seconds", "Duration of an engine step (one forward pass and its sampling)",
-            ["role"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=registry,
+            "diptych_worker_step_seconds",
+            "Duration of an engine step (one forward pass and its sampling)",
+            ["role"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
         ).labels(role)
         self._tokens = Histogram(
-            "diptych_worker_step_tokens", "Tokens computed in an engine step (prompt chunks and decoding tokens)",
-            ["role"], buckets=(1, 8, 32, 64, 128, 256, 512, 1024, 2048), registry=registry,
+            "diptych_worker_step_tokens",
+            "Tokens computed in an engine step (prompt chunks and decoding tokens)",
+            ["role"],
+            buckets=(1, 8, 32, 64, 128, 256, 512, 1024, 2048),
+            registry=registry,
         ).labels(role)
 
     def observe(self, tokens: int, step_ms: float) -> None:

@@ -58,7 +58,10 @@ def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> Lo
     parameters = sum(p.numel() for p in model.parameters())
     log.info(
         "loaded %s: %.1f M parameters, %s, in %.1f s",
-        name, parameters / 1e6, dtype, time.monotonic() - started,
+        name,
+        parameters / 1e6,
+        dtype,
+        time.monotonic() - started,
     )
     return LoadedModel(
         name=name,

@@ -70,7 +70,11 @@ def kv_layout_of(config: PreTrainedConfig, block_size: int, dtype: torch.dtype) 
 
 class ModelRunner:
     def __init__(
-        self, model: PreTrainedModel, num_blocks: int, block_size: int, device: str = "cpu",
+        self,
+        model: PreTrainedModel,
+        num_blocks: int,
+        block_size: int,
+        device: str = "cpu",
         decode_graphs: DecodeGraphSpec | None = None,
     ) -> None:
         """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
@@ -102,7 +106,11 @@ class ModelRunner:
         positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in inputs])
         slot_blocks, slot_offsets = self._slots(inputs, positions)
         plan = AttentionPlan(
-            inputs, self.layout.block_size, self.device, self._gather_buffers, self.decode_group_cost,
+            inputs,
+            self.layout.block_size,
+            self.device,
+            self._gather_buffers,
+            self.decode_group_cost,
             self.decoder.windows,
         )
         token_ids, positions = token_ids.to(self.device), positions.to(self.device)
@@ -149,10 +157,12 @@ class ModelRunner:
 
     def _slots(self, inputs: list[StepInput], positions: torch.Tensor):
         size = self.layout.block_size
-        tables = torch.cat([
-            torch.tensor(s.block_ids, dtype=torch.long)[torch.arange(s.start, s.start + len(s.token_ids)) // size]
-            for s in inputs
-        ])
+        tables = torch.cat(
+            [
+                torch.tensor(s.block_ids, dtype=torch.long)[torch.arange(s.start, s.start + len(s.token_ids)) // size]
+                for s in inputs
+            ]
+        )
         return tables.to(self.device), (positions % size).to(self.device)
 
     @torch.inference_mode()
@@ -175,7 +185,9 @@ class ModelRunner:
                 start = index
         return [
             self.kv[layer, kind, first:end].numpy().data.cast("B")
-            for layer in range(self.layout.num_layers) for kind in (0, 1) for first, end in runs
+            for layer in range(self.layout.num_layers)
+            for kind in (0, 1)
+            for first, end in runs
         ]
 
     @torch.inference_mode()

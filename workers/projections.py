@@ -35,11 +35,14 @@ class Projection:
 def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
     if all(linear.bias is None for linear in linears):
         return None
-    return torch.cat([
-        linear.bias.detach() if linear.bias is not None
-        else torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
-        for linear in linears
-    ])
+    return torch.cat(
+        [
+            linear.bias.detach()
+            if linear.bias is not None
+            else torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
+            for linear in linears
+        ]
+    )
 
 
 def _onednn_applies(weight: torch.Tensor) -> bool:

@@ -48,8 +48,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], token_indices: li
     being sampled in row i's output (0 for the first)."""
     greedy_ids = _argmax(logits).tolist()
     return [
-        greedy_ids[row] if p.greedy else _sample_row(logits[row], p, token_indices[row])
-        for row, p in enumerate(params)
+        greedy_ids[row] if p.greedy else _sample_row(logits[row], p, token_indices[row]) for row, p in enumerate(params)
     ]
 
 
@@ -94,12 +93,12 @@ class StopCriteria:
     eos_token_ids: frozenset[int]
     context_length: int
 
-    def check(self, token_id: int, num_output_tokens: int, prompt_length: int, params: SamplingParams) -> tuple[bool, bool]:
+    def check(
+        self, token_id: int, num_output_tokens: int, prompt_length: int, params: SamplingParams
+    ) -> tuple[bool, bool]:
         """(finished, finished_by_eos) after `token_id` became output token number `num_output_tokens`."""
         by_eos = token_id in self.eos_token_ids and not params.ignore_eos
         finished = (
-            by_eos
-            or num_output_tokens >= params.max_tokens
-            or prompt_length + num_output_tokens >= self.context_length
+            by_eos or num_output_tokens >= params.max_tokens or prompt_length + num_output_tokens >= self.context_length
         )
         return finished, by_eos

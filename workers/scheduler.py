@@ -21,7 +21,7 @@ from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 @dataclass
 class ScheduledChunk:
     request: EngineRequest
-    start: int        # position of the first token computed this step
+    start: int  # position of the first token computed this step
     num_tokens: int
 
     @property

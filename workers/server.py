@@ -65,7 +65,9 @@ def _priority(value: int) -> int:
 
 
 CONNECTOR_OF_ROLE: dict[Role, type] = {
-    Role.PREFILL: PrefillConnector, Role.DECODE: DecodeConnector, Role.COLOCATED: type(None)
+    Role.PREFILL: PrefillConnector,
+    Role.DECODE: DecodeConnector,
+    Role.COLOCATED: type(None),
 }
 
 
@@ -91,17 +93,26 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, Role.PREFILL)
         peer = await self._peer(request.decode_address, context)
         engine_request = EngineRequest(
-            request.request_id, list(request.prompt_token_ids), sampling_from_proto(request.sampling),
-            _priority(request.priority), prefill_only=True, cache_salt=request.cache_salt,
+            request.request_id,
+            list(request.prompt_token_ids),
+            sampling_from_proto(request.sampling),
+            _priority(request.priority),
+            prefill_only=True,
+            cache_salt=request.cache_salt,
             kv_transfer=KvTransferParams(send_to=peer, transfer_token=request.transfer_token),
         )
         handle = await self._add(engine_request, context)
         first = await anext(self._outputs(handle, context))
         started = time.monotonic()
-        yield worker_pb2.PrefillEvent(first_token=worker_pb2.FirstToken(
-            token_id=first.token_id, cached_tokens=engine_request.num_cached_tokens,
-            compute_ms=round(handle.compute_ms), finished=first.finished, finished_by_eos=first.finished_by_eos,
-        ))
+        yield worker_pb2.PrefillEvent(
+            first_token=worker_pb2.FirstToken(
+                token_id=first.token_id,
+                cached_tokens=engine_request.num_cached_tokens,
+                compute_ms=round(handle.compute_ms),
+                finished=first.finished,
+                finished_by_eos=first.finished_by_eos,
+            )
+        )
         sent = _awaitable(handle.kv_sent)
         if first.finished:  # the connector stopped the transfer: no KV follows
             await asyncio.gather(sent, return_exceptions=True)
@@ -116,34 +127,49 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 f"could not deliver the KV cache to the decode worker at {request.decode_address}: "
                 f"{error.code.name}: {error}",
             )
-        yield worker_pb2.PrefillEvent(kv_delivered=worker_pb2.KvDelivered(
-            kv_bytes=delivered.nbytes, transfer_ms=round((time.monotonic() - started) * 1000),
-            data_path=delivered.data_path,
-        ))
+        yield worker_pb2.PrefillEvent(
+            kv_delivered=worker_pb2.KvDelivered(
+                kv_bytes=delivered.nbytes,
+                transfer_ms=round((time.monotonic() - started) * 1000),
+                data_path=delivered.data_path,
+            )
+        )
 
     async def Decode(self, request, context):
         await self._admit(context, Role.DECODE)
         received = await self._await_kv(request, context)
         try:
-            handle = await self._add(EngineRequest(
-                request.request_id, received.prompt_token_ids, sampling_from_proto(request.sampling),
-                _priority(request.priority), output_token_ids=[received.first_token_id],
-                cache_salt=request.cache_salt, kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
-            ), context)
+            handle = await self._add(
+                EngineRequest(
+                    request.request_id,
+                    received.prompt_token_ids,
+                    sampling_from_proto(request.sampling),
+                    _priority(request.priority),
+                    output_token_ids=[received.first_token_id],
+                    cache_salt=request.cache_salt,
+                    kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
+                ),
+                context,
+            )
         finally:
             self._receiver.forget(request.request_id)  # what the engine did not take goes back
         async for output in self._outputs(handle, context):
             stats = worker_pb2.PhaseStats(compute_ms=round(handle.compute_ms)) if output.finished else None
             yield worker_pb2.TokenEvent(
-                token_id=output.token_id, finished=output.finished, finished_by_eos=output.finished_by_eos,
+                token_id=output.token_id,
+                finished=output.finished,
+                finished_by_eos=output.finished_by_eos,
                 stats=stats,
             )
 
     async def Generate(self, request, context):
         await self._admit(context, Role.COLOCATED, Role.DECODE)
         engine_request = EngineRequest(
-            request.request_id, list(request.prompt_token_ids), sampling_from_proto(request.sampling),
-            _priority(request.priority), cache_salt=request.cache_salt,
+            request.request_id,
+            list(request.prompt_token_ids),
+            sampling_from_proto(request.sampling),
+            _priority(request.priority),
+            cache_salt=request.cache_salt,
         )
         handle = await self._add(engine_request, context)
         first = True
@@ -155,7 +181,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 )
             first = False
             yield worker_pb2.TokenEvent(
-                token_id=output.token_id, finished=output.finished, finished_by_eos=output.finished_by_eos,
+                token_id=output.token_id,
+                finished=output.finished,
+                finished_by_eos=output.finished_by_eos,
                 stats=stats,
             )
 
@@ -243,7 +271,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             async with grpc.aio.insecure_channel(decode_address) as channel:
                 endpoint = await worker_pb2_grpc.WorkerStub(channel).GetKvEndpoint(
-                    worker_pb2.KvEndpointRequest(challenge=challenge), timeout=ENDPOINT_TIMEOUT_S,
+                    worker_pb2.KvEndpointRequest(challenge=challenge),
+                    timeout=ENDPOINT_TIMEOUT_S,
                     metadata=self._secret.metadata(),
                 )
             if not self._secret.proves(challenge, endpoint):

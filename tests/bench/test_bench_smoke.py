@@ -12,14 +12,27 @@ from bench.baseline import StaticBatchGenerate
 from bench.report import BenchReport, GreedyCheck, PrefixEffect, render_report
 from bench.stats import RequestResult, Slo, percentile, summarize
 from bench.workload import (
-    FIRST_ORDINARY_TOKEN, BenchRequest, WorkloadSpec, make_requests, poisson_arrivals, shared_prefix_prompts,
+    FIRST_ORDINARY_TOKEN,
+    BenchRequest,
+    WorkloadSpec,
+    make_requests,
+    poisson_arrivals,
+    shared_prefix_prompts,
     with_arrivals,
 )
 from diptych_common.builtin import DIPTYCH_TINY
 
 SPEC = WorkloadSpec(
-    requests=200, prompt_tokens_mean=64, prompt_tokens_min=8, prompt_tokens_max=256, output_tokens_min=4,
-    output_tokens_max=12, shared_prefix_share=0.5, shared_prefix_tokens=16, vocab_size=512, seed=7,
+    requests=200,
+    prompt_tokens_mean=64,
+    prompt_tokens_min=8,
+    prompt_tokens_max=256,
+    output_tokens_min=4,
+    output_tokens_max=12,
+    shared_prefix_share=0.5,
+    shared_prefix_tokens=16,
+    vocab_size=512,
+    seed=7,
 )
 
 
@@ -39,9 +52,9 @@ def _result(sent: float, first: float, gap: float, tokens: int, **fields) -> Req
 
 def test_summarize_counts_throughput_goodput_and_prefix_hits():
     results = [
-        _result(0.0, 0.1, 0.01, 11, prompt_tokens=100, cached_tokens=50),   # meets the SLO
-        _result(0.0, 0.5, 0.01, 11, prompt_tokens=100),                     # TTFT too long
-        _result(1.0, 1.1, 0.05, 11, prompt_tokens=100),                     # TPOT too long; ends at 1.6 s
+        _result(0.0, 0.1, 0.01, 11, prompt_tokens=100, cached_tokens=50),  # meets the SLO
+        _result(0.0, 0.5, 0.01, 11, prompt_tokens=100),  # TTFT too long
+        _result(1.0, 1.1, 0.05, 11, prompt_tokens=100),  # TPOT too long; ends at 1.6 s
         RequestResult(sent_at=0.5, error="UNAVAILABLE: worker gone"),
     ]
     summary = summarize(results, Slo(ttft_s=0.2, tpot_s=0.02))
@@ -68,9 +81,9 @@ def test_workload_is_deterministic_and_within_its_bounds():
         assert all(FIRST_ORDINARY_TOKEN <= t < SPEC.vocab_size for t in request.prompt_token_ids)
     sharing = [r for r in requests if r.shares_prefix]
     assert 0.35 < len(sharing) / len(requests) < 0.65
-    prefix = sharing[0].prompt_token_ids[:SPEC.shared_prefix_tokens]
-    assert all(r.prompt_token_ids[:SPEC.shared_prefix_tokens] == prefix for r in sharing)
-    assert not any(r.prompt_token_ids[:SPEC.shared_prefix_tokens] == prefix for r in requests if not r.shares_prefix)
+    prefix = sharing[0].prompt_token_ids[: SPEC.shared_prefix_tokens]
+    assert all(r.prompt_token_ids[: SPEC.shared_prefix_tokens] == prefix for r in sharing)
+    assert not any(r.prompt_token_ids[: SPEC.shared_prefix_tokens] == prefix for r in requests if not r.shares_prefix)
 
 
 def test_poisson_arrivals_have_the_rate_and_replay_identically():
@@ -79,7 +92,7 @@ def test_poisson_arrivals_have_the_rate_and_replay_identically():
     assert arrivals[0] == 0.0 and arrivals == sorted(arrivals)
     assert (len(arrivals) - 1) / arrivals[-1] == pytest.approx(4.0, rel=0.03)
     timed = with_arrivals(make_requests(SPEC), 4.0, seed=3)
-    assert [r.arrival_s for r in timed] == arrivals[:SPEC.requests]
+    assert [r.arrival_s for r in timed] == arrivals[: SPEC.requests]
     with pytest.raises(ValueError, match="must be positive"):
         poisson_arrivals(3, rate_per_s=0.0, seed=0)
 
@@ -90,15 +103,17 @@ def test_shared_prefix_prompts_share_exactly_the_fraction():
     assert all(len(p) == 100 for p in cold + warm)
     assert all(p[:90] == warm[0][:90] for p in warm)
     assert len({tuple(p[90:]) for p in warm}) == 4
-    assert len({tuple(p[:90]) for p in cold + warm[:1]}) == 4   # cold prompts share nothing of it
+    assert len({tuple(p[:90]) for p in cold + warm[:1]}) == 4  # cold prompts share nothing of it
 
 
 def test_report_says_no_when_a_greedy_output_differs():
-    report = BenchReport(profile="quick", model="diptych-tiny", concurrency=32, slo=Slo(0.5, 0.05),
-                         split_threads=1, colocated_threads=2)
+    report = BenchReport(
+        profile="quick", model="diptych-tiny", concurrency=32, slo=Slo(0.5, 0.05), split_threads=1, colocated_threads=2
+    )
     report.greedy = [GreedyCheck("split", 8, 8, []), GreedyCheck("colocated", 8, 7, [])]
-    report.prefix = [PrefixEffect("split", 768, 0.9, cold_ttft_p50=0.2, warm_ttft_p50=0.05,
-                                  warm_cached_tokens=[672], errors=[])]
+    report.prefix = [
+        PrefixEffect("split", 768, 0.9, cold_ttft_p50=0.2, warm_ttft_p50=0.05, warm_cached_tokens=[672], errors=[])
+    ]
     text = render_report(report)
     assert "split: identical: yes (8/8 prompts)" in text
     assert "colocated: identical: no (7/8 prompts)" in text
@@ -121,21 +136,30 @@ def test_static_batch_gives_every_request_its_length_with_timestamps_in_order():
 
 
 def test_kv_target_is_read_from_the_microbenchmark_table():
-    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3, 0.3),
-                         split_threads=1, colocated_threads=2)
-    report.kv_transfer_output = "\n".join([
-        "     size  path            GB/s  ratio vs alone",
-        "    1.0MB  tcp path        1.00   0.40     0.40",
-        "   25.2MB  raw socket      2.00   1.00     0.50",
-        "   25.2MB  tcp path        3.20   1.60     0.80",
-        "   25.2MB  shm path        2.00   1.00     0.50",
-        "   25.2MB  raw, alone      4.00   2.00     1.00",
-        "   25.2MB  raw, hot        6.00   3.00     1.50",
-        "   25.2MB  grpc stream     0.80   0.40     0.20",
-    ])
+    report = BenchReport(
+        profile="full", model="diptych-100m", concurrency=32, slo=Slo(3, 0.3), split_threads=1, colocated_threads=2
+    )
+    report.kv_transfer_output = "\n".join(
+        [
+            "     size  path            GB/s  ratio vs alone",
+            "    1.0MB  tcp path        1.00   0.40     0.40",
+            "   25.2MB  raw socket      2.00   1.00     0.50",
+            "   25.2MB  tcp path        3.20   1.60     0.80",
+            "   25.2MB  shm path        2.00   1.00     0.50",
+            "   25.2MB  raw, alone      4.00   2.00     1.00",
+            "   25.2MB  raw, hot        6.00   3.00     1.50",
+            "   25.2MB  grpc stream     0.80   0.40     0.20",
+        ]
+    )
     text = render_report(report)
-    assert "KV transfer of 25.2 MB, tcp path: 3.20 GB/s = 80% of the raw socket sent from a process of its own (target ≥ 70%: met)" in text
-    assert "KV transfer of 25.2 MB, shm path: 2.00 GB/s = 50% of the raw socket sent from a process of its own (target ≥ 70%: NOT met)" in text
+    assert (
+        "KV transfer of 25.2 MB, tcp path: 3.20 GB/s = 80% of the raw socket sent from a process of its own "
+        "(target ≥ 70%: met)" in text
+    )
+    assert (
+        "KV transfer of 25.2 MB, shm path: 2.00 GB/s = 50% of the raw socket sent from a process of its own "
+        "(target ≥ 70%: NOT met)" in text
+    )
     assert "25.2 MB, grpc stream" not in text
     assert "KV transfer of 1.0 MB" not in text and "KV transfer of 1 MB" not in text
     assert "25.2 MB, raw" not in text
@@ -148,18 +172,21 @@ def _closed_loop_run(tokens_per_s: float, ttft: float) -> tuple:
 
 
 def test_the_median_closed_loop_run_stands_for_its_mode_and_sets_the_ratio():
-    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3),
-                         split_threads=1, colocated_threads=2)
+    report = BenchReport(
+        profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3), split_threads=1, colocated_threads=2
+    )
     report.add_closed_loop("colocated", [_closed_loop_run(r, t) for r, t in ((100, 0.001), (160, 0.002), (130, 0.003))])
     report.add_closed_loop("generate", [_closed_loop_run(r, 0.005) for r in (40, 50)])
     chosen = report.closed_loop["colocated"]
-    assert chosen.ttft[0] == pytest.approx(0.003)    # the 130 tok/s run, not the fastest nor the slowest
+    assert chosen.ttft[0] == pytest.approx(0.003)  # the 130 tok/s run, not the fastest nor the slowest
     assert report.closed_loop["generate"].output_tokens_per_s == _closed_loop_run(40, 0.005)[0].output_tokens_per_s
     ratio = chosen.output_tokens_per_s / report.closed_loop["generate"].output_tokens_per_s
     text = render_report(report)
     assert f"| colocated | 2 (0) | {chosen.output_tokens_per_s:.0f} | " in text
-    runs = ", ".join(f"{s.output_tokens_per_s:.0f}" for s in (
-        _closed_loop_run(100, 0.001)[0], _closed_loop_run(160, 0.002)[0], _closed_loop_run(130, 0.003)[0]))
+    runs = ", ".join(
+        f"{s.output_tokens_per_s:.0f}"
+        for s in (_closed_loop_run(100, 0.001)[0], _closed_loop_run(160, 0.002)[0], _closed_loop_run(130, 0.003)[0])
+    )
     assert f"| {runs} | {ratio:.2f}x |" in text
     assert f"colocated / generate: {ratio:.2f}x" in text
 
@@ -186,8 +213,9 @@ def test_step_costs_prints_each_piece_against_the_other_way(capsys):
 
 
 def test_the_report_says_how_many_split_requests_ran_whole_on_the_decode_worker():
-    report = BenchReport(profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3),
-                         split_threads=1, colocated_threads=2)
+    report = BenchReport(
+        profile="full", model="diptych-100m", concurrency=32, slo=Slo(3.0, 0.3), split_threads=1, colocated_threads=2
+    )
     results = [
         _result(0.0, 0.1, 0.01, 5, prefill_worker="prefill-0", decode_worker="decode-0"),
         _result(0.0, 0.1, 0.01, 5, prefill_worker="decode-0", decode_worker="decode-0"),
@@ -216,8 +244,26 @@ def test_decode_floor_prints_each_batch_against_its_floor(capsys):
 def test_migration_parity_compares_every_migrated_stream_and_the_reference(capsys):
     from bench.migration_parity import main
 
-    assert main(["--streams", "3", "--output-tokens", "10", "--prompt-min", "5", "--prompt-max", "40",
-                 "--cuts", "0.3", "0.7", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "--streams",
+                "3",
+                "--output-tokens",
+                "10",
+                "--prompt-min",
+                "5",
+                "--prompt-max",
+                "40",
+                "--cuts",
+                "0.3",
+                "0.7",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "diptych-tiny: 3 greedy streams" in out
     assert "migrated after token 3: " in out and "migrated after token 7: " in out

@@ -28,5 +28,9 @@ def test_100m_has_the_shape_the_benchmark_reports():
     parameters = sum(p.numel() for p in model.parameters())
     assert 99e6 < parameters < 101e6
     config = model.config
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-            config.num_key_value_heads) == (12, 768, 12, 4)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (
+        12,
+        768,
+        12,
+        4,
+    )

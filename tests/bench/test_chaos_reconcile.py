@@ -9,20 +9,33 @@ from bench.chaos_ledger import LedgerEvent, RequestRecord, reconcile
 ORG_A, ORG_B = "org_a", "org_b"
 
 
-def _record(request_id: str, delivered: int, *, organization: str = ORG_A, prompt: int = 10, completed: bool = True,
-            error: str = "") -> RequestRecord:
-    return RequestRecord(organization, prompt, 0.0, request_id, delivered, completed, error,
-                         delivered if completed else None)
+def _record(
+    request_id: str,
+    delivered: int,
+    *,
+    organization: str = ORG_A,
+    prompt: int = 10,
+    completed: bool = True,
+    error: str = "",
+) -> RequestRecord:
+    return RequestRecord(
+        organization, prompt, 0.0, request_id, delivered, completed, error, delivered if completed else None
+    )
 
 
 def _billed(request_id: str, output: int, *, organization: str = ORG_A, prompt: int = 10) -> list[LedgerEvent]:
-    return [LedgerEvent(request_id, "prefill", organization, prompt),
-            LedgerEvent(request_id, "decode", organization, output)]
+    return [
+        LedgerEvent(request_id, "prefill", organization, prompt),
+        LedgerEvent(request_id, "decode", organization, output),
+    ]
 
 
 def test_every_delivered_token_billed_once_passes():
-    records = [_record("r1", 5), _record("r2", 3, organization=ORG_B),
-               _record("", 0, completed=False, error="UNAVAILABLE")]
+    records = [
+        _record("r1", 5),
+        _record("r2", 3, organization=ORG_B),
+        _record("", 0, completed=False, error="UNAVAILABLE"),
+    ]
     result = reconcile(records, _billed("r1", 5) + _billed("r2", 3, organization=ORG_B))
     assert (result.requests_sent, result.completed, result.errored, result.errored_before_any_token) == (3, 2, 1, 1)
     assert (result.delivered_tokens, result.billed_output_tokens, result.billed_input_tokens) == (8, 8, 20)
@@ -50,9 +63,11 @@ def test_a_missing_prefill_event_is_lost_even_when_decode_is_billed():
 
 
 def test_billing_more_than_delivered_is_overbilled_with_its_distribution_not_lost():
-    records = [_record("r1", 2, completed=False, error="UNAVAILABLE"),
-               _record("r2", 0, completed=False, error="UNAVAILABLE"),
-               _record("r3", 7, completed=False, error="CANCELLED")]
+    records = [
+        _record("r1", 2, completed=False, error="UNAVAILABLE"),
+        _record("r2", 0, completed=False, error="UNAVAILABLE"),
+        _record("r3", 7, completed=False, error="CANCELLED"),
+    ]
     result = reconcile(records, _billed("r1", 3) + _billed("r2", 1) + _billed("r3", 9))
     assert result.overbilled == 3
     assert result.overbilled_distribution == {1: 2, 2: 1}
@@ -92,13 +107,16 @@ def test_a_request_that_produced_nothing_and_was_billed_nothing_is_fine():
     assert (result.lost, result.overbilled, result.missing_prefill) == (0, 0, 0)
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--kill-interval", "5", "2"], "--kill-interval takes MIN MAX with 0 <= MIN <= MAX, not 5.0 2.0"),
-    (["--down-time", "-1", "2"], "--down-time takes MIN MAX with 0 <= MIN <= MAX"),
-    (["--max-tokens", "0", "4"], "--prompt-tokens and --max-tokens need MIN of at least 1"),
-    (["--duration", "0"], "--duration must be positive, not 0.0"),
-    (["--max-kills", "-1"], "--max-kills must be 0 or more, not -1"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--kill-interval", "5", "2"], "--kill-interval takes MIN MAX with 0 <= MIN <= MAX, not 5.0 2.0"),
+        (["--down-time", "-1", "2"], "--down-time takes MIN MAX with 0 <= MIN <= MAX"),
+        (["--max-tokens", "0", "4"], "--prompt-tokens and --max-tokens need MIN of at least 1"),
+        (["--duration", "0"], "--duration must be positive, not 0.0"),
+        (["--max-kills", "-1"], "--max-kills must be 0 or more, not -1"),
+    ],
+)
 def test_bad_arguments_are_refused_with_what_to_change(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
@@ -111,8 +129,18 @@ def test_the_table_names_every_figure_the_run_is_judged_on():
     kills = {"prefill": 0, "decode": 0, "gateway": 1, "control-plane": 0}
     report = ChaosReport(10.0, 12.5, 1, kills, [], [], {}, True, 0, ledger)
     text = render(report)
-    for figure in ("requests sent", "completed", "delivered tokens", "ledger events", "billed output tokens",
-                   "**lost**", "**doubled**", "overbilled", "**misattributed**", "kills per victim kind"):
+    for figure in (
+        "requests sent",
+        "completed",
+        "delivered tokens",
+        "ledger events",
+        "billed output tokens",
+        "**lost**",
+        "**doubled**",
+        "overbilled",
+        "**misattributed**",
+        "kills per victim kind",
+    ):
         assert f"| {figure}" in text
     assert "| overbilled by (extra tokens: requests) | +1: 1 |" in text
     assert "gateway 1" in text

@@ -15,19 +15,46 @@ import pytest
 from diptych_server.stack import REPO_ROOT, Stack, StackError, free_port
 
 RUN_TIMEOUT_S = 400
-GONE_WITHIN_S = 0.5   # SIGKILL takes effect at once; an orphaned gunicorn worker notices its parent in ~1 s
+GONE_WITHIN_S = 0.5  # SIGKILL takes effect at once; an orphaned gunicorn worker notices its parent in ~1 s
 
 
 def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_path):
     report_path, state_dir = tmp_path / "chaos.json", tmp_path / "state"
     command = [
-        sys.executable, "-m", "bench.chaos", "--duration", "5", "--clients-per-org", "1",
-        "--prefill-workers", "1", "--decode-workers", "1", "--victims", "gateway", "--max-kills", "1",
-        "--kill-interval", "1.5", "1.5", "--down-time", "0.2", "0.2", "--max-tokens", "16", "32",
-        "--progress-every", "2", "--drain-timeout", "60", "--state-dir", str(state_dir), "--json", str(report_path),
+        sys.executable,
+        "-m",
+        "bench.chaos",
+        "--duration",
+        "5",
+        "--clients-per-org",
+        "1",
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "1",
+        "--victims",
+        "gateway",
+        "--max-kills",
+        "1",
+        "--kill-interval",
+        "1.5",
+        "1.5",
+        "--down-time",
+        "0.2",
+        "0.2",
+        "--max-tokens",
+        "16",
+        "32",
+        "--progress-every",
+        "2",
+        "--drain-timeout",
+        "60",
+        "--state-dir",
+        str(state_dir),
+        "--json",
+        str(report_path),
     ]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                            check=False)
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert result.returncode in (0, 1), result.stderr[-4000:]
     report = json.loads(report_path.read_text())
     ledger = report["ledger"]
@@ -88,7 +115,7 @@ def _processes_started_by(state_dir: Path) -> list[str]:
         try:
             if marker in environ.read_bytes().split(b"\0"):
                 found.append(environ.parent.name)
-        except OSError:   # gone meanwhile, or not ours to read
+        except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
 

@@ -70,7 +70,7 @@ class InProcessGateway:
     path: CountingRequestPath
     http: TestClient
     channel: grpc.aio.Channel
-    grpc_target: str           # for another channel of one's own
+    grpc_target: str  # for another channel of one's own
 
 
 @asynccontextmanager
@@ -129,4 +129,3 @@ def assert_openai_error_shape(payload) -> None:
     error = payload["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"]
-

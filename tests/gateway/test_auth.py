@@ -28,12 +28,17 @@ def test_an_answer_without_scopes_limits_or_spend_allows_everything():
 
 
 def test_limits_and_spend_are_read():
-    caller = caller_from_identity({
-        **BASE, "scopes": ["inference"],
-        "limits": {"organization": {"requests_per_minute": 60, "input_tokens_per_minute": None},
-                   "api_key": {"output_tokens_per_minute": 1000}},
-        "spend": {"limit_micros": 5_000_000, "spent_micros": 10, "over_limit": False},
-    })
+    caller = caller_from_identity(
+        {
+            **BASE,
+            "scopes": ["inference"],
+            "limits": {
+                "organization": {"requests_per_minute": 60, "input_tokens_per_minute": None},
+                "api_key": {"output_tokens_per_minute": 1000},
+            },
+            "spend": {"limit_micros": 5_000_000, "spent_micros": 10, "over_limit": False},
+        }
+    )
     assert caller.organization_limits == RateLimits(requests_per_minute=60)
     assert caller.key_limits == RateLimits(output_tokens_per_minute=1000)
     assert caller.spend.limit_micros == 5_000_000
@@ -48,9 +53,11 @@ def test_a_key_without_the_inference_scope_is_denied():
 
 def test_an_organization_over_its_spend_limit_is_refused_with_the_amount():
     with pytest.raises(GatewayError) as raised:
-        _check_allowed(caller_from_identity(
-            {**BASE, "spend": {"limit_micros": 12_500_000, "spent_micros": 12_600_000, "over_limit": True}}
-        ))
+        _check_allowed(
+            caller_from_identity(
+                {**BASE, "spend": {"limit_micros": 12_500_000, "spent_micros": 12_600_000, "over_limit": True}}
+            )
+        )
     assert raised.value.kind is ErrorKind.RESOURCE_EXHAUSTED
     assert raised.value.message.startswith("spend limit of $12.50 reached for this billing period")
 
@@ -109,10 +116,12 @@ async def test_a_flood_of_bogus_keys_from_many_peers_does_not_evict_a_verified_k
     await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
     for index in range(MAX_REFUSED_KEYS + 50):
         clock.now += 0.0001
-        assert await refused_code(auth, f"bogus-{index}", f"ipv4:10.1.{index // 250}.{index % 250}:4000") \
+        assert (
+            await refused_code(auth, f"bogus-{index}", f"ipv4:10.1.{index // 250}.{index % 250}:4000")
             is ErrorKind.UNAUTHENTICATED
+        )
     control_plane.down = True
-    clock.now += 10.0   # past the TTL, within the stale grace: served from the cache through the outage
+    clock.now += 10.0  # past the TTL, within the stale grace: served from the cache through the outage
     caller = await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
     assert caller.api_key_id == GOOD_KEY
 
@@ -121,7 +130,7 @@ async def test_verified_keys_are_evicted_least_recently_used_first(control_plane
     monkeypatch.setattr("gateway.auth.MAX_CACHED_KEYS", 2)
     auth = Authenticator(control_plane, clock=clock)
     control_plane.valid |= {"k1", "k2", "k3"}
-    for key in ("k1", "k2", "k1", "k3"):   # k2 is the least recently used when k3 arrives
+    for key in ("k1", "k2", "k1", "k3"):  # k2 is the least recently used when k3 arrives
         await auth.authenticate_header(f"Bearer {key}", PEER)
     control_plane.down = True
     assert (await auth.authenticate_header("Bearer k1", PEER)).api_key_id == "k1"
@@ -146,7 +155,7 @@ async def test_a_revoked_key_stops_working_once_the_ttl_ends(auth, control_plane
     await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)
     clock.now += 0.2
     assert await refused_code(auth, GOOD_KEY, PEER) is ErrorKind.UNAUTHENTICATED
-    control_plane.down = True   # the refusal is remembered, not the old verification
+    control_plane.down = True  # the refusal is remembered, not the old verification
     assert await refused_code(auth, GOOD_KEY, PEER) is ErrorKind.UNAUTHENTICATED
 
 
@@ -176,12 +185,15 @@ async def test_a_key_verified_within_the_ttl_passes_even_from_a_peer_over_its_bu
     assert (await auth.authenticate_header(f"Bearer {GOOD_KEY}", PEER)).api_key_id == GOOD_KEY
 
 
-@pytest.mark.parametrize("peer, address", [
-    ("ipv4:10.0.0.7:51234", "10.0.0.7"),
-    ("ipv6:[::1]:51234", "::1"),
-    ("ipv6:%5B2001:db8::1%5D:443", "2001:db8::1"),
-    ("10.0.0.7", "10.0.0.7"),
-    ("unix:/tmp/gateway.sock", "unix:/tmp/gateway.sock"),
-])
+@pytest.mark.parametrize(
+    "peer, address",
+    [
+        ("ipv4:10.0.0.7:51234", "10.0.0.7"),
+        ("ipv6:[::1]:51234", "::1"),
+        ("ipv6:%5B2001:db8::1%5D:443", "2001:db8::1"),
+        ("10.0.0.7", "10.0.0.7"),
+        ("unix:/tmp/gateway.sock", "unix:/tmp/gateway.sock"),
+    ],
+)
 def test_peers_are_counted_by_address_without_their_port(peer, address):
     assert peer_address(peer) == address

@@ -19,7 +19,7 @@ async def test_http_callers_over_their_failure_budget_get_429_with_retry_after(t
                 retry_after = response.headers.get("Retry-After")
                 message = (await response.json())["error"]["message"]
         assert statuses == [401] * FAILED_AUTH_BURST + [429]
-        assert "too many failed authentications from 127.0.0.1" in message   # the caller's address
+        assert "too many failed authentications from 127.0.0.1" in message  # the caller's address
         assert retry_after is not None and int(retry_after) >= 1
         assert gateway.path.runs == 0
 
@@ -28,9 +28,7 @@ async def test_grpc_callers_over_their_failure_budget_get_resource_exhausted(tmp
     async with in_process_gateway(tmp_path) as gateway:
         codes, trailers, message = [], None, ""
         for _ in range(FAILED_AUTH_BURST + 1):
-            call = gateway.channel.unary_stream(GENERATE_METHOD)(
-                b"", metadata=(("authorization", "Bearer dip_wrong"),)
-            )
+            call = gateway.channel.unary_stream(GENERATE_METHOD)(b"", metadata=(("authorization", "Bearer dip_wrong"),))
             try:
                 async for _ in call:
                     pass
@@ -39,4 +37,4 @@ async def test_grpc_callers_over_their_failure_budget_get_resource_exhausted(tmp
                 trailers, message = dict(error.trailing_metadata() or ()), error.details()
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * FAILED_AUTH_BURST + [grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert int(trailers["retry-after-ms"]) > 0
-        assert "too many failed authentications from 127.0.0.1" in message   # the caller's address
+        assert "too many failed authentications from 127.0.0.1" in message  # the caller's address

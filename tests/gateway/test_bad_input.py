@@ -36,34 +36,84 @@ def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-BAD_BODIES = [   # (raw body, URL, HTTP status, param, part of the message)
-    (b'{"model": "diptych-tiny", "prompt": ' + _nested(100_000).encode() + b"}", "/v1/completions", 400, None,
-     "nests deeper"),
-    (b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_JSON_DEPTH + 1).encode() + b"}", "/v1/completions", 400,
-     "prompt", "nests deeper"),
+BAD_BODIES = [  # (raw body, URL, HTTP status, param, part of the message)
+    (
+        b'{"model": "diptych-tiny", "prompt": ' + _nested(100_000).encode() + b"}",
+        "/v1/completions",
+        400,
+        None,
+        "nests deeper",
+    ),
+    (
+        b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_JSON_DEPTH + 1).encode() + b"}",
+        "/v1/completions",
+        400,
+        "prompt",
+        "nests deeper",
+    ),
     (b'{"model": "diptych-tiny", "prompt": "a\\ud800b"}', "/v1/completions", 400, "prompt", "lone UTF-16 surrogate"),
     (b'{"model": "\\udfff", "prompt": "a"}', "/v1/completions", 400, "model", "lone UTF-16 surrogate"),
     (b'{"model": "diptych-tiny", "prompt": "a", "stop": ["\\ud800"]}', "/v1/completions", 400, "stop", "surrogate"),
-    (b'{"model": "diptych-tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}', "/v1/chat/completions", 400,
-     "messages", "surrogate"),
+    (
+        b'{"model": "diptych-tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        "/v1/chat/completions",
+        400,
+        "messages",
+        "surrogate",
+    ),
     (b'{"model": "diptych-tiny", "prompt": "a", "\\ud800": 1}', "/v1/completions", 400, None, "surrogate"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "priority": ["batch"]}', "/v1/completions", 400, "priority",
-     "priority must"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "priority": {"a": 1}}', "/v1/completions", 400, "priority",
-     "priority must"),
-    (b'{"model": "diptych-tiny", "messages": [{"role": ["user"], "content": "x"}]}', "/v1/chat/completions", 400,
-     "messages", "messages[0].role"),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "priority": ["batch"]}',
+        "/v1/completions",
+        400,
+        "priority",
+        "priority must",
+    ),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "priority": {"a": 1}}',
+        "/v1/completions",
+        400,
+        "priority",
+        "priority must",
+    ),
+    (
+        b'{"model": "diptych-tiny", "messages": [{"role": ["user"], "content": "x"}]}',
+        "/v1/chat/completions",
+        400,
+        "messages",
+        "messages[0].role",
+    ),
     (b'{"model": ["diptych-tiny"], "prompt": "a"}', "/v1/completions", 400, "model", "model must be a string"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "temperature": NaN}', "/v1/completions", 400, None,
-     "not a JSON number"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "seed": ' + b"9" * 5000 + b"}", "/v1/completions", 400, None,
-     "not valid JSON"),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "temperature": NaN}',
+        "/v1/completions",
+        400,
+        None,
+        "not a JSON number",
+    ),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "seed": ' + b"9" * 5000 + b"}",
+        "/v1/completions",
+        400,
+        None,
+        "not valid JSON",
+    ),
     (b'{"model": "diptych-tiny", "prompt": "\xff\xfe"}', "/v1/completions", 400, None, "not valid JSON"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "stream": true, "stream_options": [1]}', "/v1/completions", 400,
-     "stream_options", "stream_options must be an object"),
-    (b'{"model": "diptych-tiny", "prompt": "a", "stream": false, "stream_options": "yes"}', "/v1/completions", 400,
-     "stream_options", "stream_options must be an object"),
-    (b'[1, 2]', "/v1/completions", 400, None, "must be a JSON object"),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "stream": true, "stream_options": [1]}',
+        "/v1/completions",
+        400,
+        "stream_options",
+        "stream_options must be an object",
+    ),
+    (
+        b'{"model": "diptych-tiny", "prompt": "a", "stream": false, "stream_options": "yes"}',
+        "/v1/completions",
+        400,
+        "stream_options",
+        "stream_options must be an object",
+    ),
+    (b"[1, 2]", "/v1/completions", 400, None, "must be a JSON object"),
 ]
 
 
@@ -86,11 +136,14 @@ async def test_a_body_over_the_size_limit_is_a_json_413(gateway):
     assert gateway.path.runs == 0
 
 
-@pytest.mark.parametrize(("header", "status", "param"), [
-    ({"Authorization": "Bearer dip_\u00e9t\u00e9"}, 401, None),
-    ({"Authorization": "Bearer " + API_KEY + "\u2028"}, 401, None),
-    ({"Idempotency-Key": "cl\u00e9"}, 400, "idempotency_key"),
-])
+@pytest.mark.parametrize(
+    ("header", "status", "param"),
+    [
+        ({"Authorization": "Bearer dip_\u00e9t\u00e9"}, 401, None),
+        ({"Authorization": "Bearer " + API_KEY + "\u2028"}, 401, None),
+        ({"Idempotency-Key": "cl\u00e9"}, 400, "idempotency_key"),
+    ],
+)
 async def test_headers_that_are_not_printable_ascii_are_refused(gateway, header, status, param):
     body = json.dumps({"model": MODEL, "prompt": "hi"}).encode()
     got_status, payload = await post_json(gateway, "/v1/completions", body, header)
@@ -116,10 +169,13 @@ async def test_aiohttp_s_own_errors_have_the_json_shape(gateway):
         assert_openai_error_shape(await response.json())
 
 
-@pytest.mark.parametrize(("payload", "details"), [
-    (b"\xff\xff\xff\xff", "Wire format was corrupt"),
-    (inference_pb2.GenerateRequest(model=MODEL).SerializeToString() + b"\x12\x02\xc3\x28", "UTF-8"),
-])
+@pytest.mark.parametrize(
+    ("payload", "details"),
+    [
+        (b"\xff\xff\xff\xff", "Wire format was corrupt"),
+        (inference_pb2.GenerateRequest(model=MODEL).SerializeToString() + b"\x12\x02\xc3\x28", "UTF-8"),
+    ],
+)
 async def test_malformed_protobuf_is_invalid_argument(gateway, payload, details):
     call = gateway.channel.unary_stream("/diptych.v1.Inference/Generate")(
         payload, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=10
@@ -133,8 +189,10 @@ async def test_malformed_protobuf_is_invalid_argument(gateway, payload, details)
 
 
 async def test_a_well_formed_request_still_reaches_the_workers_over_grpc(gateway):
-    assert await generate_raw(gateway, inference_pb2.GenerateRequest(model=MODEL, prompt="hi").SerializeToString()) \
-        is grpc.StatusCode.UNAVAILABLE   # past the door; the harness has no workers
+    assert (
+        await generate_raw(gateway, inference_pb2.GenerateRequest(model=MODEL, prompt="hi").SerializeToString())
+        is grpc.StatusCode.UNAVAILABLE
+    )  # past the door; the harness has no workers
     assert gateway.path.runs == 1
 
 
@@ -151,17 +209,22 @@ async def _generate_error(gateway, **fields) -> grpc.aio.AioRpcError | None:
     return None
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"temperature": 1e-40},
-     "temperature 1e-40 is too small to sample with safely; send 0 for greedy decoding or at least 0.01"),
-    ({"temperature": 0.009}, "too small to sample with safely"),
-    ({"temperature": float("nan")}, "temperature must be between 0 and 2 (0 is greedy), got nan"),
-    ({"temperature": float("inf")}, "temperature must be between 0 and 2"),
-    ({"temperature": -0.5}, "temperature must be between 0 and 2"),
-    ({"top_p": 1e-40}, "top_p 1e-40 is too small to sample with safely; send at least 0.001"),
-    ({"top_p": float("nan")}, "top_p must be greater than 0 and at most 1, got nan"),
-    ({"top_p": float("-inf")}, "top_p must be greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"temperature": 1e-40},
+            "temperature 1e-40 is too small to sample with safely; send 0 for greedy decoding or at least 0.01",
+        ),
+        ({"temperature": 0.009}, "too small to sample with safely"),
+        ({"temperature": float("nan")}, "temperature must be between 0 and 2 (0 is greedy), got nan"),
+        ({"temperature": float("inf")}, "temperature must be between 0 and 2"),
+        ({"temperature": -0.5}, "temperature must be between 0 and 2"),
+        ({"top_p": 1e-40}, "top_p 1e-40 is too small to sample with safely; send at least 0.001"),
+        ({"top_p": float("nan")}, "top_p must be greater than 0 and at most 1, got nan"),
+        ({"top_p": float("-inf")}, "top_p must be greater than 0"),
+    ],
+)
 async def test_sampling_parameters_a_sampler_cannot_compute_with_are_refused(gateway, fields, message):
     error = await _generate_error(gateway, prompt="hi", **fields)
     assert error is not None and error.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -169,13 +232,19 @@ async def test_sampling_parameters_a_sampler_cannot_compute_with_are_refused(gat
     assert gateway.path.runs == 0
 
 
-@pytest.mark.parametrize("fields", [
-    {"temperature": 0.0}, {"temperature": validation.MIN_TEMPERATURE}, {"temperature": 2.0},
-    {"top_p": validation.MIN_TOP_P}, {"top_p": 1.0},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 0.0},
+        {"temperature": validation.MIN_TEMPERATURE},
+        {"temperature": 2.0},
+        {"top_p": validation.MIN_TOP_P},
+        {"top_p": 1.0},
+    ],
+)
 async def test_the_documented_sampling_bounds_are_accepted(gateway, fields):
     error = await _generate_error(gateway, prompt="hi", **fields)
-    assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE   # past the door; no workers here
+    assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE  # past the door; no workers here
     assert gateway.path.runs == 1
 
 
@@ -197,7 +266,7 @@ class _RecordingEncoder:
 async def test_prompts_over_the_byte_limit_are_refused_before_tokenizing(gateway, monkeypatch):
     encode = _RecordingEncoder(validation.encode_prompt)
     monkeypatch.setattr(validation, "encode_prompt", encode)
-    body = json.dumps({"model": MODEL, "prompt": "\u00e9" * (PROMPT_LIMIT // 2 + 1)}).encode()   # 2 bytes each
+    body = json.dumps({"model": MODEL, "prompt": "\u00e9" * (PROMPT_LIMIT // 2 + 1)}).encode()  # 2 bytes each
     status, payload = await post_json(gateway, "/v1/completions", body)
     assert status == 400 and payload["error"]["param"] == "prompt"
     expected = f"prompt is {PROMPT_LIMIT + 2} bytes; {MODEL} takes at most {PROMPT_LIMIT} bytes"
@@ -205,10 +274,13 @@ async def test_prompts_over_the_byte_limit_are_refused_before_tokenizing(gateway
     assert encode.threads == []
 
 
-@pytest.mark.parametrize(("messages", "message"), [
-    ([{"role": "user", "content": "x" * (PROMPT_LIMIT + 1)}], "chat.messages[0].content is"),
-    ([{"role": "user", "content": "x" * (PROMPT_LIMIT // 2)}] * 3, "chat.messages hold"),
-])
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        ([{"role": "user", "content": "x" * (PROMPT_LIMIT + 1)}], "chat.messages[0].content is"),
+        ([{"role": "user", "content": "x" * (PROMPT_LIMIT // 2)}] * 3, "chat.messages hold"),
+    ],
+)
 async def test_chat_content_over_the_byte_limit_is_refused_before_rendering(gateway, monkeypatch, messages, message):
     encode = _RecordingEncoder(validation.encode_chat)
     monkeypatch.setattr(validation, "encode_chat", encode)
@@ -219,17 +291,20 @@ async def test_chat_content_over_the_byte_limit_is_refused_before_rendering(gate
     assert encode.threads == []
 
 
-@pytest.mark.parametrize(("name", "url", "body"), [
-    ("encode_prompt", "/v1/completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 1}),
-    ("encode_chat", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
-])
+@pytest.mark.parametrize(
+    ("name", "url", "body"),
+    [
+        ("encode_prompt", "/v1/completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 1}),
+        ("encode_chat", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
 async def test_tokenizing_runs_off_the_event_loop_while_the_loop_serves_others(gateway, monkeypatch, name, url, body):
     """The tokenizer, once started, waits until another task of the event loop has run: run on the loop,
     it would stall the loop until its timeout, and on the loop's thread."""
     loop = asyncio.get_running_loop()
     encoding = asyncio.Event()
     loop_ran = threading.Event()
-    waits: list[bool] = []   # whether the loop ran while the tokenizer waited
+    waits: list[bool] = []  # whether the loop ran while the tokenizer waited
 
     def signal_then_wait() -> None:
         loop.call_soon_threadsafe(encoding.set)
@@ -246,7 +321,7 @@ async def test_tokenizing_runs_off_the_event_loop_while_the_loop_serves_others(g
     status, payload = await post_json(gateway, url, json.dumps(body).encode())
     await asyncio.wait_for(ticker, timeout=5)
     assert waits == [True]
-    assert status == 503 and payload["error"]["type"] == "service_unavailable", payload   # no workers here
+    assert status == 503 and payload["error"]["type"] == "service_unavailable", payload  # no workers here
     assert len(encode.threads) == 1
     assert encode.threads[0] is not threading.main_thread()
     assert encode.threads[0].name.startswith(TOKENIZER_THREAD_PREFIX)

@@ -16,12 +16,35 @@ from diptych_proto.v1 import inference_pb2
 from tests.gateway.harness import MODEL, assert_openai_error_shape, generate_raw, in_process_gateway
 
 FUZZ = settings(
-    max_examples=200, deadline=None, database=None,
+    max_examples=200,
+    deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
-FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "seed", "stop", "n", "best_of", "echo", "logprobs", "top_logprobs", "presence_penalty", "stream",
-          "stream_options", "ignore_eos", "priority", "tools", "user")
+FIELDS = (
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "best_of",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "priority",
+    "tools",
+    "user",
+)
 
 surrogates = st.sampled_from(["\ud800", "a\udfffb", "\ud83d", "x\udc00\ud800"])
 texts = st.one_of(
@@ -29,24 +52,32 @@ texts = st.one_of(
     st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20),
     surrogates,
     st.tuples(st.text(max_size=10), surrogates).map("".join),
-    st.integers(0, 20_000).map(lambda n: "ab" * n),   # up to 40 KB: over diptych-tiny's prompt limit
+    st.integers(0, 20_000).map(lambda n: "ab" * n),  # up to 40 KB: over diptych-tiny's prompt limit
 )
 short_texts = st.one_of(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20), surrogates)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), texts,
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    texts,
 )
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4), max_leaves=12,
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=12,
 )
 nested = st.integers(1, 5_000).map(lambda depth: json.loads("[" * depth + "]" * depth) if depth < 500 else "[" * depth)
 messages = st.lists(
-    st.fixed_dictionaries({}, optional={
-        "role": st.one_of(st.sampled_from(["system", "developer", "user", "assistant"]), json_values),
-        "content": st.one_of(
-            texts, json_values, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}))
-        ),
-    }),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "role": st.one_of(st.sampled_from(["system", "developer", "user", "assistant"]), json_values),
+            "content": st.one_of(
+                texts, json_values, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}))
+            ),
+        },
+    ),
     max_size=3,
 )
 field_values = {
@@ -64,10 +95,12 @@ field_values = {
 VALID_BODY = {"model": MODEL, "prompt": "hello", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 # A valid body with one to three fields replaced: most examples get past the first check and reach the
 # deeper ones (the protobuf translation, validation, tokenization).
-TEXT_FIELDS = ("model", "prompt", "messages", "stop", "priority")   # where text reaches the protobuf and the tokenizer
-mutated_bodies = st.lists(st.sampled_from(FIELDS + TEXT_FIELDS * 4), min_size=1, max_size=3, unique=True).flatmap(
-    lambda names: st.fixed_dictionaries({name: field_values.get(name, json_values) for name in names})
-).map(lambda changes: {**VALID_BODY, **changes})
+TEXT_FIELDS = ("model", "prompt", "messages", "stop", "priority")  # where text reaches the protobuf and the tokenizer
+mutated_bodies = (
+    st.lists(st.sampled_from(FIELDS + TEXT_FIELDS * 4), min_size=1, max_size=3, unique=True)
+    .flatmap(lambda names: st.fixed_dictionaries({name: field_values.get(name, json_values) for name in names}))
+    .map(lambda changes: {**VALID_BODY, **changes})
+)
 bodies = st.one_of(
     mutated_bodies,
     mutated_bodies,
@@ -75,7 +108,7 @@ bodies = st.one_of(
     json_values,
 )
 raw_bodies = st.one_of(
-    bodies.map(lambda body: json.dumps(body).encode()),   # NaN and Infinity included, as json.dumps writes them
+    bodies.map(lambda body: json.dumps(body).encode()),  # NaN and Infinity included, as json.dumps writes them
     bodies.map(lambda body: json.dumps(body).encode()),
     st.binary(max_size=64),
 )
@@ -113,14 +146,26 @@ def _check_http_answer(status: int, content_type: str, raw: bytes) -> None:
 
 def test_http_fuzz_never_gets_a_server_error(tmp_path):
     with running_gateway(tmp_path) as (runner, gateway):
+
         @FUZZ
-        @example(body=b'{"model": "diptych-tiny", "prompt": "\\ud800"}', url="/v1/completions",   # once a 500
-                 authorization="Bearer dip_test_key", idempotency_key=None)
-        @example(body=b'{"model": "diptych-tiny", "prompt": "a", "priority": []}', url="/v1/completions",
-                 authorization="Bearer dip_test_key", idempotency_key="cl\u00e9")
-        @given(body=raw_bodies, url=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-               authorization=st.one_of(st.just("Bearer dip_test_key"), short_texts),
-               idempotency_key=st.one_of(st.none(), st.sampled_from(["cl\u00e9", "tab\there", "\u00e9\u00e9"])))
+        @example(
+            body=b'{"model": "diptych-tiny", "prompt": "\\ud800"}',
+            url="/v1/completions",  # once a 500
+            authorization="Bearer dip_test_key",
+            idempotency_key=None,
+        )
+        @example(
+            body=b'{"model": "diptych-tiny", "prompt": "a", "priority": []}',
+            url="/v1/completions",
+            authorization="Bearer dip_test_key",
+            idempotency_key="cl\u00e9",
+        )
+        @given(
+            body=raw_bodies,
+            url=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+            authorization=st.one_of(st.just("Bearer dip_test_key"), short_texts),
+            idempotency_key=st.one_of(st.none(), st.sampled_from(["cl\u00e9", "tab\there", "\u00e9\u00e9"])),
+        )
         def answer_is_never_a_server_error(body, url, authorization, idempotency_key):
             headers = {"Content-Type": "application/json", "Authorization": _header_safe(authorization)}
             if idempotency_key is not None:
@@ -165,6 +210,7 @@ def _flipped(payload: bytes, flips: list[tuple[int, int]]) -> bytes:
 
 def test_grpc_fuzz_is_never_unknown_or_internal(tmp_path):
     with running_gateway(tmp_path) as (runner, gateway):
+
         @FUZZ
         @given(payload=grpc_payloads)
         def status_is_never_unknown_or_internal(payload):

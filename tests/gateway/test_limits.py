@@ -82,7 +82,7 @@ async def test_unused_output_tokens_are_refunded(limiter):
     reservation = await limiter.admit(who, input_tokens=1, max_output_tokens=80)
     with pytest.raises(GatewayError):
         await limiter.admit(who, input_tokens=1, max_output_tokens=80)
-    await limiter.settle(reservation, output_tokens=10)   # 70 come back
+    await limiter.settle(reservation, output_tokens=10)  # 70 come back
     await limiter.admit(who, input_tokens=1, max_output_tokens=80)
 
 

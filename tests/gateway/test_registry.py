@@ -10,8 +10,14 @@ MODEL = {"name": "m", "source": "builtin:m", "context_length": 64}
 
 
 def listed(worker_id: str, state: str = "ready") -> dict:
-    return {"id": worker_id, "role": "prefill", "model": "m", "region": "local",
-            "address": f"127.0.0.1:{50000 + int(worker_id[1:])}", "state": state}
+    return {
+        "id": worker_id,
+        "role": "prefill",
+        "model": "m",
+        "region": "local",
+        "address": f"127.0.0.1:{50000 + int(worker_id[1:])}",
+        "state": state,
+    }
 
 
 class ControlPlaneStandIn:
@@ -42,10 +48,10 @@ async def test_a_worker_the_registry_omits_stays_ready_while_its_live_load_is_fr
     # Back from an outage, the control plane has not heard from either worker yet.
     control_plane.workers = []
     await registry.refresh()
-    assert ready_ids(registry) == ["p1"]       # p2 is not seen alive by this gateway: dropped
+    assert ready_ids(registry) == ["p1"]  # p2 is not seen alive by this gateway: dropped
     await registry.refresh()
     assert ready_ids(registry) == ["p1"]
-    alive.clear()                              # its stream went stale: the gateway lets it go
+    alive.clear()  # its stream went stale: the gateway lets it go
     await registry.refresh()
     assert ready_ids(registry) == []
 
@@ -66,7 +72,7 @@ async def test_a_drain_the_registry_lists_is_honoured_at_once(control_plane):
     control_plane.workers = [listed("p1", "draining")]
     await registry.refresh()
     assert ready_ids(registry) == []
-    control_plane.workers = []                 # a draining worker is never brought back as ready
+    control_plane.workers = []  # a draining worker is never brought back as ready
     await registry.refresh()
     assert ready_ids(registry) == []
 

@@ -45,7 +45,7 @@ def test_retries_back_off_exponentially_with_full_jitter(attempt):
     ceiling = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (attempt - 2))
     delays = [_backoff(attempt) for _ in range(200)]
     assert all(0 <= d <= ceiling for d in delays)
-    assert max(delays) > ceiling / 2   # spread over the range, not a fixed wait
+    assert max(delays) > ceiling / 2  # spread over the range, not a fixed wait
 
 
 def test_a_worker_failing_the_request_itself_is_a_request_fault_the_client_sees_as_internal():
@@ -70,7 +70,7 @@ def test_a_request_two_workers_failed_on_its_own_account_is_not_retried_further(
         error = GatewayError(ErrorKind.INTERNAL, f"the decode worker {worker_id} failed")
         return WorkerFailure(error, (worker(worker_id),), dead=False, request_fault=True)
 
-    path._after_failure(plan, fault("d1"), [], trace, avoid)   # the first: retried elsewhere
+    path._after_failure(plan, fault("d1"), [], trace, avoid)  # the first: retried elsewhere
     assert avoid == {"d1"}
     trace.attempts += 1
     with pytest.raises(GatewayError) as given_up:

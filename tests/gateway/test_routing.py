@@ -11,7 +11,7 @@ from gateway.routing import Decision, Router, RouteRequest, ServingMode
 from gateway.types import GatewayError
 
 BLOCK = 16
-PREFIX = list(range(3, 3 + 256))   # 16 full blocks
+PREFIX = list(range(3, 3 + 256))  # 16 full blocks
 
 
 def worker(worker_id: str, role: str, region: str = "local", state: str = "ready") -> WorkerInfo:
@@ -83,13 +83,17 @@ def test_decode_worker_needs_free_blocks_for_the_whole_sequence_then_fewest_sequ
     fleet.report("d1", kv_blocks_total=100, kv_blocks_free=3, active_sequences=0)
     fleet.report("d2", kv_blocks_total=100, kv_blocks_free=50, active_sequences=5)
     router = fleet.router()
-    assert router.route(request([5] * 100, max_tokens=20)).decode.id == "d2"   # 8 blocks needed
-    assert router.route(request([5] * 20, max_tokens=10)).decode.id == "d1"    # 2 blocks: d1 is idle
+    assert router.route(request([5] * 100, max_tokens=20)).decode.id == "d2"  # 8 blocks needed
+    assert router.route(request([5] * 20, max_tokens=10)).decode.id == "d1"  # 2 blocks: d1 is idle
 
 
 def test_same_region_first_then_other_regions():
-    fleet = Fleet(worker("p-eu", "prefill", "eu"), worker("p-us", "prefill", "us"),
-                  worker("d-eu", "decode", "eu"), worker("d-us", "decode", "us"))
+    fleet = Fleet(
+        worker("p-eu", "prefill", "eu"),
+        worker("p-us", "prefill", "us"),
+        worker("d-eu", "decode", "eu"),
+        worker("d-us", "decode", "us"),
+    )
     for name in fleet.by_id:
         fleet.report(name)
     fleet.report("p-us", queue_depth=0)
@@ -156,7 +160,7 @@ def test_a_backed_up_prefill_fleet_overflows_onto_the_decode_worker():
     fleet.report("p1", prompt_tokens_pending=3000)
     route = router.route(request([5] * 100))
     assert route.decision is Decision.SPLIT_SKIPPED and route.prefill.id == "d1" and route.colocated
-    assert fleet.router().route(request([5] * 100)).decision is Decision.SPLIT   # 0: never
+    assert fleet.router().route(request([5] * 100)).decision is Decision.SPLIT  # 0: never
 
 
 def test_overflow_only_onto_a_decode_worker_with_less_ahead_that_serves_generate():
@@ -164,27 +168,27 @@ def test_overflow_only_onto_a_decode_worker_with_less_ahead_that_serves_generate
     router = fleet.router(prefill_overflow_tokens=2048)
     fleet.report("p1", prompt_tokens_pending=3000)
     fleet.report("d1", prompt_tokens_pending=2950)
-    assert router.route(request([5] * 100)).decision is Decision.SPLIT   # 3050 on d1 would be later
-    assert router.route(request([5] * 40)).decision is Decision.SPLIT_SKIPPED   # 2990
+    assert router.route(request([5] * 100)).decision is Decision.SPLIT  # 3050 on d1 would be later
+    assert router.route(request([5] * 40)).decision is Decision.SPLIT_SKIPPED  # 2990
     router.note_no_generate("d1")
     assert router.route(request([5] * 40)).decision is Decision.SPLIT
 
 
 def test_prompts_this_gateway_sent_count_as_backlog_until_their_first_token():
-    fleet = one_by_one()   # no worker has reported any backlog
+    fleet = one_by_one()  # no worker has reported any backlog
     router = fleet.router(prefill_overflow_tokens=2048)
     leases = []
     for _ in range(16):
         route = router.route(request([5] * 128))
         assert route.decision is Decision.SPLIT
         leases.append(router.acquire(route))
-    overflow = router.route(request([5] * 128))   # 16 x 128 tokens wait on p1, none on d1
+    overflow = router.route(request([5] * 128))  # 16 x 128 tokens wait on p1, none on d1
     assert overflow.decision is Decision.SPLIT_SKIPPED
     skipped = router.acquire(overflow)
-    leases[0].release("p1")   # a first token came: 15 x 128 left on p1
+    leases[0].release("p1")  # a first token came: 15 x 128 left on p1
     assert router.route(request([5] * 128)).decision is Decision.SPLIT
-    leases.append(router.acquire(router.route(request([5] * 128))))   # 16 x 128 again
-    assert router.route(request([5] * 128)).decision is Decision.SPLIT_SKIPPED   # d1: 128 + 128 ahead
+    leases.append(router.acquire(router.route(request([5] * 128))))  # 16 x 128 again
+    assert router.route(request([5] * 128)).decision is Decision.SPLIT_SKIPPED  # d1: 128 + 128 ahead
     skipped.release()
     assert router._prompting == {"p1": 16 * 128, "d1": 0}
 
@@ -205,7 +209,7 @@ def test_a_prefill_worker_stops_counting_a_request_once_its_first_token_came():
     first = router.route(request([5] * 40))
     lease = router.acquire(first)
     assert router.route(request([5] * 40)).prefill.id != first.prefill.id
-    lease.release(first.prefill.id)   # prefill done; the decode worker still holds the sequence
+    lease.release(first.prefill.id)  # prefill done; the decode worker still holds the sequence
     assert router.route(request([5] * 40)).prefill.id == first.prefill.id
     assert router.route(request([5] * 40)).decode.id != first.decode.id
     lease.release()

@@ -54,7 +54,9 @@ def test_protobuf_is_imported_only_where_its_protocol_is_spoken():
 
 
 USAGE = Usage(
-    prompt_tokens=12, completion_tokens=3, cached_tokens=8,
+    prompt_tokens=12,
+    completion_tokens=3,
+    cached_tokens=8,
     prefill=PhaseUsage(tokens=12, cached_tokens=8, kv_bytes=2**40 + 7, compute_ms=31, worker_id="prefill-0"),
     decode=PhaseUsage(tokens=3, cached_tokens=0, kv_bytes=0, compute_ms=9, worker_id="decode-0"),
 )
@@ -102,15 +104,44 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
         decode=PhaseRecord(worker("d1", "decode"), at[2], at[3], compute_ms=50, kv_bytes=4096, cached_tokens=4),
     )
     plan = GenerationPlan(
-        request_id="exec_1", organization_id="org_1", model=ModelInfo("diptych-tiny", "builtin:diptych-tiny", 1024),
-        tokenizer=None, prompt_token_ids=[1] * 40, sampling=SamplingSpec(), stop=[], client_request_id="label",
+        request_id="exec_1",
+        organization_id="org_1",
+        model=ModelInfo("diptych-tiny", "builtin:diptych-tiny", 1024),
+        tokenizer=None,
+        prompt_token_ids=[1] * 40,
+        sampling=SamplingSpec(),
+        stop=[],
+        client_request_id="label",
     )
-    events = usage_events(plan, Caller("org_1", "key_1"), trace, completion_tokens=5)   # cached: prefill only
-    common = {"request_id": "exec_1", "client_request_id": "label", "organization_id": "org_1", "api_key_id": "key_1",
-              "model": "diptych-tiny", "region": "eu", "kv_bytes": 4096}
+    events = usage_events(plan, Caller("org_1", "key_1"), trace, completion_tokens=5)  # cached: prefill only
+    common = {
+        "request_id": "exec_1",
+        "client_request_id": "label",
+        "organization_id": "org_1",
+        "api_key_id": "key_1",
+        "model": "diptych-tiny",
+        "region": "eu",
+        "kv_bytes": 4096,
+    }
     assert [event.as_json() for event in events] == [
-        {**common, "phase": "prefill", "worker_id": "p1", "tokens": 40, "cached_tokens": 16, "compute_ms": 30,
-         "started_at": "2030-01-01T00:00:00+00:00", "finished_at": "2030-01-01T00:00:01+00:00"},
-        {**common, "phase": "decode", "worker_id": "d1", "tokens": 5, "cached_tokens": 0, "compute_ms": 50,
-         "started_at": "2030-01-01T00:00:02+00:00", "finished_at": "2030-01-01T00:00:03+00:00"},
+        {
+            **common,
+            "phase": "prefill",
+            "worker_id": "p1",
+            "tokens": 40,
+            "cached_tokens": 16,
+            "compute_ms": 30,
+            "started_at": "2030-01-01T00:00:00+00:00",
+            "finished_at": "2030-01-01T00:00:01+00:00",
+        },
+        {
+            **common,
+            "phase": "decode",
+            "worker_id": "d1",
+            "tokens": 5,
+            "cached_tokens": 0,
+            "compute_ms": 50,
+            "started_at": "2030-01-01T00:00:02+00:00",
+            "finished_at": "2030-01-01T00:00:03+00:00",
+        },
     ]

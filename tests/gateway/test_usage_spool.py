@@ -15,16 +15,39 @@ from gateway.usage import UsageJournal, UsageReporter
 
 # The fields of a usage event as the control plane ingests them: the journal keeps this JSON shape.
 EVENT_FIELDS = {
-    "request_id", "client_request_id", "phase", "organization_id", "api_key_id", "model", "region", "worker_id",
-    "tokens", "cached_tokens", "kv_bytes", "compute_ms", "started_at", "finished_at",
+    "request_id",
+    "client_request_id",
+    "phase",
+    "organization_id",
+    "api_key_id",
+    "model",
+    "region",
+    "worker_id",
+    "tokens",
+    "cached_tokens",
+    "kv_bytes",
+    "compute_ms",
+    "started_at",
+    "finished_at",
 }
 
 
 def event(request_id: str, phase: str = "prefill", tokens: int = 3) -> UsageEvent:
     return UsageEvent(
-        request_id=request_id, client_request_id="", phase=phase, organization_id="org_1", api_key_id="key_1",
-        model="diptych-tiny", region="local", worker_id=f"{phase}-0", tokens=tokens, cached_tokens=0, kv_bytes=0,
-        compute_ms=1, started_at="2030-01-01T00:00:00+00:00", finished_at="2030-01-01T00:00:01+00:00",
+        request_id=request_id,
+        client_request_id="",
+        phase=phase,
+        organization_id="org_1",
+        api_key_id="key_1",
+        model="diptych-tiny",
+        region="local",
+        worker_id=f"{phase}-0",
+        tokens=tokens,
+        cached_tokens=0,
+        kv_bytes=0,
+        compute_ms=1,
+        started_at="2030-01-01T00:00:00+00:00",
+        finished_at="2030-01-01T00:00:01+00:00",
     )
 
 
@@ -51,7 +74,7 @@ async def test_events_wait_on_disk_while_the_control_plane_is_unreachable_and_su
     await control_plane.close()
     journal.close()
 
-    reopened = UsageJournal(path)   # a new gateway process on the same state directory
+    reopened = UsageJournal(path)  # a new gateway process on the same state directory
     rows = [e for _, e in reopened.oldest(10)]
     assert rows == bodies(event("a"), event("a", "decode"), event("b"))
     assert all(set(row) == EVENT_FIELDS for row in rows)

@@ -8,8 +8,13 @@ from workers.metrics import LoadCollector, StepMetrics
 
 def test_the_load_report_becomes_metrics():
     load = worker_pb2.Load(
-        worker_id="wrk_1", active_sequences=3, kv_blocks_free=10, kv_blocks_total=64, waiting_interactive=2,
-        waiting_batch=5, kv_bytes_sent=1234,
+        worker_id="wrk_1",
+        active_sequences=3,
+        kv_blocks_free=10,
+        kv_blocks_total=64,
+        waiting_interactive=2,
+        waiting_batch=5,
+        kv_bytes_sent=1234,
     )
     load.prefix_cache.hits_tokens = 96
     registry = CollectorRegistry()

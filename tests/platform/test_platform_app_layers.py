@@ -144,11 +144,11 @@ def test_the_scan_sees_the_edges_the_control_plane_has():
     assert "tenancy" in {ref.target for ref in references(migration.read_text(), migration)}
 
 
-UPWARD_IN_A_FUNCTION = '''
+UPWARD_IN_A_FUNCTION = """
 def spend(organization):
     from ..billing.selectors import spend_status
     return spend_status(organization=organization)
-'''
+"""
 
 
 @pytest.mark.parametrize(

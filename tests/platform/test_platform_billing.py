@@ -41,8 +41,12 @@ def tiny_prices(tiny_model):
 
 def ingest(internal_client, make_usage_event, key, request_id, phase, started_at, **fields):
     event = make_usage_event(
-        key, request_id, phase,
-        started_at=started_at.isoformat(), finished_at=(started_at + timedelta(seconds=1)).isoformat(), **fields,
+        key,
+        request_id,
+        phase,
+        started_at=started_at.isoformat(),
+        finished_at=(started_at + timedelta(seconds=1)).isoformat(),
+        **fields,
     )
     response = internal_client.post(INGEST_URL, {"events": [event]})
     assert response.status_code == 200, response.data
@@ -57,14 +61,30 @@ def ingest_decode(internal_client, make_usage_event, key, request_id, started_at
 
 def sample_month(internal_client, make_usage_event, key):
     """1 234 567 prompt tokens (234 567 from the prefix cache) and 345 678 output tokens, last month."""
-    ingest(internal_client, make_usage_event, key, "req-1", "prefill", last_month_at(3),
-           tokens=1_000_000, cached_tokens=200_000)
-    ingest(internal_client, make_usage_event, key, "req-1", "decode", last_month_at(3),
-           tokens=300_000, cached_tokens=0)
-    ingest(internal_client, make_usage_event, key, "req-2", "prefill", last_month_at(17, 23),
-           tokens=234_567, cached_tokens=34_567)
-    ingest(internal_client, make_usage_event, key, "req-2", "decode", last_month_at(17, 23),
-           tokens=45_678, cached_tokens=0)
+    ingest(
+        internal_client,
+        make_usage_event,
+        key,
+        "req-1",
+        "prefill",
+        last_month_at(3),
+        tokens=1_000_000,
+        cached_tokens=200_000,
+    )
+    ingest(internal_client, make_usage_event, key, "req-1", "decode", last_month_at(3), tokens=300_000, cached_tokens=0)
+    ingest(
+        internal_client,
+        make_usage_event,
+        key,
+        "req-2",
+        "prefill",
+        last_month_at(17, 23),
+        tokens=234_567,
+        cached_tokens=34_567,
+    )
+    ingest(
+        internal_client, make_usage_event, key, "req-2", "decode", last_month_at(17, 23), tokens=45_678, cached_tokens=0
+    )
 
 
 def test_rounding_rule_is_half_up_on_integers():
@@ -85,12 +105,27 @@ def test_closing_a_month_makes_an_exact_invoice_with_a_line_per_model_and_phase(
     invoice = client_a.get(f"/api/v1/invoices/{invoices[0].public_id}").data
     assert invoice["status"] == "draft"
     assert invoice["lines"] == [
-        {"model": "diptych-tiny", "phase": "cached_prefill", "tokens": 234_567,
-         "unit_price_micros_per_million": 25_000, "amount_micros": 5_864},
-        {"model": "diptych-tiny", "phase": "decode", "tokens": 345_678,
-         "unit_price_micros_per_million": 400_000, "amount_micros": 138_271},
-        {"model": "diptych-tiny", "phase": "prefill", "tokens": 1_000_000,
-         "unit_price_micros_per_million": 100_000, "amount_micros": 100_000},
+        {
+            "model": "diptych-tiny",
+            "phase": "cached_prefill",
+            "tokens": 234_567,
+            "unit_price_micros_per_million": 25_000,
+            "amount_micros": 5_864,
+        },
+        {
+            "model": "diptych-tiny",
+            "phase": "decode",
+            "tokens": 345_678,
+            "unit_price_micros_per_million": 400_000,
+            "amount_micros": 138_271,
+        },
+        {
+            "model": "diptych-tiny",
+            "phase": "prefill",
+            "tokens": 1_000_000,
+            "unit_price_micros_per_million": 100_000,
+            "amount_micros": 100_000,
+        },
     ]
     assert invoice["total_micros"] == 244_135
     assert invoice["total_cents"] == 24
@@ -109,7 +144,13 @@ def test_closing_again_changes_nothing(internal_client, make_usage_event, key_a,
 
 def _rollup_rows():
     fields = [
-        "organization_id", "api_key_id", "model", "phase", "period_start", "unit_price_micros_per_million", "tokens"
+        "organization_id",
+        "api_key_id",
+        "model",
+        "phase",
+        "period_start",
+        "unit_price_micros_per_million",
+        "tokens",
     ]
     hourly = sorted(HourlyUsage.objects.values_list("hour", *fields))
     daily = sorted(DailyUsage.objects.values_list("day", *fields))

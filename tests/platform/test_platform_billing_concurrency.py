@@ -37,8 +37,13 @@ def test_racing_ingests_and_close_keep_the_ledger_and_invoice_exact(
     started = datetime(this_month.year, this_month.month, 1, tzinfo=UTC) - timedelta(days=3)
     events = [
         make_usage_event(
-            key_a, f"race-{index}", phase, tokens=100 + index, cached_tokens=index if phase == "prefill" else 0,
-            started_at=started.isoformat(), finished_at=(started + timedelta(seconds=1)).isoformat(),
+            key_a,
+            f"race-{index}",
+            phase,
+            tokens=100 + index,
+            cached_tokens=index if phase == "prefill" else 0,
+            started_at=started.isoformat(),
+            finished_at=(started + timedelta(seconds=1)).isoformat(),
         )
         for index in range(REQUESTS)
         for phase in ("prefill", "decode")
@@ -110,7 +115,11 @@ def test_rollups_running_at_once_do_not_double_count(org_a, key_a, tiny_model, i
     started = datetime.now(UTC) - timedelta(hours=30)
     events = [
         make_usage_event(
-            key_a, f"roll-{index}", "decode", tokens=1_000, cached_tokens=0,
+            key_a,
+            f"roll-{index}",
+            "decode",
+            tokens=1_000,
+            cached_tokens=0,
             started_at=(started + timedelta(hours=index)).isoformat(),
             finished_at=(started + timedelta(hours=index, seconds=1)).isoformat(),
         )

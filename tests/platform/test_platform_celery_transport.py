@@ -10,8 +10,12 @@ MESSAGES = 300
 
 
 def _connection(folder) -> Connection:
-    options = {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
-               "control_folder": str(folder / "control"), "polling_interval": 0.001}
+    options = {
+        "data_folder_in": str(folder / "queue"),
+        "data_folder_out": str(folder / "queue"),
+        "control_folder": str(folder / "control"),
+        "polling_interval": 0.001,
+    }
     for sub in ("queue", "control"):
         (folder / sub).mkdir(exist_ok=True)
     return Connection(transport=Transport, transport_options=options)

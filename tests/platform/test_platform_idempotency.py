@@ -19,10 +19,17 @@ SECOND = "exec_" + "2" * 32
 
 
 def claim(client, organization, execution_id=FIRST, key="k-1", fingerprint="f-1", lease_seconds=60):
-    response = client.post(CLAIM, {
-        "organization_id": organization.public_id, "key": key, "fingerprint": fingerprint,
-        "execution_id": execution_id, "lease_seconds": lease_seconds,
-    }, format="json")
+    response = client.post(
+        CLAIM,
+        {
+            "organization_id": organization.public_id,
+            "key": key,
+            "fingerprint": fingerprint,
+            "execution_id": execution_id,
+            "lease_seconds": lease_seconds,
+        },
+        format="json",
+    )
     assert response.status_code == 200, response.data
     return response.data
 
@@ -84,12 +91,24 @@ def test_records_older_than_the_retention_are_purged_and_their_keys_free(interna
     assert claim(internal_client, org_a, SECOND)["outcome"] == "claimed"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("organization_id", "org_unknown"), ("execution_id", "client-chosen"), ("lease_seconds", 0), ("key", ""),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("organization_id", "org_unknown"),
+        ("execution_id", "client-chosen"),
+        ("lease_seconds", 0),
+        ("key", ""),
+    ],
+)
 def test_bad_claims_are_refused_and_store_nothing(internal_client, org_a, field, value):
-    body = {"organization_id": org_a.public_id, "key": "k", "fingerprint": "f", "execution_id": FIRST,
-            "lease_seconds": 60, field: value}
+    body = {
+        "organization_id": org_a.public_id,
+        "key": "k",
+        "fingerprint": "f",
+        "execution_id": FIRST,
+        "lease_seconds": 60,
+        field: value,
+    }
     response = internal_client.post(CLAIM, body, format="json")
     assert response.status_code == 400
     assert IdempotencyRecord.objects.count() == 0

@@ -84,6 +84,8 @@ def test_verify_reports_limits_expiry_and_spend(internal_client, org_a):
     assert data["expires_at"] == expires_at.isoformat().replace("+00:00", "Z")
     assert data["limits"]["organization"]["input_tokens_per_minute"] == 10_000
     assert data["limits"]["api_key"] == {
-        "requests_per_minute": 60, "input_tokens_per_minute": None, "output_tokens_per_minute": None
+        "requests_per_minute": 60,
+        "input_tokens_per_minute": None,
+        "output_tokens_per_minute": None,
     }
     assert data["spend"] == {"limit_micros": 0, "spent_micros": 0, "over_limit": True}

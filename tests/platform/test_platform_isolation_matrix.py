@@ -77,8 +77,14 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
         price_set(model=tiny_model, phase=phase, micros_per_million=micros, effective_from=LONG_AGO)
     member = member_add(organization=org_a, email="a-owner@acme.test", role="owner", password=PASSWORD)
     invitation = member_invite(organization=org_a, email="a-invitee@acme.test", role="developer").invitation
-    event = make_usage_event(key_a, "req-a-secret", "decode", started_at="2020-03-04T05:06:07Z",
-                             finished_at="2020-03-04T05:06:08Z", cached_tokens=0)
+    event = make_usage_event(
+        key_a,
+        "req-a-secret",
+        "decode",
+        started_at="2020-03-04T05:06:07Z",
+        finished_at="2020-03-04T05:06:08Z",
+        cached_tokens=0,
+    )
     assert internal_client.post("/api/v1/internal/usage-events", {"events": [event]}).status_code == 200
     (invoice,) = billing_periods_close()
     worker = prefill_client.post("/api/v1/internal/workers/register", {"address": "127.0.0.1:1", "name": "w"}).data

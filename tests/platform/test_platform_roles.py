@@ -179,13 +179,19 @@ def test_login_me_logout(org_a, owner):
 
 def test_me_with_an_api_key(client_a, org_a):
     assert client_a.get("/api/v1/auth/me").data == {
-        "email": None, "is_staff": False, "organization": {"id": org_a.public_id, "name": "Acme"}, "role": None,
+        "email": None,
+        "is_staff": False,
+        "organization": {"id": org_a.public_id, "name": "Acme"},
+        "role": None,
     }
 
 
 def test_staff_user_without_organization(staff_client):
     assert staff_client.get("/api/v1/auth/me").data == {
-        "email": "staff@diptych.local", "is_staff": True, "organization": None, "role": None,
+        "email": "staff@diptych.local",
+        "is_staff": True,
+        "organization": None,
+        "role": None,
     }
     response = staff_client.get("/api/v1/organization")
     assert response.status_code == 403

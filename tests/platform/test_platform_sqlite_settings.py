@@ -12,7 +12,7 @@ from controlplane import settings as controlplane_settings
 from controlplane.settings import database_settings
 
 WAITS_FOR_WRITERS = {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
-COMPETING_WRITE_WINDOW_S = 1.0   # how long the claim gives a competing write to slip in between its read and write
+COMPETING_WRITE_WINDOW_S = 1.0  # how long the claim gives a competing write to slip in between its read and write
 
 
 def test_a_sqlite_url_gets_the_options_of_the_embedded_database(tmp_path, monkeypatch):
@@ -47,11 +47,11 @@ def test_a_transaction_that_reads_then_writes_waits_for_a_concurrent_writer(tmp_
     def claim() -> None:
         connection = ConnectionHandler({"default": dict(database)})["default"]
         try:
-            connection.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)   # as atomic()
+            connection.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)  # as atomic()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT COUNT(*) FROM claims WHERE key = 'key'")
                 claim_read.set()
-                competitor_wrote.wait(COMPETING_WRITE_WINDOW_S)   # never set while this transaction holds the lock
+                competitor_wrote.wait(COMPETING_WRITE_WINDOW_S)  # never set while this transaction holds the lock
                 cursor.execute("INSERT INTO claims VALUES ('key')")
             connection.commit()
         except OperationalError as error:

@@ -54,8 +54,12 @@ class LocalstripeGateway(StripeGateway):
         # localstripe always takes the pending items and knows no collection settings.
         (subscription,) = stripe.Subscription.list(api_key=self.api_key, customer=customer_id).data
         invoice = stripe.Invoice.create(
-            api_key=self.api_key, idempotency_key=idempotency_key, customer=customer_id,
-            subscription=subscription.id, description=description, metadata=dict(metadata),
+            api_key=self.api_key,
+            idempotency_key=idempotency_key,
+            customer=customer_id,
+            subscription=subscription.id,
+            description=description,
+            metadata=dict(metadata),
         )
         return invoice.id
 
@@ -180,8 +184,13 @@ def post_signed(client, payload: bytes):
 
 def _event(event_id: str, event_type: str, stripe_invoice_id: str) -> bytes:
     return json.dumps(
-        {"id": event_id, "object": "event", "type": event_type, "created": int(time.time()),
-         "data": {"object": {"id": stripe_invoice_id, "object": "invoice"}}}
+        {
+            "id": event_id,
+            "object": "event",
+            "type": event_type,
+            "created": int(time.time()),
+            "data": {"object": {"id": stripe_invoice_id, "object": "invoice"}},
+        }
     ).encode()
 
 

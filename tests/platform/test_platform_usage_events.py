@@ -7,6 +7,8 @@ from controlplane.metering.models import UsageEvent
 from controlplane.tenancy.services import api_key_create, api_key_revoke
 
 INGEST_URL = "/api/v1/internal/usage-events"
+
+
 def test_ingest_stores_every_field(internal_client, key_a, org_a, make_usage_event, usage_started_at):
     response = internal_client.post(INGEST_URL, {"events": [make_usage_event(key_a)]})
     assert response.status_code == 200
@@ -176,9 +178,7 @@ def test_usage_events_list_filters_and_paginates(internal_client, client_a, key_
     by_request = client_a.get("/api/v1/usage-events", {"request_id": "req-1"}).data
     assert {row["phase"] for row in by_request["data"]} == {"prefill", "decode"}
     by_phase = client_a.get("/api/v1/usage-events", {"phase": "decode"}).data
-    assert [(row["request_id"], row["api_key_id"]) for row in by_phase["data"]] == [
-        ("req-1", key_a.api_key.public_id)
-    ]
+    assert [(row["request_id"], row["api_key_id"]) for row in by_phase["data"]] == [("req-1", key_a.api_key.public_id)]
     by_model = client_a.get("/api/v1/usage-events", {"model": "other-model"}).data
     assert [row["request_id"] for row in by_model["data"]] == ["req-2"]
     page = client_a.get("/api/v1/usage-events", {"limit": 1, "offset": 1}).data

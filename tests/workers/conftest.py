@@ -32,7 +32,7 @@ def reference(tiny_model):
             out = tiny_model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=count, min_new_tokens=count, do_sample=False
             )
-            cache[key] = out[0, len(prompt):].tolist()
+            cache[key] = out[0, len(prompt) :].tolist()
         return cache[key]
 
     return generate
@@ -92,4 +92,3 @@ def prefilled(runner, lengths: list[int]) -> list[StepInput]:
         runner.execute([StepInput(prompts([length], salt)[0], 0, table, True)])
     pairs = enumerate(zip(lengths, tables, strict=True))
     return [StepInput([11 + n], length, table, True) for n, (length, table) in pairs]
-

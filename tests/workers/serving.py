@@ -66,13 +66,27 @@ def sampling(count: int) -> worker_pb2.SamplingParams:
 
 async def split(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = ""):
     token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id=request_id, transfer_token=token, sampling=sampling(count), prompt_tokens=len(prompt),
-        cache_salt=cache_salt,
-    ))
-    prefill_events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
-        request_id=request_id, prompt_token_ids=prompt, sampling=sampling(count),
-        decode_address=decode.address, transfer_token=token, cache_salt=cache_salt,
-    ))]
+    decode_call = decode.stub.Decode(
+        worker_pb2.DecodeRequest(
+            request_id=request_id,
+            transfer_token=token,
+            sampling=sampling(count),
+            prompt_tokens=len(prompt),
+            cache_salt=cache_salt,
+        )
+    )
+    prefill_events = [
+        e
+        async for e in prefill.stub.Prefill(
+            worker_pb2.PrefillRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                sampling=sampling(count),
+                decode_address=decode.address,
+                transfer_token=token,
+                cache_salt=cache_salt,
+            )
+        )
+    ]
     rest = [e async for e in decode_call]
     return prefill_events, rest

@@ -44,7 +44,7 @@ def test_only_one_token_decode_steps_within_the_captured_shapes_are_covered(runn
     decode = StepInput([5], 31, [0, 1], True)
     assert graphs.covers([decode] * 4)
     assert not graphs.covers([])
-    assert not graphs.covers([decode] * 5)                         # more rows than captured
+    assert not graphs.covers([decode] * 5)  # more rows than captured
     assert not graphs.covers([StepInput([5], 32, [0, 1, 2], True)])  # a third block
     assert not graphs.covers([decode, StepInput([5, 6], 0, [3], True)])  # a prompt chunk
     assert not graphs.covers([StepInput([5], 31, [0, 1], False)])

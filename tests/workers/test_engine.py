@@ -197,7 +197,7 @@ class CaptureConnector(KvConnector):
     def load_kv(self, meta, runner) -> None:
         for load in meta.loads:
             chunk = self.to_load[load.request_id]
-            runner.write_blocks(load.block_ids[:chunk.data.shape[2]], chunk.data)
+            runner.write_blocks(load.block_ids[: chunk.data.shape[2]], chunk.data)
 
     def save_kv(self, meta, runner) -> None:
         for save in meta.saves:
@@ -258,7 +258,10 @@ async def test_kv_still_to_be_sent_survives_the_reuse_of_its_blocks(make_engine,
     await collect(prefill.add(EngineRequest("b", prompts([120], salt=51)[0], greedy(1))))  # all 8 blocks
     received = await asyncio.wrap_future(decode.connector.expect("a", b"t" * 32, len(prompt)))
     request = EngineRequest(
-        "a", received.prompt_token_ids, greedy(10), output_token_ids=[received.first_token_id],
+        "a",
+        received.prompt_token_ids,
+        greedy(10),
+        output_token_ids=[received.first_token_id],
         kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
     )
     rest = await collect(decode.add(request))
@@ -282,9 +285,7 @@ async def test_an_aborted_request_frees_its_blocks_at_once_running_or_queued(mak
     assert_all_blocks_free(engine)
 
 
-async def test_a_later_interactive_request_keeps_running_when_an_earlier_batch_one_is_preempted(
-    make_engine, reference
-):
+async def test_a_later_interactive_request_keeps_running_when_an_earlier_batch_one_is_preempted(make_engine, reference):
     """Six blocks hold both prompts, not both continuations: the batch request admitted first is the one
     preempted when the interactive one needs a block, and both still match generate."""
     engine = make_engine(num_kv_blocks=6, token_budget=64, enable_prefix_caching=False)
@@ -356,4 +357,4 @@ async def test_an_identical_prompt_of_another_organization_gets_no_cached_tokens
     assert handles[0].request.num_cached_tokens == 0
     assert outputs[0] == reference(secret + [2], 3)
     _, handles = await run_all(engine, [secret + [3]], [2], cache_salt="org-a")
-    assert handles[0].request.num_cached_tokens == 256   # the same organization still hits
+    assert handles[0].request.num_cached_tokens == 256  # the same organization still hits

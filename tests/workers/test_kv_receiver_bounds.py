@@ -35,9 +35,7 @@ class RecordingStaging(StagingPool):
 
 
 def make_receiver(**options) -> KvReceiver:
-    receiver = KvReceiver(
-        KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=0.5, staging=RecordingStaging(), **options
-    )
+    receiver = KvReceiver(KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=0.5, staging=RecordingStaging(), **options)
     receiver.start()
     return receiver
 
@@ -54,10 +52,20 @@ def connect(receiver) -> socket.socket:
 
 
 def hello(num_tokens: int, **header) -> bytes:
-    body = json.dumps({
-        "request_id": "req-1", "transfer_token": TOKEN.hex(), "data_path": "tcp", "num_tokens": num_tokens,
-        "num_layers": 2, "kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float32", **header,
-    }).encode()
+    body = json.dumps(
+        {
+            "request_id": "req-1",
+            "transfer_token": TOKEN.hex(),
+            "data_path": "tcp",
+            "num_tokens": num_tokens,
+            "num_layers": 2,
+            "kv_heads": 2,
+            "head_dim": 8,
+            "block_size": 4,
+            "dtype": "float32",
+            **header,
+        }
+    ).encode()
     return MAGIC + struct.pack("<I", len(body)) + body
 
 
@@ -159,7 +167,7 @@ def test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_hello_timeout():
         with connect(receiver) as sock:
             answered = None
             for index in range(len(data)):
-                sock.sendall(data[index:index + 1])
+                sock.sendall(data[index : index + 1])
                 if select.select([sock], [], [], 0.1)[0]:
                     answered = index
                     break

@@ -89,7 +89,8 @@ def idle_receive_buffers(receiver) -> int:
 
 
 @pytest.mark.parametrize(
-    ("same_host", "from_pool"), [(False, True), (False, False), (True, False)],
+    ("same_host", "from_pool"),
+    [(False, True), (False, False), (True, False)],
     ids=["tcp-from-pool", "tcp-from-staging-buffer", "shm"],
 )
 def test_a_cache_staged_chunk_by_chunk_arrives_whole_and_identical(receiver, sender, same_host, from_pool):
@@ -158,10 +159,20 @@ class HandSender:
         self.sock = socket.create_connection((receiver.host, receiver.port), timeout=5)
         self.num_tokens = num_tokens
         self.prompt_sent = False
-        body = json.dumps({
-            "request_id": "req-1", "transfer_token": TOKEN.hex(), "data_path": "tcp", "num_tokens": num_tokens,
-            "num_layers": 2, "kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float32", **header,
-        }).encode()
+        body = json.dumps(
+            {
+                "request_id": "req-1",
+                "transfer_token": TOKEN.hex(),
+                "data_path": "tcp",
+                "num_tokens": num_tokens,
+                "num_layers": 2,
+                "kv_heads": 2,
+                "head_dim": 8,
+                "block_size": 4,
+                "dtype": "float32",
+                **header,
+            }
+        ).encode()
         self.sock.sendall(MAGIC + struct.pack("<I", len(body)) + body)
 
     def reply(self) -> dict:
@@ -271,8 +282,11 @@ def test_an_aborted_transfer_reaches_the_receiver_with_its_reason(receiver, send
 
 @pytest.mark.parametrize(
     ("header", "match"),
-    [({"block_size": 8}, "does not match"), ({"data_path": "pigeon"}, "no known data path"),
-     ({"segment": "../etc/passwd", "data_path": "shm"}, "not a KV segment name")],
+    [
+        ({"block_size": 8}, "does not match"),
+        ({"data_path": "pigeon"}, "no known data path"),
+        ({"segment": "../etc/passwd", "data_path": "shm"}, "not a KV segment name"),
+    ],
 )
 def test_a_bad_header_is_refused_with_the_reason(receiver, header, match):
     arrived = expect(receiver)
@@ -290,8 +304,12 @@ def test_a_bad_header_is_refused_with_the_reason(receiver, header, match):
 
 def test_a_peer_is_same_host_only_when_its_probe_file_is_readable(receiver):
     endpoint = worker_pb2.KvEndpoint(
-        data_host="", data_port=receiver.port, shm_probe_name=receiver.shm_probe_name,
-        shm_probe_nonce=receiver.shm_probe_nonce, block_size=4, dtype="float32",
+        data_host="",
+        data_port=receiver.port,
+        shm_probe_name=receiver.shm_probe_name,
+        shm_probe_nonce=receiver.shm_probe_nonce,
+        block_size=4,
+        dtype="float32",
     )
     assert peer_from_endpoint("127.0.0.1:5000", endpoint, LAYOUT) == Peer("127.0.0.1", receiver.port, True)
     endpoint.shm_probe_nonce = b"another host's nonce"

@@ -61,7 +61,9 @@ FAMILIES = {
     # Qwen2 ignores sliding_window unless use_sliding_window, and then only from layer max_window_layers on.
     "qwen2": (Qwen2Config, {"sliding_window": WINDOW, "use_sliding_window": False}, [None, None]),
     "qwen2-windowed": (
-        Qwen2Config, {"sliding_window": WINDOW, "use_sliding_window": True, "max_window_layers": 1}, [None, WINDOW]
+        Qwen2Config,
+        {"sliding_window": WINDOW, "use_sliding_window": True, "max_window_layers": 1},
+        [None, WINDOW],
     ),
     "qwen3": (Qwen3Config, {}, [None, None]),
     # Untied (unlike Gemma checkpoints): tied, these random weights write near-constant text.
@@ -82,7 +84,7 @@ class Family:
 def _generate(model, prompt: list[int], count: int) -> list[int]:
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=count, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def _save_random_model(config, directory) -> None:
@@ -187,7 +189,8 @@ def _gpt2(directory) -> None:
 
 REFUSED = {
     "gpt2": (
-        _gpt2, r"architecture GPT2LMHeadModel \(model_type 'gpt2'\) is not supported; supported: LlamaForCausalLM"
+        _gpt2,
+        r"architecture GPT2LMHeadModel \(model_type 'gpt2'\) is not supported; supported: LlamaForCausalLM",
     ),
     "gemma2": (
         lambda d: Gemma2Config(**COMMON, architectures=["Gemma2ForCausalLM"]).save_pretrained(d),

@@ -14,8 +14,9 @@ async def test_a_draining_answer_drains_the_worker_and_is_reported_back():
         reported.append(json.loads(request.content)["state"])
         return httpx.Response(200, json={"state": "draining"})
 
-    link = ControlPlaneLink("http://control-plane", "fleet-token", "127.0.0.1:1", "w", lambda: {"queue_depth": 0},
-                            on_state=told.append)
+    link = ControlPlaneLink(
+        "http://control-plane", "fleet-token", "127.0.0.1:1", "w", lambda: {"queue_depth": 0}, on_state=told.append
+    )
     link._http = httpx.AsyncClient(base_url="http://control-plane", transport=httpx.MockTransport(control_plane))
     link.worker_id = "wrk_1"
     await link.heartbeat()

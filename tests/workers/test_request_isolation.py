@@ -125,7 +125,6 @@ async def test_a_failed_request_ends_its_call_with_internal_and_the_reason(coloc
     assert failure.details().startswith(FAILED_PREFIX)
 
 
-
 async def test_a_token_outside_the_vocabulary_fails_that_request_before_it_runs(make_engine, reference):
     engine = make_engine(token_budget=64)
     batch = prompts([7, 30], salt=25)

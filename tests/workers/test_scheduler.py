@@ -43,10 +43,10 @@ def test_prompt_tokens_pending_counts_what_is_queued_and_not_yet_computed():
     scheduler.add(request("long", 40))
     scheduler.add(request("short", 6))
     assert scheduler.prompt_tokens_pending == 46
-    step(scheduler)   # 16 of the long prompt
+    step(scheduler)  # 16 of the long prompt
     assert scheduler.prompt_tokens_pending == 30
     step(scheduler)
-    step(scheduler)   # the long prompt is done, and 6 of the short one
+    step(scheduler)  # the long prompt is done, and 6 of the short one
     assert scheduler.prompt_tokens_pending == 0
 
 

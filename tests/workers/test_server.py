@@ -55,32 +55,49 @@ async def test_cached_prompts_are_shared_within_an_organization_only(workers, re
     # The decode worker names the KV it received under the organization too: its Generate hits for
     # the same organization only.
     for salt, cached in (("org-c", 0), ("org-a", 256)):
-        events = [e async for e in decode.stub.Generate(worker_pb2.GenerateWork(
-            request_id=f"g-{salt}", prompt_token_ids=secret + [4], sampling=sampling(2), cache_salt=salt,
-        ))]
+        events = [
+            e
+            async for e in decode.stub.Generate(
+                worker_pb2.GenerateWork(
+                    request_id=f"g-{salt}",
+                    prompt_token_ids=secret + [4],
+                    sampling=sampling(2),
+                    cache_salt=salt,
+                )
+            )
+        ]
         assert events[0].stats.cached_tokens == cached
 
 
 async def test_decode_workers_serve_generate_too(workers, reference):
     _, decode = workers
     prompt = prompts([33], salt=4)[0]
-    events = [e async for e in decode.stub.Generate(worker_pb2.GenerateWork(
-        request_id="g", prompt_token_ids=prompt, sampling=sampling(7)
-    ))]
+    events = [
+        e
+        async for e in decode.stub.Generate(
+            worker_pb2.GenerateWork(request_id="g", prompt_token_ids=prompt, sampling=sampling(7))
+        )
+    ]
     assert [e.token_id for e in events] == reference(prompt, 7)
     assert events[0].HasField("stats") and events[-1].finished
 
 
 async def test_a_wrong_transfer_token_fails_both_calls_with_clear_errors(workers):
     prefill, decode = workers
-    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id="w", transfer_token=b"a" * 32, sampling=sampling(5), prompt_tokens=20
-    ), timeout=10)
+    decode_call = decode.stub.Decode(
+        worker_pb2.DecodeRequest(request_id="w", transfer_token=b"a" * 32, sampling=sampling(5), prompt_tokens=20),
+        timeout=10,
+    )
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        async for _ in prefill.stub.Prefill(worker_pb2.PrefillRequest(
-            request_id="w", prompt_token_ids=prompts([20])[0], sampling=sampling(5),
-            decode_address=decode.address, transfer_token=b"b" * 32,
-        )):
+        async for _ in prefill.stub.Prefill(
+            worker_pb2.PrefillRequest(
+                request_id="w",
+                prompt_token_ids=prompts([20])[0],
+                sampling=sampling(5),
+                decode_address=decode.address,
+                transfer_token=b"b" * 32,
+            )
+        ):
             pass
     assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "PERMISSION_DENIED" in raised.value.details() and "token does not match" in raised.value.details()
@@ -124,11 +141,12 @@ async def test_roles_are_enforced(workers):
 # Cancellation: each request below needs about a thousand tokens, far more than the worker computes
 # within the bound its blocks must be free in; only the cancel frees them.
 
+
 async def test_cancelling_a_generate_call_frees_its_blocks_at_once(workers):
     _, decode = workers
-    call = decode.stub.Generate(worker_pb2.GenerateWork(
-        request_id="long", prompt_token_ids=prompts([24], salt=40)[0], sampling=sampling(1000)
-    ))
+    call = decode.stub.Generate(
+        worker_pb2.GenerateWork(request_id="long", prompt_token_ids=prompts([24], salt=40)[0], sampling=sampling(1000))
+    )
     await call.read()
     assert not all_blocks_free(decode.engine)
     call.cancel()
@@ -140,13 +158,26 @@ async def test_cancelling_a_decode_call_frees_its_blocks_at_once(workers):
     prefill, decode = workers
     prompt = prompts([24], salt=41)[0]
     token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id="long", transfer_token=token, sampling=sampling(1000), prompt_tokens=len(prompt),
-    ))
-    events = [e async for e in prefill.stub.Prefill(worker_pb2.PrefillRequest(
-        request_id="long", prompt_token_ids=prompt, sampling=sampling(1000), decode_address=decode.address,
-        transfer_token=token,
-    ))]
+    decode_call = decode.stub.Decode(
+        worker_pb2.DecodeRequest(
+            request_id="long",
+            transfer_token=token,
+            sampling=sampling(1000),
+            prompt_tokens=len(prompt),
+        )
+    )
+    events = [
+        e
+        async for e in prefill.stub.Prefill(
+            worker_pb2.PrefillRequest(
+                request_id="long",
+                prompt_token_ids=prompt,
+                sampling=sampling(1000),
+                decode_address=decode.address,
+                transfer_token=token,
+            )
+        )
+    ]
     assert events[-1].HasField("kv_delivered")
     await decode_call.read()
     decode_call.cancel()
@@ -158,13 +189,23 @@ async def test_cancelling_a_prefill_call_frees_its_blocks_at_once_and_aborts_its
     prefill, decode = workers
     prompt = prompts([1000], salt=42)[0]  # 16 steps of 64 tokens
     token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(worker_pb2.DecodeRequest(
-        request_id="long", transfer_token=token, sampling=sampling(8), prompt_tokens=len(prompt),
-    ))
-    prefill_call = prefill.stub.Prefill(worker_pb2.PrefillRequest(
-        request_id="long", prompt_token_ids=prompt, sampling=sampling(8), decode_address=decode.address,
-        transfer_token=token,
-    ))
+    decode_call = decode.stub.Decode(
+        worker_pb2.DecodeRequest(
+            request_id="long",
+            transfer_token=token,
+            sampling=sampling(8),
+            prompt_tokens=len(prompt),
+        )
+    )
+    prefill_call = prefill.stub.Prefill(
+        worker_pb2.PrefillRequest(
+            request_id="long",
+            prompt_token_ids=prompt,
+            sampling=sampling(8),
+            decode_address=decode.address,
+            transfer_token=token,
+        )
+    )
     assert await wait_until(lambda: prefill.engine.stats().prompt_tokens_computed > 0, timeout=10.0)
     prefill_call.cancel()
     assert await wait_until(lambda: all_blocks_free(prefill.engine), timeout=2.0)

@@ -19,13 +19,17 @@ from workers.server import Role
 
 PROMPT = prompts([12], salt=3)[0]
 CALLS = {
-    "Generate": lambda stub, metadata: _drain(stub.Generate(
-        worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2)), metadata=metadata
-    )),
-    "Decode": lambda stub, metadata: _drain(stub.Decode(
-        worker_pb2.DecodeRequest(request_id="d", transfer_token=b"t" * 32, sampling=sampling(2), prompt_tokens=12),
-        metadata=metadata,
-    )),
+    "Generate": lambda stub, metadata: _drain(
+        stub.Generate(
+            worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2)), metadata=metadata
+        )
+    ),
+    "Decode": lambda stub, metadata: _drain(
+        stub.Decode(
+            worker_pb2.DecodeRequest(request_id="d", transfer_token=b"t" * 32, sampling=sampling(2), prompt_tokens=12),
+            metadata=metadata,
+        )
+    ),
     "GetKvEndpoint": lambda stub, metadata: stub.GetKvEndpoint(worker_pb2.KvEndpointRequest(), metadata=metadata),
     "GetLoad": lambda stub, metadata: stub.GetLoad(worker_pb2.LoadRequest(), metadata=metadata),
     "WatchLoad": lambda stub, metadata: _first(stub.WatchLoad(worker_pb2.LoadRequest(), metadata=metadata)),
@@ -44,10 +48,18 @@ async def _first(call):
 
 
 def prefill_call(decode_address: str):
-    return lambda stub, metadata: _drain(stub.Prefill(worker_pb2.PrefillRequest(
-        request_id="p", prompt_token_ids=PROMPT, sampling=sampling(2), decode_address=decode_address,
-        transfer_token=b"t" * 32,
-    ), metadata=metadata))
+    return lambda stub, metadata: _drain(
+        stub.Prefill(
+            worker_pb2.PrefillRequest(
+                request_id="p",
+                prompt_token_ids=PROMPT,
+                sampling=sampling(2),
+                decode_address=decode_address,
+                transfer_token=b"t" * 32,
+            ),
+            metadata=metadata,
+        )
+    )
 
 
 @pytest.fixture
@@ -180,9 +192,9 @@ async def test_the_gateways_channels_carry_the_secret_handed_over_after_they_wer
         assert raised.value.code() is grpc.StatusCode.UNAUTHENTICATED
         channels.secret.set(SECRET)
         assert (await stub.GetLoad(worker_pb2.LoadRequest())).worker_id == "decode-0"
-        events = await _drain(stub.Generate(
-            worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2))
-        ))
+        events = await _drain(
+            stub.Generate(worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2)))
+        )
         assert events[-1].finished
     finally:
         await channels.close()

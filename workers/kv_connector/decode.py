@@ -43,8 +43,12 @@ class DecodeConnector(KvConnector):
     def endpoint(self) -> DataEndpoint:
         receiver = self.receiver
         return DataEndpoint(
-            receiver.host, receiver.port, receiver.shm_probe_name, receiver.shm_probe_nonce,
-            receiver.layout.block_size, dtype_name(receiver.layout.dtype),
+            receiver.host,
+            receiver.port,
+            receiver.shm_probe_name,
+            receiver.shm_probe_nonce,
+            receiver.layout.block_size,
+            dtype_name(receiver.layout.dtype),
         )
 
     # ---- decode calls ---------------------------------------------------------------------------------
@@ -138,4 +142,4 @@ class DecodeConnector(KvConnector):
         for load in meta.loads:
             for chunk in self._taken[load.request_id].chunks:
                 count = chunk.data.shape[2]
-                runner.write_blocks(load.block_ids[chunk.first_block:chunk.first_block + count], chunk.data)
+                runner.write_blocks(load.block_ids[chunk.first_block : chunk.first_block + count], chunk.data)

@@ -74,7 +74,7 @@ class BufferedSendPath(SendPath):
 
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
         start, size = chunk.first_block * self._layout.block_nbytes, chunk.count * self._layout.block_nbytes
-        data = self._bytes[start:start + size]
+        data = self._bytes[start : start + size]
         sock.sendall(chunk_frame(chunk.first_block, chunk.count, start, checksum(data)))
         self._send_bytes(sock, data)
 
@@ -99,6 +99,8 @@ def blocks_in(buffer: torch.Tensor, layout: KvLayout, first_block: int, count: i
     """The place of blocks first_block.. in a byte buffer holding a request's KV chunk after chunk, as a
     tensor [layers, 2, count, block_size, kv_heads, head_dim]."""
     start, size = first_block * layout.block_nbytes, count * layout.block_nbytes
-    return buffer[start:start + size].view(layout.dtype).view(
-        layout.num_layers, 2, count, layout.block_size, layout.kv_heads, layout.head_dim
+    return (
+        buffer[start : start + size]
+        .view(layout.dtype)
+        .view(layout.num_layers, 2, count, layout.block_size, layout.kv_heads, layout.head_dim)
     )

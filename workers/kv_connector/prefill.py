@@ -61,9 +61,7 @@ class PrefillConnector(KvConnector):
         params = request.kv_transfer
         if params is None or params.send_to is None:
             return None
-        outgoing = self.sender.open(
-            request.request_id, params.transfer_token, request.prompt_token_ids, params.send_to
-        )
+        outgoing = self.sender.open(request.request_id, params.transfer_token, request.prompt_token_ids, params.send_to)
         self._transfers[request.request_id] = _Transfer(outgoing)
         return _send_in_own_thread(outgoing)
 
@@ -81,7 +79,7 @@ class PrefillConnector(KvConnector):
             prompt_done = computed >= len(request.prompt_token_ids)
             upto = kv.blocks_for(computed) if prompt_done else computed // kv.block_size
             if upto > transfer.blocks_saved:
-                block_ids = kv.block_ids(request.request_id)[transfer.blocks_saved:upto]
+                block_ids = kv.block_ids(request.request_id)[transfer.blocks_saved : upto]
                 saves.append(KvSave(request.request_id, block_ids, transfer.blocks_saved))
                 transfer.blocks_saved = upto
         freed, self._freed = self._freed, []

@@ -118,9 +118,16 @@ class KvReceiver:
     reading into warm buffers. `max_tokens` is what the KV pool holds: no larger cache is accepted."""
 
     def __init__(
-        self, inbox: KvInbox, layout: KvLayout, host: str = "127.0.0.1", port: int = 0,
-        io_timeout: float = 5.0, staging: StagingPool | None = None, max_tokens: int | None = None,
-        max_connections: int = MAX_DATA_CONNECTIONS, hello_timeout: float = 5.0,
+        self,
+        inbox: KvInbox,
+        layout: KvLayout,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        io_timeout: float = 5.0,
+        staging: StagingPool | None = None,
+        max_tokens: int | None = None,
+        max_connections: int = MAX_DATA_CONNECTIONS,
+        hello_timeout: float = 5.0,
     ) -> None:
         self.inbox = inbox
         self.layout = layout
@@ -170,10 +177,14 @@ class KvReceiver:
         self.connections_refused += 1
         with conn:
             conn.setblocking(False)  # a peer that reads nothing cannot hold up the accept loop
-            try_send_json(conn, {
-                "ok": False, "code": "RESOURCE_EXHAUSTED",
-                "error": "this decode worker has as many KV connections open as it serves; retry shortly",
-            })
+            try_send_json(
+                conn,
+                {
+                    "ok": False,
+                    "code": "RESOURCE_EXHAUSTED",
+                    "error": "this decode worker has as many KV connections open as it serves; retry shortly",
+                },
+            )
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -234,8 +245,12 @@ class KvReceiver:
             raise
         return ReceivedKv(
             prompt_token_ids=[token for (token,) in TOKEN_ID.iter_unpack(prompt)],
-            first_token_id=first_token_id, num_tokens=num_tokens, chunks=chunks, nbytes=nbytes,
-            data_path=header["data_path"], release=_once(lambda: self.staging.release(buffer)),
+            first_token_id=first_token_id,
+            num_tokens=num_tokens,
+            chunks=chunks,
+            nbytes=nbytes,
+            data_path=header["data_path"],
+            release=_once(lambda: self.staging.release(buffer)),
         )
 
     def _path_of(self, header: dict) -> ReceivePath:
@@ -268,7 +283,7 @@ class KvReceiver:
             if kind != CHUNK or first != next_block or count == 0 or first + count > total_blocks:
                 raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "a KV frame is out of order or out of range")
             start, size = first * lay.block_nbytes, count * lay.block_nbytes
-            target = view[start:start + size]
+            target = view[start : start + size]
             what = f"KV blocks {first}..{first + count - 1}"
             path.read(conn, target, offset, what)
             if checksum(target) != digest:

@@ -121,9 +121,9 @@ class OutgoingKv:
             self.release()
 
     def _hello(self, sock: socket.socket) -> None:
-        sock.sendall(encode_hello(
-            self.request_id, self._token, self.layout, self.num_tokens, self.data_path, self._path.segment
-        ))
+        sock.sendall(
+            encode_hello(self.request_id, self._token, self.layout, self.num_tokens, self.data_path, self._path.segment)
+        )
         sock.settimeout(self._sender.hello_timeout)  # the decode request may register a little later
         check_reply(recv_json(sock, "the decode worker's answer to the KV hello"))
         sock.settimeout(self._sender.io_timeout)
@@ -154,7 +154,11 @@ class KvSender:
     buffers, shared-memory segments, the count of bytes delivered)."""
 
     def __init__(
-        self, layout: KvLayout, io_timeout: float = 5.0, hello_timeout: float = 10.0, allow_shm: bool = True,
+        self,
+        layout: KvLayout,
+        io_timeout: float = 5.0,
+        hello_timeout: float = 10.0,
+        allow_shm: bool = True,
         pin: bool = False,
     ) -> None:
         self.layout = layout

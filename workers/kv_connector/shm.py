@@ -108,7 +108,7 @@ class ShmReceive(ReceivePath):
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
         if offset + len(target) > len(self._segment):
             raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "a KV frame points past its segment")
-        target[:] = self._segment[offset:offset + len(target)]
+        target[:] = self._segment[offset : offset + len(target)]
 
 
 class SegmentReader:
@@ -157,6 +157,7 @@ def _close(mapping: mmap.mmap) -> None:
 
 
 # ---- the probe: whether a sender shares this host's /dev/shm ------------------------------------------
+
 
 def make_probe() -> tuple[str, bytes]:
     """Writes a file only a process on this host (same /dev/shm) can read back; returns its name and

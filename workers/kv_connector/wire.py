@@ -50,14 +50,24 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 # ---- the hello --------------------------------------------------------------------------------------
 
+
 def encode_hello(
     request_id: str, transfer_token: bytes, layout: KvLayout, num_tokens: int, data_path: str, segment: str
 ) -> bytes:
-    body = json.dumps({
-        "request_id": request_id, "transfer_token": transfer_token.hex(), "data_path": data_path,
-        "segment": segment, "num_tokens": num_tokens, "num_layers": layout.num_layers, "kv_heads": layout.kv_heads,
-        "head_dim": layout.head_dim, "block_size": layout.block_size, "dtype": dtype_name(layout.dtype),
-    }).encode()
+    body = json.dumps(
+        {
+            "request_id": request_id,
+            "transfer_token": transfer_token.hex(),
+            "data_path": data_path,
+            "segment": segment,
+            "num_tokens": num_tokens,
+            "num_layers": layout.num_layers,
+            "kv_heads": layout.kv_heads,
+            "head_dim": layout.head_dim,
+            "block_size": layout.block_size,
+            "dtype": dtype_name(layout.dtype),
+        }
+    ).encode()
     return MAGIC + struct.pack("<I", len(body)) + body
 
 
@@ -88,6 +98,7 @@ def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> dict:
 
 # ---- frames -----------------------------------------------------------------------------------------
 
+
 def chunk_frame(first_block: int, count: int, offset: int, digest: int) -> bytes:
     return FRAME.pack(CHUNK, first_block, count, offset, digest)
 
@@ -106,6 +117,7 @@ def abort_frame(reason: str) -> bytes:
 
 
 # ---- replies ----------------------------------------------------------------------------------------
+
 
 def send_json(sock: socket.socket, message: dict) -> None:
     body = json.dumps(message).encode()
@@ -154,6 +166,7 @@ def reply_after_close(sock: socket.socket) -> dict:
 
 
 # ---- sockets ----------------------------------------------------------------------------------------
+
 
 def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -42,7 +42,12 @@ class AttentionPlan:
     """Where each input of a step sits in the packed rows and which keys its queries attend over."""
 
     def __init__(
-        self, inputs: list[StepInput], block_size: int, device: torch.device, buffers: GatherBuffers, group_cost: float,
+        self,
+        inputs: list[StepInput],
+        block_size: int,
+        device: torch.device,
+        buffers: GatherBuffers,
+        group_cost: float,
         windows: tuple[Window, ...],
     ) -> None:
         self._buffers = buffers
@@ -68,7 +73,12 @@ class AttentionPlan:
         }
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv: torch.Tensor, scale: float,
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layer_kv: torch.Tensor,
+        scale: float,
         window: Window,
     ) -> torch.Tensor:
         """query [tokens, heads, head_dim], the step's own key and value [tokens, kv_heads, head_dim], the
@@ -96,12 +106,18 @@ class AttentionPlan:
 class _PromptChunk:
     rows: slice
     tables: torch.Tensor | None  # [1, blocks] to gather keys from; None: it starts its prompt, its own keys suffice
-    keys: int                    # how many keys it attends over (gathered from the first of its tables' blocks)
-    mask: torch.Tensor | None    # [length, keys]: which keys each query sees; None: causal
+    keys: int  # how many keys it attends over (gathered from the first of its tables' blocks)
+    mask: torch.Tensor | None  # [length, keys]: which keys each query sees; None: causal
 
     @classmethod
     def of(
-        cls, row: int, length: int, start: int, block_ids: list[int], window: Window, block_size: int,
+        cls,
+        row: int,
+        length: int,
+        start: int,
+        block_ids: list[int],
+        window: Window,
+        block_size: int,
         device: torch.device,
     ) -> _PromptChunk:
         rows = slice(row, row + length)
@@ -140,7 +156,10 @@ def group_bounds(widths: list[int], group_cost: float = GROUP_COST_IN_BLOCKS) ->
 
 
 def _decode_groups(
-    decoding: list[tuple[int, int, list[int]]], window: Window, block_size: int, device: torch.device,
+    decoding: list[tuple[int, int, list[int]]],
+    window: Window,
+    block_size: int,
+    device: torch.device,
     group_cost: float,
 ) -> list[DecodeGroup]:
     entries = []  # (row, position, first block, the blocks from it)
@@ -157,8 +176,8 @@ def _decode_groups(
 @dataclass
 class DecodeGroup:
     rows: torch.Tensor | slice  # the inputs' rows in the step
-    tables: torch.Tensor        # [batch, widest] block ids, padded
-    mask: torch.Tensor          # [batch, 1, 1, widest * block_size]: which gathered keys each input sees
+    tables: torch.Tensor  # [batch, widest] block ids, padded
+    mask: torch.Tensor  # [batch, 1, 1, widest * block_size]: which gathered keys each input sees
 
     def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float, gather) -> torch.Tensor:
         """query [tokens, heads, head_dim] → the group's rows attended [batch, heads, head_dim]."""

@@ -127,21 +127,26 @@ def pre_norm_decoder(model: PreNormCausalLM, windows: list[Window], qk_norm: boo
     layers = []
     for index, (layer, window) in enumerate(zip(base.layers, windows, strict=True)):
         attn, mlp = layer.self_attn, layer.mlp
-        layers.append(DecoderLayer(
-            index=index,
-            input_norm=layer.input_layernorm,
-            qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
-            qk_norms=(attn.q_norm, attn.k_norm) if qk_norm else None,
-            head_dim=attn.head_dim,
-            scale=attn.scaling,
-            window=window,
-            o=Projection(attn.o_proj),
-            post_attention_norm=layer.post_attention_layernorm,
-            gate_up=Projection(mlp.gate_proj, mlp.up_proj),
-            down=Projection(mlp.down_proj),
-            act_fn=mlp.act_fn,
-        ))
+        layers.append(
+            DecoderLayer(
+                index=index,
+                input_norm=layer.input_layernorm,
+                qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
+                qk_norms=(attn.q_norm, attn.k_norm) if qk_norm else None,
+                head_dim=attn.head_dim,
+                scale=attn.scaling,
+                window=window,
+                o=Projection(attn.o_proj),
+                post_attention_norm=layer.post_attention_layernorm,
+                gate_up=Projection(mlp.gate_proj, mlp.up_proj),
+                down=Projection(mlp.down_proj),
+                act_fn=mlp.act_fn,
+            )
+        )
     return Decoder(
-        embed=base.embed_tokens, rotary_embedding=base.rotary_emb, layers=layers, norm=base.norm,
+        embed=base.embed_tokens,
+        rotary_embedding=base.rotary_emb,
+        layers=layers,
+        norm=base.norm,
         lm_head=Projection(model.lm_head),
     )

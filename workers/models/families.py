@@ -81,18 +81,22 @@ class ModelFamily:
 
     def decoder(self, model: PreTrainedModel) -> Decoder:
         if not isinstance(model, self.causal_lm):  # a class of the same name from elsewhere
-            raise UnsupportedModelError(f"{type(model).__module__}.{type(model).__qualname__} is not "
-                                        f"transformers' {self.architecture}")
+            raise UnsupportedModelError(
+                f"{type(model).__module__}.{type(model).__qualname__} is not transformers' {self.architecture}"
+            )
         return pre_norm_decoder(model, self.windows(model.config), self.qk_norm)
 
 
-FAMILIES = {family.model_type: family for family in (
-    ModelFamily(LlamaForCausalLM, "llama", _no_window),
-    ModelFamily(MistralForCausalLM, "mistral", _window_on_every_layer),
-    ModelFamily(Qwen2ForCausalLM, "qwen2", _window_by_layer_type),
-    ModelFamily(Qwen3ForCausalLM, "qwen3", _window_by_layer_type, qk_norm=True),
-    ModelFamily(GemmaForCausalLM, "gemma", _no_window, refusal=_gemma_refusal),
-)}
+FAMILIES = {
+    family.model_type: family
+    for family in (
+        ModelFamily(LlamaForCausalLM, "llama", _no_window),
+        ModelFamily(MistralForCausalLM, "mistral", _window_on_every_layer),
+        ModelFamily(Qwen2ForCausalLM, "qwen2", _window_by_layer_type),
+        ModelFamily(Qwen3ForCausalLM, "qwen3", _window_by_layer_type, qk_norm=True),
+        ModelFamily(GemmaForCausalLM, "gemma", _no_window, refusal=_gemma_refusal),
+    )
+}
 
 SUPPORTED = ", ".join(f"{family.architecture} ({family.model_type})" for family in FAMILIES.values())
 

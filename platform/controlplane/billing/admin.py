@@ -8,7 +8,12 @@ class InvoiceLineInline(admin.TabularInline):
     extra = 0
     can_delete = False
     readonly_fields = [
-        "model", "phase", "tokens", "unit_price_micros_per_million", "amount_micros", "amount_cents",
+        "model",
+        "phase",
+        "tokens",
+        "unit_price_micros_per_million",
+        "amount_micros",
+        "amount_cents",
         "stripe_invoice_item_id",
     ]
 

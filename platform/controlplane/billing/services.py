@@ -78,7 +78,14 @@ def _rate_events(events, book: PriceBook) -> dict[RollupKey, int]:
 
 
 RATED_FIELDS = [
-    "organization_id", "api_key_id", "model", "phase", "tokens", "cached_tokens", "period_start", "started_at"
+    "organization_id",
+    "api_key_id",
+    "model",
+    "phase",
+    "tokens",
+    "cached_tokens",
+    "period_start",
+    "started_at",
 ]
 
 
@@ -92,8 +99,14 @@ def _rebuild_hour(hour: datetime, book: PriceBook) -> set[tuple[int, date]]:
     rated = _rate_events(_events_between(hour, hour + timedelta(hours=1)), book)
     HourlyUsage.objects.bulk_create(
         HourlyUsage(
-            organization_id=organization_id, api_key_id=api_key_id, model=model, phase=phase,
-            period_start=period, unit_price_micros_per_million=price, tokens=tokens, hour=hour,
+            organization_id=organization_id,
+            api_key_id=api_key_id,
+            model=model,
+            phase=phase,
+            period_start=period,
+            unit_price_micros_per_million=price,
+            tokens=tokens,
+            hour=hour,
         )
         for (organization_id, api_key_id, model, phase, period, price), tokens in rated.items()
     )
@@ -109,8 +122,14 @@ def _rebuild_day(day: date) -> None:
         tokens[(row.organization_id, row.api_key_id, row.model, row.phase, row.period_start, price)] += row.tokens
     DailyUsage.objects.bulk_create(
         DailyUsage(
-            organization_id=organization_id, api_key_id=api_key_id, model=model, phase=phase,
-            period_start=period, unit_price_micros_per_million=price, tokens=count, day=day,
+            organization_id=organization_id,
+            api_key_id=api_key_id,
+            model=model,
+            phase=phase,
+            period_start=period,
+            unit_price_micros_per_million=price,
+            tokens=count,
+            day=day,
         )
         for (organization_id, api_key_id, model, phase, period, price), count in tokens.items()
     )
@@ -162,8 +181,12 @@ def spend_limit_set(*, organization: Organization, limit_micros: int | None, act
     organization.spend_limit_micros = limit_micros
     organization.save(update_fields=["spend_limit_micros"])
     audit_record(
-        actor=actor, organization=organization, action="spend_limit.set", target_type="organization",
-        target_id=organization.public_id, details={"from": previous, "to": limit_micros},
+        actor=actor,
+        organization=organization,
+        action="spend_limit.set",
+        target_type="organization",
+        target_id=organization.public_id,
+        details={"from": previous, "to": limit_micros},
     )
     period = billing_period_current(organization=organization)
     if period is not None:
@@ -184,8 +207,11 @@ def spend_alerts_check(*, organization: Organization, period: BillingPeriod) -> 
         try:
             with transaction.atomic():
                 alert = SpendAlert.objects.create(
-                    organization=organization, period_start=period.start, threshold_percent=threshold,
-                    spent_micros=spent, limit_micros=limit,
+                    organization=organization,
+                    period_start=period.start,
+                    threshold_percent=threshold,
+                    spent_micros=spent,
+                    limit_micros=limit,
                 )
         except IntegrityError:
             continue  # already fired for this period
@@ -266,9 +292,13 @@ def _billing_period_close(*, period_pk: int, book: PriceBook, now: datetime) -> 
     cents = allocate_cents([line.amount_micros for line in lines])
     InvoiceLine.objects.bulk_create(
         InvoiceLine(
-            invoice=invoice, model=line.model, phase=line.phase, tokens=line.tokens,
+            invoice=invoice,
+            model=line.model,
+            phase=line.phase,
+            tokens=line.tokens,
             unit_price_micros_per_million=line.unit_price_micros_per_million,
-            amount_micros=line.amount_micros, amount_cents=line_cents,
+            amount_micros=line.amount_micros,
+            amount_cents=line_cents,
         )
         for line, line_cents in zip(lines, cents, strict=True)
     )

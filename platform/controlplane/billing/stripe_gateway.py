@@ -47,7 +47,10 @@ class StripeGateway:
         self, *, name: str, email: str | None, metadata: Mapping[str, str], idempotency_key: str
     ) -> str:
         params: CustomerCreateParams = {
-            "api_key": self.api_key, "idempotency_key": idempotency_key, "name": name, "metadata": dict(metadata)
+            "api_key": self.api_key,
+            "idempotency_key": idempotency_key,
+            "name": name,
+            "metadata": dict(metadata),
         }
         if email:
             params["email"] = email

@@ -162,4 +162,3 @@ class WorkerDrainApi(StaffAPIView):
     def post(self, request: Request, worker_id: str) -> Response:
         worker = worker_drain(worker=worker_get(public_id=worker_id), actor=self.principal)
         return Response(WorkerOutputSerializer(worker).data)
-

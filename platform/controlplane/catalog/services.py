@@ -42,9 +42,7 @@ class WorkerLoad:
 PRICE_START_GRACE = timedelta(minutes=1)
 
 
-def model_ensure(
-    *, name: str, source: str, context_length: int, family: str, dtype: str, tokenizer: str = ""
-) -> Model:
+def model_ensure(*, name: str, source: str, context_length: int, family: str, dtype: str, tokenizer: str = "") -> Model:
     model, _ = Model.objects.update_or_create(
         name=name,
         defaults={
@@ -92,7 +90,11 @@ def price_set(
         model=model, phase=phase, micros_per_million=micros_per_million, effective_from=effective_from
     )
     audit_record(
-        actor=actor, organization=None, action="price.create", target_type="model", target_id=model.name,
+        actor=actor,
+        organization=None,
+        action="price.create",
+        target_type="model",
+        target_id=model.name,
         details={
             "phase": phase,
             "micros_per_million": micros_per_million,
@@ -131,9 +133,8 @@ def worker_register(*, fleet: Fleet, name: str, address: str) -> Worker:
     """Register a worker; a live worker already at this address in the fleet is replaced (marked dead)."""
     # Serialises registrations of one fleet, so two of them cannot both see the address as free.
     Fleet.objects.select_for_update().get(pk=fleet.pk)
-    replaced = (
-        Worker.objects.filter(fleet=fleet, address=address, state__in=LIVE_WORKER_STATES)
-        .update(state=WorkerState.DEAD)
+    replaced = Worker.objects.filter(fleet=fleet, address=address, state__in=LIVE_WORKER_STATES).update(
+        state=WorkerState.DEAD
     )
     if replaced:
         logger.info("Worker at %s in fleet %s re-registered; its previous registration is dead.", address, fleet.name)
@@ -175,7 +176,7 @@ def _worker_revive(worker: Worker, fields: dict) -> None:
     revived = 0
     if not taken.exists():
         try:
-            with transaction.atomic():   # a registration racing for the address wins: one live worker per address
+            with transaction.atomic():  # a registration racing for the address wins: one live worker per address
                 revived = Worker.objects.filter(pk=worker.pk).update(**fields)
         except IntegrityError:
             revived = 0
@@ -197,7 +198,11 @@ def worker_drain(*, worker: Worker, actor: Principal = SYSTEM) -> Worker:
     Worker.objects.filter(pk=worker.pk, state=WorkerState.READY).update(state=WorkerState.DRAINING)
     worker.refresh_from_db(fields=["state", "drain_requested_at"])
     audit_record(
-        actor=actor, organization=None, action="worker.drain", target_type="worker", target_id=worker.public_id,
+        actor=actor,
+        organization=None,
+        action="worker.drain",
+        target_type="worker",
+        target_id=worker.public_id,
         details={"fleet": worker.fleet.name, "address": worker.address},
     )
     return worker

@@ -36,4 +36,3 @@ class BearerAuthentication(BaseAuthentication):
     def authenticate_header(self, request: Request) -> str:
         # A non-empty header makes DRF answer 401 rather than 403 to unauthenticated calls.
         return f'Bearer realm="{self.realm}"'
-

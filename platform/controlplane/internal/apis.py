@@ -156,8 +156,11 @@ class IdempotencyKeyClaimApi(InternalAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         claim = idempotency_key_claim(
-            organization_id=data["organization_id"], key=data["key"], fingerprint=data["fingerprint"],
-            execution_id=data["execution_id"], lease=timedelta(seconds=data["lease_seconds"]),
+            organization_id=data["organization_id"],
+            key=data["key"],
+            fingerprint=data["fingerprint"],
+            execution_id=data["execution_id"],
+            lease=timedelta(seconds=data["lease_seconds"]),
         )
         return Response(self.IdempotencyKeyClaimOutputSerializer(asdict(claim)).data)
 

@@ -63,4 +63,3 @@ class UsageSummaryApi(TenantAPIView):
     def get(self, request: Request) -> Response:
         rows = usage_summary(organization=self.organization)
         return Response(UsageSummaryRowSerializer(rows, many=True).data)
-

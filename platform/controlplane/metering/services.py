@@ -211,11 +211,16 @@ def idempotency_key_claim(
         try:
             with transaction.atomic():
                 IdempotencyRecord.objects.create(
-                    organization=organization, key=key, fingerprint=fingerprint, execution_id=execution_id,
-                    state=IdempotencyState.IN_FLIGHT, lease_expires_at=now + lease, created_at=now,
+                    organization=organization,
+                    key=key,
+                    fingerprint=fingerprint,
+                    execution_id=execution_id,
+                    state=IdempotencyState.IN_FLIGHT,
+                    lease_expires_at=now + lease,
+                    created_at=now,
                 )
             return IdempotencyClaim("claimed", execution_id)
-        except IntegrityError:   # a concurrent claim of the same key created it first
+        except IntegrityError:  # a concurrent claim of the same key created it first
             record = IdempotencyRecord.objects.select_for_update().get(organization=organization, key=key)
     if _expired(record, now):
         _take_over(record, fingerprint=fingerprint, execution_id=execution_id, now=now, lease=lease, fresh=True)
@@ -240,7 +245,7 @@ def _take_over(
     record: IdempotencyRecord, *, fingerprint: str, execution_id: str, now: datetime, lease: timedelta, fresh: bool
 ) -> None:
     record.execution_id, record.lease_expires_at = execution_id, now + lease
-    if fresh:   # an expired record: the key starts over
+    if fresh:  # an expired record: the key starts over
         record.fingerprint, record.state, record.response = fingerprint, IdempotencyState.IN_FLIGHT, None
         record.created_at, record.completed_at = now, None
     record.save()
@@ -250,7 +255,9 @@ def _take_over(
 def idempotency_key_complete(*, organization_id: str, key: str, execution_id: str, response: dict) -> bool:
     """Stores the final response of the execution that holds the key; False when it no longer holds it."""
     updated = IdempotencyRecord.objects.filter(
-        organization=_organization(organization_id), key=key, execution_id=execution_id,
+        organization=_organization(organization_id),
+        key=key,
+        execution_id=execution_id,
         state=IdempotencyState.IN_FLIGHT,
     ).update(state=IdempotencyState.COMPLETED, response=response, completed_at=timezone.now())
     return updated == 1
@@ -260,7 +267,9 @@ def idempotency_key_complete(*, organization_id: str, key: str, execution_id: st
 def idempotency_key_release(*, organization_id: str, key: str, execution_id: str) -> bool:
     """Frees the key after its execution failed or was cancelled, so that a retry runs (and is billed) anew."""
     deleted, _ = IdempotencyRecord.objects.filter(
-        organization=_organization(organization_id), key=key, execution_id=execution_id,
+        organization=_organization(organization_id),
+        key=key,
+        execution_id=execution_id,
         state=IdempotencyState.IN_FLIGHT,
     ).delete()
     return deleted == 1

@@ -16,7 +16,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     """Keys are issued through the API, which shows the secret once; staff can inspect and revoke them."""
 
     list_display = [
-        "name", "prefix", "organization", "scopes", "created_at", "last_used_at", "revoked_at", "expires_at"
+        "name",
+        "prefix",
+        "organization",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+        "expires_at",
     ]
     list_filter = ["revoked_at"]
     search_fields = ["name", "prefix", "public_id", "organization__name"]

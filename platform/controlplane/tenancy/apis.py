@@ -176,9 +176,14 @@ class MemberListCreateApi(PaginatedListMixin, TenantAPIView):
 
         def validate(self, attrs: dict) -> dict:
             if "password" in self.initial_data:
-                raise serializers.ValidationError({"password": [
-                    "Not accepted: the invitee chooses a password when accepting the invitation; remove this field."
-                ]})
+                raise serializers.ValidationError(
+                    {
+                        "password": [
+                            "Not accepted: the invitee chooses a password when accepting the invitation; "
+                            "remove this field."
+                        ]
+                    }
+                )
             return attrs
 
     @extend_schema(responses=MemberOutputSerializer(many=True))
@@ -294,7 +299,8 @@ class AcceptInvitationApi(APIView):
     class AcceptInvitationInputSerializer(serializers.Serializer):
         token = serializers.CharField(max_length=64)
         password = serializers.CharField(
-            max_length=128, trim_whitespace=False,
+            max_length=128,
+            trim_whitespace=False,
             help_text="A new password when the email has no account yet; the account's password otherwise.",
         )
 
@@ -326,4 +332,3 @@ class MeApi(APIView):
     def get(self, request: Request) -> Response:
         get_token(request._request)
         return Response(_me(request.user))
-

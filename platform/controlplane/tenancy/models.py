@@ -96,9 +96,7 @@ class Invitation(models.Model):
 
 
 class ApiKey(RateLimits):
-    public_id = models.CharField(
-        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False
-    )
+    public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, help_text="The first characters of the key, to recognise it in lists.")
@@ -128,7 +126,11 @@ class AuditEvent(models.Model):
         max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_audit_event_id, editable=False
     )
     organization = models.ForeignKey(
-        Organization, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events",
+        Organization,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="audit_events",
         help_text="Null for platform-wide actions by staff (e.g. draining a worker).",
     )
     actor_user = models.ForeignKey(

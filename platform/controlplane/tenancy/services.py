@@ -146,9 +146,7 @@ def api_key_authenticate(*, key: str) -> ApiKey:
             f"API key was revoked at {api_key.revoked_at.isoformat()}.", error_type="api_key_revoked"
         )
     if api_key.expires_at is not None and api_key.expires_at <= now:
-        raise CredentialRejected(
-            f"API key expired at {api_key.expires_at.isoformat()}.", error_type="api_key_expired"
-        )
+        raise CredentialRejected(f"API key expired at {api_key.expires_at.isoformat()}.", error_type="api_key_expired")
     _record_api_key_use(api_key=api_key, now=now)
     return api_key
 
@@ -219,7 +217,8 @@ def member_add(
         user = user_ensure(email=email, password=password)
     elif hasattr(user, "membership"):
         raise InvalidInput(
-            f"{email} is already a member of an organization.", error_type="already_member",
+            f"{email} is already a member of an organization.",
+            error_type="already_member",
             fields={"email": ["Already a member of an organization."]},
         )
     try:
@@ -228,8 +227,12 @@ def member_add(
     except IntegrityError:
         raise InvalidInput(f"{email} is already a member of an organization.", error_type="already_member") from None
     audit_record(
-        actor=actor, organization=organization, action="member.add", target_type="member",
-        target_id=membership.public_id, details={"email": user.email, "role": role},
+        actor=actor,
+        organization=organization,
+        action="member.add",
+        target_type="member",
+        target_id=membership.public_id,
+        details={"email": user.email, "role": role},
     )
     return membership
 
@@ -243,8 +246,12 @@ def member_set_role(*, membership: Membership, role: str, actor: Principal = SYS
     membership.save(update_fields=["role"])
     _ensure_an_owner_remains(organization=membership.organization)
     audit_record(
-        actor=actor, organization=membership.organization, action="member.set_role", target_type="member",
-        target_id=membership.public_id, details={"email": membership.user.email, "from": previous, "to": role},
+        actor=actor,
+        organization=membership.organization,
+        action="member.set_role",
+        target_type="member",
+        target_id=membership.public_id,
+        details={"email": membership.user.email, "from": previous, "to": role},
     )
     return membership
 
@@ -255,17 +262,19 @@ def member_remove(*, membership: Membership, actor: Principal = SYSTEM) -> None:
         _check_role_change(actor=actor, roles=[membership.role])
     organization = membership.organization
     audit_record(
-        actor=actor, organization=organization, action="member.remove", target_type="member",
-        target_id=membership.public_id, details={"email": membership.user.email, "role": membership.role},
+        actor=actor,
+        organization=organization,
+        action="member.remove",
+        target_type="member",
+        target_id=membership.public_id,
+        details={"email": membership.user.email, "role": membership.role},
     )
     membership.delete()
     _ensure_an_owner_remains(organization=organization)
 
 
 @transaction.atomic
-def member_invite(
-    *, organization: Organization, email: str, role: str, actor: Principal = SYSTEM
-) -> IssuedInvitation:
+def member_invite(*, organization: Organization, email: str, role: str, actor: Principal = SYSTEM) -> IssuedInvitation:
     """Invite `email` to the organization: the same answer whether or not the address has an account, or
     belongs to another organization, so the answer tells nothing about other organizations. The invitee
     accepts with the token mailed to that address (`invitation_accept`)."""
@@ -274,19 +283,27 @@ def member_invite(
     email = email.strip().lower()
     if membership_list(organization=organization).filter(user__email__iexact=email).exists():
         raise InvalidInput(
-            f"{email} is already a member of this organization.", error_type="already_member",
+            f"{email} is already a member of this organization.",
+            error_type="already_member",
             fields={"email": ["Already a member of this organization."]},
         )
     # A new invitation replaces an earlier one to the same address, whose token stops working.
     Invitation.objects.filter(organization=organization, email=email).delete()
     token = generate_token(INVITATION_TOKEN_PREFIX)
     invitation = Invitation.objects.create(
-        organization=organization, email=email, role=role, token_hash=hash_token(token),
+        organization=organization,
+        email=email,
+        role=role,
+        token_hash=hash_token(token),
         expires_at=timezone.now() + INVITATION_LIFETIME,
     )
     audit_record(
-        actor=actor, organization=organization, action="member.invite", target_type="invitation",
-        target_id=invitation.public_id, details={"email": email, "role": role},
+        actor=actor,
+        organization=organization,
+        action="member.invite",
+        target_type="invitation",
+        target_id=invitation.public_id,
+        details={"email": email, "role": role},
     )
     _send_invitation(invitation=invitation, token=token)
     return IssuedInvitation(invitation=invitation, token=token)
@@ -307,8 +324,12 @@ def invitation_revoke(*, invitation: Invitation, actor: Principal = SYSTEM) -> N
     if actor is not SYSTEM:
         _check_role_change(actor=actor, roles=[invitation.role])
     audit_record(
-        actor=actor, organization=invitation.organization, action="member.invite_revoke",
-        target_type="invitation", target_id=invitation.public_id, details={"email": invitation.email},
+        actor=actor,
+        organization=invitation.organization,
+        action="member.invite_revoke",
+        target_type="invitation",
+        target_id=invitation.public_id,
+        details={"email": invitation.email},
     )
     invitation.delete()
 
@@ -317,8 +338,10 @@ def _live_invitation(token: str) -> Invitation:
     invitation = None
     if is_well_formed_token(token, INVITATION_TOKEN_PREFIX):
         invitation = (
-            Invitation.objects.select_for_update().select_related("organization")
-            .filter(token_hash=hash_token(token), expires_at__gt=timezone.now()).first()
+            Invitation.objects.select_for_update()
+            .select_related("organization")
+            .filter(token_hash=hash_token(token), expires_at__gt=timezone.now())
+            .first()
         )
     if invitation is None:
         raise CredentialRejected(
@@ -365,8 +388,11 @@ def invitation_accept(*, token: str, password: str):
             error_type="already_member",
         ) from None
     audit_record(
-        actor=Principal.of_user(user), organization=invitation.organization, action="member.add",
-        target_type="member", target_id=membership.public_id,
+        actor=Principal.of_user(user),
+        organization=invitation.organization,
+        action="member.add",
+        target_type="member",
+        target_id=membership.public_id,
         details={"email": user.email, "role": invitation.role, "invitation": invitation.public_id},
     )
     invitation.delete()

@@ -66,7 +66,9 @@ def billing_summary_from_json(body: object) -> BillingSummary:
         projected_micros=_field(body, "projected_micros", int),
         spend_limit_micros=_optional(body, "spend_limit_micros", lambda obj, name: _field(obj, name, int)),
         alerts=[
-            SpendAlert(threshold_percent=_field(alert, "threshold_percent", int), triggered_at=_datetime(alert, "triggered_at"))
+            SpendAlert(
+                threshold_percent=_field(alert, "threshold_percent", int), triggered_at=_datetime(alert, "triggered_at")
+            )
             for alert in _field(body, "alerts", list)
         ],
     )

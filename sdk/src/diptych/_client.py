@@ -85,7 +85,9 @@ class _BaseClient(ABC):
 
     def _set_options(self, timeout: float | None, max_retries: int, stream_idle_timeout: float | None) -> None:
         for name, seconds in (("timeout", timeout), ("stream_idle_timeout", stream_idle_timeout)):
-            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+            if seconds is not None and (
+                isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0
+            ):
                 raise ValueError(f"{name} must be a positive number of seconds or None, not {seconds!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be a non-negative integer, not {max_retries!r}")

@@ -54,7 +54,13 @@ def generate_request(
         raise ValueError(f"priority must be 'interactive' or 'batch', not {priority!r}")
     if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
         raise ValueError("idempotency_key must be a non-empty string of at most 255 characters")
-    sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+    sampling: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+    }
     return pb.GenerateRequest(
         model=model,
         idempotency_key=idempotency_key,

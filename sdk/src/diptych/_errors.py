@@ -180,8 +180,11 @@ def error_from_rpc(
 
     error_class = _STATUS_ERRORS.get(status, InternalServerError)
     return error_class(
-        details, code=code, retry_after=_retry_after_ms(trailers.get("retry-after-ms")),
-        request_id=request_id, idempotency_key=idempotency_key,
+        details,
+        code=code,
+        retry_after=_retry_after_ms(trailers.get("retry-after-ms")),
+        request_id=request_id,
+        idempotency_key=idempotency_key,
     )
 
 

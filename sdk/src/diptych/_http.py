@@ -73,7 +73,9 @@ class AdminTransport:
                     return _decode(response.read(), response.status)
             except urllib.error.HTTPError as failure:
                 raise error_from_http(
-                    failure.code, _decode_error(failure.read()), failure.headers,
+                    failure.code,
+                    _decode_error(failure.read()),
+                    failure.headers,
                     request_id=failure.headers.get("X-Request-Id"),
                 ) from None
             except (urllib.error.URLError, OSError, HTTPException) as failure:

@@ -60,7 +60,7 @@ def _is_retryable(error: DiptychError) -> bool:
         # Refused or reset before an answer; CANCELLED is never retried.
         return error.code in ("UNAVAILABLE", "connection_error")
     if isinstance(error, ConflictError):
-        return error.code == "ABORTED"   # inference only: a REST conflict does not go away by waiting
+        return error.code == "ABORTED"  # inference only: a REST conflict does not go away by waiting
     return isinstance(error, (ServiceUnavailableError, RateLimitError))
 
 

@@ -60,9 +60,7 @@ class _StreamState:
         return error_from_rpc(rpc_error, request_id=self.request_id, idempotency_key=self.idempotency_key)
 
     def _incomplete_error(self) -> APIResponseValidationError:
-        return APIResponseValidationError(
-            _INCOMPLETE, request_id=self.request_id, idempotency_key=self.idempotency_key
-        )
+        return APIResponseValidationError(_INCOMPLETE, request_id=self.request_id, idempotency_key=self.idempotency_key)
 
 
 class _IdleWatchdog:

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from .._client import AsyncClient, Client
 
 
-def generate(client: Client, request: pb.GenerateRequest, *, stream: bool, timeout: float | None) -> Completion | Stream:
+def generate(
+    client: Client, request: pb.GenerateRequest, *, stream: bool, timeout: float | None
+) -> Completion | Stream:
     """Opens the call, retrying until its first message arrives, then streams or collects it."""
     deadline = client.timeout if timeout is None else timeout
 

@@ -62,7 +62,9 @@ class SpendLimits(_Resource):
 
     def update(self, *, limit_micros: int | None) -> SpendLimit:
         """Sets the limit for a billing period in micro-dollars; None removes it."""
-        if limit_micros is not None and (isinstance(limit_micros, bool) or not isinstance(limit_micros, int) or limit_micros < 0):
+        if limit_micros is not None and (
+            isinstance(limit_micros, bool) or not isinstance(limit_micros, int) or limit_micros < 0
+        ):
             raise ValueError(f"limit_micros must be a non-negative integer or None, not {limit_micros!r}")
         return spend_limit_from_json(self._request("PUT", "/spend-limit", body={"limit_micros": limit_micros}))
 
@@ -72,9 +74,7 @@ class ApiKeys(_Resource):
         body = self._request("GET", "/api-keys", query={"limit": limit, "offset": offset})
         return page_from_json(body, api_key_from_json)
 
-    def create(
-        self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
-    ) -> ApiKey:
+    def create(self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None) -> ApiKey:
         """Issues a key; the returned object's `key` is the secret, shown this once."""
         body: dict[str, object] = {"name": name, "expires_at": expires_at.isoformat() if expires_at else None}
         if scopes is not None:
