@@ -8,10 +8,13 @@ import os
 import sys
 from pathlib import Path
 
+from diptych_server.supervision import stop_with_supervisor
+
 DEFAULT_CONTROL_PLANE_URL = "http://127.0.0.1:8000"
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop_with_supervisor()
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -52,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--state-dir", type=Path, default=Path(os.environ.get("DIPTYCH_STATE_DIR", ".diptych")),
                          help="where the usage spool lives while the control plane is unreachable")
     gateway.add_argument("--skip-split-below", type=int, default=32, metavar="TOKENS",
-                         help="run prompts with at most this many uncached tokens wholly on the decode worker (0: never)")
+                         help="run prompts with at most this many uncached tokens wholly on the decode worker "
+                              "(0: never)")
     gateway.add_argument("--prefill-overflow-tokens", type=int, default=2048, metavar="TOKENS",
                          help="when every prefill worker has this many prompt tokens still to compute, run a request "
                               "wholly on its decode worker if that one has fewer (0: never; raise it where prefill "
@@ -76,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--kv-port", type=int, default=0, help="decode workers: the KV data port (0 picks a free port)")
     worker.add_argument("--kv-cache-mib", type=int, default=256, help="memory for the paged KV cache")
     worker.add_argument("--block-size", type=int, default=16, help="tokens per KV block (equal on prefill and decode)")
-    worker.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)")
+    worker.add_argument("--token-budget", type=int, default=512,
+                        help="tokens per engine step (long prompts are chunked)")
     worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
     worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
     worker.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
@@ -91,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     save.add_argument("name")
     save.add_argument("directory", type=Path)
     save.set_defaults(run=_run_model_save)
+    register = model_commands.add_parser(
+        "register", help="add a local Hugging Face model directory to the catalog, with a prefill, a decode and a "
+                         "colocated fleet; prints the worker command of each, with a fresh fleet token")
+    register.add_argument("name", help="the model's name in the API (the `model` of a request)")
+    register.add_argument("directory", type=Path)
+    register.add_argument("--json", action="store_true", help="print the fleet tokens as one JSON object")
+    register.set_defaults(run=_run_model_register)
     return parser
 
 
@@ -163,6 +175,27 @@ def _run_model_save(args) -> None:
 
     save_builtin_model(args.name, args.directory)
     print(f"wrote {args.name} to {args.directory}")
+
+
+def _run_model_register(args) -> int:
+    import json
+
+    from diptych_server.model_catalog import RegistrationError, register_model
+
+    try:
+        model = register_model(args.name, args.directory)
+    except RegistrationError as error:
+        print(f"diptych model register: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"model": model.name, "source": model.source, "fleet_tokens": model.fleet_tokens}))
+        return 0
+    print(f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog. "
+          "Start its workers (their tokens are new; earlier ones no longer work):")
+    for role, token in model.fleet_tokens.items():
+        print(f"  DIPTYCH_FLEET_TOKEN={token} diptych worker --role {role} --model {model.name} "
+              f"--model-source {model.source}")
+    return 0
 
 
 if __name__ == "__main__":

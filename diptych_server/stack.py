@@ -19,6 +19,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from diptych_server.supervision import supervisor_env
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 15.0
 
@@ -52,6 +54,9 @@ class Stack:
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(50))
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     launches: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)  # name -> (args, env)
+    # Its processes stop when the process that started them dies (supervision.py): `diptych up` sets it; the
+    # tests do not, since the thread that starts a process may end long before the process should.
+    supervised: bool = False
 
     @property
     def control_plane_url(self) -> str:
@@ -97,7 +102,9 @@ class Stack:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise StackError(f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}")
+        raise StackError(
+            f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}"
+        )
 
     def start_jobs(self) -> None:
         self._spawn("jobs", ["jobs"])
@@ -155,23 +162,12 @@ class Stack:
         return self.state_dir / "logs" / f"{name}.log"
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
-        process = self.processes.pop(name)
-        process.send_signal(sig)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        self._stop_together([name], sig)
 
     def kill_process(self, name: str) -> None:
         """SIGKILL for the process and everything it started (its session: gunicorn's workers too), as when
         its machine dies: nothing of it gets to flush, drain or say goodbye."""
-        process = self.processes.pop(name)
-        try:
-            os.killpg(process.pid, signal.SIGKILL)   # started with start_new_session: its group id is its pid
-        except ProcessLookupError:
-            pass
-        process.wait()
+        _kill_session(self.processes.pop(name))
 
     def restart_process(self, name: str) -> None:
         """Starts a stopped process again with the arguments and environment it was last started with.
@@ -184,12 +180,27 @@ class Stack:
     def stop(self) -> None:
         """Stops every process: gateways first (they hold streams open on the workers, which would keep
         a draining worker waiting), then workers and jobs, the control plane last so that the others
-        can report to it."""
-        def order(name: str) -> int:
+        can report to it. The processes of one tier stop together."""
+        def tier(name: str) -> int:
             return 0 if name.startswith("gateway") else 2 if name == "control-plane" else 1
 
-        for name in sorted(self.processes, key=order):
-            self.stop_process(name)
+        for level in (0, 1, 2):
+            self._stop_together([name for name in self.processes if tier(name) == level])
+
+    def _stop_together(self, names: list[str], sig: int = signal.SIGTERM) -> None:
+        """Signals each process, waits up to STOP_TIMEOUT_S for all of them, then SIGKILLs the session of any
+        still running. Whatever each one started in its session (gunicorn's workers, Celery's beat) goes too."""
+        processes = [self.processes.pop(name) for name in names]
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(sig)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_session(process)   # a straggler, or what a stopped process left behind in its session
 
     def _spawn(self, name: str, args: list[str], **env: str) -> None:
         if name in self.processes:
@@ -200,8 +211,8 @@ class Stack:
         with open(log_path, "ab") as log:
             self.processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "diptych_server.cli", *args],
-                cwd=REPO_ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                cwd=REPO_ROOT, env=self.env(**(supervisor_env() if self.supervised else {}), **env),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
     def _check_alive(self, name: str) -> None:
@@ -218,3 +229,13 @@ class Stack:
         if result.returncode != 0:
             raise StackError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
         return result.stdout
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL for every process in the session `process` leads (started with start_new_session, the
+    session's and group's id is its pid; Linux keeps that id unused while any member lives), then reaps it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

@@ -1,27 +1,46 @@
 """`diptych up`: the whole platform on this machine, on its embedded default (SQLite, the built-in
-tiny model, a broker-less Celery), with a demo organization and API key and one demo request."""
+tiny model, a broker-less Celery), with a demo organization and API key and one demo request.
 
+It stops every process it started however it is told to stop: Ctrl-C (SIGINT, handled even when it was
+started with SIGINT ignored, as a shell's background job is), SIGTERM or SIGHUP, with or without a reader
+left on its output. If it is killed outright, its children stop on their own (`supervision.py`).
+"""
+
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 from diptych_server.stack import Stack, StackError
 
-DEMO_PROMPT = "The cache moves from prefill to decode, and"
+# Long enough to run split (74 tokens of diptych-tiny): the gateway runs prompts of at most 32 uncached tokens
+# wholly on the decode worker (its --skip-split-below).
+DEMO_PROMPT = (
+    "Disaggregated serving runs the prompt on a prefill worker, which builds the KV cache and samples the first "
+    "token, then moves that cache to a decode worker, which extends it one token at a time:"
+)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def run_up(state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int, http_port: int = 8080) -> int:
-    stack = Stack(state_dir, control_plane_port=control_plane_port)
+def run_up(
+    state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int, http_port: int = 8080
+) -> int:
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, _interrupt)
+    stack = Stack(state_dir, control_plane_port=control_plane_port, supervised=True)
     try:
         _start(stack, gateway_port, metrics_port, http_port)
         _wait_for_interrupt(stack)
     except StackError as error:
-        print(f"\ndiptych up failed: {error}")
+        _say(f"\ndiptych up failed: {error}")
         return 1
     except KeyboardInterrupt:
         pass
     finally:
-        print("\nstopping every process ...", flush=True)
+        for stop_signal in STOP_SIGNALS:   # a second Ctrl-C must not cut the shutdown short
+            signal.signal(stop_signal, signal.SIG_IGN)
+        _say("\nstopping every process ...")
         stack.stop()
     return 0
 
@@ -35,8 +54,10 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -
     _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
     stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], port=0)
     stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], port=0)
+    worker_names = {}
     for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
-        print(f"      {worker['role']:<8} {worker['id']} at {worker['address']}")
+        worker_names[worker["id"]] = worker["name"]
+        _say(f"      {worker['role']:<8} {worker['name']} ({worker['id']}) at {worker['address']}")
     _step(4, f"starting the gateway on 127.0.0.1:{gateway_port}, OpenAI-compatible HTTP on :{http_port} "
              f"(metrics on :{metrics_port})")
     stack.start_gateway("gateway", gateway_port, metrics_port, http_port=http_port)
@@ -47,42 +68,42 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -
         f"DIPTYCH_ADMIN_URL={stack.control_plane_url}\n"
     )
     env_file.chmod(0o600)
-    print(f"      demo credentials written to {env_file}")
+    _say(f"      demo credentials written to {env_file}")
     _step(5, "one demo request through the SDK, streamed")
-    _demo_request(credentials.api_key, base_url)
-    print(f"\nThe platform is running (logs in {stack.state_dir}/logs/). Ctrl-C stops it.")
-    print(f"  export $(cat {env_file})")
-    print(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
-    print(f"  OpenAI-compatible API: http://127.0.0.1:{http_port}/v1 (Authorization: Bearer $DIPTYCH_API_KEY)")
+    _demo_request(credentials.api_key, base_url, worker_names)
+    _say(f"\nThe platform is running (logs in {stack.state_dir}/logs/). Ctrl-C stops it.")
+    _say(f"  export $(cat {env_file})")
+    _say(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
+    _say(f"  OpenAI-compatible API: http://127.0.0.1:{http_port}/v1 (Authorization: Bearer $DIPTYCH_API_KEY)")
     if credentials.dashboard_password:
-        print(f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
-              f"password {credentials.dashboard_password})")
+        _say(f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
+             f"password {credentials.dashboard_password})")
 
 
-def _demo_request(api_key: str, base_url: str) -> None:
+def _demo_request(api_key: str, base_url: str, worker_names: dict[str, str]) -> None:
     import diptych
 
     with diptych.Client(api_key=api_key, base_url=base_url) as client:
-        print(f"      prompt: {DEMO_PROMPT!r}  (diptych-tiny has seeded random weights: expect gibberish)")
-        print("      output: ", end="", flush=True)
+        _say(f"      prompt: {DEMO_PROMPT!r}  (diptych-tiny has seeded random weights: expect gibberish)")
+        _say("      output: ", end="")
         usage = None
         with client.completions.create(
             model="diptych-tiny", prompt=DEMO_PROMPT, max_tokens=32, temperature=0.0, stream=True
         ) as stream:
             for chunk in stream:
-                print(chunk.text, end="", flush=True)
+                _say(chunk.text, end="")
                 usage = chunk.usage or usage
-    print()
+    _say()
+    prefill = worker_names.get(usage.prefill.worker_id, usage.prefill.worker_id)
+    decode = worker_names.get(usage.decode.worker_id, usage.decode.worker_id)
     if usage.prefill.worker_id == usage.decode.worker_id:
-        where = f"both phases on the decode worker {usage.decode.worker_id}: a prompt this short skips the KV hand-off"
+        where = f"both phases on {decode}: a prompt this short skips the KV hand-off"
     else:
-        where = (f"prefill on {usage.prefill.worker_id}, {usage.prefill.kv_bytes} KV bytes sent to decode on "
-                 f"{usage.decode.worker_id}")
-    print(f"      usage: {usage.prompt_tokens} prompt tokens, {usage.completion_tokens} completion tokens ({where})")
+        where = f"prefill on {prefill}, {usage.prefill.kv_bytes} KV bytes sent to decode on {decode}"
+    _say(f"      usage: {usage.prompt_tokens} prompt tokens, {usage.completion_tokens} completion tokens ({where})")
 
 
 def _wait_for_interrupt(stack: Stack) -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
     while True:
         for name, process in stack.processes.items():
             if process.poll() is not None:
@@ -95,4 +116,15 @@ def _interrupt(signum, frame) -> None:
 
 
 def _step(number: int, text: str) -> None:
-    print(f"[{number}/5] {text}", flush=True)
+    _say(f"[{number}/5] {text}")
+
+
+def _say(text: str = "", end: str = "\n") -> None:
+    """Prints, unless nobody reads any more (the terminal or pipe is gone): then the rest of the output goes
+    to /dev/null, so that neither the shutdown nor the interpreter's last flush fails on it."""
+    try:
+        print(text, end=end, flush=True)
+    except OSError:   # EPIPE from a closed pipe, EIO from a hung-up terminal
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

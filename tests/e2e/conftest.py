@@ -15,9 +15,12 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_server.stack import Credentials, Stack, free_port
 from diptych_server.stack import REPO_ROOT as STACK_REPO_ROOT
+from diptych_server.stack import Credentials, Stack, free_port
+from tests.e2e.waiting import wait_for
 
+# How long a cancelled request may take to leave every worker: far less than its tokens take to decode.
+CANCEL_WINDOW_S = 5.0
 
 
 @dataclass
@@ -49,14 +52,66 @@ class LiveStack:
         )
 
     def worker_load(self, name: str) -> worker_pb2.Load:
-        with grpc.insecure_channel(self.workers[name]["address"]) as channel:
-            return worker_pb2_grpc.WorkerStub(channel).GetLoad(
-                worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(self.stack)
-            )
+        return worker_load(self.stack, self.workers[name]["address"])
+
+    def watch_cancellation(self, max_tokens: int) -> "CancellationWatch":
+        return CancellationWatch(self.stack, self.workers, self.worker_metrics_urls, max_tokens)
+
+    def wait_until_usage_sent(self, mode: str, seconds: float = 15.0) -> None:
+        """Returns once the gateway's outbox is empty: the control plane acknowledged every usage event it had."""
+        sent = wait_for(lambda: self.gateway_metric(mode, "diptych_gateway_usage_events_spooled") == 0, seconds)
+        assert sent, f"the {mode} gateway still holds usage events after {seconds} s"
 
     def gateway_metric(self, mode: str, name: str) -> float:
         text = httpx.get(self.metrics_urls[mode], timeout=5).text
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
+
+
+def worker_load(stack: Stack, address: str) -> worker_pb2.Load:
+    with grpc.insecure_channel(address) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).GetLoad(
+            worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(stack)
+        )
+
+
+def tokens_computed(metrics_url: str) -> float:
+    """Tokens a worker's engine has computed since it started (prompt chunks and decoded tokens)."""
+    text = httpx.get(metrics_url, timeout=5).text
+    lines = text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("diptych_worker_step_tokens_sum"))
+
+
+class CancellationWatch:
+    """Made before a request the test will cancel; `assert_freed` then checks that the workers dropped it:
+    within CANCEL_WINDOW_S no worker runs or queues a sequence or holds a KV block, and the
+    workers computed far fewer tokens than the request asked for (one that kept decoding it to the end would
+    have computed about `max_tokens`, however fast it ran)."""
+
+    def __init__(self, stack: Stack, workers: dict[str, dict], metrics_urls: dict[str, str], max_tokens: int):
+        assert set(metrics_urls) == set(workers), "every watched worker needs a metrics port"
+        self._stack, self._workers, self._metrics_urls = stack, dict(workers), metrics_urls
+        self.max_tokens = max_tokens
+        self._computed_before = self._computed()
+
+    def _computed(self) -> float:
+        return sum(tokens_computed(self._metrics_urls[name]) for name in self._workers)
+
+    def busy(self) -> dict[str, tuple[int, int, int]]:
+        """Workers still holding work: (running, waiting, KV blocks in use) by name."""
+        loads = {name: worker_load(self._stack, worker["address"]) for name, worker in self._workers.items()}
+        return {
+            name: (load.active_sequences, load.queue_depth, load.kv_blocks_total - load.kv_blocks_free)
+            for name, load in loads.items()
+            if load.active_sequences or load.queue_depth or load.kv_blocks_free != load.kv_blocks_total
+        }
+
+    def assert_freed(self, prompt_tokens: int = 0) -> None:
+        freed = wait_for(lambda: not self.busy(), seconds=CANCEL_WINDOW_S, interval=0.05)
+        assert freed, f"{CANCEL_WINDOW_S} s after the cancel, still busy (running, waiting, blocks): {self.busy()}"
+        computed = self._computed() - self._computed_before - prompt_tokens
+        assert computed < self.max_tokens / 2, (
+            f"the workers computed {computed:.0f} tokens of a request cancelled early (max_tokens {self.max_tokens})"
+        )
 
 
 def worker_credential(stack: Stack) -> tuple[tuple[str, str], ...]:
@@ -100,13 +155,13 @@ def live(tmp_path_factory, e2e_database_url):
     try:
         credentials = stack.prepare_control_plane(demo=True)
         stack.start_control_plane()
-        worker_metrics = {"colocated-0": free_port()}
-        for role in ("prefill", "decode", "colocated"):
-            name = f"{role}-0"
-            extra = ("--metrics-port", str(worker_metrics[name])) if name in worker_metrics else ()
-            stack.start_worker(name, role, credentials.fleet_tokens[role], free_port(), *extra)
         names = ["prefill-0", "decode-0", "colocated-0"]
-        workers = dict(zip(names, stack.wait_for_workers(names)))
+        worker_metrics = {name: free_port() for name in names}
+        for name in names:
+            role = name.split("-")[0]
+            stack.start_worker(name, role, credentials.fleet_tokens[role], free_port(),
+                               "--metrics-port", str(worker_metrics[name]))
+        workers = dict(zip(names, stack.wait_for_workers(names), strict=True))
         gateways, metrics, http_urls = {}, {}, {}
         for mode in ("split", "colocated"):
             port, metrics_port, http_port = free_port(), free_port(), free_port()
@@ -124,7 +179,9 @@ def live(tmp_path_factory, e2e_database_url):
 def reference(tmp_path_factory):
     """The built-in model as `diptych model save` writes it, loaded the way any user would load it."""
     directory = tmp_path_factory.mktemp("diptych-tiny")
-    subprocess.run([sys.executable, "-m", "diptych_server.cli", "model", "save", "diptych-tiny", str(directory)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "diptych_server.cli", "model", "save", "diptych-tiny", str(directory)], check=True
+    )
     model = AutoModelForCausalLM.from_pretrained(directory)
     model.eval()
     return model, AutoTokenizer.from_pretrained(directory)

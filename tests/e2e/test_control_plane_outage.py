@@ -3,6 +3,7 @@ gateway keeps routing to the workers it sees reporting load, through the outage 
 it, when the control plane's registry lists no worker live until each heartbeats again."""
 
 import asyncio
+import time
 
 import grpc
 
@@ -33,13 +34,16 @@ def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after
     async def outage():
         done = asyncio.Event()
         clients = [asyncio.create_task(load(done)) for _ in range(2)]
-        await asyncio.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while len(outcomes) < 4:   # requests are flowing before the outage begins
+            assert time.monotonic() < deadline, f"no traffic before the outage: {outcomes}"
+            await asyncio.sleep(0.05)
         stack.kill_process("control-plane")
-        await asyncio.sleep(OUTAGE_S)
+        await asyncio.sleep(OUTAGE_S)   # the outage's length is what this test is about
         stack.restart_process("control-plane")
         await asyncio.to_thread(stack.wait_for_control_plane)
         back = len(outcomes)
-        await asyncio.sleep(AFTER_S)
+        await asyncio.sleep(AFTER_S)    # so are the seconds right after it
         done.set()
         await asyncio.gather(*clients)
         return back

@@ -14,17 +14,19 @@ from dataclasses import dataclass
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from diptych_common.prefix_hash import block_hashes
-from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.proto.v1 import worker_pb2
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import Stack
 from gateway.live_load import STALE_AFTER_S
-from tests.e2e.conftest import free_port, own_database, worker_credential
+from tests.e2e.conftest import CancellationWatch, free_port, own_database, worker_load
 from tests.e2e.test_generation import generate_reference
 
 MODEL = "diptych-tiny"
 WORKER_TIMEOUT_S = "5"
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class Fleet:
@@ -32,22 +34,27 @@ class Fleet:
         self.stack = stack
         self.credentials = credentials
         self.workers: dict[str, dict] = {}
+        self.worker_metrics_urls: dict[str, str] = {}
         self.gateway_port = free_port()
         self.metrics_url = ""
         self.http_url = ""
 
     def start_workers(self, *names: str) -> None:
         for name in names:
-            role = name.split("-")[0]
-            self.stack.start_worker(name, role, self.credentials.fleet_tokens[role], free_port())
-        for name, entry in zip(names, self.stack.wait_for_workers(list(names))):
+            role, metrics_port = name.split("-")[0], free_port()
+            self.stack.start_worker(
+                name, role, self.credentials.fleet_tokens[role], free_port(), "--metrics-port", str(metrics_port)
+            )
+            self.worker_metrics_urls[name] = f"http://127.0.0.1:{metrics_port}/metrics"
+        for name, entry in zip(names, self.stack.wait_for_workers(list(names)), strict=True):
             self.workers[name] = entry
 
     def start_gateway(self, name: str, port: int, **env: str) -> tuple[str, str]:
         metrics_port, http_port = free_port(), free_port()
         self.stack.start_gateway(
             name, port, metrics_port, "split", http_port=http_port,
-            extra=("--skip-split-below", "0", "--worker-timeout", WORKER_TIMEOUT_S, "--token-timeout", WORKER_TIMEOUT_S),
+            extra=("--skip-split-below", "0",
+                   "--worker-timeout", WORKER_TIMEOUT_S, "--token-timeout", WORKER_TIMEOUT_S),
             **env,
         )
         return f"http://127.0.0.1:{metrics_port}/metrics", f"http://127.0.0.1:{http_port}/v1"
@@ -56,10 +63,11 @@ class Fleet:
         return sorted(n for n in self.workers if n.startswith(role))
 
     def load(self, name: str) -> worker_pb2.Load:
-        with grpc.insecure_channel(self.workers[name]["address"]) as channel:
-            return worker_pb2_grpc.WorkerStub(channel).GetLoad(
-                worker_pb2.LoadRequest(), timeout=5, metadata=worker_credential(self.stack)
-            )
+        return worker_load(self.stack, self.workers[name]["address"])
+
+    def watch_cancellation(self, max_tokens: int) -> CancellationWatch:
+        urls = {name: self.worker_metrics_urls[name] for name in self.workers}
+        return CancellationWatch(self.stack, self.workers, urls, max_tokens)
 
     def current_id(self, name: str) -> str:
         """The worker's id now (a worker registers again, under a new id, after being marked dead)."""
@@ -173,14 +181,16 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     fleet.stack.processes[holder_name].send_signal(signal.SIGSTOP)
     try:
         pending = [asyncio.create_task(complete(fleet, prompt, 3)) for prompt in prompts]
+        deadline = time.monotonic() + 30
         while fleet.metric("diptych_gateway_routing_decisions_total") < routed_before + len(prompts):
+            assert time.monotonic() < deadline, "the gateway did not route all eight requests"
             await asyncio.sleep(0.02)
     finally:
         fleet.stack.processes[holder_name].send_signal(signal.SIGCONT)
     results = await asyncio.gather(*pending)
     on_holder = sum(r.usage.prefill.worker_id == holder for r in results)
     assert 2 <= on_holder <= 6, f"{on_holder} of 8 on the prefix holder"
-    for prompt, result in zip(prompts, results):
+    for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 3)
     assert (await complete(fleet, prefix + [99], 2)).usage.prefill.worker_id == holder
 
@@ -191,28 +201,37 @@ async def test_concurrent_requests_spread_over_both_prefill_and_decode_workers(f
     results = await asyncio.gather(*(complete(fleet, prompt, 8) for prompt in prompts))
     assert len({r.usage.prefill.worker_id for r in results}) == 2
     assert len({r.usage.decode.worker_id for r in results}) == 2
-    for prompt, result in zip(prompts, results):
+    for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 8)
 
 
+# With its 60-token prompt, all of diptych-tiny's context: a stream cancelled after a few tokens is far from its end.
+LONG_OUTPUT = 960
+
+
 async def test_cancelling_a_grpc_stream_frees_the_sequence_on_both_workers(fleet):
+    watch = fleet.watch_cancellation(LONG_OUTPUT)
     async with fleet.channel() as channel:
-        call = inference_pb2_grpc.InferenceStub(channel).Generate(request([7] * 60, 900), metadata=fleet.auth, timeout=60)
+        call = inference_pb2_grpc.InferenceStub(channel).Generate(
+            request([7] * 60, LONG_OUTPUT, ignore_eos=True), metadata=fleet.auth, timeout=60
+        )
         received = 0
         async for response in call:
             received += len(response.token_ids)
             if received >= 5:
                 break
         call.cancel()
-    await wait_until_idle(fleet)
+    await asyncio.to_thread(watch.assert_freed, 60)
 
 
 async def test_an_http_client_that_disconnects_frees_the_sequence_on_both_workers(fleet):
+    watch = fleet.watch_cancellation(LONG_OUTPUT)
     async with httpx.AsyncClient(timeout=30) as client:
         async with client.stream(
             "POST", f"{fleet.http_url}/completions",
             headers={"Authorization": f"Bearer {fleet.credentials.api_key}"},
-            json={"model": MODEL, "prompt": [8] * 60, "max_tokens": 900, "temperature": 0, "stream": True},
+            json={"model": MODEL, "prompt": [8] * 60, "max_tokens": LONG_OUTPUT, "ignore_eos": True,
+                  "temperature": 0, "stream": True},
         ) as response:
             assert response.status_code == 200
             chunks = 0
@@ -220,24 +239,7 @@ async def test_an_http_client_that_disconnects_frees_the_sequence_on_both_worker
                 chunks += line.startswith("data: ")
                 if chunks >= 5:
                     break
-    await wait_until_idle(fleet)
-
-
-async def wait_until_idle(fleet: Fleet, seconds: float = 10.0) -> None:
-    """Every worker shows no active or waiting sequence and, where it publishes them, all KV blocks free."""
-    deadline = time.monotonic() + seconds
-    while True:
-        loads = {name: fleet.load(name) for name in fleet.workers}
-        busy = {
-            name: (load.active_sequences, load.queue_depth, load.kv_blocks_total - load.kv_blocks_free)
-            for name, load in loads.items()
-            if load.active_sequences or load.queue_depth
-            or (name.startswith("decode") and load.kv_blocks_free != load.kv_blocks_total)
-        }
-        if not busy:
-            return
-        assert time.monotonic() < deadline, f"workers still busy (active, queued, blocks used): {busy}"
-        await asyncio.sleep(0.05)
+    await asyncio.to_thread(watch.assert_freed, 60)
 
 
 async def test_a_worker_that_stops_reporting_gets_no_new_work(fleet):
@@ -274,7 +276,7 @@ async def test_a_kv_hand_off_that_never_completes_moves_the_request_to_another_p
     finally:
         fleet.stack.processes[frozen].send_signal(signal.SIGCONT)
     assert fleet.metric("diptych_gateway_routing_decisions_total") >= routed_before + 3   # one request ran twice
-    for prompt, result in zip(prompts, results):
+    for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 6)
         assert result.usage.decode.worker_id != frozen_id
     assert fleet.metric("diptych_gateway_decode_migrations_total") >= migrations_before + 1
@@ -299,7 +301,7 @@ async def test_a_prefill_worker_that_dies_before_its_kv_cache_arrived_is_retried
     finally:
         fleet.stack.stop_process(victim, signal.SIGKILL)
     results = await asyncio.gather(*pending)
-    for prompt, result in zip(prompts, results):
+    for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 10)
         assert result.usage.prefill.worker_id != victim_id
     assert fleet.metric("diptych_gateway_retries_total", phase="prefill") >= retries_before + 1
@@ -367,7 +369,7 @@ async def test_sigterm_drains_the_gateway_finishing_in_flight_streams_and_refusi
             received += len(response.token_ids)
             if received == 3:
                 process.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.3)   # let the signal land before asking for more
+                await wait_until_not_serving(channel)
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     async for _ in stub.Generate(request([5], 2), metadata=fleet.auth, timeout=10):
                         pass
@@ -376,6 +378,15 @@ async def test_sigterm_drains_the_gateway_finishing_in_flight_streams_and_refusi
     assert received == max_tokens and finish == inference_pb2.FINISH_REASON_LENGTH
     assert process.wait(timeout=30) == 0
     fleet.stack.processes.pop("gateway-drain")
+
+
+async def wait_until_not_serving(channel: grpc.aio.Channel, seconds: float = 10.0) -> None:
+    """Until the gateway's health says NOT_SERVING: it has begun to drain."""
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + seconds
+    while (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == SERVING:
+        assert time.monotonic() < deadline, f"the gateway still serves {seconds} s after SIGTERM"
+        await asyncio.sleep(0.02)
 
 
 async def test_usage_is_spooled_while_the_control_plane_is_down_and_replayed_exactly_once(fleet):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
+
 from diptych_proto.v1 import inference_pb2 as pb
 from diptych_proto.v1 import inference_pb2_grpc as pb_grpc
 
@@ -70,7 +71,7 @@ def final_without_usage(request, context):
 def endless(request, context):
     while context.is_active():
         yield pb.GenerateResponse(request_id=request_id_of(request), text="x", token_ids=[7])
-        time.sleep(0.01)
+        time.sleep(0.01)   # a token every 10 ms, as a generating worker paces a stream
 
 
 def silent_after(count: int) -> Handler:
@@ -79,7 +80,7 @@ def silent_after(count: int) -> Handler:
     def handler(request, context):
         for index in range(count):
             yield pb.GenerateResponse(request_id=request_id_of(request), text=f"t{index}", token_ids=[index])
-        while context.is_active():
+        while context.is_active():   # silent, until the client ends the call
             time.sleep(0.01)
 
     return handler

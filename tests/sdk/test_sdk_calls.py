@@ -17,15 +17,25 @@ HELLO = tokens(("Hel", [1, 2]), ("lo", [3]))
 RETRY_NOW = (("retry-after-ms", "0"),)
 
 
+# A call's deadline, far beyond every wait below: a call that ends within CANCEL_SEEN_S ended because the SDK
+# cancelled it, not because its deadline passed.
+CALL_TIMEOUT_S = 60
+CANCEL_SEEN_S = 5
+
+
 @pytest.fixture
 def client(server):
-    with diptych.Client(api_key="sk-test", base_url=server.base_url, timeout=5, max_retries=2) as client:
+    with diptych.Client(
+        api_key="sk-test", base_url=server.base_url, timeout=CALL_TIMEOUT_S, max_retries=2
+    ) as client:
         yield client
 
 
 @pytest.fixture
 async def async_client(server):
-    async with diptych.AsyncClient(api_key="sk-test", base_url=server.base_url, timeout=5, max_retries=2) as client:
+    async with diptych.AsyncClient(
+        api_key="sk-test", base_url=server.base_url, timeout=CALL_TIMEOUT_S, max_retries=2
+    ) as client:
         yield client
 
 
@@ -35,7 +45,8 @@ def test_completion(server, client):
     assert (completion.text, completion.token_ids, completion.finish_reason) == ("Hello", [1, 2, 3], "stop")
     assert completion.model == "m"
     assert completion.usage.total_tokens == 7 and completion.usage.prefill.worker_id == "prefill-0"
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.cached_tokens) == (5, 2, 1)
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (5, 2, 1)
     request = server.servicer.requests[0]
     assert completion.id == request_id_of(request)
     assert uuid.UUID(request.idempotency_key) and request.request_id == ""
@@ -105,14 +116,14 @@ def test_breaking_out_of_a_stream_cancels_the_call(server, client):
     for chunk in stream:
         assert chunk.text == "x"
         break
-    assert server.servicer.call_ended.wait(5)
+    assert server.servicer.call_ended.wait(CANCEL_SEEN_S)
 
 
 def test_closing_a_stream_cancels_the_call(server, client):
     server.servicer.script = [endless]
     with client.completions.create(model="m", prompt="x", stream=True) as stream:
         next(stream)
-    assert server.servicer.call_ended.wait(5)
+    assert server.servicer.call_ended.wait(CANCEL_SEEN_S)
     assert list(stream) == []
 
 
@@ -190,12 +201,14 @@ def test_silent_stream_times_out_and_is_cancelled(server, client, silent_from):
     server.servicer.script = [silent_after(silent_from)]
     quick = client.with_options(stream_idle_timeout=0.3)
     received = []
+    started = time.monotonic()
     with pytest.raises(diptych.APITimeoutError, match="stream_idle_timeout") as raised:
         with quick.completions.create(model="m", prompt="x", stream=True) as stream:
             received.extend(chunk.text for chunk in stream)
+    assert time.monotonic() - started < CANCEL_SEEN_S, "the SDK waited for the call's deadline, not its idle timeout"
     assert received == [f"t{index}" for index in range(silent_from)]
     assert raised.value.idempotency_key == server.servicer.requests[0].idempotency_key
-    assert server.servicer.call_ended.wait(5)
+    assert server.servicer.call_ended.wait(CANCEL_SEEN_S)
     assert len(server.servicer.requests) == 1
 
 
@@ -212,7 +225,9 @@ async def test_async_completion_and_chat(server, async_client):
     server.servicer.script = [HELLO]
     completion = await async_client.completions.create(model="m", prompt="x")
     assert (completion.text, completion.usage.total_tokens) == ("Hello", 7)
-    chat = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], priority="batch")
+    chat = await async_client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], priority="batch"
+    )
     assert chat.token_ids == [1, 2, 3]
     assert server.servicer.requests[1].WhichOneof("input") == "chat"
     assert server.servicer.requests[1].priority == pb.PRIORITY_BATCH
@@ -232,7 +247,7 @@ async def test_async_break_cancels_the_call(server, async_client):
     stream = await async_client.completions.create(model="m", prompt="x", stream=True)
     async for _ in stream:
         break
-    assert await asyncio.to_thread(server.servicer.call_ended.wait, 5)
+    assert await asyncio.to_thread(server.servicer.call_ended.wait, CANCEL_SEEN_S)
 
 
 async def test_async_retries_then_mid_stream_error(server, async_client):
@@ -256,7 +271,7 @@ async def test_async_silent_stream_times_out_and_is_cancelled(server, async_clie
         async with await quick.completions.create(model="m", prompt="x", stream=True) as stream:
             async for _ in stream:
                 pass
-    assert await asyncio.to_thread(server.servicer.call_ended.wait, 5)
+    assert await asyncio.to_thread(server.servicer.call_ended.wait, CANCEL_SEEN_S)
     assert len(server.servicer.requests) == 1
 
 
