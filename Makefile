@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The control plane refuses to start on PostgreSQL without a secret key; tests get a throwaway one.
-test: $(STAMP) $(DASHBOARD)
+test: lint $(DASHBOARD)
 	DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key} $(PY) -m pytest
 
 install: $(STAMP) $(DASHBOARD)

@@ -16,9 +16,7 @@ DEFAULT_CONTROL_PLANE_URL = "http://127.0.0.1:8000"
 def main(argv: list[str] | None = None) -> int:
     stop_with_supervisor()
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     return args.run(args) or 0
 
@@ -50,29 +48,48 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--mode", choices=["auto", "split", "colocated"], default="auto")
     gateway.add_argument("--http-port", type=int, default=8080, help="the OpenAI-compatible HTTP API")
     gateway.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics over HTTP")
-    gateway.add_argument("--region", default=os.environ.get("DIPTYCH_REGION", ""),
-                         help="prefer workers of this region; other regions serve when none is usable here")
-    gateway.add_argument("--state-dir", type=Path, default=Path(os.environ.get("DIPTYCH_STATE_DIR", ".diptych")),
-                         help="where the usage spool lives while the control plane is unreachable")
-    gateway.add_argument("--skip-split-below", type=int, default=32, metavar="TOKENS",
-                         help="run prompts with at most this many uncached tokens wholly on the decode worker "
-                              "(0: never)")
-    gateway.add_argument("--prefill-overflow-tokens", type=int, default=2048, metavar="TOKENS",
-                         help="when every prefill worker has this many prompt tokens still to compute, run a request "
-                              "wholly on its decode worker if that one has fewer (0: never; raise it where prefill "
-                              "is fast)")
-    gateway.add_argument("--worker-timeout", type=float, default=30.0,
-                         help="seconds to wait for a prefill's first token or KV hand-off")
-    gateway.add_argument("--token-timeout", type=float, default=10.0,
-                         help="seconds to wait for each following token of a stream")
+    gateway.add_argument(
+        "--region",
+        default=os.environ.get("DIPTYCH_REGION", ""),
+        help="prefer workers of this region; other regions serve when none is usable here",
+    )
+    gateway.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("DIPTYCH_STATE_DIR", ".diptych")),
+        help="where the usage spool lives while the control plane is unreachable",
+    )
+    gateway.add_argument(
+        "--skip-split-below",
+        type=int,
+        default=32,
+        metavar="TOKENS",
+        help="run prompts with at most this many uncached tokens wholly on the decode worker (0: never)",
+    )
+    gateway.add_argument(
+        "--prefill-overflow-tokens",
+        type=int,
+        default=2048,
+        metavar="TOKENS",
+        help="when every prefill worker has this many prompt tokens still to compute, run a request "
+        "wholly on its decode worker if that one has fewer (0: never; raise it where prefill "
+        "is fast)",
+    )
+    gateway.add_argument(
+        "--worker-timeout", type=float, default=30.0, help="seconds to wait for a prefill's first token or KV hand-off"
+    )
+    gateway.add_argument(
+        "--token-timeout", type=float, default=10.0, help="seconds to wait for each following token of a stream"
+    )
     _add_control_plane_url(gateway)
     gateway.set_defaults(run=_run_gateway)
 
     worker = commands.add_parser("worker", help="run a prefill, decode or colocated worker")
     worker.add_argument("--role", choices=["prefill", "decode", "colocated"], required=True)
     worker.add_argument("--model", default="diptych-tiny")
-    worker.add_argument("--model-source", default="builtin:diptych-tiny",
-                        help="builtin:<name> or a local Hugging Face model directory")
+    worker.add_argument(
+        "--model-source", default="builtin:diptych-tiny", help="builtin:<name> or a local Hugging Face model directory"
+    )
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
     worker.add_argument("--name", default="")
@@ -80,12 +97,17 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--kv-port", type=int, default=0, help="decode workers: the KV data port (0 picks a free port)")
     worker.add_argument("--kv-cache-mib", type=int, default=256, help="memory for the paged KV cache")
     worker.add_argument("--block-size", type=int, default=16, help="tokens per KV block (equal on prefill and decode)")
-    worker.add_argument("--token-budget", type=int, default=512,
-                        help="tokens per engine step (long prompts are chunked)")
+    worker.add_argument(
+        "--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)"
+    )
     worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
     worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
-    worker.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                        help="on CUDA, replay decode steps from graphs captured at start-up")
+    worker.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CUDA, replay decode steps from graphs captured at start-up",
+    )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
@@ -97,8 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     save.add_argument("directory", type=Path)
     save.set_defaults(run=_run_model_save)
     register = model_commands.add_parser(
-        "register", help="add a local Hugging Face model directory to the catalog, with a prefill, a decode and a "
-                         "colocated fleet; prints the worker command of each, with a fresh fleet token")
+        "register",
+        help="add a local Hugging Face model directory to the catalog, with a prefill, a decode and a "
+        "colocated fleet; prints the worker command of each, with a fresh fleet token",
+    )
     register.add_argument("name", help="the model's name in the API (the `model` of a request)")
     register.add_argument("directory", type=Path)
     register.add_argument("--json", action="store_true", help="print the fleet tokens as one JSON object")
@@ -142,15 +166,29 @@ def _run_gateway(args) -> None:
     from gateway.request_path import Timeouts
     from gateway.routing import ServingMode
 
-    asyncio.run(serve(GatewayConfig(
-        host=args.host, port=args.port, http_port=args.http_port, metrics_port=args.metrics_port,
-        control_plane_url=args.control_plane_url, internal_token=_require_env("DIPTYCH_INTERNAL_TOKEN"),
-        mode=ServingMode(args.mode), state_dir=args.state_dir, region=args.region,
-        redis_url=os.environ.get("REDIS_URL") or None, skip_split_below=args.skip_split_below,
-        prefill_overflow_tokens=args.prefill_overflow_tokens,
-        timeouts=Timeouts(first_token_s=args.worker_timeout, kv_delivery_s=args.worker_timeout,
-                          next_token_s=args.token_timeout),
-    )))
+    asyncio.run(
+        serve(
+            GatewayConfig(
+                host=args.host,
+                port=args.port,
+                http_port=args.http_port,
+                metrics_port=args.metrics_port,
+                control_plane_url=args.control_plane_url,
+                internal_token=_require_env("DIPTYCH_INTERNAL_TOKEN"),
+                mode=ServingMode(args.mode),
+                state_dir=args.state_dir,
+                region=args.region,
+                redis_url=os.environ.get("REDIS_URL") or None,
+                skip_split_below=args.skip_split_below,
+                prefill_overflow_tokens=args.prefill_overflow_tokens,
+                timeouts=Timeouts(
+                    first_token_s=args.worker_timeout,
+                    kv_delivery_s=args.worker_timeout,
+                    next_token_s=args.token_timeout,
+                ),
+            )
+        )
+    )
 
 
 def _run_worker(args) -> None:
@@ -158,16 +196,29 @@ def _run_worker(args) -> None:
     from workers.main import serve
     from workers.server import Role
 
-    asyncio.run(serve(
-        role=Role(args.role), model=args.model, model_source=args.model_source, host=args.host, port=args.port,
-        control_plane_url=args.control_plane_url, fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
-        name=args.name or f"{args.role}-{os.getpid()}", threads=args.threads, kv_port=args.kv_port,
-        metrics_port=args.metrics_port,
-        engine_config=EngineConfig(
-            block_size=args.block_size, kv_cache_mib=args.kv_cache_mib, token_budget=args.token_budget,
-            max_running=args.max_running, device=args.device, cuda_graphs=args.cuda_graphs,
-        ),
-    ))
+    asyncio.run(
+        serve(
+            role=Role(args.role),
+            model=args.model,
+            model_source=args.model_source,
+            host=args.host,
+            port=args.port,
+            control_plane_url=args.control_plane_url,
+            fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
+            name=args.name or f"{args.role}-{os.getpid()}",
+            threads=args.threads,
+            kv_port=args.kv_port,
+            metrics_port=args.metrics_port,
+            engine_config=EngineConfig(
+                block_size=args.block_size,
+                kv_cache_mib=args.kv_cache_mib,
+                token_budget=args.token_budget,
+                max_running=args.max_running,
+                device=args.device,
+                cuda_graphs=args.cuda_graphs,
+            ),
+        )
+    )
 
 
 def _run_model_save(args) -> None:
@@ -190,11 +241,15 @@ def _run_model_register(args) -> int:
     if args.json:
         print(json.dumps({"model": model.name, "source": model.source, "fleet_tokens": model.fleet_tokens}))
         return 0
-    print(f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog. "
-          "Start its workers (their tokens are new; earlier ones no longer work):")
+    print(
+        f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog. "
+        "Start its workers (their tokens are new; earlier ones no longer work):"
+    )
     for role, token in model.fleet_tokens.items():
-        print(f"  DIPTYCH_FLEET_TOKEN={token} diptych worker --role {role} --model {model.name} "
-              f"--model-source {model.source}")
+        print(
+            f"  DIPTYCH_FLEET_TOKEN={token} diptych worker --role {role} --model {model.name} "
+            f"--model-source {model.source}"
+        )
     return 0
 
 

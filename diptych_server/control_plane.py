@@ -22,14 +22,16 @@ class _ControlPlaneApplication(BaseApplication):
 
 def run_control_plane(host: str, port: int, processes: int) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    _ControlPlaneApplication({
-        "bind": f"{host}:{port}",
-        "workers": processes,
-        "worker_class": "gthread",
-        "threads": 8,
-        "accesslog": None,
-        "graceful_timeout": 10,
-    }).run()
+    _ControlPlaneApplication(
+        {
+            "bind": f"{host}:{port}",
+            "workers": processes,
+            "worker_class": "gthread",
+            "threads": 8,
+            "accesslog": None,
+            "graceful_timeout": 10,
+        }
+    ).run()
 
 
 def run_jobs() -> None:

@@ -24,7 +24,7 @@ class RegisteredModel:
     name: str
     source: str
     context_length: int
-    fleet_tokens: dict[str, str]   # role -> a fresh token; the fleet's previous token stops working
+    fleet_tokens: dict[str, str]  # role -> a fresh token; the fleet's previous token stops working
 
 
 def register_model(name: str, directory: Path) -> RegisteredModel:
@@ -48,10 +48,20 @@ def register_model(name: str, directory: Path) -> RegisteredModel:
     output = io.StringIO()
     try:
         call_command(
-            "bootstrap", "--json", "--model", name, "--source", str(source), "--context-length", str(context_length),
-            "--family", str(config.get("model_type", "unknown")),
-            "--dtype", str(config.get("dtype") or config.get("torch_dtype") or "float32"),
-            stdout=output, stderr=io.StringIO(),
+            "bootstrap",
+            "--json",
+            "--model",
+            name,
+            "--source",
+            str(source),
+            "--context-length",
+            str(context_length),
+            "--family",
+            str(config.get("model_type", "unknown")),
+            "--dtype",
+            str(config.get("dtype") or config.get("torch_dtype") or "float32"),
+            stdout=output,
+            stderr=io.StringIO(),
         )
     except DatabaseError as error:
         raise RegistrationError(

@@ -41,7 +41,7 @@ class Credentials:
     api_key: str
     organization_id: str
     fleet_tokens: dict[str, str]
-    dashboard_email: str = ""       # the demo owner, who signs in to /dashboard/
+    dashboard_email: str = ""  # the demo owner, who signs in to /dashboard/
     dashboard_password: str = ""
 
 
@@ -83,8 +83,11 @@ class Stack:
         command = ["bootstrap", "--json"] + (["--demo"] if demo else [])
         output = json.loads(self._manage(*command))
         return Credentials(
-            output.get("api_key", ""), output["organization_id"], output["fleet_tokens"],
-            output.get("dashboard_email", ""), output.get("dashboard_password", ""),
+            output.get("api_key", ""),
+            output["organization_id"],
+            output["fleet_tokens"],
+            output.get("dashboard_email", ""),
+            output.get("dashboard_password", ""),
         )
 
     def start_control_plane(self, timeout: float = 60.0) -> None:
@@ -111,18 +114,36 @@ class Stack:
 
     def start_worker(self, name: str, role: str, fleet_token: str, port: int, *extra: str) -> None:
         self._spawn(
-            name, ["worker", "--role", role, "--port", str(port), "--name", name, *extra],
+            name,
+            ["worker", "--role", role, "--port", str(port), "--name", name, *extra],
             DIPTYCH_FLEET_TOKEN=fleet_token,
         )
 
     def start_gateway(
-        self, name: str, port: int, metrics_port: int, mode: str = "auto", timeout: float = 60.0,
-        http_port: int = 8080, extra: tuple[str, ...] = (), **env: str,
+        self,
+        name: str,
+        port: int,
+        metrics_port: int,
+        mode: str = "auto",
+        timeout: float = 60.0,
+        http_port: int = 8080,
+        extra: tuple[str, ...] = (),
+        **env: str,
     ) -> None:
         self._spawn(
             name,
-            ["gateway", "--port", str(port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-             "--mode", mode, *extra],
+            [
+                "gateway",
+                "--port",
+                str(port),
+                "--http-port",
+                str(http_port),
+                "--metrics-port",
+                str(metrics_port),
+                "--mode",
+                mode,
+                *extra,
+            ],
             **env,
         )
         deadline = time.monotonic() + timeout
@@ -181,6 +202,7 @@ class Stack:
         """Stops every process: gateways first (they hold streams open on the workers, which would keep
         a draining worker waiting), then workers and jobs, the control plane last so that the others
         can report to it. The processes of one tier stop together."""
+
         def tier(name: str) -> int:
             return 0 if name.startswith("gateway") else 2 if name == "control-plane" else 1
 
@@ -200,7 +222,7 @@ class Stack:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _kill_session(process)   # a straggler, or what a stopped process left behind in its session
+            _kill_session(process)  # a straggler, or what a stopped process left behind in its session
 
     def _spawn(self, name: str, args: list[str], **env: str) -> None:
         if name in self.processes:
@@ -211,8 +233,11 @@ class Stack:
         with open(log_path, "ab") as log:
             self.processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "diptych_server.cli", *args],
-                cwd=REPO_ROOT, env=self.env(**(supervisor_env() if self.supervised else {}), **env),
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO_ROOT,
+                env=self.env(**(supervisor_env() if self.supervised else {}), **env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def _check_alive(self, name: str) -> None:
@@ -224,7 +249,10 @@ class Stack:
     def _manage(self, *args: str) -> str:
         result = subprocess.run(
             [sys.executable, str(REPO_ROOT / "manage.py"), *args],
-            cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True,
+            cwd=REPO_ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
         )
         if result.returncode != 0:
             raise StackError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")

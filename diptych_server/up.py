@@ -38,7 +38,7 @@ def run_up(
     except KeyboardInterrupt:
         pass
     finally:
-        for stop_signal in STOP_SIGNALS:   # a second Ctrl-C must not cut the shutdown short
+        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not cut the shutdown short
             signal.signal(stop_signal, signal.SIG_IGN)
         _say("\nstopping every process ...")
         stack.stop()
@@ -58,8 +58,11 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -
     for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
         worker_names[worker["id"]] = worker["name"]
         _say(f"      {worker['role']:<8} {worker['name']} ({worker['id']}) at {worker['address']}")
-    _step(4, f"starting the gateway on 127.0.0.1:{gateway_port}, OpenAI-compatible HTTP on :{http_port} "
-             f"(metrics on :{metrics_port})")
+    _step(
+        4,
+        f"starting the gateway on 127.0.0.1:{gateway_port}, OpenAI-compatible HTTP on :{http_port} "
+        f"(metrics on :{metrics_port})",
+    )
     stack.start_gateway("gateway", gateway_port, metrics_port, http_port=http_port)
     base_url = f"grpc://127.0.0.1:{gateway_port}"
     env_file = stack.state_dir / "env"
@@ -76,8 +79,10 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -
     _say(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
     _say(f"  OpenAI-compatible API: http://127.0.0.1:{http_port}/v1 (Authorization: Bearer $DIPTYCH_API_KEY)")
     if credentials.dashboard_password:
-        _say(f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
-             f"password {credentials.dashboard_password})")
+        _say(
+            f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
+            f"password {credentials.dashboard_password})"
+        )
 
 
 def _demo_request(api_key: str, base_url: str, worker_names: dict[str, str]) -> None:
@@ -86,14 +91,15 @@ def _demo_request(api_key: str, base_url: str, worker_names: dict[str, str]) -> 
     with diptych.Client(api_key=api_key, base_url=base_url) as client:
         _say(f"      prompt: {DEMO_PROMPT!r}  (diptych-tiny has seeded random weights: expect gibberish)")
         _say("      output: ", end="")
-        usage = None
         with client.completions.create(
             model="diptych-tiny", prompt=DEMO_PROMPT, max_tokens=32, temperature=0.0, stream=True
         ) as stream:
             for chunk in stream:
                 _say(chunk.text, end="")
-                usage = chunk.usage or usage
+            usage = stream.usage
     _say()
+    if usage is None or usage.prefill is None or usage.decode is None:
+        raise StackError(f"the demo request's usage does not report both phases: {usage}")
     prefill = worker_names.get(usage.prefill.worker_id, usage.prefill.worker_id)
     decode = worker_names.get(usage.decode.worker_id, usage.decode.worker_id)
     if usage.prefill.worker_id == usage.decode.worker_id:
@@ -124,7 +130,7 @@ def _say(text: str = "", end: str = "\n") -> None:
     to /dev/null, so that neither the shutdown nor the interpreter's last flush fails on it."""
     try:
         print(text, end=end, flush=True)
-    except OSError:   # EPIPE from a closed pipe, EIO from a hung-up terminal
+    except OSError:  # EPIPE from a closed pipe, EIO from a hung-up terminal
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)

@@ -27,10 +27,10 @@ CANCEL_WINDOW_S = 5.0
 class LiveStack:
     stack: Stack
     credentials: Credentials
-    gateways: dict[str, str]        # mode -> grpc:// base URL
-    metrics_urls: dict[str, str]    # mode -> Prometheus URL
-    workers: dict[str, dict]        # name -> registry entry
-    http_urls: dict[str, str] = field(default_factory=dict)   # mode -> OpenAI-compatible base URL (…/v1)
+    gateways: dict[str, str]  # mode -> grpc:// base URL
+    metrics_urls: dict[str, str]  # mode -> Prometheus URL
+    workers: dict[str, dict]  # name -> registry entry
+    http_urls: dict[str, str] = field(default_factory=dict)  # mode -> OpenAI-compatible base URL (…/v1)
     worker_metrics_urls: dict[str, str] = field(default_factory=dict)  # worker name -> Prometheus URL
 
     @property
@@ -159,8 +159,9 @@ def live(tmp_path_factory, e2e_database_url):
         worker_metrics = {name: free_port() for name in names}
         for name in names:
             role = name.split("-")[0]
-            stack.start_worker(name, role, credentials.fleet_tokens[role], free_port(),
-                               "--metrics-port", str(worker_metrics[name]))
+            stack.start_worker(
+                name, role, credentials.fleet_tokens[role], free_port(), "--metrics-port", str(worker_metrics[name])
+            )
         workers = dict(zip(names, stack.wait_for_workers(names), strict=True))
         gateways, metrics, http_urls = {}, {}, {}
         for mode in ("split", "colocated"):
@@ -193,11 +194,14 @@ def control_plane_shell(live):
 
     For what the tests cannot do through the API: a scheduled job run now, a dashboard password set.
     """
+
     def run(code: str) -> str:
         result = subprocess.run(
             [sys.executable, "manage.py", "shell", "-c", code],
             cwd=STACK_REPO_ROOT,
-            env=live.stack.env(), capture_output=True, text=True,
+            env=live.stack.env(),
+            capture_output=True,
+            text=True,
         )
         if result.returncode != 0:
             raise AssertionError(f"manage.py shell failed:\n{result.stderr[-3000:]}")

@@ -15,7 +15,7 @@ from diptych_server.stack import free_port
 from tests.e2e.waiting import wait_for
 
 MODEL = "diptych-tiny"
-LONG_OUTPUT = 1000   # with a short prompt, all of diptych-tiny's context: a cancelled stream is far from its end
+LONG_OUTPUT = 1000  # with a short prompt, all of diptych-tiny's context: a cancelled stream is far from its end
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,19 @@ async def keyed_calls(live, key: str):
 
 def test_requests_sharing_a_client_request_id_are_each_billed_in_full(live):
     async def twenty():
-        return await asyncio.gather(*[
-            generate(address(live), live.api_key, prompt_token_ids=inference_pb2.TokenIds(ids=[5 + i, 7, 9]),
-                     max_tokens=20, ignore_eos=True, request_id="same-id")
-            for i in range(20)
-        ])
+        return await asyncio.gather(
+            *[
+                generate(
+                    address(live),
+                    live.api_key,
+                    prompt_token_ids=inference_pb2.TokenIds(ids=[5 + i, 7, 9]),
+                    max_tokens=20,
+                    ignore_eos=True,
+                    request_id="same-id",
+                )
+                for i in range(20)
+            ]
+        )
 
     results = asyncio.run(twenty())
     executions = {execution_id for execution_id, _ in results}
@@ -96,12 +104,24 @@ def test_an_id_another_organization_used_first_neither_frees_nor_blocks_a_reques
     shared = f"shared-{uuid.uuid4().hex[:8]}"
 
     async def both():
-        first = await generate(address(live), other_organization["api_key"], prompt="theirs", max_tokens=6,
-                               ignore_eos=True, request_id=shared)
+        first = await generate(
+            address(live),
+            other_organization["api_key"],
+            prompt="theirs",
+            max_tokens=6,
+            ignore_eos=True,
+            request_id=shared,
+        )
         concurrent = await asyncio.gather(
             generate(address(live), live.api_key, prompt="mine", max_tokens=6, ignore_eos=True, request_id=shared),
-            generate(address(live), other_organization["api_key"], prompt="theirs again", max_tokens=6,
-                     ignore_eos=True, request_id=shared),
+            generate(
+                address(live),
+                other_organization["api_key"],
+                prompt="theirs again",
+                max_tokens=6,
+                ignore_eos=True,
+                request_id=shared,
+            ),
         )
         return first, concurrent
 
@@ -131,7 +151,7 @@ def test_a_completed_idempotency_key_replays_the_stored_result_without_running_a
     assert list(second[0].token_ids) == [t for r in first for t in r.token_ids]
     assert second[0].usage == first[-1].usage
     assert billed_output(live, live.api_key, first[0].request_id) == 8
-    live.wait_until_usage_sent("split")   # whatever the gateway still held has reached the ledger
+    live.wait_until_usage_sent("split")  # whatever the gateway still held has reached the ledger
     assert len(ledger(live, live.api_key, request_id=first[0].request_id)) == 2, "billed once, replayed free"
 
 
@@ -151,7 +171,7 @@ def test_an_idempotency_key_in_flight_or_used_for_another_request_is_refused(liv
             return conflict.value, mismatch.value
 
     conflict, mismatch = asyncio.run(scenario())
-    watch.assert_freed()   # the cancelled first request leaves the workers too
+    watch.assert_freed()  # the cancelled first request leaves the workers too
     assert conflict.code() is grpc.StatusCode.ABORTED
     assert "still running" in conflict.details()
     assert mismatch.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -169,7 +189,7 @@ def test_a_cancelled_execution_frees_its_key_and_the_retry_is_billed_as_a_new_ex
             cut.cancel()
             await asyncio.to_thread(watch.assert_freed)
             deadline = time.monotonic() + 5
-            while True:    # the key is released just after the cancelled stream ends
+            while True:  # the key is released just after the cancelled stream ends
                 retry = call(**fields)
                 try:
                     return first.request_id, [r async for r in retry]
@@ -203,7 +223,7 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
                     async for response in call:
                         received[response.request_id] = received.get(response.request_id, 0) + 1
                 except grpc.aio.AioRpcError as error:
-                    assert error.code() is grpc.StatusCode.UNAVAILABLE, error   # the gateway died
+                    assert error.code() is grpc.StatusCode.UNAVAILABLE, error  # the gateway died
 
         tasks = [asyncio.create_task(one(i)) for i in range(4)]
         deadline = time.monotonic() + 60
@@ -215,7 +235,7 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
 
     asyncio.run(streams_until_killed())
     assert len(received) == 4
-    live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)   # same journal
+    live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)  # same journal
     try:
         for execution_id, tokens in received.items():
             # Billed: what the gateway handed to the connection, of which the client may have missed the last.

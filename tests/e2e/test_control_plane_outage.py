@@ -9,8 +9,8 @@ import grpc
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 
-OUTAGE_S = 12.0     # longer than DIPTYCH_WORKER_DEAD_AFTER_SECONDS (10)
-AFTER_S = 4.0       # two heartbeat intervals past its return
+OUTAGE_S = 12.0  # longer than DIPTYCH_WORKER_DEAD_AFTER_SECONDS (10)
+AFTER_S = 4.0  # two heartbeat intervals past its return
 
 
 def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after_it(live):
@@ -24,8 +24,9 @@ def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after
             request = inference_pb2.GenerateRequest(model="diptych-tiny", prompt="through the outage", max_tokens=2)
             while not until.is_set():
                 try:
-                    async for _ in stub.Generate(request, metadata=(("authorization", f"Bearer {live.api_key}"),),
-                                                 timeout=30):
+                    async for _ in stub.Generate(
+                        request, metadata=(("authorization", f"Bearer {live.api_key}"),), timeout=30
+                    ):
                         pass
                     outcomes.append(grpc.StatusCode.OK)
                 except grpc.aio.AioRpcError as error:
@@ -35,15 +36,15 @@ def test_requests_keep_succeeding_through_a_control_plane_outage_and_right_after
         done = asyncio.Event()
         clients = [asyncio.create_task(load(done)) for _ in range(2)]
         deadline = time.monotonic() + 30
-        while len(outcomes) < 4:   # requests are flowing before the outage begins
+        while len(outcomes) < 4:  # requests are flowing before the outage begins
             assert time.monotonic() < deadline, f"no traffic before the outage: {outcomes}"
             await asyncio.sleep(0.05)
         stack.kill_process("control-plane")
-        await asyncio.sleep(OUTAGE_S)   # the outage's length is what this test is about
+        await asyncio.sleep(OUTAGE_S)  # the outage's length is what this test is about
         stack.restart_process("control-plane")
         await asyncio.to_thread(stack.wait_for_control_plane)
         back = len(outcomes)
-        await asyncio.sleep(AFTER_S)    # so are the seconds right after it
+        await asyncio.sleep(AFTER_S)  # so are the seconds right after it
         done.set()
         await asyncio.gather(*clients)
         return back

@@ -5,7 +5,7 @@ Requests go through the real gateway; the charts must show exactly the tokens th
 
 import datetime
 import secrets
-import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -16,8 +16,15 @@ import diptych
 from tests.e2e.waiting import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 DIST = Path(__file__).resolve().parents[2] / "frontend" / "dist" / "index.html"
 MODEL = "diptych-tiny"
@@ -30,8 +37,6 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium"),
     pytest.mark.skipif(not DIST.exists(), reason="needs the dashboard bundle: make install (npm ci && npm run build)"),
 ]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,8 @@ def sign_in(page: Page, email: str, password: str) -> None:
 def chart(page: Page, name: str) -> dict:
     return page.evaluate(
         """name => { const c = window.diptychCharts[name];
-                     return {labels: c.data.labels, datasets: c.data.datasets.map(d => ({label: d.label, data: d.data}))}; }""",
+                     const datasets = c.data.datasets.map(d => ({label: d.label, data: d.data}));
+                     return {labels: c.data.labels, datasets}; }""",
         name,
     )
 
@@ -81,7 +87,11 @@ def chart(page: Page, name: str) -> dict:
 def roll_up_usage(live, control_plane_shell, request_ids: list[str]) -> None:
     with live.rest() as rest:
         for request_id in request_ids:
-            assert wait_for(lambda: len(rest.get("/usage-events", params={"request_id": request_id}).json()["data"]) >= 2)
+            assert wait_for(
+                lambda request_id=request_id: (
+                    len(rest.get("/usage-events", params={"request_id": request_id}).json()["data"]) >= 2
+                )
+            )
     control_plane_shell("from controlplane.billing.tasks import roll_up_usage; roll_up_usage()")
 
 
@@ -127,14 +137,16 @@ def test_member_creates_a_key_sees_its_usage_in_the_charts_and_revokes_it(page, 
     request_ids = []
     with diptych.Client(api_key=secret, base_url=live.gateways["split"]) as client:
         for first in (3, 30, 300):
-            completion = client.completions.create(model=MODEL, prompt=list(range(first, first + 8)), max_tokens=5, ignore_eos=True)
+            completion = client.completions.create(
+                model=MODEL, prompt=list(range(first, first + 8)), max_tokens=5, ignore_eos=True
+            )
             assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (8, 5)
             request_ids.append(completion.id)
     roll_up_usage(live, control_plane_shell, request_ids)
 
     page.reload()
     expect(page.locator("#app[data-state=ready]")).to_be_attached(timeout=15_000)
-    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
 
     by_key = chart(page, "api_key")
     assert by_key["labels"][-1] == today
@@ -143,14 +155,23 @@ def test_member_creates_a_key_sees_its_usage_in_the_charts_and_revokes_it(page, 
 
     # Every chart plots exactly what the usage API reports.
     start, end = by_key["labels"][0], by_key["labels"][-1]
-    for name, labels in (("phase", {"prefill": "Prefill", "cached_prefill": "Cached prefill", "decode": "Decode"}), ("model", {})):
+    for name, labels in (
+        ("phase", {"prefill": "Prefill", "cached_prefill": "Cached prefill", "decode": "Decode"}),
+        ("model", {}),
+    ):
         rows = page.evaluate(
             "url => fetch(url).then(r => r.json()).then(b => b.data)",
             f"/api/v1/usage/daily?start={start}&end={end}&group_by={name}",
         )
-        plotted = {(day, dataset["label"]): tokens for dataset in chart(page, name)["datasets"]
-                   for day, tokens in zip(by_key["labels"], dataset["data"]) if tokens}
-        assert plotted == {(row["day"], labels.get(row["key"], row["key"])): row["tokens"] for row in rows if row["tokens"]}
+        plotted = {
+            (day, dataset["label"]): tokens
+            for dataset in chart(page, name)["datasets"]
+            for day, tokens in zip(by_key["labels"], dataset["data"], strict=True)
+            if tokens
+        }
+        assert plotted == {
+            (row["day"], labels.get(row["key"], row["key"])): row["tokens"] for row in rows if row["tokens"]
+        }
     phase_today = {dataset["label"]: dataset["data"][-1] for dataset in chart(page, "phase")["datasets"]}
     assert phase_today["Decode"] >= 15 and phase_today["Prefill"] + phase_today["Cached prefill"] >= 24
     assert MODEL in [dataset["label"] for dataset in chart(page, "model")["datasets"]]
@@ -181,7 +202,9 @@ def test_spend_limit_and_its_alerts(page, live, passwords, control_plane_shell):
     with live.rest() as rest:
         spent = rest.get("/billing/current").json()["amount_to_date_micros"]
     sign_in(page, MEMBER_EMAIL, passwords[MEMBER_EMAIL])
-    page.get_by_label("Spend limit per period (USD)").fill(f"{(spent + 1) / 1_000_000:.6f}")  # the next request crosses it
+    page.get_by_label("Spend limit per period (USD)").fill(
+        f"{(spent + 1) / 1_000_000:.6f}"
+    )  # the next request crosses it
     page.get_by_role("button", name="Save").click()
     shown = f"{(spent + 1) / 1_000_000:.6f}".rstrip("0")
     shown += "0" * (2 - len(shown.split(".")[1]))  # the page shows 2 to 6 decimals
@@ -190,7 +213,9 @@ def test_spend_limit_and_its_alerts(page, live, passwords, control_plane_shell):
         assert rest.get("/spend-limit").json() == {"limit_micros": spent + 1}
 
     with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client:
-        completion = client.completions.create(model=MODEL, prompt=[4, 8, 15, 16, 23, 42], max_tokens=3, ignore_eos=True)
+        completion = client.completions.create(
+            model=MODEL, prompt=[4, 8, 15, 16, 23, 42], max_tokens=3, ignore_eos=True
+        )
     roll_up_usage(live, control_plane_shell, [completion.id])
     page.reload()
     alerts = page.locator("#billing ul.alerts")
@@ -211,24 +236,40 @@ def test_spend_limit_and_its_alerts(page, live, passwords, control_plane_shell):
 
     # Each gateway caches the key's spend status for a few seconds; the tests after this one need both.
     for base_url in live.gateways.values():
-        assert wait_for(lambda: serves_again(base_url), seconds=15, interval=0.5)
+        assert wait_for(partial(serves_again, base_url), seconds=15, interval=0.5)
 
 
 def test_invoices_show_their_lines_and_status(page, live, passwords, control_plane_shell):
     """Usage of last month, reported the way the gateway reports it, closed into an invoice by the billing job."""
-    today = datetime.datetime.now(datetime.timezone.utc)
-    last_month = (today.replace(day=1) - datetime.timedelta(days=1)).replace(day=2, hour=12, minute=0, second=0, microsecond=0)
+    today = datetime.datetime.now(datetime.UTC)
+    last_month = (today.replace(day=1) - datetime.timedelta(days=1)).replace(
+        day=2, hour=12, minute=0, second=0, microsecond=0
+    )
     with live.rest() as rest:
         api_key_id = next(key["id"] for key in rest.get("/api-keys").json()["data"] if key["name"] == "demo")
-    event = {"organization_id": live.credentials.organization_id, "api_key_id": api_key_id, "model": MODEL, "region": "local",
-             "worker_id": live.workers["prefill-0"]["id"], "cached_tokens": 0, "kv_bytes": 0, "compute_ms": 5,
-             "started_at": last_month.isoformat(), "finished_at": (last_month + datetime.timedelta(seconds=1)).isoformat()}
+    event = {
+        "organization_id": live.credentials.organization_id,
+        "api_key_id": api_key_id,
+        "model": MODEL,
+        "region": "local",
+        "worker_id": live.workers["prefill-0"]["id"],
+        "cached_tokens": 0,
+        "kv_bytes": 0,
+        "compute_ms": 5,
+        "started_at": last_month.isoformat(),
+        "finished_at": (last_month + datetime.timedelta(seconds=1)).isoformat(),
+    }
     request_id = f"req_invoice_{secrets.token_hex(6)}"
     with live.internal() as internal:
-        answer = internal.post("/usage-events", json={"events": [
-            {**event, "request_id": request_id, "phase": "prefill", "tokens": 1_000_000},
-            {**event, "request_id": request_id, "phase": "decode", "tokens": 2_000_000},
-        ]})
+        answer = internal.post(
+            "/usage-events",
+            json={
+                "events": [
+                    {**event, "request_id": request_id, "phase": "prefill", "tokens": 1_000_000},
+                    {**event, "request_id": request_id, "phase": "decode", "tokens": 2_000_000},
+                ]
+            },
+        )
         assert answer.status_code == 200 and answer.json()["accepted"] == 2
     control_plane_shell(
         "from controlplane.billing.tasks import roll_up_usage, close_billing_periods\n"
@@ -236,7 +277,9 @@ def test_invoices_show_their_lines_and_status(page, live, passwords, control_pla
     )
 
     with diptych.Client(api_key=live.api_key, admin_url=live.stack.control_plane_url) as client:
-        (invoice,) = [invoice for invoice in client.admin.invoices.list().data if invoice.period_start.month == last_month.month]
+        (invoice,) = [
+            invoice for invoice in client.admin.invoices.list().data if invoice.period_start.month == last_month.month
+        ]
         assert client.admin.invoices.retrieve(invoice.id) == invoice
     lines = {(line.phase, line.tokens) for line in invoice.lines}
     assert {("prefill", 1_000_000), ("decode", 2_000_000)} <= lines and invoice.total_cents > 0

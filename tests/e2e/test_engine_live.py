@@ -4,10 +4,10 @@ cached tokens, and exact greedy output for concurrent prompts that share a prefi
 import asyncio
 import random
 
-import diptych
 import grpc
 import httpx
 
+import diptych
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import worker_credential
@@ -48,18 +48,21 @@ async def test_concurrent_prompts_sharing_a_prefix_match_generate(live, referenc
     prefix = [rng.randrange(3, 512) for _ in range(80)]
     prompts = [prefix + [rng.randrange(3, 512) for _ in range(n)] for n in (1, 7, 16, 40, 90)]
     async with diptych.AsyncClient(api_key=live.api_key, base_url=live.gateways["split"]) as client:
-        completions = await asyncio.gather(*(
-            client.completions.create(model="diptych-tiny", prompt=p, max_tokens=10, temperature=0) for p in prompts
-        ))
-    for prompt, completion in zip(prompts, completions):
+        completions = await asyncio.gather(
+            *(client.completions.create(model="diptych-tiny", prompt=p, max_tokens=10, temperature=0) for p in prompts)
+        )
+    for prompt, completion in zip(prompts, completions, strict=True):
         assert completion.token_ids == generate_reference(model, prompt, 10), f"prompt of {len(prompt)} tokens"
 
 
 def test_a_worker_exports_its_engine_steps(live):
     def steps() -> float:
         text = httpx.get(live.worker_metrics_urls["colocated-0"], timeout=5).text
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith('diptych_worker_step_seconds_count{role="colocated"}'))
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('diptych_worker_step_seconds_count{role="colocated"}')
+        )
 
     before = steps()
     with diptych.Client(api_key=live.api_key, base_url=live.gateways["colocated"]) as client:

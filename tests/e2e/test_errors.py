@@ -20,8 +20,11 @@ BAD_REQUESTS = [
     (dict(model="diptych-tiny", prompt="hi", max_tokens=5000), diptych.BadRequestError, "lower max_tokens"),
     (dict(model="diptych-tiny", prompt=[7] * 1024), diptych.BadRequestError, "shorten the prompt"),
     (dict(model="diptych-tiny", prompt=[7, 9999]), diptych.BadRequestError, "outside the vocabulary"),
-    (dict(model="diptych-tiny", prompt="hi", temperature=3.0), diptych.BadRequestError,
-     "temperature must be between 0 and 2"),
+    (
+        dict(model="diptych-tiny", prompt="hi", temperature=3.0),
+        diptych.BadRequestError,
+        "temperature must be between 0 and 2",
+    ),
     (dict(model="diptych-tiny", prompt="hi", top_p=0.0), diptych.BadRequestError, "top_p must be greater than 0"),
     (dict(model="diptych-tiny", prompt="hi", stop=["a", "b", "c", "d", "e"]), diptych.BadRequestError, "at most 4"),
 ]
@@ -31,8 +34,10 @@ def gateway_requests(live, code: str | None = None) -> float:
     """Generate requests the split gateway has answered over gRPC, in all or with the status `code`."""
     text = httpx.get(live.metrics_urls["split"], timeout=5).text
     return sum(
-        float(line.split()[-1]) for line in text.splitlines()
-        if line.startswith("diptych_gateway_requests_total{") and 'protocol="grpc"' in line
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("diptych_gateway_requests_total{")
+        and 'protocol="grpc"' in line
         and (code is None or f'code="{code}"' in line)
     )
 

@@ -52,9 +52,19 @@ class Fleet:
     def start_gateway(self, name: str, port: int, **env: str) -> tuple[str, str]:
         metrics_port, http_port = free_port(), free_port()
         self.stack.start_gateway(
-            name, port, metrics_port, "split", http_port=http_port,
-            extra=("--skip-split-below", "0",
-                   "--worker-timeout", WORKER_TIMEOUT_S, "--token-timeout", WORKER_TIMEOUT_S),
+            name,
+            port,
+            metrics_port,
+            "split",
+            http_port=http_port,
+            extra=(
+                "--skip-split-below",
+                "0",
+                "--worker-timeout",
+                WORKER_TIMEOUT_S,
+                "--token-timeout",
+                WORKER_TIMEOUT_S,
+            ),
             **env,
         )
         return f"http://127.0.0.1:{metrics_port}/metrics", f"http://127.0.0.1:{http_port}/v1"
@@ -150,8 +160,8 @@ async def test_a_repeated_long_prefix_goes_to_the_prefill_worker_that_holds_it(f
     assert block_size, "the prefill workers publish no prefix cache (Load.block_size is 0)"
     prefix = long_prompt(1, 320)
     holder = (await complete(fleet, prefix + [5, 6, 7], 2)).usage.prefill.worker_id
-    deadline = time.monotonic() + 5   # the holder publishes the prefix's blocks in its next load report
-    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]   # salted per organization
+    deadline = time.monotonic() + 5  # the holder publishes the prefix's blocks in its next load report
+    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]  # salted per organization
     while last_block not in fleet.load(fleet.name_of(holder)).prefix_cache.block_hashes:
         assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
         await asyncio.sleep(0.05)
@@ -172,7 +182,7 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     holder = (await complete(fleet, prefix + [5], 2)).usage.prefill.worker_id
     holder_name = fleet.name_of(holder)
     deadline = time.monotonic() + 5
-    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]   # salted per organization
+    last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]  # salted per organization
     while last_block not in fleet.load(holder_name).prefix_cache.block_hashes:
         assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
         await asyncio.sleep(0.05)
@@ -228,10 +238,17 @@ async def test_an_http_client_that_disconnects_frees_the_sequence_on_both_worker
     watch = fleet.watch_cancellation(LONG_OUTPUT)
     async with httpx.AsyncClient(timeout=30) as client:
         async with client.stream(
-            "POST", f"{fleet.http_url}/completions",
+            "POST",
+            f"{fleet.http_url}/completions",
             headers={"Authorization": f"Bearer {fleet.credentials.api_key}"},
-            json={"model": MODEL, "prompt": [8] * 60, "max_tokens": LONG_OUTPUT, "ignore_eos": True,
-                  "temperature": 0, "stream": True},
+            json={
+                "model": MODEL,
+                "prompt": [8] * 60,
+                "max_tokens": LONG_OUTPUT,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+            },
         ) as response:
             assert response.status_code == 200
             chunks = 0
@@ -250,7 +267,7 @@ async def test_a_worker_that_stops_reporting_gets_no_new_work(fleet):
     migrations_before = fleet.metric("diptych_gateway_decode_migrations_total")
     fleet.stack.processes[silent].send_signal(signal.SIGSTOP)
     try:
-        await asyncio.sleep(STALE_AFTER_S + 0.5)   # the staleness limit is what this test is about
+        await asyncio.sleep(STALE_AFTER_S + 0.5)  # the staleness limit is what this test is about
         results = [await complete(fleet, [6] * (20 + i), 4) for i in range(4)]
     finally:
         fleet.stack.processes[silent].send_signal(signal.SIGCONT)
@@ -275,7 +292,7 @@ async def test_a_kv_hand_off_that_never_completes_moves_the_request_to_another_p
         results = await asyncio.gather(*pending)
     finally:
         fleet.stack.processes[frozen].send_signal(signal.SIGCONT)
-    assert fleet.metric("diptych_gateway_routing_decisions_total") >= routed_before + 3   # one request ran twice
+    assert fleet.metric("diptych_gateway_routing_decisions_total") >= routed_before + 3  # one request ran twice
     for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 6)
         assert result.usage.decode.worker_id != frozen_id
@@ -329,7 +346,7 @@ async def test_a_decode_worker_killed_mid_stream_is_replaced_without_a_repeated_
                 killed_id = fleet.current_id(killed)
                 fleet.stack.stop_process(killed, signal.SIGKILL)
     assert killed is not None and len(received) > 20
-    assert received == expected   # no token repeated, none missing
+    assert received == expected  # no token repeated, none missing
     assert usage.completion_tokens == len(expected)
     assert usage.decode.worker_id != killed_id
     assert fleet.metric("diptych_gateway_decode_migrations_total") == migrations_before + 1
@@ -341,8 +358,11 @@ async def test_a_decode_worker_killed_mid_stream_is_replaced_without_a_repeated_
 
 async def ledger_events(fleet: Fleet, request_id: str, expected: int, seconds: float = 15.0) -> list[dict]:
     deadline = time.monotonic() + seconds
-    with httpx.Client(base_url=f"{fleet.stack.control_plane_url}/api/v1",
-                      headers={"Authorization": f"Bearer {fleet.credentials.api_key}"}, timeout=10) as rest:
+    with httpx.Client(
+        base_url=f"{fleet.stack.control_plane_url}/api/v1",
+        headers={"Authorization": f"Bearer {fleet.credentials.api_key}"},
+        timeout=10,
+    ) as rest:
         while True:
             events = rest.get("/usage-events", params={"request_id": request_id}).json()["data"]
             if len(events) >= expected or time.monotonic() > deadline:
@@ -390,7 +410,7 @@ async def wait_until_not_serving(channel: grpc.aio.Channel, seconds: float = 10.
 
 
 async def test_usage_is_spooled_while_the_control_plane_is_down_and_replayed_exactly_once(fleet):
-    await complete(fleet, [3, 4, 5], 1)   # the gateway has verified the key and keeps it through the outage
+    await complete(fleet, [3, 4, 5], 1)  # the gateway has verified the key and keeps it through the outage
     fleet.stack.stop_process("control-plane")
     try:
         results = [await complete(fleet, [4] * (10 + i), 3 + i) for i in range(5)]
@@ -404,8 +424,11 @@ async def test_usage_is_spooled_while_the_control_plane_is_down_and_replayed_exa
         fleet.stack.start_control_plane()
     request_ids = [result.request_id for result in results]
     deadline = time.monotonic() + 20
-    with httpx.Client(base_url=f"{fleet.stack.control_plane_url}/api/v1",
-                      headers={"Authorization": f"Bearer {fleet.credentials.api_key}"}, timeout=10) as rest:
+    with httpx.Client(
+        base_url=f"{fleet.stack.control_plane_url}/api/v1",
+        headers={"Authorization": f"Bearer {fleet.credentials.api_key}"},
+        timeout=10,
+    ) as rest:
         while True:
             events = {rid: rest.get("/usage-events", params={"request_id": rid}).json()["data"] for rid in request_ids}
             if all(len(found) == 2 for found in events.values()) or time.monotonic() > deadline:

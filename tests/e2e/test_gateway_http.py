@@ -41,8 +41,10 @@ def test_completion_equals_transformers_generate_and_reports_usage(client, refer
 
 def test_chat_completion(client):
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
-        max_tokens=6, temperature=0,
+        model=MODEL,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+        max_tokens=6,
+        temperature=0,
     )
     assert chat.object == "chat.completion"
     assert chat.choices[0].message.role == "assistant"
@@ -52,10 +54,16 @@ def test_chat_completion(client):
 def test_streaming_chat_with_include_usage_matches_the_whole_answer(client):
     messages = [{"role": "user", "content": "tell me about the cache"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=20, temperature=0, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -112,11 +120,12 @@ def test_an_idempotency_key_makes_a_retried_request_one_billed_request(live):
     assert first["id"] == second["id"] and first["id"].startswith("exec_")
     assert (first["choices"], first["usage"]) == (second["choices"], second["usage"])
     with live.rest() as rest:
+
         def events() -> list[dict]:
             return rest.get("/usage-events", params={"request_id": first["id"]}).json()["data"]
 
         assert wait_for(lambda: len(events()) >= 2), "no usage for the request"
-        live.wait_until_usage_sent("split")   # every event the gateway held has reached the ledger
+        live.wait_until_usage_sent("split")  # every event the gateway held has reached the ledger
         assert sorted(e["phase"] for e in events()) == ["decode", "prefill"]
 
 

@@ -25,7 +25,8 @@ def new_key(live, scopes=("inference",), **limits) -> dict:
     if limits:
         assignments = ", ".join(f"{name}={value}" for name, value in limits.items())
         live.stack._manage(
-            "shell", "-c",
+            "shell",
+            "-c",
             "from controlplane.tenancy.models import ApiKey; "
             f"ApiKey.objects.filter(public_id={created['id']!r}).update({assignments})",
         )
@@ -37,7 +38,8 @@ def generate(gateway: str, key: str, max_tokens: int = 2):
     with grpc.insecure_channel(gateway.removeprefix("grpc://")) as channel:
         call = inference_pb2_grpc.InferenceStub(channel).Generate(
             inference_pb2.GenerateRequest(model=MODEL, prompt="limits", max_tokens=max_tokens, temperature=0),
-            metadata=(("authorization", f"Bearer {key}"),), timeout=30,
+            metadata=(("authorization", f"Bearer {key}"),),
+            timeout=30,
         )
         try:
             for _ in call:
@@ -54,7 +56,7 @@ def test_requests_per_minute_per_key_over_grpc_and_http(live):
     refused = generate(live.gateways["split"], key)
     assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     retry_after_ms = int(dict(refused.trailing_metadata())["retry-after-ms"])
-    assert 0 < retry_after_ms <= 30_000   # one request comes back every 30 s at 2 per minute
+    assert 0 < retry_after_ms <= 30_000  # one request comes back every 30 s at 2 per minute
     assert "API key limit of 2 requests per minute" in refused.details() and "retry after" in refused.details()
     with openai.OpenAI(api_key=key, base_url=live.http_urls["split"], max_retries=0) as client:
         with pytest.raises(openai.RateLimitError) as raised:
@@ -102,21 +104,29 @@ def test_a_key_without_the_inference_scope_is_refused(live):
     refused = generate(live.gateways["split"], key)
     assert refused.code() is grpc.StatusCode.PERMISSION_DENIED
     assert "lacks the 'inference' scope" in refused.details()
-    response = httpx.post(f"{live.http_urls['split']}/completions", headers={"Authorization": f"Bearer {key}"},
-                          json={"model": MODEL, "prompt": "x"}, timeout=10)
+    response = httpx.post(
+        f"{live.http_urls['split']}/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": MODEL, "prompt": "x"},
+        timeout=10,
+    )
     assert response.status_code == 403 and response.json()["error"]["type"] == "permission_error"
 
 
 def test_an_organization_over_its_spend_cap_is_refused_until_the_cap_is_raised(live):
-    key = new_key(live)["key"]   # a key of the demo organization, fresh in the gateway's cache
+    key = new_key(live)["key"]  # a key of the demo organization, fresh in the gateway's cache
     with live.rest() as rest:
         assert rest.put("/spend-limit", json={"limit_micros": 0}).status_code == 200
     try:
         refused = generate(live.gateways["split"], key)
         assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "spend limit of $0.00 reached for this billing period" in refused.details()
-        response = httpx.post(f"{live.http_urls['split']}/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": MODEL, "prompt": "x"}, timeout=10)
+        response = httpx.post(
+            f"{live.http_urls['split']}/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "prompt": "x"},
+            timeout=10,
+        )
         assert response.status_code == 429 and response.json()["error"]["code"] == "insufficient_quota"
     finally:
         with live.rest() as rest:

@@ -19,7 +19,7 @@ def generate_reference(model, prompt_ids: list[int], max_tokens: int) -> list[in
         out = model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_tokens
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def random_prompts(seed: int) -> list[list[int]]:
@@ -32,10 +32,12 @@ async def test_concurrent_greedy_output_equals_transformers_generate(live, refer
     model, _ = reference
     prompts = random_prompts(seed=7)
     async with diptych.AsyncClient(api_key=live.api_key, base_url=live.gateways[mode]) as client:
-        completions = await asyncio.gather(*(
-            client.completions.create(model="diptych-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-            for prompt in prompts
-        ))
+        completions = await asyncio.gather(
+            *(
+                client.completions.create(model="diptych-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+                for prompt in prompts
+            )
+        )
     for prompt, completion in zip(prompts, completions, strict=True):
         assert completion.token_ids == generate_reference(model, prompt, MAX_TOKENS), f"prompt of {len(prompt)} tokens"
         assert completion.usage.prompt_tokens == len(prompt)
@@ -72,7 +74,7 @@ def test_stream_delivers_each_token_and_ends_with_usage(live, reference):
 
 
 def test_kv_cache_moves_between_workers_and_never_through_the_gateway(live):
-    prompt = random_prompts(seed=11)[-1]   # 200 tokens
+    prompt = random_prompts(seed=11)[-1]  # 200 tokens
     # The KV cache moves in whole blocks (the last one partly filled) where the workers page it.
     block_size = live.worker_load("prefill-0").block_size or 1
     tokens_moved = -(-len(prompt) // block_size) * block_size
@@ -117,7 +119,7 @@ def test_stop_string_ends_the_output_before_it(live):
 @pytest.mark.parametrize("mode", MODES)
 def test_leaving_a_stream_early_frees_the_sequence_on_the_workers(live, mode):
     decode_worker = "decode-0" if mode == "split" else "colocated-0"
-    max_tokens = 970   # with the prompt, all of diptych-tiny's context: the stream is left far from its end
+    max_tokens = 970  # with the prompt, all of diptych-tiny's context: the stream is left far from its end
     watch = live.watch_cancellation(max_tokens)
     with diptych.Client(api_key=live.api_key, base_url=live.gateways[mode]) as client:
         stream = client.completions.create(

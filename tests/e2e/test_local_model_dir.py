@@ -25,7 +25,7 @@ from tests.e2e.test_generation import generate_reference
 from tests.e2e.waiting import wait_for
 
 MODEL = "my-llama"
-OWN_CONTEXT_LENGTH = 512   # diptych-tiny's is 1024
+OWN_CONTEXT_LENGTH = 512  # diptych-tiny's is 1024
 PROMPT = "A model directory on local disk serves like any other: catalog entry, two workers, and a request."
 
 
@@ -61,8 +61,16 @@ def test_a_saved_model_directory_registered_and_served_matches_generate(platform
     assert registered["source"] == str(directory.resolve())
 
     for role in ("prefill", "decode"):
-        stack.start_worker(f"{MODEL}-{role}", role, registered["fleet_tokens"][role], free_port(),
-                           "--model", MODEL, "--model-source", str(directory))
+        stack.start_worker(
+            f"{MODEL}-{role}",
+            role,
+            registered["fleet_tokens"][role],
+            free_port(),
+            "--model",
+            MODEL,
+            "--model-source",
+            str(directory),
+        )
     prefill, decode = stack.wait_for_workers([f"{MODEL}-prefill", f"{MODEL}-decode"])
 
     with diptych.Client(api_key=api_key, base_url=gateway) as client:
@@ -82,9 +90,17 @@ def test_a_saved_model_directory_registered_and_served_matches_generate(platform
 
 def replace_weights_with_another_model(directory: Path) -> None:
     config = LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=OWN_CONTEXT_LENGTH, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=OWN_CONTEXT_LENGTH,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
     )
     torch.manual_seed(1234)
     LlamaForCausalLM(config).save_pretrained(directory)
@@ -94,7 +110,9 @@ def test_registering_a_directory_without_a_config_is_refused_and_changes_nothing
     stack, api_key, gateway = platform
     result = subprocess.run(
         [sys.executable, "-m", "diptych_server.cli", "model", "register", "empty", str(tmp_path)],
-        env=stack.env(), capture_output=True, text=True,
+        env=stack.env(),
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert f"{tmp_path} is not a Hugging Face model directory (no config.json)" in result.stderr

@@ -45,9 +45,26 @@ def test_posting_the_same_usage_batch_twice_counts_it_once(live):
         )
     stored = usage_events(live, completion.id, expected=2)
     batch = [
-        {**{k: e[k] for k in ("request_id", "phase", "api_key_id", "model", "region", "worker_id", "tokens",
-                              "cached_tokens", "kv_bytes", "compute_ms", "started_at", "finished_at")},
-         "organization_id": live.credentials.organization_id}
+        {
+            **{
+                k: e[k]
+                for k in (
+                    "request_id",
+                    "phase",
+                    "api_key_id",
+                    "model",
+                    "region",
+                    "worker_id",
+                    "tokens",
+                    "cached_tokens",
+                    "kv_bytes",
+                    "compute_ms",
+                    "started_at",
+                    "finished_at",
+                )
+            },
+            "organization_id": live.credentials.organization_id,
+        }
         for e in stored
     ]
     with live.internal() as internal:
@@ -59,7 +76,7 @@ def test_posting_the_same_usage_batch_twice_counts_it_once(live):
 
 
 def test_usage_of_a_cancelled_stream_counts_the_tokens_delivered(live):
-    max_tokens = 1000   # with the prompt, all of diptych-tiny's context: the stream is left far from its end
+    max_tokens = 1000  # with the prompt, all of diptych-tiny's context: the stream is left far from its end
     watch = live.watch_cancellation(max_tokens)
     with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client:
         with client.completions.create(

@@ -11,15 +11,13 @@ from tests.e2e.waiting import wait_for
 
 MODEL = "diptych-tiny"
 PROMPT_IDS = [5, 17, 42, 99, 7, 3, 64, 23]
-LONG_OUTPUT = 1000   # with the prompt, all of diptych-tiny's context: a stream left early is far from its end
+LONG_OUTPUT = 1000  # with the prompt, all of diptych-tiny's context: a stream left early is far from its end
 
 
 def client_for(live, mode: str = "split", **options) -> diptych.Client:
     return diptych.Client(
         api_key=live.api_key, base_url=live.gateways[mode], admin_url=live.stack.control_plane_url, **options
     )
-
-
 
 
 def usage_events(live, request_id: str) -> list[dict]:

@@ -51,23 +51,39 @@ class Up:
     def __init__(self, tmp_path: Path) -> None:
         self.state_dir = (tmp_path / "state").resolve()
         self.gateway_port = free_port()
-        embedded = ("DATABASE_URL", "DIPTYCH_SECRET_KEY", "CELERY_BROKER_URL")   # up runs on its embedded default
+        embedded = ("DATABASE_URL", "DIPTYCH_SECRET_KEY", "CELERY_BROKER_URL")  # up runs on its embedded default
         env = {k: v for k, v in os.environ.items() if k not in embedded}
         read_end, write_end = os.pipe()
-        ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)   # inherited through exec, as by `up &` in a script
+        ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec, as by `up &` in a script
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "diptych_server.cli", "up", "--state-dir", str(self.state_dir),
-                 "--control-plane-port", str(free_port()), "--gateway-port", str(self.gateway_port),
-                 "--metrics-port", str(free_port()), "--http-port", str(free_port())],
-                stdout=write_end, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "diptych_server.cli",
+                    "up",
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--control-plane-port",
+                    str(free_port()),
+                    "--gateway-port",
+                    str(self.gateway_port),
+                    "--metrics-port",
+                    str(free_port()),
+                    "--http-port",
+                    str(free_port()),
+                ],
+                stdout=write_end,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         finally:
             signal.signal(signal.SIGINT, ignored)
             os.close(write_end)
         self._output = read_end
         self.output = ""
-        self.started: dict[int, int] = {}   # pid -> start time, of every process `up` started
+        self.started: dict[int, int] = {}  # pid -> start time, of every process `up` started
 
     def read_until(self, text: str, seconds: float = 240) -> str:
         deadline = time.monotonic() + seconds
@@ -117,7 +133,7 @@ class Up:
     def kill_everything(self) -> None:
         self.close_output()
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)   # `up` leads a session of its own
+            os.killpg(self.process.pid, signal.SIGKILL)  # `up` leads a session of its own
         for pid in self.survivors():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -156,7 +172,7 @@ def test_up_runs_the_platform_split_serves_a_request_and_stops_everything_on_ctr
     assert completion.usage.completion_tokens == 5
     up.record_descendants()
 
-    os.killpg(up.process.pid, signal.SIGINT)   # Ctrl-C: the terminal signals the foreground process group
+    os.killpg(up.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
     assert up.process.wait(timeout=60) == 0, up.read_until("stopping every process")
     _assert_all_stopped(up, seconds=5)
 
@@ -171,7 +187,7 @@ def test_up_stops_everything_on_sigterm_when_nobody_reads_its_output(up):
 
 
 def test_a_killed_up_takes_its_processes_with_it(up):
-    up.read_until(GATEWAY_STARTING_LINE)   # control plane, jobs and workers running; the gateway starting
+    up.read_until(GATEWAY_STARTING_LINE)  # control plane, jobs and workers running; the gateway starting
     up.record_descendants()
     up.process.kill()
     up.process.wait()
@@ -181,10 +197,10 @@ def test_a_killed_up_takes_its_processes_with_it(up):
 def test_make_up_passes_the_readme_s_arguments_to_diptych_up():
     readme = (REPO_ROOT / "README.md").read_text()
     documented = re.search(r'^make up ARGS="([^"]+)"', readme, re.MULTILINE)
-    assert documented, "the README shows no `make up ARGS=\"...\"`"
+    assert documented, 'the README shows no `make up ARGS="..."`'
     plan = subprocess.run(
         ["make", "-n", "up", f"ARGS={documented.group(1)}"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     ).stdout
     (command,) = [shlex.split(line) for line in plan.splitlines() if re.search(r"\bdiptych up\b", line)]
-    assert command[command.index("up") + 1:] == shlex.split(documented.group(1))
-    _parser().parse_args(command[command.index("up"):])   # every documented option exists
+    assert command[command.index("up") + 1 :] == shlex.split(documented.group(1))
+    _parser().parse_args(command[command.index("up") :])  # every documented option exists

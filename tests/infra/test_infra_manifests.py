@@ -51,7 +51,7 @@ def _k8s_containers():
 def _diptych_containers():
     """(deployment, container, its parsed `diptych` arguments) for every container that runs `diptych`."""
     for deployment, container in _k8s_containers():
-        if "args" in container:   # the image's entrypoint is `diptych`; others run a command such as manage.py
+        if "args" in container:  # the image's entrypoint is `diptych`; others run a command such as manage.py
             yield deployment, container, _parse(container)
 
 
@@ -78,8 +78,11 @@ def _listening_ports(args) -> dict[str, int]:
     ports = {
         cli._run_control_plane: lambda: {"http": args.port},
         cli._run_gateway: lambda: {"grpc": args.port, "http": args.http_port, "metrics": args.metrics_port},
-        cli._run_worker: lambda: {"grpc": args.port, "metrics": args.metrics_port,
-                                  "kv-data": args.kv_port if args.role == "decode" else 0},
+        cli._run_worker: lambda: {
+            "grpc": args.port,
+            "metrics": args.metrics_port,
+            "kv-data": args.kv_port if args.role == "decode" else 0,
+        },
         cli._run_jobs: lambda: {},
     }[args.run]()
     return {name: port for name, port in ports.items() if port}
@@ -92,7 +95,7 @@ def _required_env(args) -> set[str]:
     if args.run in (cli._run_control_plane, cli._run_jobs):
         required |= {"DATABASE_URL", "DIPTYCH_SECRET_KEY"}
     if args.run in (cli._run_gateway, cli._run_worker):
-        required.add("DIPTYCH_CONTROL_PLANE_URL")   # its default is loopback, wrong in any deployment
+        required.add("DIPTYCH_CONTROL_PLANE_URL")  # its default is loopback, wrong in any deployment
     return required
 
 
@@ -149,7 +152,7 @@ def test_every_probe_asks_a_port_that_answers_it():
             elif "httpGet" in probe:
                 port = probe["httpGet"]["port"]
                 assert declared.get(port, port) == _listening_ports(args)["http"], where
-                response = Client().get(probe["httpGet"]["path"])   # the kubelet sends no credentials
+                response = Client().get(probe["httpGet"]["path"])  # the kubelet sends no credentials
                 assert response.status_code == 200, f"{where}: {response.status_code}"
             else:
                 port = probe["tcpSocket"]["port"]
@@ -163,8 +166,11 @@ def test_prometheus_annotations_name_the_metrics_port():
         template = document["spec"]["template"]
         annotations = template["metadata"].get("annotations", {})
         if annotations.get("prometheus.io/scrape") == "true":
-            metrics = {_listening_ports(args).get("metrics") for _, container, args in _diptych_containers()
-                       if container in template["spec"]["containers"]}
+            metrics = {
+                _listening_ports(args).get("metrics")
+                for _, container, args in _diptych_containers()
+                if container in template["spec"]["containers"]
+            }
             assert metrics == {int(annotations["prometheus.io/port"])}, document["metadata"]["name"]
 
 
@@ -304,7 +310,8 @@ def _template_labels() -> dict[str, dict]:
     """Each Deployment's pod labels, by Deployment name."""
     return {
         document["metadata"]["name"]: document["spec"]["template"]["metadata"]["labels"]
-        for _, document in _k8s_documents() if document["kind"] == "Deployment"
+        for _, document in _k8s_documents()
+        if document["kind"] == "Deployment"
     }
 
 
@@ -322,8 +329,9 @@ def _selects(selector: dict, labels: dict) -> bool:
     for expression in selector.get("matchExpressions", []):
         present = expression["key"] in labels
         value_in = labels.get(expression["key"]) in expression.get("values", [])
-        outcome = {"In": present and value_in, "NotIn": not value_in, "Exists": present,
-                   "DoesNotExist": not present}[expression["operator"]]
+        outcome = {"In": present and value_in, "NotIn": not value_in, "Exists": present, "DoesNotExist": not present}[
+            expression["operator"]
+        ]
         if not outcome:
             return False
     return True
@@ -344,15 +352,19 @@ def _port_admits(rule_ports: list | None, port_name: str, port_number: int) -> b
 def _reachable(target: dict, port_name: str, port_number: int, source: dict, same_namespace: bool = True) -> bool:
     """Whether a pod with `source` labels may open `port` on a pod with `target` labels."""
     policies = [
-        d for _, d in _k8s_documents() if d["kind"] == "NetworkPolicy"
-        and "Ingress" in d["spec"].get("policyTypes", ["Ingress"]) and _selects(d["spec"]["podSelector"], target)
+        d
+        for _, d in _k8s_documents()
+        if d["kind"] == "NetworkPolicy"
+        and "Ingress" in d["spec"].get("policyTypes", ["Ingress"])
+        and _selects(d["spec"]["podSelector"], target)
     ]
     if not policies:
         return True  # no policy selects the pod: everything reaches it
     return any(
         _port_admits(rule.get("ports"), port_name, port_number)
         and any(_peer_admits(peer, source, same_namespace) for peer in rule.get("from", [{}]))
-        for policy in policies for rule in policy["spec"].get("ingress", [])
+        for policy in policies
+        for rule in policy["spec"].get("ingress", [])
     )
 
 

@@ -42,7 +42,9 @@ class ScriptedHttp:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                scripted.seen.append(Seen(self.command, self.path, dict(self.headers), json.loads(raw) if raw else None))
+                scripted.seen.append(
+                    Seen(self.command, self.path, dict(self.headers), json.loads(raw) if raw else None)
+                )
                 reply = scripted.script[min(len(scripted.seen), len(scripted.script)) - 1]
                 if reply.drop:
                     self.close_connection = True

@@ -71,7 +71,7 @@ def final_without_usage(request, context):
 def endless(request, context):
     while context.is_active():
         yield pb.GenerateResponse(request_id=request_id_of(request), text="x", token_ids=[7])
-        time.sleep(0.01)   # a token every 10 ms, as a generating worker paces a stream
+        time.sleep(0.01)  # a token every 10 ms, as a generating worker paces a stream
 
 
 def silent_after(count: int) -> Handler:
@@ -80,7 +80,7 @@ def silent_after(count: int) -> Handler:
     def handler(request, context):
         for index in range(count):
             yield pb.GenerateResponse(request_id=request_id_of(request), text=f"t{index}", token_ids=[index])
-        while context.is_active():   # silent, until the client ends the call
+        while context.is_active():  # silent, until the client ends the call
             time.sleep(0.01)
 
     return handler

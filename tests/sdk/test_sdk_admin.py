@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pytest
 from sdk_scripted_http import Reply, ScriptedHttp
@@ -10,13 +10,32 @@ from sdk_scripted_http import Reply, ScriptedHttp
 import diptych
 
 KEY = {
-    "id": "key_1", "name": "ci", "prefix": "dip_ab12", "scopes": ["inference", "admin:read"],
-    "created_at": "2026-11-20T10:00:00Z", "last_used_at": None, "expires_at": None, "revoked_at": None,
+    "id": "key_1",
+    "name": "ci",
+    "prefix": "dip_ab12",
+    "scopes": ["inference", "admin:read"],
+    "created_at": "2026-11-20T10:00:00Z",
+    "last_used_at": None,
+    "expires_at": None,
+    "revoked_at": None,
 }
 INVOICE = {
-    "id": "inv_1", "period_start": "2026-10-01", "period_end": "2026-11-01", "status": "open", "currency": "usd",
-    "total_cents": 1234, "stripe_invoice_id": "in_9",
-    "lines": [{"model": "diptych-tiny", "phase": "decode", "tokens": 1000, "unit_price_micros_per_million": 2_000_000, "amount_micros": 2000}],
+    "id": "inv_1",
+    "period_start": "2026-10-01",
+    "period_end": "2026-11-01",
+    "status": "open",
+    "currency": "usd",
+    "total_cents": 1234,
+    "stripe_invoice_id": "in_9",
+    "lines": [
+        {
+            "model": "diptych-tiny",
+            "phase": "decode",
+            "tokens": 1000,
+            "unit_price_micros_per_million": 2_000_000,
+            "amount_micros": 2000,
+        }
+    ],
 }
 
 
@@ -37,11 +56,20 @@ def test_api_keys_list_is_typed_and_authenticated(http, client):
     http.script = [Reply(body={"data": [KEY], "has_more": True, "total": 3})]
     page = client.admin.api_keys.list(limit=1, offset=0)
     assert page == diptych.Page(
-        data=[diptych.ApiKey(
-            id="key_1", name="ci", prefix="dip_ab12", scopes=["inference", "admin:read"],
-            created_at=datetime(2026, 11, 20, 10, tzinfo=timezone.utc), last_used_at=None, expires_at=None, revoked_at=None,
-        )],
-        has_more=True, total=3,
+        data=[
+            diptych.ApiKey(
+                id="key_1",
+                name="ci",
+                prefix="dip_ab12",
+                scopes=["inference", "admin:read"],
+                created_at=datetime(2026, 11, 20, 10, tzinfo=UTC),
+                last_used_at=None,
+                expires_at=None,
+                revoked_at=None,
+            )
+        ],
+        has_more=True,
+        total=3,
     )
     (seen,) = http.seen
     assert (seen.method, seen.path) == ("GET", "/api/v1/api-keys?limit=1&offset=0")
@@ -49,7 +77,10 @@ def test_api_keys_list_is_typed_and_authenticated(http, client):
 
 
 def test_create_and_revoke_send_json(http, client):
-    http.script = [Reply(status=201, body={**KEY, "key": "dip_secret"}), Reply(body={**KEY, "revoked_at": "2026-11-21T00:00:00+00:00"})]
+    http.script = [
+        Reply(status=201, body={**KEY, "key": "dip_secret"}),
+        Reply(body={**KEY, "revoked_at": "2026-11-21T00:00:00+00:00"}),
+    ]
     created = client.admin.api_keys.create(name="ci", scopes=["inference"])
     revoked = client.admin.api_keys.revoke(created.id)
     assert created.key == "dip_secret" and revoked.key is None and revoked.revoked_at is not None
@@ -61,8 +92,17 @@ def test_create_and_revoke_send_json(http, client):
 def test_usage_billing_invoices_and_spend_limit(http, client):
     http.script = [
         Reply(body={"data": [{"day": "2026-11-21", "key": "decode", "tokens": 7, "amount_micros": 14}]}),
-        Reply(body={"period_start": "2026-11-01", "period_end": "2026-12-01", "currency": "usd", "amount_to_date_micros": 5,
-                    "projected_micros": 9, "spend_limit_micros": None, "alerts": [{"threshold_percent": 80, "triggered_at": "2026-11-21T01:02:03Z"}]}),
+        Reply(
+            body={
+                "period_start": "2026-11-01",
+                "period_end": "2026-12-01",
+                "currency": "usd",
+                "amount_to_date_micros": 5,
+                "projected_micros": 9,
+                "spend_limit_micros": None,
+                "alerts": [{"threshold_percent": 80, "triggered_at": "2026-11-21T01:02:03Z"}],
+            }
+        ),
         Reply(body={"data": [INVOICE], "has_more": False, "total": 1}),
         Reply(body={"limit_micros": 50_000_000}),
     ]
@@ -94,7 +134,13 @@ def test_bad_arguments_are_refused_before_sending(http, client, call):
 
 @pytest.mark.parametrize(
     ("status", "error_class"),
-    [(400, diptych.BadRequestError), (401, diptych.AuthenticationError), (403, diptych.PermissionDeniedError), (404, diptych.NotFoundError), (500, diptych.InternalServerError)],
+    [
+        (400, diptych.BadRequestError),
+        (401, diptych.AuthenticationError),
+        (403, diptych.PermissionDeniedError),
+        (404, diptych.NotFoundError),
+        (500, diptych.InternalServerError),
+    ],
 )
 def test_http_errors_are_typed_and_not_retried(http, client, status, error_class):
     http.script = [Reply(status=status, body={"error": {"type": "nope", "message": "the server said no"}})]
@@ -105,14 +151,20 @@ def test_http_errors_are_typed_and_not_retried(http, client, status, error_class
 
 
 def test_rate_limit_is_retried_after_the_servers_delay(http, client):
-    http.script = [Reply(status=429, body={"error": {"type": "throttled", "message": "slow down"}}, headers={"Retry-After": "0"}),
-                   Reply(body={"data": [], "has_more": False, "total": 0})]
+    http.script = [
+        Reply(status=429, body={"error": {"type": "throttled", "message": "slow down"}}, headers={"Retry-After": "0"}),
+        Reply(body={"data": [], "has_more": False, "total": 0}),
+    ]
     assert client.admin.invoices.list().total == 0
     assert len(http.seen) == 2
 
 
 def test_rate_limit_gives_up_after_max_retries(http, client):
-    http.script = [Reply(status=429, body={"error": {"type": "throttled", "message": "slow down"}}, headers={"Retry-After": "0.01"})]
+    http.script = [
+        Reply(
+            status=429, body={"error": {"type": "throttled", "message": "slow down"}}, headers={"Retry-After": "0.01"}
+        )
+    ]
     with pytest.raises(diptych.RateLimitError) as raised:
         client.admin.invoices.list()
     assert raised.value.retry_after == 0.01 and len(http.seen) == 3
@@ -131,8 +183,12 @@ def test_dropped_connection_retries_a_get_but_never_a_post(http, client):
 
 @pytest.mark.parametrize(
     "reply",
-    [Reply(raw=b"<html>proxy</html>"), Reply(body={"data": [{**KEY, "created_at": "yesterday"}], "has_more": False, "total": 1}),
-     Reply(body={"data": [KEY], "has_more": False}), Reply(body={"data": [{**KEY, "scopes": "inference"}], "has_more": False, "total": 1})],
+    [
+        Reply(raw=b"<html>proxy</html>"),
+        Reply(body={"data": [{**KEY, "created_at": "yesterday"}], "has_more": False, "total": 1}),
+        Reply(body={"data": [KEY], "has_more": False}),
+        Reply(body={"data": [{**KEY, "scopes": "inference"}], "has_more": False, "total": 1}),
+    ],
     ids=["not json", "bad time", "missing field", "wrong type"],
 )
 def test_answers_that_break_the_contract(http, client, reply):

@@ -25,9 +25,7 @@ CANCEL_SEEN_S = 5
 
 @pytest.fixture
 def client(server):
-    with diptych.Client(
-        api_key="sk-test", base_url=server.base_url, timeout=CALL_TIMEOUT_S, max_retries=2
-    ) as client:
+    with diptych.Client(api_key="sk-test", base_url=server.base_url, timeout=CALL_TIMEOUT_S, max_retries=2) as client:
         yield client
 
 

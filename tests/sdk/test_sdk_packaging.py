@@ -139,7 +139,8 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
         shutil.copytree(folder, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "dist", "__pycache__"))
         subprocess.run(
             [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(workdir / name), str(source)],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
         (built[name],) = (workdir / name).glob("*.whl")
     return built
@@ -158,8 +159,11 @@ def test_contract_wheel_holds_the_stubs_and_nothing_else(wheels):
     names, metadata = _metadata(wheels["diptych_proto"])
     version = importlib.metadata.version("diptych-proto")
     assert {
-        "diptych_proto/__init__.py", "diptych_proto/py.typed", "diptych_proto/v1/__init__.py",
-        "diptych_proto/v1/inference_pb2.py", "diptych_proto/v1/inference_pb2.pyi",
+        "diptych_proto/__init__.py",
+        "diptych_proto/py.typed",
+        "diptych_proto/v1/__init__.py",
+        "diptych_proto/v1/inference_pb2.py",
+        "diptych_proto/v1/inference_pb2.pyi",
         "diptych_proto/v1/inference_pb2_grpc.py",
     } <= names
     assert all(name.startswith(("diptych_proto/", f"diptych_proto-{version}.dist-info/")) for name in names), names
@@ -170,9 +174,19 @@ def test_contract_wheel_holds_the_stubs_and_nothing_else(wheels):
 def test_the_contract_stubs_are_generated_from_inference_proto(tmp_path):
     """`make proto` was run after the last change to inference.proto: the stubs match it byte for byte."""
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Idiptych_proto/v1=proto/diptych/v1", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "proto/diptych/v1/inference.proto"],
-        cwd=REPO, check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Idiptych_proto/v1=proto/diptych/v1",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            "proto/diptych/v1/inference.proto",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
     )
     for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
         generated = (tmp_path / "diptych_proto" / "v1" / name).read_text()

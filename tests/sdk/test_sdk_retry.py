@@ -50,7 +50,7 @@ def test_transient_errors_are_retried_up_to_max_retries(error):
         _status(diptych.AuthenticationError),
         _status(diptych.PermissionDeniedError),
         _status(diptych.NotFoundError),
-        _status(diptych.ConflictError),   # a REST conflict (code "X" here, "conflict" from the admin API)
+        _status(diptych.ConflictError),  # a REST conflict (code "X" here, "conflict" from the admin API)
         _status(diptych.InternalServerError),
         diptych.APITimeoutError("late", code="DEADLINE_EXCEEDED"),
         diptych.APIConnectionError("cancelled", code="CANCELLED"),
@@ -77,7 +77,11 @@ def test_closed_port_raises_connection_error_after_retries(closed_port, caplog):
             client.completions.create(model="m", prompt="hi", idempotency_key="closed-1")
     assert time.monotonic() - started < 3.0
     assert type(raised.value) is diptych.APIConnectionError
-    assert (raised.value.code, raised.value.idempotency_key, raised.value.request_id) == ("UNAVAILABLE", "closed-1", None)
+    assert (raised.value.code, raised.value.idempotency_key, raised.value.request_id) == (
+        "UNAVAILABLE",
+        "closed-1",
+        None,
+    )
     assert [record.message.startswith("Retrying request closed-1") for record in caplog.records] == [True]
 
 
