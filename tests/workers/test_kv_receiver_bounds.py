@@ -13,13 +13,10 @@ import grpc
 import pytest
 import torch
 
+from tests.workers.kv_wire import LAYOUT, TOKEN, hello
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import FRAME, MAGIC, MAX_HELLO_BYTES, KvTransferError, checksum
-from workers.model_runner import KvLayout
-
-LAYOUT = KvLayout(num_layers=2, kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)
-TOKEN = b"t" * 32
 
 
 class RecordingStaging(StagingPool):
@@ -49,24 +46,6 @@ def receiver():
 
 def connect(receiver) -> socket.socket:
     return socket.create_connection((receiver.host, receiver.port), timeout=5)
-
-
-def hello(num_tokens: int, **header) -> bytes:
-    body = json.dumps(
-        {
-            "request_id": "req-1",
-            "transfer_token": TOKEN.hex(),
-            "data_path": "tcp",
-            "num_tokens": num_tokens,
-            "num_layers": 2,
-            "kv_heads": 2,
-            "head_dim": 8,
-            "block_size": 4,
-            "dtype": "float32",
-            **header,
-        }
-    ).encode()
-    return MAGIC + struct.pack("<I", len(body)) + body
 
 
 def reply(sock: socket.socket) -> dict:

@@ -17,16 +17,14 @@ import pytest
 import torch
 
 from diptych_common.proto.v1 import worker_pb2
+from tests.workers.kv_wire import LAYOUT, TOKEN, hello
 from workers.kv_connector import shm
 from workers.kv_connector.base import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender, peer_from_endpoint
 from workers.kv_connector.staging import StagingPool
-from workers.kv_connector.wire import FRAME, MAGIC, KvTransferError, checksum
-from workers.model_runner import KvLayout, ModelRunner
-
-LAYOUT = KvLayout(num_layers=2, kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)
-TOKEN = b"t" * 32
+from workers.kv_connector.wire import FRAME, KvTransferError, checksum
+from workers.model_runner import ModelRunner
 
 
 class PoolRunner:
@@ -159,21 +157,7 @@ class HandSender:
         self.sock = socket.create_connection((receiver.host, receiver.port), timeout=5)
         self.num_tokens = num_tokens
         self.prompt_sent = False
-        body = json.dumps(
-            {
-                "request_id": "req-1",
-                "transfer_token": TOKEN.hex(),
-                "data_path": "tcp",
-                "num_tokens": num_tokens,
-                "num_layers": 2,
-                "kv_heads": 2,
-                "head_dim": 8,
-                "block_size": 4,
-                "dtype": "float32",
-                **header,
-            }
-        ).encode()
-        self.sock.sendall(MAGIC + struct.pack("<I", len(body)) + body)
+        self.sock.sendall(hello(num_tokens, **header))
 
     def reply(self) -> dict:
         """The next reply; once the hello is accepted, the prompt's token ids follow, as a sender's do."""
