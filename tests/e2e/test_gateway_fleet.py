@@ -401,10 +401,16 @@ async def test_sigterm_drains_the_gateway_finishing_in_flight_streams_and_refusi
 
 
 async def wait_until_not_serving(channel: grpc.aio.Channel, seconds: float = 10.0) -> None:
-    """Until the gateway's health says NOT_SERVING: it has begun to drain."""
+    """Until the gateway has begun to drain: its health says NOT_SERVING, or its server already refuses new
+    calls, health checks included (it stops taking calls right after turning NOT_SERVING)."""
     health = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + seconds
-    while (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == SERVING:
+    while True:
+        try:
+            if (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status != SERVING:
+                return
+        except grpc.aio.AioRpcError:
+            return
         assert time.monotonic() < deadline, f"the gateway still serves {seconds} s after SIGTERM"
         await asyncio.sleep(0.02)
 
