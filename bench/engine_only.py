@@ -23,21 +23,28 @@ from workers.request import EngineRequest
 from workers.sampling import SamplingParams
 
 
-async def _closed_loop(engine: Engine, requests, concurrency: int) -> int:
+async def engine_closed_loop(engine: Engine, requests, concurrency: int) -> dict[int, list[int]]:
+    """Greedy requests fed to the engine by `concurrency` clients, each sending its next request when the last
+    one ends; returns each request's output tokens by its index."""
     queue = list(requests)
+    outputs: dict[int, list[int]] = {}
 
-    async def client() -> int:
-        tokens = 0
+    async def client() -> None:
         while queue:
             request = queue.pop(0)
             params = SamplingParams(temperature=0.0, max_tokens=request.output_tokens, ignore_eos=True)
             handle = engine.add(EngineRequest(f"r{request.index}", request.prompt_token_ids, params))
-            while not (await handle.outputs.get()).finished:
-                tokens += 1
-            tokens += 1
-        return tokens
+            tokens = outputs[request.index] = []
+            while True:
+                output = await handle.outputs.get()
+                if isinstance(output, Exception):
+                    raise output
+                tokens.append(output.token_id)
+                if output.finished:
+                    break
 
-    return sum(await asyncio.gather(*(client() for _ in range(concurrency))))
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return outputs
 
 
 async def _run(args, loaded) -> None:
@@ -50,7 +57,8 @@ async def _run(args, loaded) -> None:
             steps: list[tuple[int, float]] = []
             engine.on_step = lambda tokens, step_ms, steps=steps: steps.append((tokens, step_ms))
             started = time.perf_counter()
-            tokens = await _closed_loop(engine, closed_loop_requests(profile, repeat), profile.concurrency)
+            outputs = await engine_closed_loop(engine, closed_loop_requests(profile, repeat), profile.concurrency)
+            tokens = sum(map(len, outputs.values()))
             elapsed = time.perf_counter() - started
             rates.append(tokens / elapsed)
             print(

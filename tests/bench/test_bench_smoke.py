@@ -289,3 +289,16 @@ def test_migration_parity_finds_the_first_difference_and_the_gap_there():
     whole = parity.Stream([0], tokens=[10, 11, 12], top={1: ([2.0, 1.0], [11, 5]), 2: ([3.0, 1.0], [12, 5])})
     migrated = parity.Stream([0, 10], tokens=[11, 12], top={1: ([2.5, 1.0], [11, 5]), 2: ([2.9, 1.0], [12, 5])})
     assert parity.largest_drift([whole], [migrated], cut=1) == pytest.approx(0.5)
+
+
+def test_gpu_serving_compares_both_engines_on_the_same_tokens(capsys):
+    from bench.gpu_serving import main
+
+    argv = ["--device", "cpu", "--model", "diptych-tiny", "--concurrency", "4", "--requests", "6"]
+    assert main([*argv, "--prompt-tokens", "16", "--output-tokens", "8", "--kv-cache-mib", "16", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[:36].strip(): line[36:].split() for line in lines[2:]}
+    assert set(rows) == {"transformers continuous batching", "diptych, CUDA graphs off"}
+    assert rows["transformers continuous batching"][1] == "1.00x"
+    # both greedy over the same float32 model on the CPU: every output agrees token for token
+    assert rows["diptych, CUDA graphs off"][2] == "6/6"

@@ -34,3 +34,13 @@ def test_100m_has_the_shape_the_benchmark_reports():
         12,
         4,
     )
+
+
+def test_1b_has_the_shape_of_a_1b_class_llama():
+    model_spec = builtin_model_for("builtin:diptych-1b")
+    assert model_spec is not None
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**model_spec.llama_config))
+    parameters = sum(p.numel() for p in model.parameters())
+    assert 1.0e9 < parameters < 1.1e9
+    assert model_spec.tokenizer_dir.name == "diptych-100m"
