@@ -50,7 +50,7 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Idiptych_proto/v1=proto/diptych/v1 --python_out=proto/src --pyi_out=proto/src \
 		--grpc_python_out=proto/src proto/diptych/v1/inference.proto
 	$(PY) -m grpc_tools.protoc -Idiptych_common/proto=proto/diptych/internal --python_out=. --pyi_out=. \
-		--grpc_python_out=. proto/diptych/internal/v1/worker.proto
+		--grpc_python_out=. proto/diptych/internal/v1/worker.proto proto/diptych/internal/v1/kv_tier.proto
 
 clean:
 	rm -rf $(VENV) .diptych frontend/dist

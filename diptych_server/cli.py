@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--gateway-port", type=int, default=50051)
     up.add_argument("--http-port", type=int, default=8080, help="the gateway's OpenAI-compatible HTTP API")
     up.add_argument("--metrics-port", type=int, default=9090)
+    up.add_argument(
+        "--kv-tier",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the shared KV tier's store and point the workers at it",
+    )
     up.set_defaults(run=_run_up)
 
     control_plane = commands.add_parser("control-plane", help="run the control plane's HTTP server")
@@ -109,8 +115,25 @@ def _parser() -> argparse.ArgumentParser:
         help="on CUDA, replay decode steps from graphs captured at start-up",
     )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
+    worker.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks: this process and N-1 follower processes it starts "
+        "(gloo on the CPU; NCCL on CUDA, rank r on cuda:n+r under --device cuda:n)",
+    )
+    worker.add_argument(
+        "--kv-tier", default="", metavar="HOST:PORT", help="the shared KV tier's store (diptych kv-tier); default: none"
+    )
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
+
+    from workers.kv_tier.options import add_tier_arguments  # argparse alone
+
+    kv_tier = commands.add_parser("kv-tier", help="run the shared KV tier's store (host memory, disk) for workers")
+    add_tier_arguments(kv_tier)
+    kv_tier.set_defaults(run=_run_kv_tier)
 
     model = commands.add_parser("model", help="built-in models")
     model_commands = model.add_subparsers(required=True, metavar="action")
@@ -146,7 +169,9 @@ def _require_env(name: str) -> str:
 def _run_up(args) -> int:
     from diptych_server.up import run_up
 
-    return run_up(args.state_dir, args.control_plane_port, args.gateway_port, args.metrics_port, args.http_port)
+    return run_up(
+        args.state_dir, args.control_plane_port, args.gateway_port, args.metrics_port, args.http_port, args.kv_tier
+    )
 
 
 def _run_control_plane(args) -> None:
@@ -209,6 +234,8 @@ def _run_worker(args) -> None:
             threads=args.threads,
             kv_port=args.kv_port,
             metrics_port=args.metrics_port,
+            kv_tier=args.kv_tier,
+            tensor_parallel=args.tensor_parallel,
             engine_config=EngineConfig(
                 block_size=args.block_size,
                 kv_cache_mib=args.kv_cache_mib,
@@ -219,6 +246,12 @@ def _run_worker(args) -> None:
             ),
         )
     )
+
+
+def _run_kv_tier(args) -> int:
+    from workers.kv_tier.server import run
+
+    return run(args)
 
 
 def _run_model_save(args) -> None:

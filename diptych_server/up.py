@@ -12,7 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from diptych_server.stack import Stack, StackError
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from diptych_server.stack import Stack, StackError, free_port
 
 # Long enough to run split (74 tokens of diptych-tiny): the gateway runs prompts of at most 32 uncached tokens
 # wholly on the decode worker (its --skip-split-below).
@@ -21,16 +24,25 @@ DEMO_PROMPT = (
     "token, then moves that cache to a decode worker, which extends it one token at a time:"
 )
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KV_TIER_NAME = "kv-tier"
+KV_TIER_MEMORY_MIB = 256
+KV_TIER_DISK_MIB = 1024
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def run_up(
-    state_dir: Path, control_plane_port: int, gateway_port: int, metrics_port: int, http_port: int = 8080
+    state_dir: Path,
+    control_plane_port: int,
+    gateway_port: int,
+    metrics_port: int,
+    http_port: int = 8080,
+    kv_tier: bool = True,
 ) -> int:
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, _interrupt)
     stack = Stack(state_dir, control_plane_port=control_plane_port, supervised=True)
     try:
-        _start(stack, gateway_port, metrics_port, http_port)
+        _start(stack, gateway_port, metrics_port, http_port, kv_tier)
         _wait_for_interrupt(stack)
     except StackError as error:
         _say(f"\ndiptych up failed: {error}")
@@ -45,15 +57,16 @@ def run_up(
     return 0
 
 
-def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -> None:
+def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, kv_tier: bool) -> None:
     _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
     credentials = stack.prepare_control_plane(demo=True)
     _step(2, f"starting the control plane on {stack.control_plane_url} and its background jobs")
     stack.start_control_plane()
     stack.start_jobs()
     _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
-    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], port=0)
-    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], port=0)
+    tier_options = _start_kv_tier(stack) if kv_tier else ()
+    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], 0, *tier_options)
+    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], 0, *tier_options)
     worker_names = {}
     for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
         worker_names[worker["id"]] = worker["name"]
@@ -83,6 +96,29 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int) -
             f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
             f"password {credentials.dashboard_password})"
         )
+
+
+def _start_kv_tier(stack: Stack, timeout: float = 30.0) -> tuple[str, ...]:
+    """Starts the shared KV tier's store (host memory, spilling to the state directory) and waits until it
+    serves; returns the workers' options that point them at it."""
+    port = free_port()
+    disk = stack.state_dir / "kv-tier"
+    options = ["--port", str(port), "--memory-mib", str(KV_TIER_MEMORY_MIB), "--disk-dir", str(disk)]
+    stack._spawn(KV_TIER_NAME, ["kv-tier", *options, "--disk-mib", str(KV_TIER_DISK_MIB)])
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if stack.processes[KV_TIER_NAME].poll() is not None:
+                raise StackError(f"the KV tier stopped at start; see {stack.log_path(KV_TIER_NAME)}")
+            try:
+                if health.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == SERVING:
+                    _say(f"      kv-tier  the shared KV tier at 127.0.0.1:{port}, spilling to {disk}/")
+                    return ("--kv-tier", f"127.0.0.1:{port}")
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise StackError(f"the KV tier did not serve within {timeout:.0f} s; see {stack.log_path(KV_TIER_NAME)}")
 
 
 def _demo_request(api_key: str, base_url: str, worker_names: dict[str, str]) -> None:

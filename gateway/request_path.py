@@ -206,6 +206,7 @@ class RequestPath:
                 prompt_tokens=len(prompt),
                 priority=priority,
                 cache_salt=plan.cache_salt,
+                prompt_token_ids=prompt,  # the decode worker keeps what it holds of it; the rest is sent
             ),
             timeout=deadline,
         )

@@ -4,7 +4,11 @@
   its prefix cache (matched against the block hashes it publishes, computed under the request's
   organization salt as the workers compute them) plus a fixed price per request waiting on it. Each
   worker is scored on its own, so one hot worker loses only its own requests.
-- Decode worker: room for the sequence in its free KV blocks, then the fewest active and waiting sequences.
+- Decode worker: room for the sequence in its free KV blocks, then the least load net of the prompt's
+  prefix it already holds (its published block hashes, as for prefill): the prefill worker sends it only
+  the blocks after that prefix, so a conversation's next turn goes back to the worker that served the
+  last one unless that worker has more sequences than the prefix is worth (each QUEUED_REQUEST_TOKENS
+  held tokens outweigh one sequence), then the fewest active and waiting sequences.
 - Split skip: a prompt that is short, or held by the decode worker's own prefix cache, is run whole on
   the decode worker (Generate) when its uncached part is at most `skip_split_below` tokens: the KV
   hand-off would cost more than the prefill it saves.
@@ -146,7 +150,7 @@ class Router:
     def _split_route(self, request: RouteRequest, prefill: list[WorkerInfo], decode: list[WorkerInfo]) -> Route:
         prompt = request.prompt_token_ids
         chains: dict[int, list[int]] = {}  # the prompt's block hashes, per block size
-        decode_worker = self._pick_decode(request, decode)
+        decode_worker = self._pick_decode(request, decode, chains)
         may_skip = decode_worker.id not in self._no_generate
         held = self._matched_tokens(decode_worker, request, chains) if may_skip else 0
         whole_on_decode = Route(
@@ -184,7 +188,9 @@ class Router:
         reported = load.prompt_tokens_pending if load is not None else 0
         return max(reported, self._prompting[worker.id])
 
-    def _pick_decode(self, request: RouteRequest, workers: list[WorkerInfo]) -> WorkerInfo:
+    def _pick_decode(
+        self, request: RouteRequest, workers: list[WorkerInfo], chains: dict[int, list[int]]
+    ) -> WorkerInfo:
         tokens = len(request.prompt_token_ids) + request.max_tokens
 
         def room(worker: WorkerInfo) -> bool:
@@ -198,7 +204,12 @@ class Router:
             return load.kv_blocks_free if load is not None else 0
 
         with_room = [w for w in workers if room(w)] or workers
-        return min(with_room, key=lambda w: (self._pending(w), -free_blocks(w), w.id))
+        held = {w.id: self._matched_tokens(w, request, chains) for w in with_room}
+
+        def load(worker: WorkerInfo) -> tuple[int, int, str]:
+            return QUEUED_REQUEST_TOKENS * self._pending(worker) - held[worker.id], -free_blocks(worker), worker.id
+
+        return min(with_room, key=load)
 
     def _pending(self, worker: WorkerInfo) -> int:
         """Requests on the worker: its own report, or this gateway's count when that is higher (the

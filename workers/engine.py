@@ -14,12 +14,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.kv_cache_manager import KVCacheManager
+from workers.kv_cache_manager import KVCacheManager, NamingMark
 from workers.kv_connector.base import KvConnector, KvSent
+from workers.kv_tier.blocks import write_tier_loads
+from workers.kv_tier.link import EngineTier
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
 from workers.sampling import StopCriteria, finite_rows, sample
-from workers.scheduler import Scheduler, SchedulerOutput
+from workers.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from workers.spec_decode.config import SpecConfig
+from workers.spec_decode.proposer import DraftRequest, build_proposer
+from workers.spec_decode.verify import Verdict, verify
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     device: str = "cpu"
     cuda_graphs: bool = True  # on CUDA devices, replay decode steps from captured graphs
+    speculative: SpecConfig | None = None  # draft tokens on decoding requests and verify them (off: None)
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,16 @@ class TokenOutput:
     token_id: int
     finished: bool
     finished_by_eos: bool
+
+
+@dataclass
+class Sampled:
+    """What one sampling request got from a step: its tokens, in order (the accepted drafts and the
+    target's next pick, cut after a token that ends the request), and the drafts for its next step."""
+
+    tokens: list[int]
+    num_accepted: int  # drafts accepted by the target (even past a stop)
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +102,13 @@ class EngineStats:
     steps: int
     kv_bytes_sent: int
     kv_bytes_received: int
+    draft_tokens_proposed: int = 0  # speculative decoding: drafts verified in a step
+    draft_tokens_accepted: int = 0  # of those, the ones equal to the target's own pick
+    tier_hit_tokens: int = 0  # shared KV tier: prompt tokens loaded from it instead of computed
+    tier_queried_tokens: int = 0  # prompt tokens it was asked for (those after the local prefix hits)
+    tier_blocks_put: int = 0  # blocks shipped to it (write-through of every full block computed)
+    tier_blocks_dropped: int = 0  # blocks not shipped: the put queue was full, or the tier unreachable
+    tier_errors: int = 0  # failed calls and damaged blocks (each one computed here instead)
 
     @property
     def waiting(self) -> int:
@@ -98,6 +121,7 @@ class Engine:
         self.runner = runner
         self.config = config
         self.connector: KvConnector | None = None  # KV that crosses workers: see attach_connector
+        self.tier: EngineTier | None = None  # the shared KV tier: see attach_tier
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running)
         self._stop = stop
@@ -110,8 +134,13 @@ class Engine:
         self.steps_run = 0
         # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
         self.on_step: Callable[[int, float], None] | None = None
-        # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks)
+        # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks); a
+        # request with drafts has one row per draft more
         self.on_logits: Callable[[list[EngineRequest], torch.Tensor], None] | None = None
+        spec = config.speculative
+        self.proposer = build_proposer(spec, runner.config.vocab_size, config.device) if spec else None
+        self.draft_tokens_proposed = 0
+        self.draft_tokens_accepted = 0
 
     def attach_connector(self, connector: KvConnector) -> None:
         """Gives the engine its KV connector, before its first request (the connector is built for the
@@ -120,6 +149,21 @@ class Engine:
             raise RuntimeError("attach the KV connector before the engine takes its first request")
         self.connector = connector
         self.scheduler.connector = connector
+
+    def attach_tier(self, tier: EngineTier) -> None:
+        """Gives the engine the shared KV tier (prefix blocks in host memory and on disk, shared by the
+        model's workers), before its first request."""
+        if self._handles or self.steps_run:
+            raise RuntimeError("attach the KV tier before the engine takes its first request")
+        if not self.kv.enable_prefix_caching:
+            raise ValueError("the KV tier shares named prefix blocks: it needs prefix caching on")
+        self.tier = tier
+
+    async def fetch_from_tier(self, request: EngineRequest) -> None:
+        """Before `add`: fetches the blocks of the request's prompt after its local prefix hit that the KV
+        tier holds (it carries them to admission); nothing without a tier or when the tier fails."""
+        if self.tier is not None and request.tier_kv is None:
+            request.tier_kv = await self.tier.fetch(request, self.kv)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -185,7 +229,22 @@ class Engine:
             steps=self.steps_run,
             kv_bytes_sent=transfers.bytes_sent if transfers else 0,
             kv_bytes_received=transfers.bytes_received if transfers else 0,
+            draft_tokens_proposed=self.draft_tokens_proposed,
+            draft_tokens_accepted=self.draft_tokens_accepted,
+            **self._tier_stats(),
         )
+
+    def _tier_stats(self) -> dict[str, int]:
+        if self.tier is None:
+            return {}
+        client = self.tier.client.stats()
+        return {
+            "tier_hit_tokens": self.tier.hit_tokens,
+            "tier_queried_tokens": self.tier.queried_tokens,
+            "tier_blocks_put": client.blocks_put,
+            "tier_blocks_dropped": client.blocks_dropped,
+            "tier_errors": client.errors,
+        }
 
     def load_changed(self) -> None:
         """Wakes the load watchers (the worker's own state, such as draining, changed)."""
@@ -223,33 +282,61 @@ class Engine:
             self._connector_step_done(out)
             self.steps_run += 1
             self._account(out, (time.monotonic() - started) * 1000)
+            tier_marks = self.tier.mark(out, self.kv) if self.tier is not None else None
             self._update(out, results)
+            if tier_marks is not None:
+                await self._tier_after_step(out, tier_marks)
             self._changed()
 
     def _prepare(self, out: SchedulerOutput) -> list[StepInput]:
         inputs = []
         for chunk in out.chunks:
-            request = chunk.request
-            tokens = request.all_token_ids[chunk.start : chunk.start + chunk.num_tokens]
-            inputs.append(StepInput(tokens, chunk.start, self.kv.block_ids(request.request_id), chunk.samples))
+            request, drafts = chunk.request, chunk.draft_token_ids
+            tokens = request.all_token_ids[chunk.start : chunk.start + chunk.num_tokens - len(drafts)] + drafts
+            block_ids = self.kv.block_ids(request.request_id)
+            inputs.append(StepInput(tokens, chunk.start, block_ids, chunk.samples, len(drafts)))
         return inputs
 
-    def _step(self, out: SchedulerOutput, inputs: list[StepInput]) -> list[int | RequestFailed]:
-        """Runs on the forward thread: the connector's loads, the model, the connector's saves, sampling;
-        returns, per sampling request, its token or why it alone failed.
+    def _step(self, out: SchedulerOutput, inputs: list[StepInput]) -> list[Sampled | RequestFailed]:
+        """Runs on the forward thread: the connector's loads, the model, the connector's saves, sampling
+        (verifying drafts) and drafting for the next step; returns, per sampling request, its tokens or
+        why it alone failed.
         Every tensor operation of the engine runs on this one thread: an operation on another thread
         would start a second OpenMP team whose spinning threads take cores from this one's."""
         connector, meta = self.connector, out.kv_connector_meta
         if connector is not None and meta is not None:
             connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
             connector.load_kv(meta, self.runner)
+        if out.tier_loads:  # after wait_for_save: a transfer may still read the freed blocks they overwrite
+            write_tier_loads(self.runner, out.tier_loads)
         logits = self.runner.execute(inputs)
         if connector is not None and meta is not None:
             connector.save_kv(meta, self.runner)
-        sampling = [chunk.request for chunk in out.chunks if chunk.samples]
+        sampling = [chunk for chunk in out.chunks if chunk.samples]
         if self.on_logits is not None:
-            self.on_logits(sampling, logits)
-        return _sample_each(logits, sampling)
+            self.on_logits([chunk.request for chunk in sampling], logits)
+        rows = [(chunk.request, chunk.request.sample_index + j) for chunk in sampling for j in _positions(chunk)]
+        picks = iter(_sample_each(logits, [request for request, _ in rows], [index for _, index in rows]))
+        verdicts = [verify(chunk.draft_token_ids, [next(picks) for _ in _positions(chunk)]) for chunk in sampling]
+        results: list[Sampled | RequestFailed] = [
+            verdict if isinstance(verdict, RequestFailed) else self._until_stop(chunk.request, verdict)
+            for chunk, verdict in zip(sampling, verdicts, strict=True)
+        ]
+        self._propose(sampling, results)
+        return results
+
+    async def _tier_after_step(self, out: SchedulerOutput, marks: list[tuple[int, NamingMark]]) -> None:
+        """After the step's blocks were named: the write-through of the blocks it filled, copied out on
+        the forward thread before the next step may reuse them (a finished request's blocks included)."""
+        assert self.tier is not None
+        self.tier.hit_tokens += sum(len(load.block_ids) for load in out.tier_loads) * self.kv.block_size
+        puts = self.tier.completed_blocks(marks)
+        if not puts:
+            return
+        try:
+            await self.tier.stage(self._executor, self.runner, puts)
+        except Exception:  # noqa: BLE001 - the tier is a cache: the blocks are just not shared
+            log.exception("copying %d blocks out for the KV tier failed", len(puts))
 
     def _account(self, out: SchedulerOutput, step_ms: float) -> None:
         if self.on_step is not None:
@@ -263,34 +350,78 @@ class Engine:
         if self.connector is not None and out.kv_connector_meta is not None:
             self.connector.step_done(out.kv_connector_meta)
 
-    def _update(self, out: SchedulerOutput, results: list[int | RequestFailed]) -> None:
-        sampled = list(zip((chunk.request for chunk in out.chunks if chunk.samples), results, strict=True))
-        failed = {id(request) for request, result in sampled if isinstance(result, RequestFailed)}
-        for chunk in out.chunks:
+    def _until_stop(self, request: EngineRequest, verdict: Verdict) -> Sampled:
+        """The verdict's tokens up to the first that ends the request: none after it is ever emitted."""
+        for count, token_id in enumerate(verdict.tokens, 1):
+            if request.prefill_only or self._finishes(request, token_id, request.sample_index + count)[0]:
+                return Sampled(verdict.tokens[:count], verdict.num_accepted)
+        return Sampled(verdict.tokens, verdict.num_accepted)
+
+    def _propose(self, sampling: list[ScheduledChunk], results: list[Sampled | RequestFailed]) -> None:
+        """Drafts, for every sampling request that decodes on, the tokens its next step verifies."""
+        if self.proposer is None or self.config.speculative is None:
+            return
+        wanted = []
+        for chunk, result in zip(sampling, results, strict=True):
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
-            if request.num_computed_tokens <= len(request.prompt_token_ids):
-                self.prompt_tokens_computed += chunk.num_tokens
-            if id(request) in failed:
-                continue  # its fresh KV may hold the non-finite values that failed it: never share it
-            self.kv.cache_full_blocks(
-                request.request_id, request.all_token_ids, request.num_computed_tokens, request.cache_salt
+            if isinstance(result, RequestFailed) or request.prefill_only:
+                continue
+            if self._finishes(request, result.tokens[-1], request.sample_index + len(result.tokens))[0]:
+                continue
+            token_ids = request.all_token_ids + result.tokens
+            # tokens it may still produce: the next step emits its accepted drafts and one more
+            left = min(
+                request.sampling.max_tokens - request.sample_index - len(result.tokens),
+                self._stop.context_length - len(token_ids),
             )
-        for request, result in sampled:
+            count = min(self.config.speculative.num_draft_tokens, left - 1)
+            if count > 0:
+                wanted.append((result, DraftRequest(request.request_id, token_ids, count)))
+        try:
+            proposals = self.proposer.propose([draft_request for _, draft_request in wanted])
+        except Exception:  # noqa: BLE001 - drafts are optional: the requests decode on without them
+            log.exception("the draft proposer raised; this step's requests decode their next token without drafts")
+            return
+        for (result, draft_request), drafts in zip(wanted, proposals, strict=True):
+            result.drafts = drafts[: draft_request.max_drafts]
+
+    def _update(self, out: SchedulerOutput, results: list[Sampled | RequestFailed]) -> None:
+        sampling = [chunk for chunk in out.chunks if chunk.samples]
+        by_chunk = {id(chunk): result for chunk, result in zip(sampling, results, strict=True)}
+        for chunk in out.chunks:
+            request, result = chunk.request, by_chunk.get(id(chunk))
+            computed = chunk.num_tokens - len(chunk.draft_token_ids)
+            if isinstance(result, Sampled):  # the accepted drafts' KV is the request's, up to a stop
+                computed += min(len(result.tokens), result.num_accepted)
+            request.num_computed_tokens += computed
+            if request.num_computed_tokens <= len(request.prompt_token_ids):
+                self.prompt_tokens_computed += computed
             if isinstance(result, RequestFailed):
-                self._fail_request(request, result)
-            else:
-                self._emit(request, result)
+                continue  # its fresh KV may hold the non-finite values that failed it: never share it
+            token_ids = request.all_token_ids + (result.tokens if result is not None else [])
+            self.kv.cache_full_blocks(request.request_id, token_ids, request.num_computed_tokens, request.cache_salt)
+        for chunk, result in zip(sampling, results, strict=True):
+            if isinstance(result, RequestFailed):
+                self._fail_request(chunk.request, result)
+                continue
+            self.draft_tokens_proposed += len(chunk.draft_token_ids)
+            self.draft_tokens_accepted += result.num_accepted
+            chunk.request.draft_token_ids = result.drafts
+            for token_id in result.tokens:
+                self._emit(chunk.request, token_id)
+
+    def _finishes(self, request: EngineRequest, token_id: int, num_output_tokens: int) -> tuple[bool, bool]:
+        """(finished, by end of sequence) when `token_id` becomes the request's output token number
+        `num_output_tokens` (counted from 1 over the whole request, a migration's earlier tokens included)."""
+        # max_tokens counts the request's tokens in all, those made before a migration included; they
+        # are also part of this call's prompt, so the original prompt is what remains.
+        prompt_length = len(request.prompt_token_ids) - request.sampling.tokens_already_generated
+        return self._stop.check(token_id, num_output_tokens, prompt_length, request.sampling)
 
     def _emit(self, request: EngineRequest, token_id: int) -> None:
         request.output_token_ids.append(token_id)
         self.tokens_generated += 1
-        # max_tokens counts the request's tokens in all, those made before a migration included; they
-        # are also part of this call's prompt, so the original prompt is what remains.
-        already = request.sampling.tokens_already_generated
-        finished, by_eos = self._stop.check(
-            token_id, request.sample_index, len(request.prompt_token_ids) - already, request.sampling
-        )
+        finished, by_eos = self._finishes(request, token_id, request.sample_index)
         handle = self._handles[request.request_id]
         handle.outputs.put_nowait(TokenOutput(token_id, finished, by_eos))
         if finished or request.prefill_only:
@@ -327,32 +458,39 @@ class Engine:
             event.set()
 
 
-def _sample_each(logits, requests: list[EngineRequest]) -> list[int | RequestFailed]:
-    """Samples every request whose row of logits is finite; a row that is not, or whose sampling
-    raises, fails its request alone."""
+def _positions(chunk: ScheduledChunk) -> range:
+    """The positions of a sampling chunk that get logits: its last token's, then each draft's."""
+    return range(len(chunk.draft_token_ids) + 1)
+
+
+def _sample_each(logits, requests: list[EngineRequest], token_indices: list[int]) -> list[int | RequestFailed]:
+    """Samples every row of logits that is finite (row i: token `token_indices[i]` of `requests[i]`); a
+    row that is not, or whose sampling raises, fails its request alone."""
     finite = finite_rows(logits)
     results: list[int | RequestFailed] = [
-        RequestFailed(f"the model's logits for its output token {request.sample_index} hold NaN or infinite values")
-        for request in requests
+        RequestFailed(f"the model's logits for its output token {index} hold NaN or infinite values")
+        for index in token_indices
     ]
     usable = [row for row, ok in enumerate(finite) if ok]
-    for row, result in zip(usable, _sample_rows(logits, requests, usable), strict=True):
+    for row, result in zip(usable, _sample_rows(logits, requests, token_indices, usable), strict=True):
         results[row] = result
     return results
 
 
-def _sample_rows(logits, requests: list[EngineRequest], rows: list[int]) -> list[int | RequestFailed]:
+def _sample_rows(
+    logits, requests: list[EngineRequest], token_indices: list[int], rows: list[int]
+) -> list[int | RequestFailed]:
     """One batched call; if it raises, row by row, so that only the rows that raise fail."""
     usable = logits if len(rows) == len(requests) else logits[rows]
     try:
-        return list(sample(usable, [requests[r].sampling for r in rows], [requests[r].sample_index for r in rows]))
+        return list(sample(usable, [requests[r].sampling for r in rows], [token_indices[r] for r in rows]))
     except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
-        return [_sample_one(logits[row : row + 1], requests[row]) for row in rows]
+        return [_sample_one(logits[row : row + 1], requests[row], token_indices[row]) for row in rows]
 
 
-def _sample_one(logits, request: EngineRequest) -> int | RequestFailed:
+def _sample_one(logits, request: EngineRequest, token_index: int) -> int | RequestFailed:
     try:
-        return sample(logits, [request.sampling], [request.sample_index])[0]
+        return sample(logits, [request.sampling], [token_index])[0]
     except Exception as error:
         log.exception("sampling request %s raised", request.request_id)
-        return RequestFailed(f"sampling its output token {request.sample_index} raised {error!r}")
+        return RequestFailed(f"sampling its output token {token_index} raised {error!r}")

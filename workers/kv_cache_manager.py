@@ -87,6 +87,19 @@ class PrefixHit:
         return len(self.blocks) * block_size
 
 
+@dataclass
+class NamingMark:
+    """Where a request's named blocks stood at one moment (see KVCacheManager.mark_names)."""
+
+    hashes: list[int]  # the request's list of names, which grows in place as blocks are named
+    table: list[KVBlock]  # its block table, read even after the request's blocks were freed
+    count: int
+
+    def named_since(self) -> list[tuple[int, int, int]]:
+        """(block index, name, block id) of the blocks named after the mark."""
+        return [(i, self.hashes[i], self.table[i].block_id) for i in range(self.count, len(self.hashes))]
+
+
 class KVCacheManager:
     """Owns the block pool and the block table of every request holding KV."""
 
@@ -98,6 +111,7 @@ class KVCacheManager:
         self._hashes: dict[str, list[int]] = {}  # names of each request's named full blocks, in order
         self.hits_tokens = 0
         self.queried_tokens = 0
+        self._reservations: dict[str, PrefixHit] = {}  # prefix blocks pinned for requests not admitted yet
 
     @property
     def num_blocks(self) -> int:
@@ -169,6 +183,16 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.block_tables[request_id]]
 
+    def mark_names(self, request_id: str) -> NamingMark | None:
+        """A mark of the request's named blocks now (None when it holds no blocks): its `named_since` lists
+        the blocks named after it, even once the request finished and its blocks were freed (their ids stay
+        valid until the next step may overwrite them). The KV tier copies them out for its puts."""
+        table = self.block_tables.get(request_id)
+        hashes = self._hashes.get(request_id)
+        if table is None or hashes is None:
+            return None
+        return NamingMark(hashes, table, len(hashes))
+
     def free(self, request_id: str) -> None:
         """Returns the request's blocks; a no-op for a request that holds none."""
         table = self.block_tables.pop(request_id, None)
@@ -178,3 +202,46 @@ class KVCacheManager:
 
     def cached_block_hashes(self) -> list[int]:
         return list(self.pool.cached)
+
+    # ---- reservations: cached prefix blocks pinned for a request before it is admitted ---------------
+
+    def reserve_prefix(self, request_id: str, token_ids: Sequence[int], salt: str = "") -> int:
+        """Pins the longest cached prefix of `token_ids` named under `salt` (as `find_prefix` finds it,
+        so at most (len(token_ids) - 1) // block_size blocks) for `request_id`: those blocks are not
+        handed out again until the reservation becomes the request's block table (`allocate_reserved`)
+        or is released. Returns its length in blocks."""
+        if request_id in self._reservations or request_id in self.block_tables:
+            raise ValueError(f"request {request_id} already holds KV blocks on this worker")
+        hit = self.find_prefix(token_ids, salt)
+        self.pool.share(hit.blocks)
+        self._reservations[request_id] = hit
+        return len(hit.blocks)
+
+    def trim_reservation(self, request_id: str, num_blocks: int) -> None:
+        """Keeps only the first `num_blocks` blocks of the request's reservation; releases the rest."""
+        hit = self._reservations.get(request_id)
+        if hit is None or num_blocks >= len(hit.blocks):
+            return
+        dropped = hit.blocks[num_blocks:]
+        self._reservations[request_id] = PrefixHit(hit.blocks[:num_blocks], hit.hashes[:num_blocks])
+        self.pool.release(list(reversed(dropped)))
+
+    def allocate_reserved(self, request_id: str, num_tokens: int) -> bool:
+        """Starts a new request's block table with its reserved blocks (none: an empty table) and fresh
+        blocks for the rest of `num_tokens`. False, changing nothing, when there are not enough free
+        blocks; the reservation then still holds."""
+        hit = self._reservations.get(request_id)
+        if not self.allocate(request_id, num_tokens, hit):
+            return False
+        self.release_reservation(request_id)  # the block table holds them now
+        return True
+
+    def release_reservation(self, request_id: str) -> None:
+        """Gives back the request's reserved blocks; a no-op when it holds none."""
+        hit = self._reservations.pop(request_id, None)
+        if hit is not None:
+            self.pool.release(list(reversed(hit.blocks)))
+
+    def reserved_blocks(self, request_id: str) -> int:
+        hit = self._reservations.get(request_id)
+        return len(hit.blocks) if hit is not None else 0

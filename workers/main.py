@@ -3,9 +3,11 @@ KV data port) and stays registered."""
 
 import asyncio
 import logging
+import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 import torch
@@ -22,27 +24,72 @@ from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import sweep_stale_files
 from workers.kv_connector.staging import StagingPool
+from workers.kv_tier.blocks import tier_namespace
+from workers.kv_tier.client import TierClient
+from workers.kv_tier.link import EngineTier
 from workers.metrics import serve_metrics
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner, kv_layout_of
+from workers.models.sharding import check_shardable
 from workers.registration import ControlPlaneLink, RegistrationError
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
+from workers.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
 
 log = logging.getLogger(__name__)
 
 DRAIN_GRACE_S = 30.0
 MAX_MESSAGE_BYTES = 64 << 20
+FOLLOWER_DIED_EXIT_CODE = 3
 
 
-def build_engine(loaded, config: EngineConfig, executor) -> Engine:
-    """The model runner and engine for a loaded model; the KV pool takes `config.kv_cache_mib`."""
-    model = loaded.model.to(config.device)
-    layout = kv_layout_of(model.config, config.block_size, next(model.parameters()).dtype)
-    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_mib << 20) // layout.block_nbytes)
-    max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
-    graphs = DecodeGraphSpec(config.max_running, max_blocks) if config.cuda_graphs else None
-    runner = ModelRunner(model, num_blocks, config.block_size, config.device, decode_graphs=graphs)
+@dataclass(frozen=True)
+class TensorParallelLaunch:
+    """How `build_engine` starts a tensor-parallel group: its degree, where the followers load the model
+    from, and what to do when the group is lost (a follower died, or an operation failed on rank 0)."""
+
+    degree: int
+    model_source: str
+    on_group_lost: Callable[[str], None] | None = None
+
+
+def stop_on_group_lost(why: str) -> None:
+    """A rank is gone, or the ranks are out of step, and the group cannot step again: the worker exits at
+    once (its calls fail with UNAVAILABLE, and the gateway retries elsewhere) rather than hang in its next
+    collective or fail every step."""
+    log.critical("%s; this worker stops", why)
+    logging.shutdown()
+    os._exit(FOLLOWER_DIED_EXIT_CODE)
+
+
+def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: TensorParallelLaunch | None = None) -> Engine:
+    """The model runner and engine for a loaded model; the KV pool takes `config.kv_cache_mib` (on each
+    rank, under tensor parallelism: a rank's pool holds its kv heads, so there are more blocks)."""
+    degree = tensor_parallel.degree if tensor_parallel else 1
+    check_shardable(loaded.model.config, degree)
+    dtype = next(loaded.model.parameters()).dtype
+    layout = kv_layout_of(loaded.model.config, config.block_size, dtype)
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_mib << 20) // (layout.block_nbytes // degree))
+    runner: ModelRunner
+    if tensor_parallel is not None and degree > 1:
+        spec = TensorParallelSpec(
+            degree,
+            loaded.name,
+            tensor_parallel.model_source,
+            str(dtype).removeprefix("torch."),
+            config.device,
+            num_blocks,
+            config.block_size,
+            threads=torch.get_num_threads(),
+        )
+        if config.cuda_graphs and config.device.startswith("cuda"):
+            log.info("a tensor-parallel worker runs its decode steps eagerly: no CUDA graphs are captured")
+        runner = launch(loaded.model, spec, tensor_parallel.on_group_lost)
+    else:
+        model = loaded.model.to(config.device)
+        max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
+        graphs = DecodeGraphSpec(config.max_running, max_blocks) if config.cuda_graphs else None
+        runner = ModelRunner(model, num_blocks, config.block_size, config.device, decode_graphs=graphs)
     stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
     return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 
@@ -61,7 +108,12 @@ async def serve(
     engine_config: EngineConfig | None = None,
     kv_port: int = 0,
     metrics_port: int = 0,
+    kv_tier: str = "",
+    tensor_parallel: int = 1,
 ) -> None:
+    """`kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
+    `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
+    followers it starts, on devices cuda:n.. under --device cuda:n)."""
     engine_config = engine_config or EngineConfig()
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
@@ -69,11 +121,15 @@ async def serve(
     cuda = engine_config.device.startswith("cuda")
     loaded = load_model(model, model_source, dtype=torch.bfloat16 if cuda else torch.float32)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-    engine = build_engine(loaded, engine_config, executor)
+    parallel = TensorParallelLaunch(tensor_parallel, model_source, stop_on_group_lost)
+    engine = build_engine(loaded, engine_config, executor, parallel if tensor_parallel > 1 else None)
     layout = engine.runner.layout
 
     state = WorkerState(role=role)
     secret = WorkerSecret()  # every call is refused until registration hands it over
+    if kv_tier:
+        client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)
+        engine.attach_tier(EngineTier(client, layout))
     receiver = None
     if role is Role.DECODE:
         receiver = KvReceiver(
@@ -157,4 +213,8 @@ async def serve(
         await link.close()
         if engine.connector is not None:
             engine.connector.close()  # closes the data port, removes shared-memory files
+        if engine.tier is not None:
+            await engine.tier.client.close()
         executor.shutdown(wait=False)
+        if isinstance(engine.runner, TensorParallelRunner):
+            engine.runner.close()  # the followers leave their loops and exit

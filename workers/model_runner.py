@@ -9,9 +9,9 @@ per step (`workers.models.attention`), and sends only the rows whose logits are 
 norm and the LM head.
 
 The KV of every layer lives in one pool tensor shaped [layers, 2 (keys, values), blocks, block_size,
-kv_heads, head_dim]. The pool holds one block more than the KV cache manager hands out (`padding_block`):
-the padded rows of a fixed-shape decode step (`decode_padded`, which the runner's `DecodeGraphs` capture
-on CUDA) write there.
+kv_heads, head_dim] (on one rank of a tensor-parallel group, the rank's own kv heads). The pool holds
+one block more than the KV cache manager hands out (`padding_block`): the padded rows of a fixed-shape
+decode step (`decode_padded`, which the runner's `DecodeGraphs` capture on CUDA) write there.
 """
 
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ from workers.models.attention import (
     visible,
 )
 from workers.models.families import decoder_of
+from workers.models.sharding import Shard, check_sharded, with_all_reduce
 
 
 @dataclass
@@ -38,7 +39,22 @@ class StepInput:
     token_ids: list[int]
     start: int
     block_ids: list[int]
-    sample: bool
+    sample: bool  # whether its last token's logits are wanted
+    # speculative decoding: its last tokens are this many drafts, whose positions (and the one before
+    # them) all need logits, to verify the drafts and pick the token after them
+    num_draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_draft_tokens < len(self.token_ids):
+            raise ValueError(
+                f"an input of {len(self.token_ids)} tokens cannot end in {self.num_draft_tokens} drafts: "
+                "the token before them is computed with them"
+            )
+
+    @property
+    def num_logits(self) -> int:
+        """How many of its trailing positions get logits."""
+        return self.num_draft_tokens + 1 if self.sample else 0
 
 
 @dataclass(frozen=True)
@@ -76,19 +92,30 @@ class ModelRunner:
         block_size: int,
         device: str = "cpu",
         decode_graphs: DecodeGraphSpec | None = None,
+        shard: Shard | None = None,
     ) -> None:
         """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
-        (on CUDA devices; elsewhere only with `capture=False`, which runs the padded steps eagerly)."""
+        (on CUDA devices; elsewhere only with `capture=False`, which runs the padded steps eagerly).
+        `shard`: this runner is one rank of a tensor-parallel group (`workers.tensor_parallel`), over a
+        model that `workers.models.sharding.shard_model` cut down to the rank's heads and MLP units."""
         self.config = model.config
         self.decoder = decoder_of(model)  # raises UnsupportedModelError for an architecture it cannot run
         self.device = torch.device(device)
         dtype = next(model.parameters()).dtype
-        self.layout = kv_layout_of(self.config, block_size, dtype)
+        self.layout = kv_layout_of(self.config, block_size, dtype)  # all kv heads: KV as it crosses workers
         lay = self.layout
+        self.shard = shard
+        self.kv_heads = lay.kv_heads  # in this runner's pool: its shard's
+        if shard is not None:
+            if decode_graphs is not None:
+                raise ValueError("a tensor-parallel runner runs its steps eagerly: ask for no decode graphs")
+            check_sharded(self.decoder, self.config, shard.degree)
+            self.decoder = with_all_reduce(self.decoder, shard.all_reduce)
+            self.kv_heads = lay.kv_heads // shard.degree
         self.num_blocks = num_blocks
         self.padding_block = num_blocks
         self.kv = torch.zeros(
-            lay.num_layers, 2, num_blocks + 1, block_size, lay.kv_heads, lay.head_dim, dtype=dtype, device=self.device
+            lay.num_layers, 2, num_blocks + 1, block_size, self.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
         self._gather_buffers = GatherBuffers(self.kv.shape[3:], dtype, self.device)
         self.decode_group_cost: float = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
@@ -99,7 +126,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
-        """Runs one step; returns float32 logits [number of sampling inputs, vocab], in input order."""
+        """Runs one step; returns float32 logits [sum of the inputs' num_logits, vocab], in input order
+        (a sampling input's rows in position order)."""
         if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
             return self.decode_graphs.run(inputs)
         token_ids = torch.tensor([t for step in inputs for t in step.token_ids], dtype=torch.long)
@@ -165,9 +193,15 @@ class ModelRunner:
         )
         return tables.to(self.device), (positions % size).to(self.device)
 
+    @property
+    def supports_block_views(self) -> bool:
+        """Whether `block_views` can show the blocks in place: a whole pool (every kv head) in host memory."""
+        return self.device.type == "cpu" and self.shard is None
+
     @torch.inference_mode()
     def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
-        """Copies blocks into `out` [layers, 2, len(block_ids), block_size, kv_heads, head_dim] (host)."""
+        """Copies blocks into `out` [layers, 2, len(block_ids), block_size, kv_heads, head_dim] (host; the
+        pool's kv heads: on one rank of a tensor-parallel group, its own)."""
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         if self.device.type == "cpu":
             torch.index_select(self.kv, 2, index, out=out)
@@ -177,7 +211,7 @@ class ModelRunner:
 
     def block_views(self, block_ids: list[int]) -> list[memoryview]:
         """The blocks' bytes in pool memory, in the order read_blocks would copy them (layer, keys then
-        values, block), each run of consecutive blocks as one view. Host-memory pools only."""
+        values, block), each run of consecutive blocks as one view. Only where `supports_block_views`."""
         runs, start = [], 0
         for index in range(1, len(block_ids) + 1):
             if index == len(block_ids) or block_ids[index] != block_ids[index - 1] + 1:

@@ -4,6 +4,7 @@ import enum
 from dataclasses import dataclass, field
 
 from workers.kv_connector.base import KvTransferParams
+from workers.kv_tier.blocks import TierKv
 from workers.sampling import SamplingParams
 
 INTERACTIVE, BATCH = 0, 1  # priorities, as in worker.proto; lower is served first
@@ -39,6 +40,11 @@ class EngineRequest:
     num_preemptions: int = 0
     aborted: bool = False
     cache_salt: str = ""  # its organization: prefix-cache blocks are named, and shared, under it
+    # speculative decoding: tokens guessed to follow its tokens, proposed at the end of its last step and
+    # verified in its next decoding step (replaced whenever its tokens change)
+    draft_token_ids: list[int] = field(default_factory=list)
+    # blocks of its prompt fetched from the shared KV tier, loaded at admission if still needed
+    tier_kv: TierKv | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -2,7 +2,8 @@
 
 Running requests go first, in admission order: a decoding request needs one token, a request still
 in its prompt gets the next chunk of it (so a long prompt never stalls the others: it takes at most the
-budget left after the decodes). When a running request needs a block and none is free, the running
+budget left after the decodes); a decoding request with drafts (speculative decoding) also takes them, as
+far as the budget and free blocks allow. When a running request needs a block and none is free, the running
 request of lowest priority, admitted last, is preempted, whichever it is (the one that needs the block
 included): its blocks are freed, what it was given this step is withdrawn, and it waits to be
 recomputed from its tokens. Waiting requests (interactive before batch, then arrival order) are admitted
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvConnectorMeta
+from workers.kv_tier.blocks import TierLoad
 from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 
 
@@ -22,12 +24,14 @@ from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 class ScheduledChunk:
     request: EngineRequest
     start: int  # position of the first token computed this step
-    num_tokens: int
+    num_tokens: int  # the drafts included
+    # a decoding request's drafts, computed after its last token to be verified (speculative decoding)
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this chunk reaches the request's last token, whose logits give the next token."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
 
 
 @dataclass
@@ -36,6 +40,7 @@ class SchedulerOutput:
     loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
     preempted: list[EngineRequest] = field(default_factory=list)
     kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
+    tier_loads: list[TierLoad] = field(default_factory=list)  # blocks fetched from the KV tier, to write
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +101,7 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = self._drafts_that_fit(request, budget)
             scheduled = True
             while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
                 victim = max(self.running, key=lambda r: (r.priority, r.arrival))
@@ -106,14 +112,26 @@ class Scheduler:
                     scheduled = False  # the same index is now the next request
                     break
             if scheduled:
-                out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
-                budget -= num_new
+                out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new + len(drafts), drafts))
+                budget -= num_new + len(drafts)
                 index += 1
         if not out.preempted:
             self._admit(out, budget)
         if self.connector is not None and out.chunks:
             out.kv_connector_meta = self.connector.build_meta(out, self.kv)
         return out
+
+    def _drafts_that_fit(self, request: EngineRequest, budget: int) -> list[int]:
+        """The drafts a decoding request verifies this step: as many as the budget left after its last
+        token allows, with blocks for them; when no block is free, those its blocks have room for (a draft
+        never preempts a request)."""
+        if request.num_tokens - request.num_computed_tokens != 1:
+            return []  # still in its prompt (or recomputing it)
+        drafts = request.draft_token_ids[: budget - 1]
+        if drafts and not self.kv.allocate(request.request_id, request.num_tokens + len(drafts)):
+            room = len(self.kv.block_ids(request.request_id)) * self.kv.block_size - request.num_tokens
+            drafts = drafts[: max(0, room)]  # those the blocks it holds have room for
+        return drafts
 
     def _preempt(self, request: EngineRequest, out: SchedulerOutput) -> int:
         """Frees the request's blocks and queues it at the front of its queue, to be recomputed; withdraws
@@ -139,26 +157,59 @@ class Scheduler:
             request = queue[0]
             external = self.connector.num_external_tokens(request) if self.connector is not None else 0
             if external:
-                if not self.kv.allocate(request.request_id, request.num_tokens):
+                if not self._admit_loaded(request, external, out):
                     return
-                request.num_computed_tokens = external
-                out.loads.append(request)
-            else:
-                hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
-                cached = hit.num_tokens(self.kv.block_size)
-                num_new = min(request.num_tokens - cached, budget)
-                if not self.kv.allocate(request.request_id, cached + num_new, hit):
-                    return
-                if request.num_preemptions == 0:
-                    self.kv.record_lookup(request.num_tokens, cached)
-                    request.num_cached_tokens = cached
-                request.num_computed_tokens = cached
+            elif not self._admit_cached(request, budget, out):
+                return
             queue.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
             budget -= num_new
+
+    def _admit_loaded(self, request: EngineRequest, external: int, out: SchedulerOutput) -> bool:
+        """Admits a request whose first `external` tokens' KV the connector loads: its block table starts
+        with the blocks this worker already held of its prompt (reserved when its KV was asked for; the
+        sender sent only the blocks after them), fresh blocks follow, and the step loads only those the KV
+        arrived for. False when the blocks are not free yet."""
+        if not self.kv.allocate_reserved(request.request_id, request.num_tokens):
+            return False
+        request.num_computed_tokens = external
+        out.loads.append(request)
+        return True
+
+    def _admit_cached(self, request: EngineRequest, budget: int, out: SchedulerOutput) -> bool:
+        """Admits a request from its prefix cache hit and, when it carries blocks fetched from the KV tier
+        that the hit still reaches, those blocks after it (the step loads them: `out.tier_loads`); when the
+        hit shrank since the fetch, from the hit alone. False when the blocks are not free yet."""
+        hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
+        skip, count = self._tier_blocks_usable(request, len(hit.blocks))
+        cached = (len(hit.blocks) + count) * self.kv.block_size
+        num_new = min(request.num_tokens - cached, budget)
+        if not self.kv.allocate(request.request_id, cached + num_new, hit):
+            return False
+        if count:
+            assert request.tier_kv is not None
+            block_ids = self.kv.block_ids(request.request_id)[len(hit.blocks) : len(hit.blocks) + count]
+            out.tier_loads.append(TierLoad(block_ids, request.tier_kv.data[:, :, skip : skip + count]))
+        request.tier_kv = None  # loaded now, or of no use any more: its memory goes
+        if request.num_preemptions == 0:
+            self.kv.record_lookup(request.num_tokens, len(hit.blocks) * self.kv.block_size)
+            request.num_cached_tokens = cached  # tier blocks are cached prefill too: billed as such
+        request.num_computed_tokens = cached
+        return True
+
+    def _tier_blocks_usable(self, request: EngineRequest, hit_blocks: int) -> tuple[int, int]:
+        """(blocks to skip, blocks to load) of the request's tier blocks after a prefix hit of `hit_blocks`:
+        none when the hit no longer reaches their first block (they would not follow it)."""
+        tier = request.tier_kv
+        if tier is None or hit_blocks < tier.first_block:
+            return 0, 0
+        skip = hit_blocks - tier.first_block
+        last_usable = (request.num_tokens - 1) // self.kv.block_size  # the last token is always computed
+        count = min(tier.num_blocks, last_usable - tier.first_block) - skip
+        return skip, max(0, count)
 
     @staticmethod
     def _queue_of(request: EngineRequest) -> int:

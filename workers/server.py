@@ -101,6 +101,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             cache_salt=request.cache_salt,
             kv_transfer=KvTransferParams(send_to=peer, transfer_token=request.transfer_token),
         )
+        await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = await anext(self._outputs(handle, context))
         started = time.monotonic()
@@ -171,6 +172,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _priority(request.priority),
             cache_salt=request.cache_salt,
         )
+        await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = True
         async for output in self._outputs(handle, context):
@@ -295,7 +297,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     async def _await_kv(self, request, context: grpc.aio.ServicerContext) -> ReceivedKv:
         """Registers the decode call with the connector and waits for its KV; on any failure the call is
-        forgotten (a cache that arrived goes back); on success the caller forgets it."""
+        forgotten (a cache that arrived, and blocks pinned for it, go back); on success the caller forgets it."""
         receiver = self._receiver
         assert receiver is not None  # a decode worker's (checked when the service was made)
         if request.prompt_tokens == 0:
@@ -304,8 +306,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 "DecodeRequest.prompt_tokens must give the prompt's length: the KV receiver accepts no more",
             )
         try:
-            arrival = receiver.expect(request.request_id, request.transfer_token, request.prompt_tokens)
-        except KvTransferError as error:  # another call waits for this request's KV: it is left alone
+            # Given the prompt, the blocks of it this worker holds are pinned and not sent again.
+            arrival = receiver.expect(
+                request.request_id,
+                request.transfer_token,
+                request.prompt_tokens,
+                self._engine.kv,
+                list(request.prompt_token_ids),
+                request.cache_salt,
+            )
+        except KvTransferError as error:  # a bad prompt, or another call waits for this request's KV (left alone)
             await context.abort(error.code, str(error))
         try:
             return await self._arrival(arrival, context)

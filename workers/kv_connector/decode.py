@@ -4,10 +4,17 @@ into its blocks in the step that admits it, and the request computes only its ne
 The server registers a decode call (`expect`) and awaits the KV; what arrived belongs to the connector
 until the engine takes the request (`add_request`), and what the engine never took goes back when the
 call ends (`forget`). Once loaded, the staging buffer goes back after the step (`step_done`).
+
+A call that gives its prompt pins the longest prefix of it this worker's prefix cache holds (a
+reservation in the KV cache manager, under the request's id and organization salt) and the prefill
+worker sends only the blocks after it. The reservation is the connector's until the engine takes the
+request: then the request's (its block table starts with it at admission, or it is released when the
+request leaves first); a call that ends before releases it (`forget`).
 """
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import grpc
@@ -39,6 +46,8 @@ class DecodeConnector(KvConnector):
         self._waiting: dict[str, Future[ReceivedKv]] = {}  # decode calls waiting for their KV
         self._arrived: dict[str, ReceivedKv] = {}  # arrived, not taken by the engine yet
         self._taken: dict[str, ReceivedKv] = {}  # taken by the engine, to load (the event loop's only)
+        self._reserved: dict[str, KVCacheManager] = {}  # calls whose pinned prefix is still ours (event loop)
+        self._kv: KVCacheManager | None = None  # the engine's, once a call pinned a prefix in it
 
     def endpoint(self) -> DataEndpoint:
         receiver = self.receiver
@@ -53,25 +62,60 @@ class DecodeConnector(KvConnector):
 
     # ---- decode calls ---------------------------------------------------------------------------------
 
-    def expect(self, request_id: str, transfer_token: bytes, prompt_tokens: int) -> Future[ReceivedKv]:
+    def expect(
+        self,
+        request_id: str,
+        transfer_token: bytes,
+        prompt_tokens: int,
+        kv: KVCacheManager | None = None,
+        prompt_token_ids: Sequence[int] = (),
+        cache_salt: str = "",
+    ) -> Future[ReceivedKv]:
         """Registers a decode call: the KV that carries its token, of a prompt of at most `prompt_tokens`,
-        arrives on the returned future (or the KvTransferError that stopped it)."""
+        arrives on the returned future (or the KvTransferError that stopped it). Given the engine's `kv`
+        and the prompt, the blocks of it `kv` holds under `cache_salt` are pinned and not sent again."""
+        held = self._reserve(request_id, kv, prompt_token_ids, cache_salt) if kv is not None and prompt_token_ids else 0
         arrival: Future[ReceivedKv] = Future()
-        with self._lock:  # a delivery waits until the call is registered
-            self.receiver.inbox.expect(
-                request_id, transfer_token, lambda result: self._deliver(request_id, arrival, result), prompt_tokens
-            )
-            self._waiting[request_id] = arrival
+        try:
+            with self._lock:  # a delivery waits until the call is registered
+                self.receiver.inbox.expect(
+                    request_id,
+                    transfer_token,
+                    lambda result: self._deliver(request_id, arrival, result),
+                    prompt_tokens,
+                    held,
+                    tuple(prompt_token_ids),
+                )
+                self._waiting[request_id] = arrival
+        except BaseException:
+            self._release_reservation(request_id)
+            raise
         return arrival
 
+    def _reserve(self, request_id: str, kv: KVCacheManager, prompt_token_ids: Sequence[int], cache_salt: str) -> int:
+        try:
+            held = kv.reserve_prefix(request_id, prompt_token_ids, cache_salt)
+        except ValueError as error:  # another call of this id holds blocks: it is left alone
+            raise KvTransferError(grpc.StatusCode.ALREADY_EXISTS, str(error)) from None
+        self._kv = kv
+        self._reserved[request_id] = kv
+        return held
+
+    def _release_reservation(self, request_id: str) -> None:
+        kv = self._reserved.pop(request_id, None)
+        if kv is not None:
+            kv.release_reservation(request_id)
+
     def forget(self, request_id: str) -> None:
-        """The decode call no longer waits: KV that arrived for it and that the engine did not take goes back."""
+        """The decode call no longer waits: KV that arrived for it and that the engine did not take goes
+        back, and so do the blocks pinned for it."""
         self.receiver.inbox.forget(request_id)
         with self._lock:
             self._waiting.pop(request_id, None)
             arrived = self._arrived.pop(request_id, None)
         if arrived is not None:
             arrived.release()
+        self._release_reservation(request_id)
 
     def _deliver(self, request_id: str, arrival: Future[ReceivedKv], result: ReceivedKv | KvTransferError) -> None:
         with self._lock:
@@ -100,6 +144,9 @@ class DecodeConnector(KvConnector):
                 grpc.StatusCode.FAILED_PRECONDITION, f"no KV cache arrived for request {request.request_id}"
             )
         self._taken[request.request_id] = received
+        kv = self._reserved.pop(request.request_id, None)  # the request's now: its table starts with it
+        if kv is not None:
+            kv.trim_reservation(request.request_id, received.first_block)  # the sender may have sent more
         return None
 
     def num_external_tokens(self, request: EngineRequest) -> int:
@@ -114,6 +161,8 @@ class DecodeConnector(KvConnector):
 
     def request_finished(self, request: EngineRequest) -> None:
         self._release(request.request_id)  # it left before its KV was loaded
+        if self._kv is not None:
+            self._kv.release_reservation(request.request_id)  # ... or before its pinned blocks were its table
 
     def step_done(self, meta: KvConnectorMeta) -> None:
         for load in meta.loads:

@@ -95,6 +95,16 @@ class BufferedSendPath(SendPath):
     def _give_back(self) -> None: ...
 
 
+def copied_blocks(runner, block_ids: list[int]) -> memoryview:
+    """The blocks' bytes copied out of the runner's pool, in `read_blocks`'s order: for a runner whose pool
+    cannot be seen in place (`supports_block_views` false: a tensor-parallel runner's heads are spread over
+    processes)."""
+    layout = runner.layout
+    buffer = torch.empty(len(block_ids) * layout.block_nbytes, dtype=torch.uint8)
+    runner.read_blocks(block_ids, blocks_in(buffer, layout, 0, len(block_ids)))
+    return buffer.numpy().data
+
+
 def blocks_in(buffer: torch.Tensor, layout: KvLayout, first_block: int, count: int) -> torch.Tensor:
     """The place of blocks first_block.. in a byte buffer holding a request's KV chunk after chunk, as a
     tensor [layers, 2, count, block_size, kv_heads, head_dim]."""

@@ -1,6 +1,7 @@
 """A prefill worker's connector: each request's KV streams to its decode worker while the prompt is
 still being computed, a chunk of full blocks at a time (the last, partly filled block with the last
-chunk), and the stream ends with the first token.
+chunk), and the stream ends with the first token. The whole prompt is computed here, but blocks the
+decode worker already holds (it says how many when the transfer opens) are not sent (`OutgoingKv`).
 
 Scheduler side: a request that carries `KvTransferParams.send_to` gets a transfer when the engine takes
 it (`OutgoingKv` on a thread of its own, connecting at once); each step's `KvSave`s name the blocks its

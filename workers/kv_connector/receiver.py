@@ -8,6 +8,11 @@ gRPC credential is checked: the hello is small and bounded and must arrive whole
 the transfer token is checked, and the declared size against what the waiting decode request needs and
 the KV pool holds, before the prompt is read or a buffer is taken; and the number of open data
 connections is bounded (one thread each), beyond which connections are refused.
+
+A decode call that already holds the prompt's first blocks (pinned in its prefix cache when it
+registered) says so in the reply to the hello of a sender that can skip them; the cache then arrives
+from the block the sender names (no later than the first block the call lacks), checked to start
+exactly there, and under the prompt the call declared.
 """
 
 import hmac
@@ -30,12 +35,14 @@ from workers.kv_connector.wire import (
     ABORT,
     CHUNK,
     END,
+    FIRST_BLOCK,
     FRAME,
     KEEPALIVE,
     TOKEN_ID,
     KvTransferError,
     checksum,
     error_reply,
+    max_held_blocks,
     read_hello,
     recv_exact,
     recv_json,
@@ -55,10 +62,11 @@ class ReceivedKv:
     prompt_token_ids: list[int]
     first_token_id: int
     num_tokens: int
-    chunks: list[KvChunk]  # views into one staging buffer, in block order
+    chunks: list[KvChunk]  # views into one staging buffer, in block order, from block first_block on
     nbytes: int  # whole blocks, the last one partly filled: what moved
     data_path: str
     release: Callable[[], None]  # gives the staging buffer back; works once
+    first_block: int = 0  # the blocks before it did not move: the decode worker holds them
 
 
 Delivery = Callable[[ReceivedKv | KvTransferError], None]
@@ -69,6 +77,8 @@ class _Slot:
     transfer_token: bytes
     deliver: Delivery  # called once, on a receiver thread
     max_tokens: int  # the prompt length the decode request declared: no larger cache is accepted
+    held_blocks: int = 0  # leading blocks of the prompt the decode worker holds (pinned for the request)
+    prompt_token_ids: tuple[int, ...] = ()  # the prompt the decode request declared, when it did
     claimed: bool = False
 
 
@@ -81,11 +91,28 @@ class KvInbox:
         self._slots: dict[str, _Slot] = {}
         self._changed = threading.Condition()
 
-    def expect(self, request_id: str, transfer_token: bytes, deliver: Delivery, max_tokens: int) -> None:
+    def expect(
+        self,
+        request_id: str,
+        transfer_token: bytes,
+        deliver: Delivery,
+        max_tokens: int,
+        held_blocks: int = 0,
+        prompt_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        """Registers a decode request. With `prompt_token_ids` (of `max_tokens` tokens) the KV must come
+        with that prompt, and a sender that can skip them is told the request holds `held_blocks` of it."""
+        if prompt_token_ids and len(prompt_token_ids) != max_tokens:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the decode request gives {len(prompt_token_ids)} prompt token ids for a prompt of {max_tokens}",
+            )
+        if held_blocks and not prompt_token_ids:
+            raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "held blocks need the prompt they hold")
         with self._changed:
             if request_id in self._slots:
                 raise KvTransferError(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} already waits for KV")
-            self._slots[request_id] = _Slot(transfer_token, deliver, max_tokens)
+            self._slots[request_id] = _Slot(transfer_token, deliver, max_tokens, held_blocks, prompt_token_ids)
             self._changed.notify_all()
 
     def forget(self, request_id: str) -> None:
@@ -202,8 +229,9 @@ class KvReceiver:
                     conn.settimeout(self.io_timeout)
                     slot = self.inbox.claim(header["request_id"], bytes.fromhex(header["transfer_token"]))
                     self._check_size(int(header["num_tokens"]), slot)
-                    send_json(conn, {"ok": True})
-                    received = self._read_cache(conn, header)
+                    held = self._held_for(header, slot)
+                    send_json(conn, {"ok": True} if held is None else {"ok": True, "held_blocks": held})
+                    received = self._read_cache(conn, header, slot, held)
                 except KvTransferError as error:
                     if slot is not None:
                         slot.deliver(error)
@@ -232,25 +260,50 @@ class KvReceiver:
                 f"the KV cache of {num_tokens} tokens exceeds this worker's KV pool ({self.max_tokens} tokens)",
             )
 
-    def _read_cache(self, conn: socket.socket, header: dict) -> ReceivedKv:
+    def _held_for(self, header: dict, slot: _Slot) -> int | None:
+        """The leading blocks the sender may leave out: those the request holds, when the cache is of the
+        prompt the request declared (never the block of its last token). None: the sender cannot."""
+        if header.get("skip_held") is not True:
+            return None
         num_tokens = int(header["num_tokens"])
-        prompt = recv_exact(conn, num_tokens * TOKEN_ID.size, "the prompt's token ids")
+        if num_tokens != len(slot.prompt_token_ids):
+            return 0
+        return min(slot.held_blocks, max_held_blocks(num_tokens, self.layout.block_size))
+
+    def _read_cache(self, conn: socket.socket, header: dict, slot: _Slot, held: int | None) -> ReceivedKv:
+        num_tokens = int(header["num_tokens"])
+        first_block = 0
+        if held is not None:
+            (first_block,) = FIRST_BLOCK.unpack(recv_exact(conn, FIRST_BLOCK.size, "the first KV block sent"))
+            if first_block > held:
+                raise KvTransferError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the KV stream starts at block {first_block}, but this worker holds only the first {held}",
+                )
+        ids = recv_exact(conn, num_tokens * TOKEN_ID.size, "the prompt's token ids")
+        prompt = [token for (token,) in TOKEN_ID.iter_unpack(ids)]
+        if slot.prompt_token_ids and tuple(prompt) != slot.prompt_token_ids:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the KV cache comes with another prompt than the one its decode request declared",
+            )
         total_blocks = -(-num_tokens // self.layout.block_size)
-        nbytes = total_blocks * self.layout.block_nbytes
+        nbytes = (total_blocks - first_block) * self.layout.block_nbytes
         buffer = self.staging.acquire(nbytes)
         try:
-            first_token_id, chunks = self._read_frames(conn, self._path_of(header), buffer, total_blocks)
+            first_token_id, chunks = self._read_frames(conn, self._path_of(header), buffer, first_block, total_blocks)
         except BaseException:
             self.staging.release(buffer)
             raise
         return ReceivedKv(
-            prompt_token_ids=[token for (token,) in TOKEN_ID.iter_unpack(prompt)],
+            prompt_token_ids=prompt,
             first_token_id=first_token_id,
             num_tokens=num_tokens,
             chunks=chunks,
             nbytes=nbytes,
             data_path=header["data_path"],
             release=_once(lambda: self.staging.release(buffer)),
+            first_block=first_block,
         )
 
     def _path_of(self, header: dict) -> ReceivePath:
@@ -259,13 +312,14 @@ class KvReceiver:
         return TcpReceive()
 
     def _read_frames(
-        self, conn: socket.socket, path: ReceivePath, buffer: torch.Tensor, total_blocks: int
+        self, conn: socket.socket, path: ReceivePath, buffer: torch.Tensor, first_block: int, total_blocks: int
     ) -> tuple[int, list[KvChunk]]:
-        """Reads frames until the end frame; returns the first token and the chunks, each checked."""
+        """Reads frames, blocks `first_block`.. in order, until the end frame; returns the first token and
+        the chunks, each checked. The buffer holds block `first_block` at its start."""
         lay = self.layout
         view = buffer.numpy().data
         chunks: list[KvChunk] = []
-        next_block = 0
+        next_block = first_block
         while True:
             kind, first, count, offset, digest = FRAME.unpack(recv_exact(conn, FRAME.size, "a KV frame"))
             if kind == KEEPALIVE:
@@ -282,13 +336,13 @@ class KvReceiver:
                 return first, chunks
             if kind != CHUNK or first != next_block or count == 0 or first + count > total_blocks:
                 raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "a KV frame is out of order or out of range")
-            start, size = first * lay.block_nbytes, count * lay.block_nbytes
+            start, size = (first - first_block) * lay.block_nbytes, count * lay.block_nbytes
             target = view[start : start + size]
             what = f"KV blocks {first}..{first + count - 1}"
             path.read(conn, target, offset, what)
             if checksum(target) != digest:
                 raise KvTransferError(grpc.StatusCode.DATA_LOSS, f"{what} failed their checksum")
-            chunks.append(KvChunk(first, blocks_in(buffer, lay, first, count)))
+            chunks.append(KvChunk(first, blocks_in(buffer, lay, first - first_block, count)))
             next_block = first + count
 
 

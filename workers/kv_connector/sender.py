@@ -1,5 +1,10 @@
 """The sending side of the KV data path: one `OutgoingKv` per request streams its KV blocks to a decode
-worker's data port while the prompt is still being computed; `KvSender` opens them."""
+worker's data port while the prompt is still being computed; `KvSender` opens them.
+
+A decode worker that already holds the prompt's first blocks in its prefix cache says how many in its
+answer to the hello; the transfer then stages and sends only the blocks after them. Chunks staged before
+that answer came are sent whole or not at all: the transfer then starts at the start of the chunk that
+runs across the held blocks' end, and tells the receiver where it starts."""
 
 import queue
 import socket
@@ -15,12 +20,14 @@ from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tcp import TcpFromBuffer, TcpFromPool
 from workers.kv_connector.wire import (
+    FIRST_BLOCK,
     KvTransferError,
     abort_frame,
     check_reply,
     dtype_name,
     encode_hello,
     end_frame,
+    held_blocks_of,
     keepalive_frame,
     recv_json,
     reply_after_close,
@@ -57,8 +64,9 @@ class _Abort:
 
 class OutgoingKv:
     """One request's KV on its way out. The engine's forward thread hands over blocks as they are
-    computed (`write_blocks`); `send`, on a thread of its own, streams each chunk at once. `finish` gives
-    the first token and ends the stream; `abort` stops it."""
+    computed (`write_blocks`); `send`, on a thread of its own, streams each chunk at once, from the first
+    block the receiver lacks (`first_block`, fixed once it answered the hello). `finish` gives the first
+    token and ends the stream; `abort` stops it."""
 
     def __init__(
         self, sender: "KvSender", request_id: str, transfer_token: bytes, prompt_token_ids: list[int], peer: Peer
@@ -70,16 +78,45 @@ class OutgoingKv:
         self._prompt = prompt_token_ids
         self.peer = peer
         self.num_tokens = len(prompt_token_ids)
-        self.nbytes = -(-self.num_tokens // self.layout.block_size) * self.layout.block_nbytes  # whole blocks
-        self._path: SendPath = sender.path_to(peer, self.nbytes)
+        self.num_blocks = -(-self.num_tokens // self.layout.block_size)  # whole blocks, the last partly filled
+        # Buffers hold every block at its place in the prompt, whatever the receiver turns out to hold.
+        self._path: SendPath = sender.path_to(peer, self.num_blocks * self.layout.block_nbytes)
         self.data_path = self._path.data_path
         self._events: queue.Queue[StagedChunk | _End | _Abort] = queue.Queue()
+        self._staging = threading.Lock()  # staging, and fixing first_block, one at a time
+        self._staged: list[tuple[int, int]] = []  # blocks (from, to) of chunks staged before first_block was fixed
+        self.first_block: int | None = None  # fixed once, by the sending thread, from the hello's answer
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this transfer moves: the blocks from `first_block` on (all, until it is fixed)."""
+        return (self.num_blocks - (self.first_block or 0)) * self.layout.block_nbytes
 
     def write_blocks(self, runner, block_ids: list[int], first_block: int) -> None:
-        """Stages computed blocks (on the forward thread, where the pool is consistent)."""
-        chunk = self._path.stage(runner, block_ids, first_block)
+        """Stages computed blocks (on the forward thread, where the pool is consistent); once the receiver
+        said which blocks it holds, only those after them."""
+        with self._staging:
+            if self.first_block is None:
+                self._staged.append((first_block, first_block + len(block_ids)))
+            else:
+                skip = max(0, self.first_block - first_block)
+                block_ids, first_block = block_ids[skip:], first_block + skip
+                if not block_ids:
+                    return
+            chunk = self._path.stage(runner, block_ids, first_block)
         if chunk is not None:
             self._events.put(chunk)
+
+    def _fix_first_block(self, held: int) -> int:
+        """The first block to send when the receiver holds `held` leading blocks: `held`, or, when a chunk
+        staged already runs across it, that chunk's start (a chunk leaves whole or not at all)."""
+        with self._staging:
+            first = held
+            for start, end in sorted(self._staged, reverse=True):
+                if start < first < end:
+                    first = start
+            self.first_block = first
+            return first
 
     def wait_sent(self) -> None:
         """Called on the forward thread before a step may overwrite the blocks of a request that finished
@@ -121,13 +158,26 @@ class OutgoingKv:
             self.release()
 
     def _hello(self, sock: socket.socket) -> None:
+        """The hello and its answer; then the first block sent (when the receiver said which it holds)
+        and the prompt. A receiver that claims more than it may hold is told why, and nothing is sent."""
         sock.sendall(
             encode_hello(self.request_id, self._token, self.layout, self.num_tokens, self.data_path, self._path.segment)
         )
         sock.settimeout(self._sender.hello_timeout)  # the decode request may register a little later
-        check_reply(recv_json(sock, "the decode worker's answer to the KV hello"))
+        reply = recv_json(sock, "the decode worker's answer to the KV hello")
+        check_reply(reply)
         sock.settimeout(self._sender.io_timeout)
-        sock.sendall(struct.pack(f"<{len(self._prompt)}I", *self._prompt))
+        refusal = None
+        try:
+            held = held_blocks_of(reply, self.num_tokens, self.layout.block_size)
+        except KvTransferError as error:
+            held, refusal = 0, error
+        first = self._fix_first_block(held)
+        start = FIRST_BLOCK.pack(first) if "held_blocks" in reply else b""
+        sock.sendall(start + struct.pack(f"<{len(self._prompt)}I", *self._prompt))
+        if refusal is not None:
+            sock.sendall(abort_frame(str(refusal)))  # the receiver reads frames next: it learns why
+            raise refusal
 
     def _stream(self, sock: socket.socket, keepalive: float) -> None:
         while True:
@@ -142,7 +192,22 @@ class OutgoingKv:
             if isinstance(event, _Abort):
                 sock.sendall(abort_frame(event.reason))
                 raise KvTransferError(grpc.StatusCode.ABORTED, f"the KV transfer was aborted: {event.reason}")
-            self._path.send(sock, event)
+            if self._leaves(event):
+                self._path.send(sock, event)
+
+    def _leaves(self, chunk: StagedChunk) -> bool:
+        """Whether the chunk goes out: it starts at or after `first_block` (one staged before that was
+        fixed never runs across it; one before it holds blocks the receiver has)."""
+        first = self.first_block or 0
+        if chunk.first_block >= first:
+            return True
+        if chunk.first_block + chunk.count > first:
+            raise KvTransferError(
+                grpc.StatusCode.INTERNAL,
+                f"KV blocks {chunk.first_block}..{chunk.first_block + chunk.count - 1} were staged across "
+                f"block {first}, where the transfer starts",
+            )
+        return False
 
     def release(self) -> None:
         """Gives back what the transfer holds; chunks not sent yet are dropped."""

@@ -1,9 +1,11 @@
 """The TCP data path: a chunk's bytes follow its frame on the transfer's connection.
 
 From a host-memory pool nothing is copied: the frame's bytes are gathered straight from the pool's
-blocks with one `sendmsg`. Before a step may overwrite blocks of a request that finished or was
-preempted, `wait_sent` waits for a chunk on the wire and copies out one not sent yet, so a slow decode
-worker never holds the prefill engine up. From a GPU pool, chunks are copied to pinned host memory first.
+blocks with one `sendmsg` (unless the runner cannot show its blocks in place, `supports_block_views`:
+a tensor-parallel runner's blocks are copied out as they are staged). Before a step may overwrite
+blocks of a request that finished or was preempted, `wait_sent` waits for a chunk on the wire and copies
+out one not sent yet, so a slow decode worker never holds the prefill engine up. From a GPU pool, chunks
+are copied to pinned host memory first.
 """
 
 import socket
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk
+from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import chunk_frame, recv_into, sendmsg_all
 from workers.model_runner import KvLayout
@@ -36,7 +38,10 @@ class TcpFromPool(SendPath):
         self._in_pool: list[PoolChunk] = []  # chunks that may still read the pool
 
     def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
-        chunk = PoolChunk(first_block, len(block_ids), runner.block_views(block_ids))
+        if getattr(runner, "supports_block_views", True):  # a runner that does not say has a host pool
+            chunk = PoolChunk(first_block, len(block_ids), runner.block_views(block_ids))
+        else:  # copied out now: no longer in the pool
+            chunk = PoolChunk(first_block, len(block_ids), [copied_blocks(runner, block_ids)], done=True)
         with self._lock:
             if self._released:
                 return None

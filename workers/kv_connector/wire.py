@@ -2,13 +2,23 @@
 
 On the wire (little-endian):
   sender → receiver  HELLO: b"DKV2", u32 length (at most MAX_HELLO_BYTES), JSON header (request id,
-                     transfer token, KV layout, number of tokens, data path, shared-memory segment name)
-  receiver → sender  REPLY: u32 length, JSON {"ok": true} or {"ok": false, "code", "error"}
+                     transfer token, KV layout, number of tokens, data path, shared-memory segment name,
+                     and "skip_held": true from a sender that can start after blocks the receiver holds)
+  receiver → sender  REPLY: u32 length, JSON {"ok": true} or {"ok": false, "code", "error"}; to a sender that
+                     said "skip_held", {"ok": true, "held_blocks": n}: the receiver's prefix cache already
+                     holds the prompt's first n blocks (at most (number of tokens - 1) // block size)
+  sender → receiver  after a reply with "held_blocks" only: the first block it sends, f ≤ n, as u32 (n, or
+                     the start of a chunk it had staged already that runs across block n)
   sender → receiver  the prompt's token ids, number of tokens × u32
   sender → receiver  frames: FRAME struct (kind, first block, block count, offset, xxh3-64 checksum),
-                     followed, on the TCP path, by the chunk's bytes; kind KEEPALIVE keeps an idle connection
-                     alive, ABORT carries a reason, END ends with the first token id (in `first_block`)
+                     followed, on the TCP path, by the chunk's bytes; blocks f.. in order (a frame's first
+                     block is its index in the prompt); kind KEEPALIVE keeps an idle connection alive, ABORT
+                     carries a reason, END ends with the first token id (in `first_block`)
   receiver → sender  REPLY once the whole cache is in and checked.
+
+The held blocks are an exchange both sides opt into, so DKV2 stays one version: an older sender never says
+"skip_held" (the receiver then sends and reads nothing more and takes every block), an older receiver never
+answers "held_blocks" (the sender then sends no first block and every block).
 """
 
 import json
@@ -26,6 +36,7 @@ MAGIC = b"DKV2"
 FRAME = struct.Struct("<cxxxIIQQ")  # kind, first block, block count, offset, checksum
 CHUNK, KEEPALIVE, ABORT, END = b"C", b"K", b"X", b"E"
 TOKEN_ID = struct.Struct("<I")
+FIRST_BLOCK = struct.Struct("<I")
 MAX_HELLO_BYTES = 4 << 10  # the hello carries no prompt: a few hundred bytes
 MAX_REPLY_BYTES = 64 << 10  # replies and abort reasons: a sentence
 SOCKET_BUFFER_BYTES = 4 << 20  # larger kernel buffers: fewer, longer system calls per chunk
@@ -66,6 +77,7 @@ def encode_hello(
             "head_dim": layout.head_dim,
             "block_size": layout.block_size,
             "dtype": dtype_name(layout.dtype),
+            "skip_held": True,
         }
     ).encode()
     return MAGIC + struct.pack("<I", len(body)) + body
@@ -145,6 +157,25 @@ def recv_json(sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, dead
     if not isinstance(message, dict):
         raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, f"the {what} is not a JSON object")
     return message
+
+
+def max_held_blocks(num_tokens: int, block_size: int) -> int:
+    """The most leading blocks a receiver may hold of a prompt: the last token's KV always moves (the
+    first token's logits came from it, and the receiver checks that it arrived)."""
+    return max(0, (num_tokens - 1) // block_size)
+
+
+def held_blocks_of(reply: dict, num_tokens: int, block_size: int) -> int:
+    """The leading blocks the receiver's hello reply says it holds, checked against what it may hold."""
+    held = reply.get("held_blocks", 0)
+    limit = max_held_blocks(num_tokens, block_size)
+    if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held <= limit:
+        raise KvTransferError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the decode worker claims to hold {held!r} leading KV blocks of a prompt of {num_tokens} tokens; "
+            f"it may hold a whole number from 0 to {limit} (the block holding the last token always moves)",
+        )
+    return held
 
 
 def error_reply(error: KvTransferError) -> dict:

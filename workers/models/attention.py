@@ -57,8 +57,7 @@ class AttentionPlan:
         row = 0
         for step in inputs:
             length = len(step.token_ids)
-            if step.sample:
-                self.sample_rows.append(row + length - 1)
+            self.sample_rows.extend(range(row + length - step.num_logits, row + length))
             blocks = step.block_ids[: (step.start + length - 1) // block_size + 1]
             if length == 1:
                 decoding.append((row, step.start, blocks))

@@ -4,8 +4,9 @@ its own modules, so each family's conventions hold as-is) and its linear layers 
 `workers.projections`.
 
 `Decoder` works on packed tokens with no batch dimension: hidden [tokens, hidden_size], queries
-[tokens, heads, head_dim]. It knows nothing of the KV pool: a layer hands its rotated queries and its keys
-and values to the `attention` callable the runner passes, which stores them and attends.
+[tokens, heads, head_dim] (under tensor parallelism, the rank's own heads: `workers.models.sharding`).
+It knows nothing of the KV pool: a layer hands its rotated queries and its keys and values to the
+`attention` callable the runner passes, which stores them and attends.
 """
 
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ class DecoderLayer:
     gate_up: Projection  # the MLP's gate and up projections stacked
     down: Projection
     act_fn: Callable
+    # tensor parallel (`workers.models.sharding`): sums o's and down's partial outputs over the group
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention) -> torch.Tensor:
         query, key, value = self.qkv.split(self.input_norm(hidden))
@@ -45,12 +48,15 @@ class DecoderLayer:
         if self.qk_norms is not None:
             query, key = self.qk_norms[0](query), self.qk_norms[1](key)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        hidden = hidden + self.o(attention(self, query, key, value))
+        hidden = hidden + self._summed(self.o(attention(self, query, key, value)))
         return hidden + self.mlp(self.post_attention_norm(hidden))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up.split(x)
-        return self.down(self.act_fn(gate) * up)
+        return self._summed(self.down(self.act_fn(gate) * up))
+
+    def _summed(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.all_reduce is None else self.all_reduce(partial)
 
 
 @dataclass(eq=False)

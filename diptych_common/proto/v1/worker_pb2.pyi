@@ -85,20 +85,22 @@ class KvDelivered(_message.Message):
     def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority", "cache_salt")
+    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority", "cache_salt", "prompt_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_token: bytes
     sampling: SamplingParams
     prompt_tokens: int
     priority: Priority
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateWork(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "cache_salt")
