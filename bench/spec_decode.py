@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--method", choices=["ngram", "draft"], default="ngram")
     parser.add_argument("--draft-model", default="", help="draft: builtin:<name> or a model directory")
     parser.add_argument("--num-draft-tokens", type=int, default=4)
-    parser.add_argument("--ngram-min", type=int, default=1)
+    parser.add_argument("--ngram-min", type=int, default=SpecConfig.ngram_min)
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)

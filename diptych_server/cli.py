@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--kv-tier", default="", metavar="HOST:PORT", help="the shared KV tier's store (diptych kv-tier); default: none"
     )
+    from workers.spec_decode.config import add_cli_arguments as add_speculative_arguments  # argparse alone
+
+    add_speculative_arguments(worker)
     _add_control_plane_url(worker)
     worker.set_defaults(run=_run_worker)
 
@@ -220,7 +223,12 @@ def _run_worker(args) -> None:
     from workers.engine import EngineConfig
     from workers.main import serve
     from workers.server import Role
+    from workers.spec_decode.config import spec_config_from_args
 
+    try:
+        speculative = spec_config_from_args(args)
+    except ValueError as error:
+        raise SystemExit(f"diptych worker: {error}") from None
     asyncio.run(
         serve(
             role=Role(args.role),
@@ -243,6 +251,7 @@ def _run_worker(args) -> None:
                 max_running=args.max_running,
                 device=args.device,
                 cuda_graphs=args.cuda_graphs,
+                speculative=speculative,
             ),
         )
     )

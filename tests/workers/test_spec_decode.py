@@ -409,6 +409,22 @@ async def test_a_migrated_request_continues_exactly_with_drafts(start_engine, co
     assert engine.stats().draft_tokens_accepted > 0
 
 
+async def test_a_proposer_that_raises_leaves_its_requests_decoding_without_drafts(start_engine, copier):
+    engine = start_engine(copier, speculative=NGRAM)
+    proposer, calls = engine.proposer, []
+
+    def propose(requests):
+        calls.append(len(requests))
+        if len(calls) % 2 == 0:
+            raise RuntimeError("the draft model ran out of memory")
+        return proposer.propose(requests)
+
+    engine.proposer = type("Raising", (), {"propose": staticmethod(propose)})()
+    [prompt] = repeated_blocks([15], seed=11)
+    assert await collect(engine.add(EngineRequest("r", prompt, greedy(40)))) == generate(copier, prompt, 40)
+    assert len(calls) > 4 and engine.stats().draft_tokens_accepted > 0
+
+
 # ---- served: colocated and split ----------------------------------------------------------------------
 
 

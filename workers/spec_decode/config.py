@@ -12,7 +12,7 @@ class SpecConfig:
 
     method: str
     num_draft_tokens: int = 4  # k: drafts proposed per request per step, at most
-    ngram_min: int = 1  # ngram: the shortest run of last tokens that must recur to propose
+    ngram_min: int = 2  # ngram: the shortest run of last tokens that must recur to propose (1 drafts too eagerly)
     ngram_max: int = 4  # ngram: the longest run looked up (a longer match is preferred)
     draft_model: str = ""  # draft: builtin:<name> or a local Hugging Face model directory
 
@@ -41,7 +41,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         "draft (a smaller model of the same vocabulary, --draft-model); off by default",
     )
     parser.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per request per step, at most")
-    parser.add_argument("--ngram-min", type=int, default=1, help="ngram: the shortest recurring run of last tokens")
+    parser.add_argument(
+        "--ngram-min", type=int, default=SpecConfig.ngram_min, help="ngram: the shortest recurring run of last tokens"
+    )
     parser.add_argument("--ngram-max", type=int, default=4, help="ngram: the longest run of last tokens looked up")
     parser.add_argument(
         "--draft-model", default="", help="draft: builtin:<name> or a local Hugging Face model directory"
