@@ -39,6 +39,17 @@ class WorkerLoad:
                 hits_tokens=stats.prefix_cache_hit_tokens,
                 queried_tokens=stats.prefix_cache_queried_tokens,
             ),
+            speculative=worker_pb2.SpeculativeSummary(
+                draft_tokens_proposed=stats.draft_tokens_proposed,
+                draft_tokens_accepted=stats.draft_tokens_accepted,
+            ),
+            kv_tier=worker_pb2.KvTierSummary(
+                hit_tokens=stats.tier_hit_tokens,
+                queried_tokens=stats.tier_queried_tokens,
+                blocks_put=stats.tier_blocks_put,
+                blocks_dropped=stats.tier_blocks_dropped,
+                errors=stats.tier_errors,
+            ),
         )
 
     def heartbeat(self) -> dict:

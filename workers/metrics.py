@@ -66,6 +66,30 @@ class LoadCollector(Collector):
             "Prompt tokens looked up in the prefix cache",
             load.prefix_cache.queried_tokens,
         )
+        speculative, tier = load.speculative, load.kv_tier
+        yield counter(
+            "diptych_worker_draft_tokens_proposed",
+            "Draft tokens verified (speculative decoding)",
+            speculative.draft_tokens_proposed,
+        )
+        yield counter(
+            "diptych_worker_draft_tokens_accepted",
+            "Draft tokens equal to the model's own pick (speculative decoding)",
+            speculative.draft_tokens_accepted,
+        )
+        yield counter(
+            "diptych_worker_kv_tier_hit_tokens", "Prompt tokens loaded from the shared KV tier", tier.hit_tokens
+        )
+        yield counter(
+            "diptych_worker_kv_tier_queried_tokens", "Prompt tokens asked of the shared KV tier", tier.queried_tokens
+        )
+        yield counter("diptych_worker_kv_tier_blocks_put", "KV blocks shipped to the shared KV tier", tier.blocks_put)
+        yield counter(
+            "diptych_worker_kv_tier_blocks_dropped",
+            "KV blocks not shipped to the shared KV tier (queue full or tier unreachable)",
+            tier.blocks_dropped,
+        )
+        yield counter("diptych_worker_kv_tier_errors", "Failed shared KV tier calls and damaged blocks", tier.errors)
 
 
 class StepMetrics:

@@ -17,6 +17,10 @@ def test_the_load_report_becomes_metrics():
         kv_bytes_sent=1234,
     )
     load.prefix_cache.hits_tokens = 96
+    load.speculative.draft_tokens_proposed = 40
+    load.speculative.draft_tokens_accepted = 31
+    load.kv_tier.hit_tokens = 176
+    load.kv_tier.blocks_dropped = 3
     registry = CollectorRegistry()
     registry.register(LoadCollector("prefill", lambda: load))
     text = generate_latest(registry).decode()
@@ -25,6 +29,10 @@ def test_the_load_report_becomes_metrics():
     assert 'diptych_worker_active_sequences{role="prefill",worker_id="wrk_1"} 3.0' in text
     assert 'diptych_worker_kv_sent_bytes_total{role="prefill",worker_id="wrk_1"} 1234.0' in text
     assert 'diptych_worker_prefix_cache_hit_tokens_total{role="prefill",worker_id="wrk_1"} 96.0' in text
+    assert 'diptych_worker_draft_tokens_proposed_total{role="prefill",worker_id="wrk_1"} 40.0' in text
+    assert 'diptych_worker_draft_tokens_accepted_total{role="prefill",worker_id="wrk_1"} 31.0' in text
+    assert 'diptych_worker_kv_tier_hit_tokens_total{role="prefill",worker_id="wrk_1"} 176.0' in text
+    assert 'diptych_worker_kv_tier_blocks_dropped_total{role="prefill",worker_id="wrk_1"} 3.0' in text
 
 
 def test_engine_steps_become_histograms():

@@ -382,6 +382,7 @@ async def test_a_worker_fetches_the_prefix_another_worker_computed(store, start_
     tokens, cached = await generate(b, "b", second, 8, salt="org-a")
     stats = b.engine.stats()
     assert cached == stats.tier_hit_tokens == 176  # 11 full blocks of the shared 180 tokens
+    assert b.service.load().to_proto().kv_tier.hit_tokens == 176  # what Load and /metrics show
     assert stats.prompt_tokens_computed - computed_before == len(second) - 176
     assert tokens == reference(second, 8) == (await generate(plain, "p", second, 8, salt="org-a"))[0]
     # The loaded blocks are named like computed ones: the next request hits them locally.

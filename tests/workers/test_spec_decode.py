@@ -25,6 +25,7 @@ from tests.workers.test_engine import assert_all_blocks_free, collect, greedy, s
 from workers.decode_graphs import DecodeGraphs, DecodeGraphSpec
 from workers.engine import Engine, EngineConfig
 from workers.kv_cache_manager import KVCacheManager
+from workers.load import WorkerLoad
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import EngineRequest
 from workers.sampling import SamplingParams, StopCriteria
@@ -219,6 +220,11 @@ async def test_prompt_lookup_on_a_copying_model_matches_generate_and_accepts_mos
     assert stats.draft_tokens_accepted >= 0.9 * stats.draft_tokens_proposed
     assert stats.tokens_generated == sum(counts)  # billing counts exactly the tokens emitted
     assert stats.steps < sum(counts) // 2
+    reported = WorkerLoad("wrk_1", False, 0.0, stats).to_proto().speculative  # what Load and /metrics show
+    assert (reported.draft_tokens_proposed, reported.draft_tokens_accepted) == (
+        stats.draft_tokens_proposed,
+        stats.draft_tokens_accepted,
+    )
     await settle(engine)
     assert_all_blocks_free(engine)
     # Blocks filled by accepted drafts are named after the tokens they hold (all but the last token,

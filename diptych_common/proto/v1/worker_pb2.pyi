@@ -141,7 +141,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending")
+    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending", "speculative", "kv_tier")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class Load(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    KV_TIER_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queue_depth: int
     active_sequences: int
@@ -170,7 +172,31 @@ class Load(_message.Message):
     draining: bool
     prefix_cache: PrefixCacheSummary
     prompt_tokens_pending: int
-    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ...) -> None: ...
+    speculative: SpeculativeSummary
+    kv_tier: KvTierSummary
+    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeSummary, _Mapping]] = ..., kv_tier: _Optional[_Union[KvTierSummary, _Mapping]] = ...) -> None: ...
+
+class SpeculativeSummary(_message.Message):
+    __slots__ = ("draft_tokens_proposed", "draft_tokens_accepted")
+    DRAFT_TOKENS_PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    draft_tokens_proposed: int
+    draft_tokens_accepted: int
+    def __init__(self, draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ...) -> None: ...
+
+class KvTierSummary(_message.Message):
+    __slots__ = ("hit_tokens", "queried_tokens", "blocks_put", "blocks_dropped", "errors")
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_PUT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    hit_tokens: int
+    queried_tokens: int
+    blocks_put: int
+    blocks_dropped: int
+    errors: int
+    def __init__(self, hit_tokens: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., blocks_put: _Optional[int] = ..., blocks_dropped: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheSummary(_message.Message):
     __slots__ = ("version", "block_hashes", "hits_tokens", "queried_tokens")
