@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.engine_only import engine_closed_loop
+from bench.workload import BenchRequest
 from diptych_common.builtin import DIPTYCH_TINY
 from workers.engine import Engine, EngineConfig
 from workers.model_loader import build_builtin_model
 from workers.model_runner import ModelRunner
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams, StopCriteria
+from workers.sampling import StopCriteria
 from workers.spec_decode.config import SpecConfig
 
 # The copying model's shape: two heads of 128 dimensions; token codes of 64 dimensions.
@@ -155,7 +156,6 @@ def workloads(count: int, prompt_length: int, seed: int) -> list[Workload]:
 
 async def closed_loop(engine: Engine, prompts: list[list[int]], output_tokens: int, concurrency: int) -> RunFigures:
     """Greedy requests fed by `concurrency` clients, each sending its next request when its last one ends."""
-    queue = list(enumerate(prompts))
     figures = RunFigures(tokens=0, seconds=0.0)
     decode_only: list[bool] = []
     schedule = engine.scheduler.schedule
@@ -173,23 +173,10 @@ async def closed_loop(engine: Engine, prompts: list[list[int]], output_tokens: i
     engine.scheduler.schedule = scheduled  # type: ignore[method-assign]
     engine.on_step = stepped
 
-    async def client() -> None:
-        while queue:
-            index, prompt = queue.pop(0)
-            params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
-            handle = engine.add(EngineRequest(f"r{index}", prompt, params))
-            tokens = figures.outputs[index] = []
-            while True:
-                output = await handle.outputs.get()
-                if isinstance(output, Exception):
-                    raise output
-                tokens.append(output.token_id)
-                if output.finished:
-                    break
-
     before = engine.stats()
     started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    requests = [BenchRequest(index, prompt, output_tokens) for index, prompt in enumerate(prompts)]
+    figures.outputs = await engine_closed_loop(engine, requests, concurrency)
     figures.seconds = time.perf_counter() - started
     after = engine.stats()
     figures.tokens = after.tokens_generated - before.tokens_generated

@@ -1,4 +1,5 @@
-"""The built-in model, its reference greedy outputs, and engines built on it."""
+"""The built-in model, its reference greedy outputs, engines built on it, and a prefill and a decode worker
+served over gRPC."""
 
 import asyncio
 import time
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 from diptych_common.builtin import DIPTYCH_TINY
+from tests.workers.serving import Worker
 from workers.engine import Engine, EngineConfig
 from workers.model_loader import build_builtin_model
 from workers.model_runner import ModelRunner, StepInput
 from workers.sampling import StopCriteria
+from workers.server import Role
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +45,18 @@ def reference(tiny_model):
 def executor():
     with ThreadPoolExecutor(max_workers=1) as pool:
         yield pool
+
+
+@pytest.fixture(params=[False, True], ids=["tcp", "shm"])
+async def workers(request, tiny_model, executor):
+    """A prefill and a decode worker of the tiny model, the KV moving over TCP or shared memory."""
+    prefill = Worker(Role.PREFILL, tiny_model, executor, allow_shm=request.param)
+    decode = Worker(Role.DECODE, tiny_model, executor, allow_shm=request.param)
+    await prefill.start()
+    await decode.start()
+    yield prefill, decode
+    await prefill.stop()
+    await decode.stop()
 
 
 @pytest.fixture

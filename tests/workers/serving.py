@@ -64,7 +64,12 @@ def sampling(count: int) -> worker_pb2.SamplingParams:
     return worker_pb2.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
 
 
-async def split(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = ""):
+async def split(
+    prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = "", give_prompt: bool = False
+):
+    """One split request: the decode call first, then the prefill call that sends it the KV; returns the
+    prefill call's events and the decode call's. `give_prompt`: the decode call gives its prompt's token
+    ids, as the gateway's does (the decode worker then pins the blocks of it it holds, and they are not sent)."""
     token = secrets.token_bytes(32)
     decode_call = decode.stub.Decode(
         worker_pb2.DecodeRequest(
@@ -73,6 +78,7 @@ async def split(prefill, decode, request_id: str, prompt: list[int], count: int,
             sampling=sampling(count),
             prompt_tokens=len(prompt),
             cache_salt=cache_salt,
+            prompt_token_ids=prompt if give_prompt else [],
         )
     )
     prefill_events = [

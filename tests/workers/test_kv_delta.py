@@ -25,7 +25,7 @@ from gateway.routing import Router, ServingMode
 from gateway.types import GenerationPlan, SamplingSpec
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.kv_wire import LAYOUT, TOKEN
-from tests.workers.serving import SECRET, Worker, sampling
+from tests.workers.serving import SECRET, Worker, sampling, split
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvTransferParams, Peer
 from workers.kv_connector.decode import DecodeConnector
@@ -55,32 +55,8 @@ BLOCK = 16  # the serving workers' block size
 async def turn(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = "", whole=False):
     """One split request as the gateway runs it: the decode call gives its prompt (unless `whole`, as an
     older gateway does). Returns (output tokens, kv bytes delivered)."""
-    token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id,
-            transfer_token=token,
-            sampling=sampling(count),
-            prompt_tokens=len(prompt),
-            cache_salt=cache_salt,
-            prompt_token_ids=[] if whole else prompt,
-        )
-    )
-    prefill_events = [
-        e
-        async for e in prefill.stub.Prefill(
-            worker_pb2.PrefillRequest(
-                request_id=request_id,
-                prompt_token_ids=prompt,
-                sampling=sampling(count),
-                decode_address=decode.address,
-                transfer_token=token,
-                cache_salt=cache_salt,
-            )
-        )
-    ]
-    rest = [e.token_id async for e in decode_call]
-    return [prefill_events[0].first_token.token_id] + rest, prefill_events[1].kv_delivered.kv_bytes
+    events, rest = await split(prefill, decode, request_id, prompt, count, cache_salt, give_prompt=not whole)
+    return [events[0].first_token.token_id] + [e.token_id for e in rest], events[1].kv_delivered.kv_bytes
 
 
 def held_after(first_prompt: list[int], first_output: list[int], next_prompt: list[int]) -> int:
@@ -96,17 +72,6 @@ def blocks(num_tokens: int) -> int:
 
 def free_blocks(worker) -> int:
     return worker.engine.stats().kv_blocks_free
-
-
-@pytest.fixture(params=[False, True], ids=["tcp", "shm"])
-async def workers(request, tiny_model, executor):
-    prefill = Worker(Role.PREFILL, tiny_model, executor, allow_shm=request.param)
-    decode = Worker(Role.DECODE, tiny_model, executor, allow_shm=request.param)
-    await prefill.start()
-    await decode.start()
-    yield prefill, decode
-    await prefill.stop()
-    await decode.stop()
 
 
 @pytest.fixture

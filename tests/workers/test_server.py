@@ -9,19 +9,7 @@ import pytest
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
 from tests.workers.conftest import all_blocks_free, prompts, wait_until
-from tests.workers.serving import Worker, sampling, split
-from workers.server import Role
-
-
-@pytest.fixture(params=[False, True], ids=["tcp", "shm"])
-async def workers(request, tiny_model, executor):
-    prefill = Worker(Role.PREFILL, tiny_model, executor, allow_shm=request.param)
-    decode = Worker(Role.DECODE, tiny_model, executor, allow_shm=request.param)
-    await prefill.start()
-    await decode.start()
-    yield prefill, decode
-    await prefill.stop()
-    await decode.stop()
+from tests.workers.serving import sampling, split
 
 
 async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(workers, reference):
