@@ -197,6 +197,7 @@ class PoolRunner:
 
     layout = LAYOUT
     block_views = ModelRunner.block_views
+    supports_block_views = True  # a host-memory pool
 
     def read_blocks(self, block_ids, out) -> None:
         torch.index_select(self.kv, 2, torch.tensor(block_ids), out=out)

@@ -38,7 +38,7 @@ class TcpFromPool(SendPath):
         self._in_pool: list[PoolChunk] = []  # chunks that may still read the pool
 
     def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
-        if getattr(runner, "supports_block_views", True):  # a runner that does not say has a host pool
+        if runner.supports_block_views:
             chunk = PoolChunk(first_block, len(block_ids), runner.block_views(block_ids))
         else:  # copied out now: no longer in the pool
             chunk = PoolChunk(first_block, len(block_ids), [copied_blocks(runner, block_ids)], done=True)
