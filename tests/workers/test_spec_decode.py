@@ -32,8 +32,9 @@ from workers.sampling import SamplingParams, StopCriteria
 from workers.scheduler import Scheduler
 from workers.server import Role
 from workers.spec_decode.config import SpecConfig, add_cli_arguments, spec_config_from_args
+from workers.spec_decode.draft_model import DraftModelProposer
 from workers.spec_decode.ngram import NgramProposer
-from workers.spec_decode.proposer import build_proposer
+from workers.spec_decode.proposer import DraftRequest, build_proposer
 from workers.spec_decode.verify import Verdict, verify
 
 NGRAM = SpecConfig("ngram", num_draft_tokens=4)
@@ -472,3 +473,33 @@ async def test_split_and_colocated_serving_with_drafts_match_generate(copier, ex
     for worker in (decode, colocated):
         stats = worker.engine.stats()
         assert stats.draft_tokens_accepted > 0.8 * stats.draft_tokens_proposed > 0
+
+
+# ---- the draft model's own pool ----------------------------------------------------------------------
+
+
+def test_the_draft_model_proposes_its_greedy_continuation_batched_and_after_rejections(tiny_model):
+    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size)
+    first, second = prompts([21, 40], salt=5)
+    assert proposer.propose([DraftRequest("a", first, 4), DraftRequest("b", second, 3)]) == [
+        generate(tiny_model, first, 4),
+        generate(tiny_model, second, 3),
+    ]
+    # "a" kept one draft, the target picked another token than its second, and one more token followed:
+    # its KV up to the kept draft stays, the rest is computed again
+    kept = generate(tiny_model, first, 2)
+    extended = first + kept[:1] + [(kept[1] + 1) % tiny_model.config.vocab_size, 7]
+    assert proposer.propose([DraftRequest("a", extended, 4)]) == [generate(tiny_model, extended, 4)]
+    # "b" did not draft in that step: its blocks went back
+    assert proposer.kv.block_tables.keys() == {"a"}
+    assert proposer.kv.num_free_blocks == proposer.kv.num_blocks - proposer.kv.blocks_for(len(extended) + 3)
+
+
+def test_a_request_the_draft_pool_has_no_room_for_gets_no_drafts(tiny_model):
+    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size, kv_cache_mib=0)  # one block
+    short, long = prompts([9, 40], salt=6)
+    assert proposer.propose([DraftRequest("long", long, 4), DraftRequest("short", short, 4)]) == [
+        [],
+        generate(tiny_model, short, 4),
+    ]
+    assert proposer.kv.block_tables.keys() == {"short"}

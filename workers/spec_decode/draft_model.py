@@ -1,38 +1,46 @@
 """Drafting with a second, smaller causal LM of the target's vocabulary, run greedily over the request's
 tokens.
 
-The draft model runs unpaged through its own `transformers` forward, one request at a time, each with its
-own small KV cache: a request's cache is cut back to the tokens it shares with the request's tokens now
-(the accepted ones stay, rejected drafts go) and only the rest is fed. A request not drafting in a step
-loses its cache (it is rebuilt from its tokens if it drafts again), so caches never outlive requests.
+The draft model runs on a `ModelRunner` of its own, over a paged KV pool of its own, batched: one step
+catches every drafting request up on the tokens it has not seen (its accepted drafts and the target's
+pick; a rejected draft's slot is simply computed again) and picks each one's first draft, then one
+single-token step per further draft extends all the requests that still want one. A request keeps its
+blocks while it drafts step after step; one that does not draft in a step gives them back (its KV is
+rebuilt from its tokens if it drafts again), so the pool never holds a request that left. A request the
+pool has no room for gets no drafts.
 """
 
-from dataclasses import dataclass, field
-
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
+from workers.kv_cache_manager import KVCacheManager
+from workers.model_runner import ModelRunner, StepInput, kv_layout_of
 from workers.spec_decode.proposer import DraftRequest
 
-
-@dataclass
-class _DraftState:
-    token_ids: list[int] = field(default_factory=list)  # the tokens whose keys and values `cache` holds
-    cache: DynamicCache = field(default_factory=DynamicCache)
+BLOCK_SIZE = 16
+DEFAULT_KV_CACHE_MIB = 128
 
 
 class DraftModelProposer:
-    def __init__(self, model: PreTrainedModel, target_vocab_size: int) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target_vocab_size: int,
+        device: str = "cpu",
+        kv_cache_mib: int = DEFAULT_KV_CACHE_MIB,
+    ) -> None:
         draft_vocab_size = model.config.vocab_size
         if draft_vocab_size != target_vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary has {draft_vocab_size} tokens, the served model's "
                 f"{target_vocab_size}: a draft model must share the served model's tokenizer"
             )
-        self.model = model.eval()
-        self.device = next(model.parameters()).device
+        layout = kv_layout_of(model.config, BLOCK_SIZE, next(model.parameters()).dtype)
+        num_blocks = max(1, (kv_cache_mib << 20) // layout.block_nbytes)
+        self.runner = ModelRunner(model.eval(), num_blocks, BLOCK_SIZE, device)
+        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
         self.max_positions: int = model.config.max_position_embeddings
-        self._states: dict[str, _DraftState] = {}
+        self._computed: dict[str, list[int]] = {}  # per request, the tokens whose KV its blocks hold
 
     @classmethod
     def load(cls, source: str, target_vocab_size: int, device: str) -> "DraftModelProposer":
@@ -41,48 +49,52 @@ class DraftModelProposer:
 
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         loaded = load_model(f"draft model {source}", source, dtype=dtype)
-        return cls(loaded.model.to(device), target_vocab_size)  # type: ignore[arg-type]
+        return cls(loaded.model.to(device), target_vocab_size, device)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
-        states: dict[str, _DraftState] = {}
-        proposals = []
-        for request in requests:
-            state = self._states.get(request.request_id) or _DraftState()
-            states[request.request_id] = state
-            proposals.append(self._propose_one(state, request.token_ids, request.max_drafts))
-        self._states = states
-        return proposals
+        wanted = {request.request_id for request in requests}
+        for request_id in [r for r in self._computed if r not in wanted]:
+            self._drop(request_id)
+        counts = [self._room(request) for request in requests]
+        drafts: list[list[int]] = [[] for _ in requests]
+        inputs = [self._catch_up(request) for request, count in zip(requests, counts, strict=True) if count]
+        drafting = [index for index, count in enumerate(counts) if count]
+        while drafting:
+            for index, token_id in zip(drafting, self._greedy(inputs), strict=True):
+                drafts[index].append(token_id)
+            drafting = [index for index in drafting if len(drafts[index]) < counts[index]]
+            inputs = [self._extend(requests[index].request_id, drafts[index][-1]) for index in drafting]
+        return drafts
 
-    def _propose_one(self, state: _DraftState, token_ids: list[int], count: int) -> list[int]:
-        count = min(count, self.max_positions - len(token_ids))
-        if count < 1 or not token_ids:
-            return []
-        kept = _shared_prefix(state.token_ids, token_ids, len(token_ids) - 1)  # at least one token to feed
-        if kept < len(state.token_ids):
-            state.cache.crop(kept - len(state.token_ids))
-            del state.token_ids[kept:]
-        feed = token_ids[kept:]
-        drafts: list[int] = []
-        while True:
-            logits = self._forward(state, feed)
-            drafts.append(int(torch.nan_to_num(logits, nan=-torch.inf).argmax()))
-            if len(drafts) == count:
-                return drafts
-            feed = drafts[-1:]
+    def _room(self, request: DraftRequest) -> int:
+        """How many drafts the request gets: its ask, within the draft model's context and the pool (its
+        drafts' KV but the last one's is computed); 0, with its blocks given back, when none fit."""
+        count = min(request.max_drafts, self.max_positions - len(request.token_ids))
+        if count < 1 or not self.kv.allocate(request.request_id, len(request.token_ids) + count - 1):
+            self._drop(request.request_id)
+            return 0
+        return count
 
-    def _forward(self, state: _DraftState, feed: list[int]) -> torch.Tensor:
-        """Feeds `feed` after the cached tokens; returns the logits [vocab] of the last one."""
-        ids = torch.tensor([feed], dtype=torch.long, device=self.device)
-        output = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-        state.token_ids.extend(feed)
-        return output.logits[0, -1].float()
+    def _catch_up(self, request: DraftRequest) -> StepInput:
+        """The request's tokens after those its blocks hold with the same ids (at least its last token)."""
+        held = self._computed.setdefault(request.request_id, [])
+        token_ids = request.token_ids
+        kept = 0
+        while kept < min(len(held), len(token_ids) - 1) and held[kept] == token_ids[kept]:
+            kept += 1
+        held[kept:] = token_ids[kept:]
+        return StepInput(token_ids[kept:], kept, self.kv.block_ids(request.request_id), sample=True)
 
+    def _extend(self, request_id: str, token_id: int) -> StepInput:
+        held = self._computed[request_id]
+        held.append(token_id)
+        return StepInput([token_id], len(held) - 1, self.kv.block_ids(request_id), sample=True)
 
-def _shared_prefix(first: list[int], second: list[int], limit: int) -> int:
-    length = 0
-    for a, b in zip(first[:limit], second[:limit], strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
+    def _greedy(self, inputs: list[StepInput]) -> list[int]:
+        logits = self.runner.execute(inputs)
+        return torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1).tolist()
+
+    def _drop(self, request_id: str) -> None:
+        self._computed.pop(request_id, None)
+        self.kv.free(request_id)
