@@ -26,67 +26,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import grpc
 import torch
 
+from bench.local_workers import Worker
 from bench.workload import random_tokens
 from diptych_common.builtin import DIPTYCH_TINY
-from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
-from workers.authentication import worker_server
-from workers.engine import Engine, EngineConfig
-from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.prefill import PrefillConnector
-from workers.kv_connector.receiver import KvInbox, KvReceiver
-from workers.kv_connector.sender import KvSender
+from diptych_common.proto.v1 import worker_pb2
+from workers.engine import EngineConfig
 from workers.model_loader import build_builtin_model
-from workers.model_runner import ModelRunner
-from workers.sampling import StopCriteria
-from workers.server import Role, WorkerService, WorkerState
+from workers.server import Role
 
-SECRET = "bench-kv-delta-secret"
 MODES = ("whole", "missing")
 
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-class Worker:
-    """A worker of `role` in this process: engine, KV connector and gRPC service on loopback."""
-
-    def __init__(self, role: Role, model, config: EngineConfig, allow_shm: bool) -> None:
-        self.secret = WorkerSecret(SECRET)
-        self.executor = ThreadPoolExecutor(max_workers=1)
-        runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
-        self.layout = runner.layout
-        self.engine = Engine(runner, config, StopCriteria(frozenset(), 4096), self.executor)
-        if role is Role.DECODE:
-            self.receiver = KvReceiver(KvInbox(), runner.layout)
-            self.engine.attach_connector(DecodeConnector(self.receiver))
-        else:
-            self.engine.attach_connector(PrefillConnector(KvSender(runner.layout, allow_shm=allow_shm)))
-        self.service = WorkerService(WorkerState(role, worker_id=str(role)), self.engine, secret=self.secret)
-        self.role = role
-
-    async def start(self) -> None:
-        if self.role is Role.DECODE:
-            self.receiver.start()
-        self.server = worker_server(self.secret)
-        worker_pb2_grpc.add_WorkerServicer_to_server(self.service, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        await self.server.start()
-        self.task = asyncio.create_task(self.engine.run())
-        self.channel = grpc.aio.insecure_channel(self.address, interceptors=attach_worker_secret(self.secret))
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        await self.channel.close()
-        await self.server.stop(None)
-        if self.engine.connector is not None:
-            self.engine.connector.close()
-        self.executor.shutdown()
 
 
 @dataclass
@@ -143,10 +97,13 @@ async def run(args) -> int:
     model = build_builtin_model(DIPTYCH_TINY).eval()
     vocab = DIPTYCH_TINY.llama_config["vocab_size"]
     config = EngineConfig(num_kv_blocks=args.kv_blocks, token_budget=512, cuda_graphs=False)
-    pairs = {
-        mode: (Worker(Role.PREFILL, model, config, args.shm), Worker(Role.DECODE, model, config, args.shm))
-        for mode in MODES
-    }
+    executors: list[ThreadPoolExecutor] = []
+
+    def worker(role: Role) -> Worker:
+        executors.append(ThreadPoolExecutor(max_workers=1))  # a forward thread of its own
+        return Worker(role, model, executors[-1], args.shm, config=config, context_length=4096)
+
+    pairs = {mode: (worker(Role.PREFILL), worker(Role.DECODE)) for mode in MODES}
     for prefill, decode in pairs.values():
         await prefill.start()
         await decode.start()
@@ -182,6 +139,8 @@ async def run(args) -> int:
         for prefill, decode in pairs.values():
             await prefill.stop()
             await decode.stop()
+        for executor in executors:
+            executor.shutdown()
     report(args, totals, received, mismatches)
     return 1 if mismatches else 0
 

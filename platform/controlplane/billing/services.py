@@ -98,17 +98,7 @@ def _rebuild_hour(hour: datetime, book: PriceBook) -> set[tuple[int, date]]:
     HourlyUsage.objects.filter(hour=hour).delete()
     rated = _rate_events(_events_between(hour, hour + timedelta(hours=1)), book)
     HourlyUsage.objects.bulk_create(
-        HourlyUsage(
-            organization_id=organization_id,
-            api_key_id=api_key_id,
-            model=model,
-            phase=phase,
-            period_start=period,
-            unit_price_micros_per_million=price,
-            tokens=tokens,
-            hour=hour,
-        )
-        for (organization_id, api_key_id, model, phase, period, price), tokens in rated.items()
+        HourlyUsage(**_rollup_fields(key), tokens=tokens, hour=hour) for key, tokens in rated.items()
     )
     return {(key[0], key[4]) for key in rated}
 
@@ -121,18 +111,21 @@ def _rebuild_day(day: date) -> None:
         price = row.unit_price_micros_per_million
         tokens[(row.organization_id, row.api_key_id, row.model, row.phase, row.period_start, price)] += row.tokens
     DailyUsage.objects.bulk_create(
-        DailyUsage(
-            organization_id=organization_id,
-            api_key_id=api_key_id,
-            model=model,
-            phase=phase,
-            period_start=period,
-            unit_price_micros_per_million=price,
-            tokens=count,
-            day=day,
-        )
-        for (organization_id, api_key_id, model, phase, period, price), count in tokens.items()
+        DailyUsage(**_rollup_fields(key), tokens=count, day=day) for key, count in tokens.items()
     )
+
+
+def _rollup_fields(key: RollupKey) -> dict:
+    """The fields an hourly or daily rollup row takes from its key."""
+    organization_id, api_key_id, model, phase, period, price = key
+    return {
+        "organization_id": organization_id,
+        "api_key_id": api_key_id,
+        "model": model,
+        "phase": phase,
+        "period_start": period,
+        "unit_price_micros_per_million": price,
+    }
 
 
 def usage_rollup(*, now: datetime | None = None, full: bool = False) -> RollupResult:

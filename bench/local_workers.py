@@ -1,0 +1,69 @@
+"""Prefill, decode and colocated workers served in this process over real gRPC, the KV moving between them
+on the real data path: what the worker tests and the KV benchmarks drive."""
+
+import asyncio
+
+import grpc
+
+from diptych_common.proto.v1 import worker_pb2_grpc
+from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
+from workers.authentication import worker_server
+from workers.engine import Engine, EngineConfig
+from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.prefill import PrefillConnector
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
+from workers.model_runner import ModelRunner
+from workers.sampling import StopCriteria
+from workers.server import Role, WorkerService, WorkerState
+
+SECRET = "local-worker-rpc-secret"
+
+
+class Worker:
+    """A worker of `role` on `model`: engine (unless told, 128 blocks of 16 tokens, 64 tokens a step,
+    context 1024), its KV connector (a prefill worker sends, a decode worker receives) and its gRPC service
+    on loopback."""
+
+    def __init__(
+        self,
+        role: Role,
+        model,
+        executor,
+        allow_shm: bool,
+        secret: str = SECRET,
+        config: EngineConfig | None = None,
+        context_length: int = 1024,
+    ) -> None:
+        self.secret = WorkerSecret(secret)
+        config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
+        runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
+        self.engine = Engine(runner, config, StopCriteria(frozenset(), context_length), executor)
+        self.receiver: KvReceiver | None = None
+        self.sender: KvSender | None = None
+        if role is Role.DECODE:
+            self.receiver = KvReceiver(KvInbox(), runner.layout)
+            self.engine.attach_connector(DecodeConnector(self.receiver))
+        if role is Role.PREFILL:
+            self.sender = KvSender(runner.layout, allow_shm=allow_shm)
+            self.engine.attach_connector(PrefillConnector(self.sender))
+        self.state = WorkerState(role, worker_id=f"{role}-0")
+        self.service = WorkerService(self.state, self.engine, secret=self.secret)
+
+    async def start(self) -> None:
+        if self.receiver:
+            self.receiver.start()
+        self.server = worker_server(self.secret)
+        worker_pb2_grpc.add_WorkerServicer_to_server(self.service, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        await self.server.start()
+        self.task = asyncio.create_task(self.engine.run())
+        self.channel = grpc.aio.insecure_channel(self.address, interceptors=attach_worker_secret(self.secret))
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await self.channel.close()
+        await self.server.stop(None)
+        if self.engine.connector is not None:
+            self.engine.connector.close()
