@@ -16,14 +16,15 @@ from workers.kv_connector.sender import KvSender
 from workers.model_runner import ModelRunner
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
+from workers.structured.compiler import GrammarCompiler
 
 SECRET = "local-worker-rpc-secret"
 
 
 class Worker:
     """A worker of `role` on `model`: engine (unless told, 128 blocks of 16 tokens, 64 tokens a step,
-    context 1024), its KV connector (a prefill worker sends, a decode worker receives) and its gRPC service
-    on loopback."""
+    context 1024), its KV connector (a prefill worker sends, a decode worker receives), its grammar
+    compiler when given (structured outputs) and its gRPC service on loopback."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class Worker:
         secret: str = SECRET,
         config: EngineConfig | None = None,
         context_length: int = 1024,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.secret = WorkerSecret(secret)
         config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
@@ -48,7 +50,7 @@ class Worker:
             self.sender = KvSender(runner.layout, allow_shm=allow_shm)
             self.engine.attach_connector(PrefillConnector(self.sender))
         self.state = WorkerState(role, worker_id=f"{role}-0")
-        self.service = WorkerService(self.state, self.engine, secret=self.secret)
+        self.service = WorkerService(self.state, self.engine, secret=self.secret, grammars=grammars)
 
     async def start(self) -> None:
         if self.receiver:

@@ -109,8 +109,9 @@ class Stack:
             f"the control plane did not answer within {timeout:.0f} s; see {self.log_path('control-plane')}"
         )
 
-    def start_jobs(self) -> None:
-        self._spawn("jobs", ["jobs"])
+    def start_jobs(self, **env: str) -> None:
+        """The Celery worker with beat; DIPTYCH_GATEWAY_URL in `env` names the gateway batches run through."""
+        self._spawn("jobs", ["jobs"], **env)
 
     def start_worker(self, name: str, role: str, fleet_token: str, port: int, *extra: str) -> None:
         self._spawn(

@@ -62,7 +62,7 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
     credentials = stack.prepare_control_plane(demo=True)
     _step(2, f"starting the control plane on {stack.control_plane_url} and its background jobs")
     stack.start_control_plane()
-    stack.start_jobs()
+    stack.start_jobs(DIPTYCH_GATEWAY_URL=f"http://127.0.0.1:{http_port}/v1")  # batches run through the gateway
     _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
     tier_options = _start_kv_tier(stack) if kv_tier else ()
     stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], 0, *tier_options)

@@ -55,6 +55,7 @@ class Caller:
     organization_limits: RateLimits = field(default_factory=RateLimits)
     key_limits: RateLimits = field(default_factory=RateLimits)
     spend: Spend = field(default_factory=Spend)
+    kind: str = "standard"  # "batch": a batch's runner key, whose usage is billed at the batch tier
 
 
 class Authenticator:
@@ -72,6 +73,12 @@ class Authenticator:
         """The caller named by an `Authorization: Bearer <key>` value, allowed to run inference. `peer` is
         the caller's address (gRPC `context.peer()` or the HTTP request's remote): failed attempts are
         counted against it."""
+        caller = await self.identify(authorization, peer)
+        check_allowed(caller)
+        return caller
+
+    async def identify(self, authorization: str | None, peer: str = "") -> Caller:
+        """The caller named by the key, not yet checked for what it may do (`check_allowed`)."""
         address = peer_address(peer)
         try:
             caller = await self._caller_for(authorization, address)
@@ -79,7 +86,6 @@ class Authenticator:
             if error.kind is ErrorKind.UNAUTHENTICATED:
                 self._failures.record_failure(address)
             raise
-        _check_allowed(caller)
         return caller
 
     async def _caller_for(self, authorization: str | None, address: str) -> Caller:
@@ -138,6 +144,7 @@ def caller_from_identity(identity: dict) -> Caller:
         organization_id=identity["organization_id"],
         api_key_id=identity["api_key_id"],
         scopes=tuple(scopes) if isinstance(scopes, list) else None,
+        kind="batch" if identity.get("kind") == "batch" else "standard",
         organization_limits=_rate_limits(limits.get("organization")),
         key_limits=_rate_limits(limits.get("api_key")),
         spend=Spend(
@@ -148,7 +155,8 @@ def caller_from_identity(identity: dict) -> Caller:
     )
 
 
-def _check_allowed(caller: Caller) -> None:
+def check_allowed(caller: Caller) -> None:
+    """Refuses a caller whose key lacks the inference scope or whose organization is over its spend limit."""
     if caller.scopes is not None and INFERENCE_SCOPE not in caller.scopes:
         raise GatewayError(
             ErrorKind.PERMISSION_DENIED,

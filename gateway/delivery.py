@@ -12,7 +12,7 @@ token) are not billed.
 
 from gateway.auth import Caller
 from gateway.request_path import PhaseRecord, RequestTrace
-from gateway.types import GenerationOutput, GenerationPlan, UsageEvent
+from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob, UsageEvent
 from gateway.usage import UsageJournal, with_delivered
 
 
@@ -26,6 +26,7 @@ class Delivery:
         self._workers: tuple[str, ...] = ()  # the workers the journal's events name
         self._text: list[str] = []
         self._token_ids: list[int] = []
+        self._logprobs: list[TokenLogprob] | None = None  # when the request asked for them
 
     def counting(self, output: GenerationOutput) -> None:
         """The output is about to be handed to the protocol: it counts from now on."""
@@ -39,6 +40,8 @@ class Delivery:
         if self._plan.idempotency_key:
             self._text.append(output.text)
             self._token_ids.extend(output.token_ids)
+            if output.logprobs is not None:
+                self._logprobs = (self._logprobs or []) + output.logprobs
 
     def finish(self) -> None:
         """The stream ended: its events, final compute times and KV bytes included, go to the outbox."""
@@ -48,7 +51,13 @@ class Delivery:
     def whole(self, final: GenerationOutput) -> GenerationOutput:
         """The execution's whole answer in one output, as an idempotency key stores it for a retry."""
         return GenerationOutput(
-            final.request_id, "".join(self._text), list(self._token_ids), final.finish_reason, final.usage
+            final.request_id,
+            "".join(self._text),
+            list(self._token_ids),
+            final.finish_reason,
+            final.usage,
+            tool_calls=final.tool_calls,
+            logprobs=self._logprobs,
         )
 
     def _workers_on_record(self) -> tuple[str, ...]:
@@ -99,6 +108,7 @@ def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, comp
             compute_ms=record.compute_ms,
             started_at=record.started_at.isoformat(),
             finished_at=(record.finished_at or record.started_at).isoformat(),
+            tier=caller.kind,
         )
         for phase, record, tokens in phases
     ]

@@ -4,15 +4,21 @@ through the same pipeline as the gRPC API (same routing, limits and metering), t
 outputs and errors into OpenAI's shapes. It runs in the gateway's event loop, next to grpc.aio.
 """
 
+import asyncio
 import json
 import logging
 import math
 import time
+from collections.abc import Coroutine
 from contextlib import aclosing
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import openai_params
+from gateway.batch_api import BatchApiProxy
+from gateway.logprobs import CompletionLogprobs, chat_logprobs
+from gateway.openai_tools import BadParam, message_tool_fields, structured_fields, tool_call_deltas, tool_calls_json
 from gateway.pipeline import Admitted, Pipeline
 from gateway.types import (
     ChatMessage,
@@ -21,9 +27,11 @@ from gateway.types import (
     GenerationOutput,
     GenerationRequest,
     Priority,
+    TokenLogprob,
     Usage,
     as_float32,
 )
+from gateway.validation import MAX_CHOICES, MAX_TOP_LOGPROBS, is_client_label
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +41,8 @@ MAX_BODY_BYTES = 8 << 20
 MAX_JSON_DEPTH = 16  # the deepest legitimate body: messages / a message / content parts / a part
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: the most likely tokens per token, as OpenAI's
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 _STATUS = {
     ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -63,6 +72,17 @@ _PARAMS = (
     "request_id",
     "chat",
     "stream_options",
+    "prompt_cache_key",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 )
 _OTHER_PARAMS = (
     "max_completion_tokens",
@@ -70,13 +90,19 @@ _OTHER_PARAMS = (
     "stream",
     "best_of",
     "echo",
-    "logprobs",
-    "top_logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-    "tools",
     "functions",
-    "user",
+    "function_call",
+    "suffix",
+    "audio",
+    "modalities",
+    "prediction",
+    "web_search_options",
+    "store",
+    "metadata",
+    "service_tier",
+    "reasoning_effort",
+    "verbosity",
+    "safety_identifier",
 )
 
 
@@ -88,9 +114,12 @@ class HttpError(Exception):
         self.status = status
 
 
-def build_app(pipeline: Pipeline) -> web.Application:
+def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web.Application:
+    """`batch_api` serves /v1/files and /v1/batches (the control plane keeps them)."""
     api = OpenAiApi(pipeline)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
+    if batch_api is not None:
+        batch_api.add_routes(app)
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/v1/models/{model}", api.model)
     app.router.add_post("/v1/completions", api.completions)
@@ -103,6 +132,7 @@ def build_app(pipeline: Pipeline) -> web.Application:
 class OpenAiApi:
     def __init__(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
+        self._unattended: set[asyncio.Task] = set()  # batch lines whose runner went away
 
     async def health(self, request: web.Request) -> web.Response:
         if self._pipeline.draining:
@@ -114,21 +144,23 @@ class OpenAiApi:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            await self._pipeline.auth.authenticate_header(_authorization(request), request.remote or "")
+            _, limits = await self._pipeline.authenticate(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
         models = [_model(name) for name in sorted(self._pipeline.registry.models)]
-        return web.json_response({"object": "list", "data": models})
+        return web.json_response({"object": "list", "data": models}, headers=dict(limits))
 
     async def model(self, request: web.Request) -> web.Response:
         try:
-            await self._pipeline.auth.authenticate_header(_authorization(request), request.remote or "")
+            _, limits = await self._pipeline.authenticate(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
         name = request.match_info["model"]
         if name not in self._pipeline.registry.models:
-            return _error_response(GatewayError(ErrorKind.NOT_FOUND, f"model '{name}' does not exist"))
-        return web.json_response(_model(name))
+            missing = GatewayError(ErrorKind.NOT_FOUND, f"model '{name}' does not exist")
+            missing.rate_limit_metadata = limits
+            return _error_response(missing)
+        return web.json_response(_model(name), headers=dict(limits))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -149,21 +181,39 @@ class OpenAiApi:
             return _json_error(error.status, "invalid_request_error", error.message, error.param)
         except GatewayError as error:
             return _error_response(error)
-        shape = _Shape(admitted.execution_id, generation_request.model, chat)
+        shape = _Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer)
         if stream:
             return await self._stream(request, admitted, shape, include_usage)
-        texts: list[str] = []
-        last: GenerationOutput | None = None
+        if admitted.caller.kind == "batch":
+            return await self._run_to_the_end(self._whole(admitted, shape))
+        return await self._whole(admitted, shape)
+
+    async def _run_to_the_end(self, answer: Coroutine[None, None, web.Response]) -> web.Response:
+        """A batch line runs to its end even when its runner goes away: its answer is then kept under the
+        line's idempotency key, and the runner, started again, gets it back without running it twice."""
+        task = asyncio.get_running_loop().create_task(answer)
+        self._unattended.add(task)
+        task.add_done_callback(self._unattended.discard)
+        return await asyncio.shield(task)
+
+    async def _whole(self, admitted: Admitted, shape: "_Shape") -> web.Response:
+        texts: dict[int, list[str]] = {}  # per choice
+        lasts: dict[int, GenerationOutput] = {}
+        logprobs: dict[int, list[TokenLogprob]] = {}
         try:
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
-                    texts.append(output.text)
-                    last = output
+                    texts.setdefault(output.index, []).append(output.text)
+                    lasts[output.index] = output
+                    logprobs.setdefault(output.index, []).extend(output.logprobs or ())
         except GatewayError as error:
             return _error_response(error)
-        if last is None:  # the pipeline ends every execution with an output or an error
+        if not lasts:  # the pipeline ends every execution with an output or an error
             return _error_response(GatewayError(ErrorKind.INTERNAL, "the generation ended without a response"))
-        return web.json_response(shape.whole("".join(texts), last), headers=_response_headers(admitted))
+        usage = next((last.usage for last in lasts.values() if last.usage is not None), None)
+        parts = [("".join(texts[index]), lasts[index]) for index in sorted(lasts)]
+        asked = logprobs if admitted.plan.sampling.logprobs else None
+        return web.json_response(shape.whole(parts, usage, asked), headers=_response_headers(admitted))
 
     async def _stream(self, request, admitted, shape: "_Shape", include_usage: bool) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -176,13 +226,19 @@ class OpenAiApi:
         await response.prepare(request)
         try:
             if shape.chat:
-                await _send(response, shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
+                for index in range(admitted.plan.n):
+                    role = {"role": "assistant", "content": ""}
+                    await _send(response, shape.chunk(role, None, include_usage, index))
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
                     finish = output.finish_reason
-                    if output.text or finish:
-                        await _send(response, shape.chunk(output.text, finish, include_usage))
-                    if finish and include_usage:
+                    if output.tool_calls:
+                        calls = {"tool_calls": tool_call_deltas(output.tool_calls)}
+                        await _send(response, shape.chunk(calls, None, include_usage, output.index))
+                    if output.text or finish or output.logprobs:
+                        chunk = shape.chunk(output.text, finish, include_usage, output.index, output.logprobs)
+                        await _send(response, chunk)
+                    if output.usage is not None and include_usage:
                         await _send(response, shape.usage_chunk(output.usage))
         except GatewayError as error:
             await _send(response, {"error": _error_body(error)})
@@ -196,31 +252,53 @@ class OpenAiApi:
 class _Shape:
     """OpenAI's response shapes for one request."""
 
-    def __init__(self, request_id: str, model: str, chat: bool) -> None:
+    def __init__(self, request_id: str, model: str, chat: bool, tokenizer=None) -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
         self.created = int(time.time())
+        self._tokenizer = tokenizer  # the model's: the bytes of the tokens in logprobs
+        self._completion_logprobs: dict[int, CompletionLogprobs] = {}  # per choice
 
-    def whole(self, text: str, last: GenerationOutput) -> dict:
+    def whole(
+        self,
+        parts: list[tuple[str, GenerationOutput]],
+        usage: Usage | None,
+        logprobs: dict[int, list[TokenLogprob]] | None = None,
+    ) -> dict:
+        """The answer: per choice, its whole text and its last output (and its tokens' logprobs, when the
+        request asked for them)."""
+        choices = [self._whole_choice(text, last, logprobs) for text, last in parts]
+        return {**self._head(stream=False), "choices": choices, "usage": _usage(usage)}
+
+    def _whole_choice(self, text: str, last: GenerationOutput, logprobs: dict[int, list] | None) -> dict:
         finish = last.finish_reason or "stop"
+        shaped = self._logprobs(last.index, logprobs.get(last.index, [])) if logprobs is not None else None
         if self.chat:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        return {**self._head(stream=False), "choices": [choice], "usage": _usage(last.usage)}
+            message: dict = {"role": "assistant", "content": text}
+            if last.tool_calls:
+                message.update(content=text or None, tool_calls=tool_calls_json(last.tool_calls))
+            return {"index": last.index, "message": message, "finish_reason": finish, "logprobs": shaped}
+        return {"index": last.index, "text": text, "finish_reason": finish, "logprobs": shaped}
 
-    def chunk(self, delta, finish: str | None, include_usage: bool) -> dict:
+    def chunk(
+        self, delta, finish: str | None, include_usage: bool, index: int = 0, logprobs: list | None = None
+    ) -> dict:
+        shaped = self._logprobs(index, logprobs) if logprobs else None
         if self.chat:
             content = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
-            choice = {"index": 0, "delta": content, "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "delta": content, "finish_reason": finish, "logprobs": shaped}
         else:
-            choice = {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": shaped}
         chunk = {**self._head(stream=True), "choices": [choice]}
         if include_usage:
             chunk["usage"] = None
         return chunk
+
+    def _logprobs(self, index: int, logprobs: list[TokenLogprob]) -> dict:
+        if self.chat:
+            return chat_logprobs(self._tokenizer, logprobs)
+        return self._completion_logprobs.setdefault(index, CompletionLogprobs()).shape(logprobs)
 
     def usage_chunk(self, usage: Usage | None) -> dict:
         return {**self._head(stream=True), "choices": [], "usage": _usage(usage)}
@@ -357,10 +435,18 @@ def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gene
     if not isinstance(model, str):
         raise HttpError("model must be a string: the name of a model from GET /v1/models", "model")
     fields = {"chat": _chat(body.get("messages"))} if chat else _prompt(body.get("prompt"))
-    _refuse_unsupported(body)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        fields["max_tokens"] = _integer(max_tokens, "max_tokens", 0, UINT32_MAX)
+    refused = openai_params.refusal(body, chat)
+    if refused is not None:
+        raise HttpError(refused.message, refused.param)
+    try:
+        fields.update(structured_fields(body))
+    except BadParam as error:
+        raise HttpError(error.message, error.param) from None
+    max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(max_tokens_name) is not None:
+        fields["max_tokens"] = _integer(body[max_tokens_name], max_tokens_name, 0, UINT32_MAX)
+    fields.update(_choices_and_session(body))
+    fields.update(_sampling_controls(body, chat))
     for name in ("temperature", "top_p"):  # at float32 precision, as the gRPC API carries them
         if body.get(name) is not None:
             fields[name] = as_float32(_number(body[name], name))
@@ -402,7 +488,14 @@ def _chat(messages) -> list[ChatMessage]:
         role = message.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise HttpError(f"messages[{index}].role is {_shown(role)}; use one of {', '.join(CHAT_ROLES)}", "messages")
-        chat.append(ChatMessage(CHAT_ROLES[role], _content(message.get("content"), index)))
+        try:
+            tool_fields = message_tool_fields(message, index)
+        except BadParam as error:
+            raise HttpError(error.message, error.param) from None
+        content = message.get("content")
+        if content is None and tool_fields.get("tool_calls"):  # an assistant's turn of calls alone
+            content = ""
+        chat.append(ChatMessage(CHAT_ROLES[role], _content(content, index), **tool_fields))
     return chat
 
 
@@ -419,18 +512,65 @@ def _content(content, index: int) -> str:
     raise HttpError(f"messages[{index}].content must be a string or a list of text parts", "messages")
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
-        raise HttpError("n and best_of must be 1: one completion per request", "n")
-    if body.get("echo"):
-        raise HttpError("echo is not supported", "echo")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-        raise HttpError("logprobs are not supported", "logprobs")
+def _choices_and_session(body: dict) -> dict:
+    """n, prompt_cache_key, and user (kept as the request's label in usage)."""
+    fields: dict = {}
+    if body.get("n") is not None:
+        fields["n"] = _integer(body["n"], "n", 1, MAX_CHOICES)
+    key = body.get("prompt_cache_key")
+    if key is not None:
+        if not isinstance(key, str):
+            raise HttpError(
+                "prompt_cache_key must be a string naming the session whose prompts share a prefix",
+                "prompt_cache_key",
+            )
+        fields["prompt_cache_key"] = key
+    user = body.get("user")
+    if user not in (None, ""):
+        if not isinstance(user, str) or not is_client_label(user):
+            raise HttpError(
+                "user must be 1 to 128 characters of letters, digits, '_', '.', ':' or '-' (it labels the "
+                "request in usage); send a hashed id",
+                "user",
+            )
+        fields["client_request_id"] = user
+    return fields
+
+
+def _sampling_controls(body: dict, chat: bool) -> dict:
+    """presence_penalty, frequency_penalty, logit_bias, logprobs and top_logprobs, in the gateway's types
+    (their bounds are checked in validation.py, for both APIs)."""
+    fields: dict = {}
     for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise HttpError(f"{name} is not supported; leave it at 0", name)
-    if body.get("tools") or body.get("functions"):
-        raise HttpError("tools are not supported", "tools")
+        if body.get(name) is not None:
+            fields[name] = as_float32(_number(body[name], name))
+    if body.get("logit_bias") is not None:
+        fields["logit_bias"] = _logit_bias(body["logit_bias"]) or None
+    if chat:
+        fields["logprobs"] = _flag(body, "logprobs")
+        if body.get("top_logprobs") is not None:
+            fields["top_logprobs"] = _integer(body["top_logprobs"], "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    elif body.get("logprobs") is not None:  # completions: how many of the most likely tokens, 0 to 5
+        fields["logprobs"] = True
+        fields["top_logprobs"] = _integer(body["logprobs"], "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    return fields
+
+
+def _logit_bias(bias) -> dict[int, float]:
+    """OpenAI's {"token id": bias} as {token id: bias}, the bias at float32 precision."""
+    if not isinstance(bias, dict):
+        raise HttpError('logit_bias must be an object mapping token ids to biases, e.g. {"50256": -100}', "logit_bias")
+    parsed = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10:
+            raise HttpError(f"logit_bias keys must be token ids written as integers, got {_shown(key)}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise HttpError(
+                f"logit_bias values must be numbers from -100 to 100, got {_shown(value)} for token {key}",
+                "logit_bias",
+            )
+        parsed[int(key)] = as_float32(float(value))
+    return parsed
 
 
 def _shown(value) -> str:
@@ -493,7 +633,7 @@ def _error_body(error: GatewayError) -> dict:
 
 def _error_response(error: GatewayError) -> web.Response:
     status, _ = _STATUS.get(error.kind, (500, "server_error"))
-    headers = {}
+    headers = dict(error.rate_limit_metadata)
     if error.retry_after_ms is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
         headers["retry-after-ms"] = str(error.retry_after_ms)
@@ -505,5 +645,6 @@ def _json_error(status: int, kind: str, message: str, param: str | None) -> web.
 
 
 def _response_headers(admitted: Admitted) -> dict[str, str]:
+    """The gRPC API's initial metadata as headers; the rate-limit names are the same in both."""
     names = {"request-id": "X-Request-Id", "idempotent-replayed": "Idempotent-Replayed"}
-    return {names[key]: value for key, value in admitted.response_metadata}
+    return {names.get(key, key): value for key, value in admitted.response_metadata}

@@ -15,7 +15,18 @@ import json
 import logging
 
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.types import ErrorKind, FinishReason, GatewayError, GenerationOutput, GenerationRequest, PhaseUsage, Usage
+from gateway.types import (
+    ErrorKind,
+    FinishReason,
+    GatewayError,
+    GenerationOutput,
+    GenerationRequest,
+    PhaseUsage,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +48,9 @@ class IdempotencyKeys:
 
     async def claim(
         self, organization_id: str, key: str, request: GenerationRequest, execution_id: str, lease_s: float
-    ) -> GenerationOutput | None:
-        """None when this execution may run; the stored response when a completed one answers instead."""
+    ) -> list[GenerationOutput] | None:
+        """None when this execution may run; the stored response (one output per choice) when a completed
+        one answers instead."""
         try:
             claim = await self._control_plane.claim_idempotency_key(
                 {
@@ -59,7 +71,7 @@ class IdempotencyKeys:
         if outcome == "claimed":
             return None
         if outcome == "completed":
-            return replayed_output(claim["response"])
+            return replayed_outputs(claim["response"])
         if outcome == "in_flight":
             raise GatewayError(
                 ErrorKind.ABORTED,
@@ -71,14 +83,16 @@ class IdempotencyKeys:
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
-    async def complete(self, organization_id: str, key: str, execution_id: str, output: GenerationOutput) -> None:
-        """Stores the whole result under the key; if the control plane does not take it in time, the key
-        stays claimed until its lease ends."""
+    async def complete(
+        self, organization_id: str, key: str, execution_id: str, outputs: list[GenerationOutput]
+    ) -> None:
+        """Stores the whole result (one output per choice) under the key; if the control plane does not take
+        it in time, the key stays claimed until its lease ends."""
         body = {
             "organization_id": organization_id,
             "key": key,
             "execution_id": execution_id,
-            "response": stored_response(output),
+            "response": stored_responses(outputs),
         }
         try:
             await asyncio.wait_for(self._send(self._control_plane.complete_idempotency_key, body), COMPLETE_TIMEOUT_S)
@@ -110,9 +124,27 @@ class IdempotencyKeys:
 
 
 # The stored answer is a diptych.v1.GenerateResponse in proto3's JSON form: camelCase names, fields at their
-# default value left out, enums by name, 64-bit integers as strings.
+# default value left out, enums by name, 64-bit integers as strings. A request of n > 1 choices stores
+# {"choices": [one such response per choice, in order]}.
 
-_FINISH_NAMES = {FinishReason.STOP: "FINISH_REASON_STOP", FinishReason.LENGTH: "FINISH_REASON_LENGTH"}
+
+def stored_responses(outputs: list[GenerationOutput]) -> dict:
+    if len(outputs) == 1:
+        return stored_response(outputs[0])
+    return {"choices": [stored_response(output) for output in outputs]}
+
+
+def replayed_outputs(body: dict) -> list[GenerationOutput]:
+    if "choices" in body:
+        return [replayed_output(choice) for choice in body["choices"]]
+    return [replayed_output(body)]
+
+
+_FINISH_NAMES = {
+    FinishReason.STOP: "FINISH_REASON_STOP",
+    FinishReason.LENGTH: "FINISH_REASON_LENGTH",
+    FinishReason.TOOL_CALLS: "FINISH_REASON_TOOL_CALLS",
+}
 _FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
 
 
@@ -123,8 +155,13 @@ def stored_response(output: GenerationOutput) -> dict:
             "text": output.text,
             "tokenIds": list(output.token_ids),
             "finishReason": _FINISH_NAMES[output.finish_reason] if output.finish_reason is not None else None,
+            "index": output.index,
         }
     )
+    if output.logprobs is not None:
+        body["logprobs"] = [_stored_logprob(entry) for entry in output.logprobs]
+    if output.tool_calls:
+        body["toolCalls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in output.tool_calls]
     if output.usage is not None:
         usage = output.usage
         body["usage"] = _without_defaults(
@@ -148,6 +185,24 @@ def stored_response(output: GenerationOutput) -> dict:
     return body
 
 
+def _stored_logprob(entry: TokenLogprob) -> dict:
+    return {
+        "tokenId": entry.token_id,
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "topLogprobs": [{"tokenId": t.token_id, "token": t.token, "logprob": t.logprob} for t in entry.top_logprobs],
+    }
+
+
+def _replayed_logprob(body: dict) -> TokenLogprob:
+    top = tuple(_replayed_top(t) for t in body.get("topLogprobs", []))
+    return TokenLogprob(int(body.get("tokenId", 0)), body.get("token", ""), float(body.get("logprob", 0.0)), top)
+
+
+def _replayed_top(body: dict) -> TopLogprob:
+    return TopLogprob(int(body.get("tokenId", 0)), body.get("token", ""), float(body.get("logprob", 0.0)))
+
+
 def replayed_output(body: dict) -> GenerationOutput:
     usage = body.get("usage")
     return GenerationOutput(
@@ -155,6 +210,9 @@ def replayed_output(body: dict) -> GenerationOutput:
         text=body.get("text", ""),
         token_ids=[int(token) for token in body.get("tokenIds", [])],
         finish_reason=_FINISH_BY_NAME.get(body.get("finishReason", "")),
+        index=int(body.get("index", 0)),
+        tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in body.get("toolCalls", [])),
+        logprobs=[_replayed_logprob(entry) for entry in body["logprobs"]] if "logprobs" in body else None,
         usage=None
         if usage is None
         else Usage(

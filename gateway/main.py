@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gateway.auth import Authenticator
+from gateway.batch_api import BatchApiProxy
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.http_api import build_app
 from gateway.idempotency import IdempotencyKeys
@@ -82,7 +83,8 @@ async def serve(config: GatewayConfig) -> None:
     reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), server)
     bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
-    http_runner = web.AppRunner(build_app(pipeline), handler_cancellation=True, access_log=None)
+    batch_api = BatchApiProxy(config.control_plane_url)
+    http_runner = web.AppRunner(build_app(pipeline, batch_api), handler_cancellation=True, access_log=None)
     await http_runner.setup()
     http_site = web.TCPSite(http_runner, config.host, config.http_port)
     await http_site.start()
@@ -112,6 +114,7 @@ async def serve(config: GatewayConfig) -> None:
     await http_site.stop()  # no new HTTP connections
     await asyncio.gather(server.stop(DRAIN_GRACE_S), _wait_idle(pipeline, DRAIN_GRACE_S))
     await http_runner.cleanup()
+    await batch_api.close()
     for task in tasks:
         task.cancel()
     await idempotency.wait_idle(5.0)

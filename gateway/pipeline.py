@@ -3,20 +3,25 @@ limits, run on workers, stream text, settle the limits and report usage. The gRP
 OpenAI-compatible HTTP API both translate to and from this and nothing else.
 """
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.auth import Authenticator, Caller
+from gateway.auth import Authenticator, Caller, check_allowed
+from gateway.choices import ChoiceRun, choice_plan, interleaved, request_usage, whole_answers
 from gateway.delivery import Delivery, decode_record
 from gateway.idempotency import IdempotencyKeys
-from gateway.limits import RateLimiter, Reservation
+from gateway.limits import RateLimited, RateLimiter, Reservation
+from gateway.logprobs import token_logprob
 from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, REQUESTS, TIME_TO_FIRST_TOKEN
+from gateway.ratelimit_headers import Metadata, rate_limit_metadata
 from gateway.registry import Registry
 from gateway.request_path import PhaseRecord, RequestPath, RequestTrace, finish_trace
 from gateway.text import TextStream
+from gateway.tools import ToolCallStream
 from gateway.types import (
     ErrorKind,
     FinishReason,
@@ -25,12 +30,17 @@ from gateway.types import (
     GenerationPlan,
     GenerationRequest,
     PhaseUsage,
+    SampledToken,
+    TokenLogprob,
     Usage,
 )
 from gateway.usage import UsageJournal
 from gateway.validation import plan_generation
 
 log = logging.getLogger(__name__)
+
+# Output tokens reserved per choice for a request without max_tokens; the rest is taken when it ends.
+ESTIMATED_OUTPUT_TOKENS = 256
 
 
 @dataclass
@@ -42,17 +52,23 @@ class Admitted:
     reservation: Reservation
     arrived: float
     protocol: str
-    replay: GenerationOutput | None = None  # a completed execution's stored whole answer
+    replay: list[GenerationOutput] | None = None  # a completed execution's stored whole answer, per choice
 
     @property
     def execution_id(self) -> str:
-        return self.replay.request_id if self.replay is not None else self.plan.request_id
+        return self.replay[0].request_id if self.replay is not None else self.plan.request_id
 
     @property
-    def response_metadata(self) -> tuple[tuple[str, str], ...]:
-        """What the protocol tells the client before the first response: the execution, and a replay."""
-        metadata = (("request-id", self.execution_id),)
-        return metadata + ((("idempotent-replayed", "true"),) if self.replay is not None else ())
+    def rate_limit_metadata(self) -> Metadata:
+        return rate_limit_metadata(self.reservation.states)
+
+    @property
+    def response_metadata(self) -> Metadata:
+        """What the protocol tells the client before the first response: the execution, a replay, and
+        where the caller stands with its rate limits."""
+        metadata: Metadata = (("request-id", self.execution_id),)
+        metadata += (("idempotent-replayed", "true"),) if self.replay is not None else ()
+        return metadata + self.rate_limit_metadata
 
 
 class Pipeline:
@@ -81,19 +97,50 @@ class Pipeline:
         try:
             if self.draining:
                 raise GatewayError(ErrorKind.UNAVAILABLE, "this gateway is shutting down; retry on another")
-            caller = await self.auth.authenticate_header(authorization, peer)
-            plan = await plan_generation(request, self.registry, caller.organization_id)
-            reservation = await self._limiter.admit(caller, len(plan.prompt_token_ids), plan.sampling.max_tokens)
-            replay = await self._claim_idempotency_key(plan, request, reservation)
+            caller = await self.auth.identify(authorization, peer)
+            reservation: Reservation | None = None
+            try:
+                check_allowed(caller)
+                plan = await plan_generation(request, self.registry, caller.organization_id)
+                reservation = await self._limiter.admit(
+                    caller, len(plan.prompt_token_ids), reserved_output_tokens(plan, request)
+                )
+                replay = await self._claim_idempotency_key(plan, request, reservation)
+            except GatewayError as error:
+                error.rate_limit_metadata = await self._rate_limit_metadata(caller, reservation, error)
+                raise
         except GatewayError as error:
             model = request.model if request.model in self.registry.models else ""  # no label per unknown name
             REQUESTS.labels(model, "", error.kind.value, protocol).inc()
             raise
         return Admitted(caller, plan, reservation, arrived, protocol, replay)
 
+    async def authenticate(self, authorization: str | None, peer: str = "") -> tuple[Caller, Metadata]:
+        """The caller allowed to run inference, and its rate-limit state, for a call that takes nothing
+        from the limits (listing models); a refusal after authentication carries the state too."""
+        caller = await self.auth.identify(authorization, peer)
+        metadata = await self._rate_limit_metadata(caller)
+        try:
+            check_allowed(caller)
+        except GatewayError as error:
+            error.rate_limit_metadata = metadata
+            raise
+        return caller, metadata
+
+    async def _rate_limit_metadata(
+        self, caller: Caller, reservation: Reservation | None = None, error: GatewayError | None = None
+    ) -> Metadata:
+        """The state after this request's take; when it was refused, the state that refused it; when it
+        took nothing (refused before the limits), the state as it stands."""
+        if isinstance(error, RateLimited):
+            return rate_limit_metadata(error.states)
+        if reservation is not None:
+            return rate_limit_metadata(reservation.states)
+        return rate_limit_metadata(await self._limiter.current(caller))
+
     async def _claim_idempotency_key(
         self, plan: GenerationPlan, request: GenerationRequest, reservation: Reservation
-    ) -> GenerationOutput | None:
+    ) -> list[GenerationOutput] | None:
         if not plan.idempotency_key:
             return None
         lease_s = self._path.call_deadline(plan.sampling.max_tokens)
@@ -109,75 +156,143 @@ class Pipeline:
         return replay
 
     async def generate(self, admitted: Admitted) -> AsyncGenerator[GenerationOutput, None]:
-        """Text deltas; the last one carries the finish reason and usage. Raises GatewayError.
+        """Text deltas of every choice (`index`), interleaved as they come; each choice's last one carries
+        its finish reason, and the very last one also the request's usage. Raises GatewayError.
 
         Each output is counted as delivered, durably, just before it is handed to the protocol."""
         if admitted.replay is not None:
-            yield admitted.replay
+            for output in admitted.replay:
+                yield output
             return
-        plan, trace = admitted.plan, RequestTrace()
-        delivery = Delivery(self._journal, plan, admitted.caller, trace)
+        plan = admitted.plan
+        runs = [self._choice_run(admitted, index) for index in range(plan.n)]
         outcome = "CANCELLED"
-        last_token_at = None
-        final: GenerationOutput | None = None
+        complete = False
         self.in_flight += 1
         try:
-            text = TextStream(plan.tokenizer, plan.stop)
-            async with aclosing(self._path.run(plan, trace)) as events:
-                async for event in events:
-                    now = time.monotonic()
-                    if last_token_at is None:
-                        ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode)
-                        ttft.observe(now - admitted.arrived)
-                    else:
-                        INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
-                    last_token_at = now
-                    delta = text.push(event.token_id)
-                    last = text.stopped or event.finished
-                    if last:
-                        finish_trace(trace)
-                        stopped = text.stopped or event.finished_by_eos
-                        output = GenerationOutput(
-                            plan.request_id,
-                            delta + text.flush(),
-                            [event.token_id],
-                            FinishReason.STOP if stopped else FinishReason.LENGTH,
-                            _usage(plan, trace, delivery.delivered + 1),
-                        )
-                    else:
-                        output = GenerationOutput(plan.request_id, delta, [event.token_id])
-                    delivery.counting(output)
-                    if last:
-                        final = output
-                        await self._complete_idempotency_key(plan, delivery.whole(output))
+            async with aclosing(self._choice_outputs(admitted, runs)) as outputs:
+                async for run, output in outputs:
+                    run.delivery.counting(output)
+                    if output.finish_reason is not None:
+                        run.final = output
+                        output = await self._last_of_choice(plan, runs, output)
+                        complete = output.usage is not None
                     yield output
-                    if last:
+                    if complete:
                         outcome = "OK"
                         return
         except GatewayError as error:
             outcome = error.kind.value
+            error.rate_limit_metadata = error.rate_limit_metadata or admitted.rate_limit_metadata
             raise
         finally:
             self.in_flight -= 1
-            finish_trace(trace)
-            REQUESTS.labels(plan.model.name, trace.mode, outcome, admitted.protocol).inc()
-            OUTPUT_TOKENS.labels(plan.model.name).inc(delivery.delivered)
-            delivery.finish()
-            if plan.idempotency_key and final is None:  # failed or cancelled: a retry runs anew
+            delivered = 0
+            for run in runs:
+                finish_trace(run.trace)
+                run.delivery.finish()
+                delivered += run.delivery.delivered
+            REQUESTS.labels(plan.model.name, runs[0].trace.mode, outcome, admitted.protocol).inc()
+            OUTPUT_TOKENS.labels(plan.model.name).inc(delivered)
+            if plan.idempotency_key and not complete:  # failed or cancelled: a retry runs anew
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
-            await self._settle(admitted.reservation, delivery.delivered)
+            await self._settle(admitted.reservation, delivered)
 
-    async def _complete_idempotency_key(self, plan: GenerationPlan, whole: GenerationOutput) -> None:
+    def _choice_run(self, admitted: Admitted, index: int) -> ChoiceRun:
+        plan, trace = choice_plan(admitted.plan, index), RequestTrace()
+        return ChoiceRun(index, plan, Delivery(self._journal, plan, admitted.caller, trace), trace)
+
+    def _choice_outputs(
+        self, admitted: Admitted, runs: list[ChoiceRun]
+    ) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]:
+        if len(runs) == 1:
+            return self._single(admitted, runs[0])
+        return interleaved(runs, lambda run: self._choice(admitted, run))
+
+    async def _single(self, admitted: Admitted, run: ChoiceRun) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput]]:
+        async with aclosing(self._choice(admitted, run)) as outputs:
+            async for output in outputs:
+                yield run, output
+
+    async def _choice(self, admitted: Admitted, run: ChoiceRun) -> AsyncGenerator[GenerationOutput, None]:
+        """One choice's outputs, named by the request's execution id; the last carries the choice's finish
+        reason and usage. They count as delivered where the caller hands them over."""
+        plan, trace = run.plan, run.trace
+        request_id = admitted.plan.request_id
+        last_token_at = None
+        produced = 0
+        text = TextStream(plan.tokenizer, plan.stop)
+        calls = ToolCallStream(plan.tools) if plan.tools else None
+        async with aclosing(self._path.run(plan, trace)) as events:
+            async for event in events:
+                now = time.monotonic()
+                if last_token_at is None and run.index == 0:
+                    ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode)
+                    ttft.observe(now - admitted.arrived)
+                elif last_token_at is not None:
+                    INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
+                last_token_at = now
+                produced += 1
+                delta = text.push(event.token_id)
+                logprobs = _logprobs(plan, event)
+                if text.stopped or event.finished:
+                    finish_trace(trace)
+                    stopped = text.stopped or event.finished_by_eos
+                    content, tool_calls = calls.end(delta + text.flush()) if calls else (delta + text.flush(), ())
+                    finish = FinishReason.STOP if stopped else FinishReason.LENGTH
+                    yield GenerationOutput(
+                        request_id,
+                        content,
+                        [event.token_id],
+                        FinishReason.TOOL_CALLS if tool_calls else finish,
+                        _usage(plan, trace, produced),
+                        index=run.index,
+                        logprobs=logprobs,
+                        tool_calls=tool_calls,
+                    )
+                    return
+                if calls is not None:  # text that may still be a tool call is held back
+                    delta = calls.push(delta)
+                yield GenerationOutput(request_id, delta, [event.token_id], index=run.index, logprobs=logprobs)
+
+    async def _last_of_choice(
+        self, plan: GenerationPlan, runs: list[ChoiceRun], output: GenerationOutput
+    ) -> GenerationOutput:
+        """A choice's last output as the client gets it: the request's usage on the last choice to end
+        (none on the others); the whole answer is stored under the idempotency key before it goes out."""
+        if any(run.final is None for run in runs):
+            return dataclasses.replace(output, usage=None)
+        usage = request_usage(runs)
+        if plan.idempotency_key:
+            await self._complete_idempotency_key(plan, whole_answers(runs, usage))
+        return dataclasses.replace(output, usage=usage)
+
+    async def _complete_idempotency_key(self, plan: GenerationPlan, wholes: list[GenerationOutput]) -> None:
         """Stored before the last response is handed over, so a retry sent by a client that has the answer
         finds it; the execution is complete and billed whether or not that last write succeeds."""
-        if plan.idempotency_key:
-            await self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, whole)
+        await self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, wholes)
 
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:
             await self._limiter.settle(reservation, completion_tokens)
         except Exception as error:  # a refund that failed only makes the limit stricter for a minute
             log.warning("could not refund unused output tokens: %r", error)
+
+
+def reserved_output_tokens(plan: GenerationPlan, request: GenerationRequest) -> int:
+    """The output tokens the rate limiter takes up front, for every choice: max_tokens where the client set
+    it; where it did not (a chat may then run to the end of the context) a bounded estimate, settled against
+    the real count when the request ends."""
+    per_choice = plan.sampling.max_tokens
+    if request.max_tokens is None:
+        per_choice = min(per_choice, ESTIMATED_OUTPUT_TOKENS)
+    return per_choice * plan.n
+
+
+def _logprobs(plan: GenerationPlan, event: SampledToken) -> list[TokenLogprob] | None:
+    if event.logprobs is None:
+        return None
+    return [token_logprob(plan.tokenizer, event.token_id, event.logprobs)]
 
 
 def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) -> Usage:

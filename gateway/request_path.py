@@ -20,11 +20,12 @@ import random
 import secrets
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import grpc
 
+from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar
 from diptych_common.proto.v1 import worker_pb2
 from gateway.live_load import Channels, LoadBoard
 from gateway.metrics import (
@@ -37,8 +38,16 @@ from gateway.metrics import (
     WORKER_BYTES_RECEIVED,
 )
 from gateway.registry import WorkerInfo
-from gateway.routing import Decision, Lease, Route, Router, RouteRequest
-from gateway.types import ErrorKind, GatewayError, GenerationPlan, Priority, SampledToken, SamplingSpec
+from gateway.routing import Decision, Lease, Pin, Route, Router, RouteRequest
+from gateway.types import (
+    ErrorKind,
+    GatewayError,
+    GenerationPlan,
+    Priority,
+    SampledToken,
+    SamplingSpec,
+    WorkerLogprobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,18 @@ class RequestTrace:
     decision: Decision | None = None
     attempts: int = 0
     request_faults: int = 0
+    pin: Pin | None = None  # the workers to reuse (an n>1 request's later choices)
+    # Set once the prompt's KV cache is where a sibling choice finds it: on the colocated worker after the
+    # first token; in split mode once the decode worker sent a token (it admitted the handed-off blocks,
+    # named in its prefix cache, and the prefill worker named them when it computed them).
+    prompt_shared: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def pin_here(self) -> Pin | None:
+        """The workers that hold this request's prompt now, for its sibling choices."""
+        if self.prefill is None:
+            return None
+        decode = self.decode.worker.id if self.decode is not None else self.prefill.worker.id
+        return Pin(self.prefill.worker.id, decode)
 
     @property
     def mode(self) -> str:
@@ -120,6 +141,8 @@ class RequestPath:
                     plan.sampling.max_tokens - len(produced),
                     frozenset(avoid),
                     plan.cache_salt,
+                    trace.pin,
+                    f"{plan.cache_salt}:{plan.prompt_cache_key}" if plan.prompt_cache_key else "",
                 )
             )
             trace.decision = route.decision
@@ -229,13 +252,16 @@ class RequestPath:
             first = message.first_token
             lease.release(route.prefill.id)  # the prompt is done: it no longer weighs on the prefill worker
             prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
-            yield SampledToken(first.token_id, first.finished, first.finished_by_eos)
+            if first.finished:
+                trace.prompt_shared.set()
+            yield SampledToken(first.token_id, first.finished, first.finished_by_eos, _logprobs(first))
             if first.finished:
                 return
-            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
             decode_record = _start_decode(trace, decode)
+            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
             while True:
                 event = await self._next_decode_event(decode_call, route, decode, kv_task)
+                trace.prompt_shared.set()  # a decode token: the decode worker admitted the prompt's blocks
                 if event.finished:
                     decode_record.compute_ms += event.stats.compute_ms
                     await self._account_kv(kv_task, prefill_record, decode_record)
@@ -326,6 +352,7 @@ class RequestPath:
             lease.prompt_done()
             _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
             decode_record = _start_decode(trace, route.prefill)
+            trace.prompt_shared.set()
             event = first
             while True:
                 if event.finished and event is not first:
@@ -376,11 +403,34 @@ def _worker_sampling(sampling: SamplingSpec, produced: list[int]) -> worker_pb2.
         max_tokens=sampling.max_tokens,
         ignore_eos=sampling.ignore_eos,
         tokens_already_generated=len(produced),
+        constraint=_constraint(sampling.grammar),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias),
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
     )
 
 
+def _constraint(grammar: Grammar | None) -> worker_pb2.Constraint | None:
+    if grammar is None:
+        return None
+    if grammar.kind == JSON_OBJECT:
+        return worker_pb2.Constraint(json_object=True)
+    if grammar.kind == JSON_SCHEMA:
+        return worker_pb2.Constraint(json_schema=grammar.text)
+    return worker_pb2.Constraint(lark_grammar=grammar.text)
+
+
 def _sampled(event: worker_pb2.TokenEvent) -> SampledToken:
-    return SampledToken(event.token_id, event.finished, event.finished_by_eos)
+    return SampledToken(event.token_id, event.finished, event.finished_by_eos, _logprobs(event))
+
+
+def _logprobs(event: worker_pb2.TokenEvent | worker_pb2.FirstToken) -> WorkerLogprobs | None:
+    if not event.HasField("logprobs"):
+        return None
+    top = tuple((entry.token_id, entry.logprob) for entry in event.logprobs.top)
+    return WorkerLogprobs(event.logprobs.logprob, top)
 
 
 def _last_of_budget(token: SampledToken) -> SampledToken:

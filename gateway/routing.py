@@ -15,13 +15,18 @@
 - Prefill overflow: when even the least loaded prefill worker has `prefill_overflow_tokens` of prompts
   still to compute, and the decode worker has fewer (this prompt included), the request runs whole on
   the decode worker rather than wait in the prefill queue.
+- Pins and sessions: the extra choices of an n>1 request are pinned to the workers that ran its first
+  choice (they hold its prompt's blocks) while those are usable; requests sharing a prompt_cache_key go
+  to the prefill (or colocated) worker that served the key last, unless that worker is gone or its
+  estimated work exceeds the least loaded one's by more than SESSION_SLACK_REQUESTS waiting requests.
+  Each gateway remembers at most MAX_SESSIONS keys, least recently used first out.
 - Same-region workers first (the gateway's `--region`), other regions when none is usable there;
   workers that failed this request are avoided; workers that stopped reporting load are not used.
 """
 
 import enum
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from diptych_common.prefix_hash import block_hashes
@@ -30,6 +35,8 @@ from gateway.registry import Registry, WorkerInfo
 from gateway.types import ErrorKind, GatewayError
 
 QUEUED_REQUEST_TOKENS = 128  # the work one waiting request stands for, in prompt tokens
+SESSION_SLACK_REQUESTS = 4  # a prompt_cache_key's worker is overloaded beyond this many more waiting requests
+MAX_SESSIONS = 65_536
 
 
 class ServingMode(enum.StrEnum):
@@ -63,12 +70,22 @@ class Route:
 
 
 @dataclass(frozen=True)
+class Pin:
+    """The workers a request should reuse while they are usable: those of its n>1 request's first choice."""
+
+    prefill: str  # worker ids
+    decode: str
+
+
+@dataclass(frozen=True)
 class RouteRequest:
     model: str
     prompt_token_ids: list[int]
     max_tokens: int
     avoid: frozenset[str] = frozenset()  # worker ids that already failed this request
     cache_salt: str = ""  # the organization's prefix-cache salt (PrefillRequest.cache_salt)
+    pin: Pin | None = None
+    session_key: str = ""  # the prompt_cache_key, scoped to the organization (empty: none)
 
 
 class Lease:
@@ -117,8 +134,15 @@ class Router:
         self._in_flight: Counter[str] = Counter()
         self._prompting: Counter[str] = Counter()  # prompt tokens sent per worker, not yet at their first token
         self._no_generate: set[str] = set()  # decode workers that refused Generate
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # session key -> worker id, least recent first
 
     def route(self, request: RouteRequest) -> Route:
+        route = self._route(request)
+        if request.session_key:
+            self._remember_session(request.session_key, route.prefill.id)
+        return route
+
+    def _route(self, request: RouteRequest) -> Route:
         model = request.model
         if self._mode is not ServingMode.COLOCATED:
             prefill = self._candidates(model, "prefill", request.avoid)
@@ -131,7 +155,8 @@ class Router:
         if not colocated:
             roles = "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated"
             raise _no_workers(model, roles)
-        worker = min(colocated, key=lambda w: (self._pending(w), w.id))
+        least_loaded = min(colocated, key=lambda w: (self._pending(w), w.id))
+        worker = self._preferred(request, colocated, least_loaded, lambda w: QUEUED_REQUEST_TOKENS * self._pending(w))
         return Route(
             prefill=worker, decode=None, decision=Decision.COLOCATED, prompt_tokens=len(request.prompt_token_ids)
         )
@@ -150,7 +175,7 @@ class Router:
     def _split_route(self, request: RouteRequest, prefill: list[WorkerInfo], decode: list[WorkerInfo]) -> Route:
         prompt = request.prompt_token_ids
         chains: dict[int, list[int]] = {}  # the prompt's block hashes, per block size
-        decode_worker = self._pick_decode(request, decode, chains)
+        decode_worker = _pinned(request, decode, "decode") or self._pick_decode(request, decode, chains)
         may_skip = decode_worker.id not in self._no_generate
         held = self._matched_tokens(decode_worker, request, chains) if may_skip else 0
         whole_on_decode = Route(
@@ -164,12 +189,30 @@ class Router:
             pending = self._pending(worker)
             return len(prompt) - matched[worker.id] + QUEUED_REQUEST_TOKENS * pending, pending, worker.id
 
-        worker = min(prefill, key=work)
+        worker = self._preferred(request, prefill, min(prefill, key=work), lambda w: work(w)[0])
         if may_skip and self._overflows(worker, decode_worker, len(prompt) - held):
             return whole_on_decode
         return Route(
             worker, decode_worker, Decision.SPLIT, matched_tokens=matched[worker.id], prompt_tokens=len(prompt)
         )
+
+    def _preferred(self, request: RouteRequest, candidates: list[WorkerInfo], best: WorkerInfo, work) -> WorkerInfo:
+        """The pinned worker if usable, else the session's worker unless overloaded, else `best`."""
+        pinned = _pinned(request, candidates, "prefill")
+        if pinned is not None:
+            return pinned
+        session_worker = self._sessions.get(request.session_key) if request.session_key else None
+        slack = SESSION_SLACK_REQUESTS * QUEUED_REQUEST_TOKENS
+        for worker in candidates:
+            if worker.id == session_worker and work(worker) <= work(best) + slack:
+                return worker
+        return best
+
+    def _remember_session(self, key: str, worker_id: str) -> None:
+        self._sessions[key] = worker_id
+        self._sessions.move_to_end(key)
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
 
     def _overflows(self, prefill_worker: WorkerInfo, decode_worker: WorkerInfo, uncached_on_decode: int) -> bool:
         """The prefill fleet is backed up: even its least loaded worker has `prefill_overflow_tokens` of
@@ -250,6 +293,14 @@ class Router:
             [w for w in ready if w.id not in avoid and _unreported(live[w.id])],
         ]
         return next((tier for tier in tiers if tier), [])
+
+
+def _pinned(request: RouteRequest, candidates: list[WorkerInfo], phase: str) -> WorkerInfo | None:
+    """The request's pinned worker for `phase` when it is among the usable candidates."""
+    if request.pin is None:
+        return None
+    wanted = request.pin.prefill if phase == "prefill" else request.pin.decode
+    return next((w for w in candidates if w.id == wanted and w.id not in request.avoid), None)
 
 
 def _usable(live: LiveLoad | None) -> bool:

@@ -22,6 +22,11 @@ from gateway.types import (
     GenerationOutput,
     GenerationRequest,
     PhaseUsage,
+    ResponseFormat,
+    TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolChoice,
     Usage,
 )
 
@@ -30,6 +35,7 @@ _STATUS = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}  # each kind
 _FINISH_REASON = {
     FinishReason.STOP: inference_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
+    FinishReason.TOOL_CALLS: inference_pb2.FINISH_REASON_TOOL_CALLS,
 }
 
 
@@ -92,9 +98,10 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def ListModels(self, request, context):
         try:
-            await self._pipeline.auth.authenticate_header(_authorization(context), context.peer())
+            _, limits = await self._pipeline.authenticate(_authorization(context), context.peer())
         except GatewayError as error:
             await _abort(context, error, "")
+        await context.send_initial_metadata(limits)
         return inference_pb2.ListModelsResponse(
             models=[
                 inference_pb2.Model(
@@ -114,7 +121,7 @@ def generation_request(message: inference_pb2.GenerateRequest) -> GenerationRequ
         model=message.model,
         prompt=message.prompt if given == "prompt" else None,
         prompt_token_ids=list(message.prompt_token_ids.ids) if given == "prompt_token_ids" else None,
-        chat=[ChatMessage(m.role, m.content) for m in message.chat.messages] if given == "chat" else None,
+        chat=[_chat_message(m) for m in message.chat.messages] if given == "chat" else None,
         max_tokens=message.max_tokens if message.HasField("max_tokens") else None,
         temperature=message.temperature if message.HasField("temperature") else None,
         top_p=message.top_p if message.HasField("top_p") else None,
@@ -125,18 +132,62 @@ def generation_request(message: inference_pb2.GenerateRequest) -> GenerationRequ
         idempotency_key=message.idempotency_key,
         priority=message.priority,
         ignore_eos=message.ignore_eos,
+        n=message.n if message.HasField("n") else None,
+        prompt_cache_key=message.prompt_cache_key,
+        presence_penalty=message.presence_penalty if message.HasField("presence_penalty") else None,
+        frequency_penalty=message.frequency_penalty if message.HasField("frequency_penalty") else None,
+        logit_bias=dict(message.logit_bias) or None,
+        logprobs=message.logprobs,
+        top_logprobs=message.top_logprobs if message.HasField("top_logprobs") else None,
+        **_structured_fields(message),
     )
+
+
+def _chat_message(message: inference_pb2.ChatMessage) -> ChatMessage:
+    calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls)
+    return ChatMessage(message.role, message.content, calls, message.tool_call_id)
+
+
+def _structured_fields(message: inference_pb2.GenerateRequest) -> dict:
+    """response_format, tools, tool_choice and parallel_tool_calls, where the client set them."""
+    fields: dict = {"tools": tuple(Tool(t.name, t.description, t.parameters, t.strict) for t in message.tools)}
+    if message.HasField("response_format"):
+        given = message.response_format
+        fields["response_format"] = ResponseFormat(given.type or "text", given.json_schema, given.name, given.strict)
+    if message.HasField("tool_choice"):
+        choice = message.tool_choice
+        if choice.mode or choice.function_name:
+            fields["tool_choice"] = ToolChoice(choice.mode or "function", choice.function_name)
+        if choice.HasField("parallel_tool_calls"):
+            fields["parallel_tool_calls"] = choice.parallel_tool_calls
+    return fields
 
 
 def generate_response(output: GenerationOutput) -> inference_pb2.GenerateResponse:
     response = inference_pb2.GenerateResponse(
-        request_id=output.request_id, text=output.text, token_ids=output.token_ids
+        request_id=output.request_id, text=output.text, token_ids=output.token_ids, index=output.index
     )
     if output.finish_reason is not None:
         response.finish_reason = _FINISH_REASON[output.finish_reason]
     if output.usage is not None:
         response.usage.CopyFrom(_usage(output.usage))
+    for entry in output.logprobs or ():
+        response.logprobs.append(_token_logprob(entry))
+    for call in output.tool_calls:
+        response.tool_calls.append(inference_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments))
     return response
+
+
+def _token_logprob(entry: TokenLogprob) -> inference_pb2.TokenLogprob:
+    return inference_pb2.TokenLogprob(
+        token_id=entry.token_id,
+        token=entry.token,
+        logprob=entry.logprob,
+        top_logprobs=[
+            inference_pb2.TopLogprob(token_id=top.token_id, token=top.token, logprob=top.logprob)
+            for top in entry.top_logprobs
+        ],
+    )
 
 
 def _usage(usage: Usage) -> inference_pb2.Usage:
@@ -174,6 +225,7 @@ async def _abort(context, error: GatewayError, request_id: str) -> None:
         metadata.append(("request-id", request_id))
     if error.retry_after_ms is not None:
         metadata.append(("retry-after-ms", str(error.retry_after_ms)))
+    metadata.extend(error.rate_limit_metadata)
     if metadata:
         context.set_trailing_metadata(tuple(metadata))
     await context.abort(_STATUS[error.kind], error.message)

@@ -35,6 +35,7 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The messages rendered with the model's chat template (which shows the model `tools`, when given), tokenized."""
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

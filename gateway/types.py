@@ -12,6 +12,7 @@ import enum
 import struct
 from dataclasses import dataclass, field
 
+from diptych_common.grammar import Grammar
 from gateway.registry import ModelInfo
 
 
@@ -37,6 +38,8 @@ class GatewayError(Exception):
 
     `retry_after_ms` is set when waiting that long makes the same request succeed (rate limits); the
     client gets it as trailing metadata `retry-after-ms` (gRPC) or a `Retry-After` header (HTTP).
+    `rate_limit_metadata` is set by the pipeline once the caller is authenticated (`ratelimit_headers.py`);
+    the client gets it as trailing metadata (gRPC) or headers (HTTP).
     """
 
     def __init__(self, kind: ErrorKind, message: str, retry_after_ms: int | None = None) -> None:
@@ -44,6 +47,7 @@ class GatewayError(Exception):
         self.kind = kind
         self.message = message
         self.retry_after_ms = retry_after_ms
+        self.rate_limit_metadata: tuple[tuple[str, str], ...] = ()
 
 
 class Priority(enum.IntEnum):
@@ -56,12 +60,46 @@ class Priority(enum.IntEnum):
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # the end-of-sequence token or a stop string
     LENGTH = "length"  # max_tokens or the context length
+    TOOL_CALLS = "tool_calls"  # the answer is tool calls
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str = ""  # a tool message: the call it answers
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""  # its arguments' JSON schema, as text; empty: no arguments
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str = "auto"  # "auto", "none", "required" or "function"
+    function: str = ""  # mode "function": the tool to call
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    type: str = "text"  # "text", "json_object" or "json_schema"
+    schema: str = ""  # json_schema: the schema, as JSON text
+    name: str = ""
+    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +121,18 @@ class GenerationRequest:
     idempotency_key: str = ""
     priority: int = Priority.INTERACTIVE  # any number a gRPC client sent; validation refuses unknown ones
     ignore_eos: bool = False
+    n: int | None = None  # choices; None: 1
+    prompt_cache_key: str = ""
+    presence_penalty: float | None = None  # float32 values, as the contract carries them
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> bias
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # structured outputs and tools; unset: None
+    response_format: ResponseFormat | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def as_float32(value: float) -> float:
@@ -101,6 +151,12 @@ class SamplingSpec:
     seed: int | None = None
     max_tokens: int = 16  # output tokens in all, the first one included
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # minus this from the logit of every token the output holds
+    frequency_penalty: float = 0.0  # minus this times the token's count in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by token id
+    logprobs: bool = False  # each output token comes with its logprob
+    top_logprobs: int = 0  # ... and this many of the most likely tokens'
+    grammar: Grammar | None = None  # structured outputs: the grammar every output token follows
 
 
 @dataclass(frozen=True)
@@ -117,11 +173,23 @@ class GenerationPlan:
     priority: Priority = Priority.INTERACTIVE
     client_request_id: str = ""  # the client's own label, kept with its usage
     idempotency_key: str = ""
+    n: int = 1  # choices, each its own sequence on the shared prompt
+    prompt_cache_key: str = ""
+    tools: tuple[Tool, ...] = ()  # the tools whose calls are read out of the output (none: it is text)
 
     @property
     def cache_salt(self) -> str:
         """Prefix-cache blocks are shared within an organization only."""
         return self.organization_id
+
+
+@dataclass(frozen=True)
+class WorkerLogprobs:
+    """A token's logprob as a worker reports it (after logit_bias and penalties, before temperature), and
+    the most likely tokens' (token id, logprob), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +199,24 @@ class SampledToken:
     token_id: int
     finished: bool = False  # the last token of the request
     finished_by_eos: bool = False  # ... and it is the end-of-sequence token
+    logprobs: WorkerLogprobs | None = None  # when the request asked for them
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str  # its text, as the tokenizer decodes it alone
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's logprob as the client gets it: with its text and the most likely alternatives."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,14 +239,18 @@ class Usage:
 
 @dataclass(frozen=True)
 class GenerationOutput:
-    """One response of a stream: a text delta and its token ids. The last one carries the finish reason
-    and the usage; a replayed execution (idempotency key) is one output holding the whole answer."""
+    """One response of a stream: a text delta and its token ids, of choice `index`. Each choice's last one
+    carries its finish reason, the stream's last one the request's usage; a replayed execution
+    (idempotency key) is one output per choice holding its whole answer."""
 
     request_id: str
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    index: int = 0  # the choice it belongs to
+    tool_calls: tuple[ToolCall, ...] = ()  # on the last output, when the answer is tool calls
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -181,6 +271,9 @@ class UsageEvent:
     compute_ms: int
     started_at: str  # ISO 8601, with the time zone
     finished_at: str
+    # The price tier: "batch" for a request of the Batch API (a batch runner's key), else "standard". The
+    # default lets events spooled before the field existed still be replayed.
+    tier: str = "standard"
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,11 +1,14 @@
 """Checks a request and turns it into a plan the request path can run. Every refusal says what to change."""
 
+import dataclasses
 import math
 import re
 import uuid
 
 from gateway.registry import ModelInfo, Registry
+from gateway.structured import plan_structure
 from gateway.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
+from gateway.tools import template_calls, template_tools
 from gateway.types import (
     ChatMessage,
     ErrorKind,
@@ -17,10 +20,12 @@ from gateway.types import (
     as_float32,
 )
 
-DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_TOKENS = 16  # a completion's default; a chat's is the rest of the context
+MAX_CHOICES = 16
+MAX_PROMPT_CACHE_KEY_LENGTH = 255
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 64
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Prompts are refused by size before tokenizing: a model takes at most PROMPT_BYTES_PER_TOKEN bytes of
 # text per token of its context (real text averages about 4 bytes a token), and never more than
 # MAX_PROMPT_BYTES, however long its context.
@@ -31,6 +36,11 @@ MIN_TEMPERATURE = 0.01
 MIN_TOP_P = 0.001
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+# Sampling controls, OpenAI's bounds.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_TOP_LOGPROBS = 20
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -38,6 +48,8 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
     client_request_id = _client_request_id(request.client_request_id)
     idempotency_key = _idempotency_key(request.idempotency_key)
     priority = _priority(request.priority)
+    choices = _choices(request.n)
+    prompt_cache_key = _prompt_cache_key(request.prompt_cache_key)
     model = registry.models.get(request.model)
     if model is None:
         available = ", ".join(sorted(registry.models)) or "none"
@@ -45,6 +57,7 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
             f"model {_shown(request.model)} does not exist; available models: {available}", ErrorKind.NOT_FOUND
         )
     tokenizer = await run_off_loop(tokenizer_for, model.source)
+    structure = await plan_structure(request, model.source)
     prompt = await _prompt_token_ids(request, tokenizer, model)
     if len(prompt) >= model.context_length:
         raise _too_many_tokens(len(prompt), model)
@@ -53,10 +66,15 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
         organization_id=organization_id,
         client_request_id=client_request_id,
         idempotency_key=idempotency_key,
+        n=choices,
+        prompt_cache_key=prompt_cache_key,
         model=model,
         tokenizer=tokenizer,
         prompt_token_ids=prompt,
-        sampling=_sampling(request, model, len(prompt)),
+        sampling=dataclasses.replace(
+            _with_controls(_sampling(request, model, len(prompt)), request, len(tokenizer)), grammar=structure.grammar
+        ),
+        tools=structure.tools,
         stop=_stop_strings(request.stop),
         priority=priority,
     )
@@ -65,6 +83,11 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
 def new_execution_id() -> str:
     """Every execution gets its own id from the gateway: the usage ledger's key, never the client's."""
     return f"exec_{uuid.uuid4().hex}"
+
+
+def is_client_label(text: str) -> bool:
+    """Whether `text` may label a request in usage (GenerateRequest.request_id, the HTTP API's user)."""
+    return bool(_REQUEST_ID.fullmatch(text))
 
 
 def _client_request_id(client_id: str) -> str:
@@ -76,6 +99,20 @@ def _client_request_id(client_id: str) -> str:
 def _idempotency_key(key: str) -> str:
     if key and (len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable()):
         raise _invalid(f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters")
+    return key
+
+
+def _choices(n: int | None) -> int:
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_CHOICES:
+        raise _invalid(f"n must be from 1 to {MAX_CHOICES} (choices to generate), got {n}")
+    return n
+
+
+def _prompt_cache_key(key: str) -> str:
+    if key and (len(key) > MAX_PROMPT_CACHE_KEY_LENGTH or not key.isprintable()):
+        raise _invalid(f"prompt_cache_key must be 1 to {MAX_PROMPT_CACHE_KEY_LENGTH} printable characters")
     return key
 
 
@@ -101,7 +138,7 @@ async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelI
         return _checked_token_ids(request.prompt_token_ids, tokenizer, model)
     if request.chat is not None:
         messages = _chat_messages(request.chat, tokenizer, model)
-        return await run_off_loop(encode_chat, tokenizer, messages)
+        return await run_off_loop(encode_chat, tokenizer, messages, template_tools(request.tools))
     raise _invalid("set one of prompt, prompt_token_ids or chat")
 
 
@@ -126,7 +163,7 @@ def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> 
     for index, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             raise _invalid(f"chat.messages[{index}].role is {_shown(message.role)}; use one of {', '.join(CHAT_ROLES)}")
-        size = _utf8_length(message.content)
+        size = _utf8_length(message.content) + sum(_utf8_length(c.arguments) for c in message.tool_calls)
         if size > limit:
             raise _invalid(f"chat.messages[{index}].content is {size} bytes; {_size_rule(model)}; shorten it")
         total += size
@@ -134,7 +171,27 @@ def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> 
         raise _invalid(
             f"chat.messages hold {total} bytes of content in all; {_size_rule(model)}; send fewer or shorter messages"
         )
-    return [{"role": m.role, "content": m.content} for m in messages]
+    return [_template_message(index, message) for index, message in enumerate(messages)]
+
+
+def _template_message(index: int, message: ChatMessage) -> dict:
+    """A message as the chat template takes it: an assistant's tool calls, a tool's answer with its call id."""
+    rendered: dict = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise _invalid(f"chat.messages[{index}] has tool_calls, which only an assistant message may have")
+        try:
+            rendered["tool_calls"] = template_calls(message.tool_calls)
+        except ValueError:
+            raise _invalid(
+                f"chat.messages[{index}].tool_calls holds arguments that are not JSON; send each call's "
+                "arguments as a JSON object in a string"
+            ) from None
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise _invalid(f"chat.messages[{index}] is a tool message without tool_call_id; name the call it answers")
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
 
 
 def _check_prompt_size(prompt: str, model: ModelInfo) -> None:
@@ -179,7 +236,7 @@ def _sampling(request: GenerationRequest, model: ModelInfo, prompt_length: int) 
             )
         max_tokens = request.max_tokens
     else:
-        max_tokens = min(DEFAULT_MAX_TOKENS, room)
+        max_tokens = room if request.chat is not None else min(DEFAULT_MAX_TOKENS, room)
     temperature = request.temperature if request.temperature is not None else 1.0
     _check_temperature(temperature)
     top_p = request.top_p if request.top_p is not None else 1.0
@@ -192,6 +249,47 @@ def _sampling(request: GenerationRequest, model: ModelInfo, prompt_length: int) 
         max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
     )
+
+
+def _with_controls(sampling: SamplingSpec, request: GenerationRequest, vocab_size: int) -> SamplingSpec:
+    """The sampling with the request's penalties, logit_bias and logprobs, checked."""
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if value is not None:
+            if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise _invalid(f"{name} must be from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {_float32_text(value)}")
+            penalties[name] = value
+    top_logprobs = request.top_logprobs
+    if top_logprobs is not None:
+        if not request.logprobs:
+            raise _invalid("top_logprobs needs logprobs set to true; set logprobs or remove top_logprobs")
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise _invalid(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}")
+    return dataclasses.replace(
+        sampling,
+        **penalties,
+        logit_bias=_logit_bias(request.logit_bias or {}, vocab_size),
+        logprobs=request.logprobs,
+        top_logprobs=top_logprobs or 0,
+    )
+
+
+def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise _invalid(f"logit_bias holds {len(bias)} tokens; send at most {MAX_LOGIT_BIAS_ENTRIES}")
+    for token_id, value in sorted(bias.items()):
+        if not 0 <= token_id < vocab_size:
+            raise _invalid(
+                f"logit_bias names token {token_id}, outside the vocabulary of size {vocab_size}; "
+                "send token ids of this model's tokenizer"
+            )
+        if not (math.isfinite(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise _invalid(
+                f"logit_bias for token {token_id} must be from -{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}, "
+                f"got {_float32_text(value)}"
+            )
+    return tuple(sorted(bias.items()))
 
 
 def _check_temperature(temperature: float) -> None:

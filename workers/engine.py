@@ -7,6 +7,7 @@ the KV its requests received; a colocated request runs both phases here, with no
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -20,11 +21,13 @@ from workers.kv_tier.blocks import write_tier_loads
 from workers.kv_tier.link import EngineTier
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
-from workers.sampling import StopCriteria, finite_rows, sample
+from workers.sampling import StopCriteria, TokenLogprobs, adjust_logits, finite_rows, sample, token_logprobs
 from workers.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from workers.spec_decode.config import SpecConfig
 from workers.spec_decode.proposer import DraftRequest, build_proposer
 from workers.spec_decode.verify import Verdict, verify
+from workers.structured.masks import apply_grammar_mask
+from workers.structured.state import GrammarViolation
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class TokenOutput:
     token_id: int
     finished: bool
     finished_by_eos: bool
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Sampled:
     tokens: list[int]
     num_accepted: int  # drafts accepted by the target (even past a stop)
     drafts: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # per token, when asked for
 
 
 @dataclass
@@ -181,7 +186,7 @@ class Engine:
                 f"({self.kv.num_blocks * self.kv.block_size} tokens); lower max_tokens or shorten the prompt"
             )
         handle = RequestHandle(request)
-        if (unknown := self._unknown_token(request)) is not None:
+        if (unknown := self._unknown_token(request) or self._bad_controls(request)) is not None:
             handle.outputs.put_nowait(RequestFailed(unknown))  # it would fail its whole batch's forward pass
             return handle
         if self.connector is not None:
@@ -200,6 +205,17 @@ class Engine:
                     f"its token {index} (prompt and tokens already produced) is {token_id}, not a token of this "
                     f"model's vocabulary (0 to {vocab_size - 1}); send the ids of this model's tokenizer"
                 )
+        return None
+
+    def _bad_controls(self, request: EngineRequest) -> str | None:
+        """Why the request's logit_bias or penalties cannot apply to this model's logits, or None (the
+        gateway refuses these; a worker called directly checks them too)."""
+        sampling, vocab_size = request.sampling, self.runner.config.vocab_size
+        for token_id, value in sampling.logit_bias:
+            if not 0 <= token_id < vocab_size or not math.isfinite(value):
+                return f"its logit_bias {token_id}: {value} needs a token id below {vocab_size} and a finite bias"
+        if not (math.isfinite(sampling.presence_penalty) and math.isfinite(sampling.frequency_penalty)):
+            return "its presence_penalty and frequency_penalty must be finite numbers"
         return None
 
     def abort(self, request_id: str) -> None:
@@ -316,12 +332,20 @@ class Engine:
         if self.on_logits is not None:
             self.on_logits([chunk.request for chunk in sampling], logits)
         rows = [(chunk.request, chunk.request.sample_index + j) for chunk in sampling for j in _positions(chunk)]
-        picks = iter(_sample_each(logits, [request for request, _ in rows], [index for _, index in rows]))
-        verdicts = [verify(chunk.draft_token_ids, [next(picks) for _ in _positions(chunk)]) for chunk in sampling]
-        results: list[Sampled | RequestFailed] = [
-            verdict if isinstance(verdict, RequestFailed) else self._until_stop(chunk.request, verdict)
-            for chunk, verdict in zip(sampling, verdicts, strict=True)
-        ]
+        picks, logprobs = _sample_each(logits, [request for request, _ in rows], [index for _, index in rows])
+        results: list[Sampled | RequestFailed] = []
+        first_row = 0
+        for chunk in sampling:
+            chunk_rows = slice(first_row, first_row + len(_positions(chunk)))
+            first_row = chunk_rows.stop
+            verdict = verify(chunk.draft_token_ids, picks[chunk_rows])
+            if isinstance(verdict, RequestFailed):
+                results.append(verdict)
+                continue
+            sampled = self._until_stop(chunk.request, verdict)
+            # the distribution at position j picked token j (an accepted draft is the pick it equals)
+            sampled.logprobs = logprobs[chunk_rows][: len(sampled.tokens)]
+            results.append(sampled)
         self._propose(sampling, results)
         return results
 
@@ -364,7 +388,7 @@ class Engine:
         wanted = []
         for chunk, result in zip(sampling, results, strict=True):
             request = chunk.request
-            if isinstance(result, RequestFailed) or request.prefill_only:
+            if isinstance(result, RequestFailed) or request.prefill_only or not _draftable(request):
                 continue
             if self._finishes(request, result.tokens[-1], request.sample_index + len(result.tokens))[0]:
                 continue
@@ -407,8 +431,8 @@ class Engine:
             self.draft_tokens_proposed += len(chunk.draft_token_ids)
             self.draft_tokens_accepted += result.num_accepted
             chunk.request.draft_token_ids = result.drafts
-            for token_id in result.tokens:
-                self._emit(chunk.request, token_id)
+            for token_id, logprobs in zip(result.tokens, result.logprobs, strict=True):
+                self._emit(chunk.request, token_id, logprobs)
 
     def _finishes(self, request: EngineRequest, token_id: int, num_output_tokens: int) -> tuple[bool, bool]:
         """(finished, by end of sequence) when `token_id` becomes the request's output token number
@@ -418,12 +442,20 @@ class Engine:
         prompt_length = len(request.prompt_token_ids) - request.sampling.tokens_already_generated
         return self._stop.check(token_id, num_output_tokens, prompt_length, request.sampling)
 
-    def _emit(self, request: EngineRequest, token_id: int) -> None:
+    def _emit(self, request: EngineRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:
         request.output_token_ids.append(token_id)
         self.tokens_generated += 1
         finished, by_eos = self._finishes(request, token_id, request.sample_index)
+        if request.constraint is not None:
+            try:
+                request.constraint.advance(token_id)
+            except GrammarViolation as violation:
+                self._fail_request(request, RequestFailed(str(violation)))
+                return
+            if request.constraint.complete:  # the grammar takes nothing more: the output is whole
+                finished, by_eos = True, True
         handle = self._handles[request.request_id]
-        handle.outputs.put_nowait(TokenOutput(token_id, finished, by_eos))
+        handle.outputs.put_nowait(TokenOutput(token_id, finished, by_eos, logprobs))
         if finished or request.prefill_only:
             self._remove(request, FinishReason.STOPPED if finished else FinishReason.HANDED_OFF)
 
@@ -463,18 +495,72 @@ def _positions(chunk: ScheduledChunk) -> range:
     return range(len(chunk.draft_token_ids) + 1)
 
 
-def _sample_each(logits, requests: list[EngineRequest], token_indices: list[int]) -> list[int | RequestFailed]:
-    """Samples every row of logits that is finite (row i: token `token_indices[i]` of `requests[i]`); a
-    row that is not, or whose sampling raises, fails its request alone."""
-    finite = finite_rows(logits)
+def _draftable(request: EngineRequest) -> bool:
+    """Whether speculative drafts may run ahead of the request: not when its logits change token by token
+    (logit_bias, penalties counting each accepted draft) nor when it wants logprobs."""
+    sampling = request.sampling
+    return not (sampling.adjusts_logits or sampling.logprobs or request.constraint is not None)
+
+
+def _controls_logits(request: EngineRequest) -> bool:
+    """Whether the request's logits change before sampling (logit_bias, penalties, a grammar's mask)."""
+    return request.sampling.adjusts_logits or request.constraint is not None
+
+
+def _mask_by_grammar(row: torch.Tensor, request: EngineRequest) -> None:
+    """The hook for structured outputs: masks, in place, the tokens the request's grammar forbids next;
+    it runs after logit_bias and penalties, before temperature, top-k and top-p. No grammar: nothing."""
+    if request.constraint is not None:
+        apply_grammar_mask(row, request.constraint)
+
+
+def _sample_each(
+    logits, requests: list[EngineRequest], token_indices: list[int]
+) -> tuple[list[int | RequestFailed], list[TokenLogprobs | None]]:
+    """Samples every row of logits that is finite (row i: token `token_indices[i]` of `requests[i]`),
+    after the request's own changes to its logits (`_controls_logits`); a row that is not finite, or
+    whose changes or sampling raise, fails its request alone. Also each row's logprobs, where asked for.
+    A request whose logits change has one row (it gets no drafts: `_draftable`)."""
+    finite = finite_rows(logits)  # before the changes: a grammar's mask is -inf by design
     results: list[int | RequestFailed] = [
         RequestFailed(f"the model's logits for its output token {index} hold NaN or infinite values")
         for index in token_indices
     ]
     usable = [row for row, ok in enumerate(finite) if ok]
+    logits, failed = _controlled(logits, requests, token_indices, usable)
+    for row, failure in failed.items():
+        results[row] = failure
+    usable = [row for row in usable if row not in failed]
     for row, result in zip(usable, _sample_rows(logits, requests, token_indices, usable), strict=True):
         results[row] = result
-    return results
+    logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+    for row in usable:
+        sampling, picked = requests[row].sampling, results[row]
+        if sampling.logprobs and not isinstance(picked, RequestFailed):
+            logprobs[row] = token_logprobs(logits[row], picked, sampling.top_logprobs)
+    return results, logprobs
+
+
+def _controlled(
+    logits, requests: list[EngineRequest], token_indices: list[int], rows: list[int]
+) -> tuple[torch.Tensor, dict[int, RequestFailed]]:
+    """The logits with the rows (of `rows`) whose request controls them changed, on a copy; the same
+    tensor when none does, so a batch of plain requests pays nothing. Also the rows whose change raised:
+    each fails its request alone."""
+    failed: dict[int, RequestFailed] = {}
+    changed = [row for row in rows if _controls_logits(requests[row])]
+    if not changed:
+        return logits, failed
+    logits = logits.clone()
+    for row in changed:
+        request = requests[row]
+        try:
+            adjust_logits(logits[row], request.generated_token_ids, request.sampling)
+            _mask_by_grammar(logits[row], request)
+        except Exception as error:  # noqa: BLE001 - its own failure: logged, and the request fails alone
+            log.exception("adjusting the logits of request %s raised", request.request_id)
+            failed[row] = RequestFailed(f"adjusting its logits for output token {token_indices[row]} raised {error!r}")
+    return logits, failed
 
 
 def _sample_rows(

@@ -13,6 +13,7 @@ import httpx
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from workers.authentication import worker_server
@@ -34,6 +35,7 @@ from workers.models.sharding import check_shardable
 from workers.registration import ControlPlaneLink, RegistrationError
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
+from workers.structured.compiler import GrammarCompiler
 from workers.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
 
 log = logging.getLogger(__name__)
@@ -144,7 +146,10 @@ async def serve(
         engine.attach_connector(DecodeConnector(receiver))
     if role is Role.PREFILL:
         engine.attach_connector(PrefillConnector(KvSender(layout, pin=cuda)))
-    service = WorkerService(state, engine, secret=secret)
+    grammars = GrammarCompiler(
+        llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
+    )
+    service = WorkerService(state, engine, secret=secret, grammars=grammars)
     serve_metrics(metrics_port, host, role.value, lambda: service.load().to_proto(), engine)
 
     server = worker_server(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from workers.kv_connector.base import KvTransferParams
 from workers.kv_tier.blocks import TierKv
 from workers.sampling import SamplingParams
+from workers.structured.state import GrammarState
 
 INTERACTIVE, BATCH = 0, 1  # priorities, as in worker.proto; lower is served first
 
@@ -45,6 +46,8 @@ class EngineRequest:
     draft_token_ids: list[int] = field(default_factory=list)
     # blocks of its prompt fetched from the shared KV tier, loaded at admission if still needed
     tier_kv: TierKv | None = None
+    # structured outputs: its place in the grammar its output follows (None: free text)
+    constraint: GrammarState | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -61,6 +64,14 @@ class EngineRequest:
         if self.kv_transfer is not None and self.kv_transfer.load_tokens and self.num_preemptions == 0:
             return 0
         return max(0, len(self.prompt_token_ids) - self.num_computed_tokens)
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        """Its output so far, the tokens produced before a migration (the last `tokens_already_generated`
+        of its prompt) included: what penalties count."""
+        already = self.sampling.tokens_already_generated
+        earlier = self.prompt_token_ids[len(self.prompt_token_ids) - already :] if already else []
+        return earlier + self.output_token_ids
 
     @property
     def sample_index(self) -> int:

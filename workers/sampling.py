@@ -7,6 +7,10 @@ The sampler never fails on numbers: a temperature too small to divide by (or not
 greedily, NaN logits are never picked, infinite ones share the whole probability, and every pick is a
 token of the vocabulary. Whether a row of logits is fit to sample at all is the engine's call
 (`finite_rows`): a sequence whose logits are not finite fails alone.
+
+Before sampling, a request's own controls change its row (`adjust_logits`: logit_bias, then the
+presence and frequency penalties over its output so far); its logprobs are taken from that row, before
+temperature, top-k and top-p (`token_logprobs`).
 """
 
 import math
@@ -31,11 +35,59 @@ class SamplingParams:
     max_tokens: int = 16
     ignore_eos: bool = False
     tokens_already_generated: int = 0  # produced before this call (decode migration): seeded draws continue
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: bool = False  # each token comes with its logprob
+    top_logprobs: int = 0  # ... and this many of the most likely tokens
 
     @property
     def greedy(self) -> bool:
         # `not >=` so that a NaN temperature is greedy too
         return not self.temperature >= MIN_SAMPLING_TEMPERATURE
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether logit_bias or a penalty changes the logits before sampling."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's logprob and the most likely tokens' (most likely first), under the distribution
+    after logit_bias and penalties, before temperature, top-k and top-p."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob)
+
+
+# The lowest logprob reported: a token ruled out (-inf) is reported at it, as JSON holds no infinity.
+MIN_LOGPROB = -9999.0
+
+
+def adjust_logits(row: torch.Tensor, output_token_ids: list[int], params: SamplingParams) -> None:
+    """In place, on one row of logits [vocab]: adds logit_bias, then takes off the penalties as OpenAI
+    defines them, `frequency_penalty * count + presence_penalty * (count > 0)`, where count is how often
+    the token occurs in `output_token_ids` (the request's output so far, never its prompt)."""
+    if params.logit_bias:
+        ids = torch.tensor([token_id for token_id, _ in params.logit_bias], device=row.device)
+        bias = torch.tensor([value for _, value in params.logit_bias], dtype=row.dtype, device=row.device)
+        row.index_add_(0, ids, bias)
+    if output_token_ids and (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0):
+        ids, counts = torch.tensor(output_token_ids, device=row.device).unique(return_counts=True)
+        penalty = params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
+        row.index_add_(0, ids, -penalty)
+
+
+def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
+    """`token_id`'s logprob under the softmax of one row of logits [vocab], and the `top` most likely."""
+    logprobs = torch.log_softmax(torch.nan_to_num(row.float(), nan=-math.inf), dim=-1)
+    logprobs = torch.nan_to_num(logprobs, nan=MIN_LOGPROB).clamp(min=MIN_LOGPROB)  # NaN: a row ruled out whole
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]))
+        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprobs(float(logprobs[token_id]), best)
 
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:

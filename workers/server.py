@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, LARK_GRAMMAR, Grammar
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, new_challenge
 from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected
@@ -25,7 +26,8 @@ from workers.kv_connector.receiver import ReceivedKv
 from workers.kv_connector.wire import KvTransferError
 from workers.load import RateMeter, WorkerLoad
 from workers.request import BATCH, INTERACTIVE, EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling import SamplingParams, TokenLogprobs
+from workers.structured.compiler import GrammarCompiler, GrammarRejected
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ KV_ARRIVAL_TIMEOUT_S = 30.0
 ENDPOINT_TIMEOUT_S = 5.0
 LOAD_MIN_INTERVAL_S = 0.05
 LOAD_MAX_INTERVAL_S = 1.0
+MAX_TOP_LOGPROBS = 20
 
 
 class Role(enum.StrEnum):
@@ -57,7 +60,32 @@ def sampling_from_proto(message: worker_pb2.SamplingParams) -> SamplingParams:
         max_tokens=message.max_tokens,
         ignore_eos=message.ignore_eos,
         tokens_already_generated=message.tokens_already_generated,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        logit_bias=tuple(sorted(message.logit_bias.items())),
+        logprobs=message.logprobs,
+        top_logprobs=min(message.top_logprobs, MAX_TOP_LOGPROBS),
     )
+
+
+def logprobs_to_proto(logprobs: TokenLogprobs | None) -> worker_pb2.TokenLogprobs | None:
+    if logprobs is None:
+        return None
+    return worker_pb2.TokenLogprobs(
+        logprob=logprobs.logprob,
+        top=[worker_pb2.TopLogprob(token_id=token_id, logprob=value) for token_id, value in logprobs.top],
+    )
+
+
+def grammar_from_proto(message: worker_pb2.SamplingParams) -> Grammar | None:
+    if not message.HasField("constraint"):
+        return None
+    kind = message.constraint.WhichOneof("grammar")
+    if kind == JSON_OBJECT:
+        return Grammar(JSON_OBJECT)
+    if kind in (JSON_SCHEMA, LARK_GRAMMAR):
+        return Grammar(kind, getattr(message.constraint, kind))
+    return None
 
 
 def _priority(value: int) -> int:
@@ -72,7 +100,13 @@ CONNECTOR_OF_ROLE: dict[Role, type] = {
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, state: WorkerState, engine: Engine, secret: WorkerSecret | None = None) -> None:
+    def __init__(
+        self,
+        state: WorkerState,
+        engine: Engine,
+        secret: WorkerSecret | None = None,
+        grammars: GrammarCompiler | None = None,
+    ) -> None:
         connector = engine.connector
         wanted = CONNECTOR_OF_ROLE[state.role]
         if not isinstance(connector, wanted):
@@ -86,6 +120,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._secret = secret or WorkerSecret()
         self._engine = engine
         self._rate = RateMeter()
+        self._grammars = grammars  # structured outputs: None refuses requests with a grammar
 
     # ---- serving ------------------------------------------------------------------------------
 
@@ -101,6 +136,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             cache_salt=request.cache_salt,
             kv_transfer=KvTransferParams(send_to=peer, transfer_token=request.transfer_token),
         )
+        await self._constrain(engine_request, request.sampling, context)
         await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = await anext(self._outputs(handle, context))
@@ -112,6 +148,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 compute_ms=round(handle.compute_ms),
                 finished=first.finished,
                 finished_by_eos=first.finished_by_eos,
+                logprobs=logprobs_to_proto(first.logprobs),
             )
         )
         sent = _awaitable(handle.kv_sent)
@@ -140,18 +177,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, Role.DECODE)
         received = await self._await_kv(request, context)
         try:
-            handle = await self._add(
-                EngineRequest(
-                    request.request_id,
-                    received.prompt_token_ids,
-                    sampling_from_proto(request.sampling),
-                    _priority(request.priority),
-                    output_token_ids=[received.first_token_id],
-                    cache_salt=request.cache_salt,
-                    kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
-                ),
-                context,
+            engine_request = EngineRequest(
+                request.request_id,
+                received.prompt_token_ids,
+                sampling_from_proto(request.sampling),
+                _priority(request.priority),
+                output_token_ids=[received.first_token_id],
+                cache_salt=request.cache_salt,
+                kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
             )
+            await self._constrain(engine_request, request.sampling, context)
+            handle = await self._add(engine_request, context)
         finally:
             self._receiver.forget(request.request_id)  # what the engine did not take goes back
         async for output in self._outputs(handle, context):
@@ -161,6 +197,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 finished=output.finished,
                 finished_by_eos=output.finished_by_eos,
                 stats=stats,
+                logprobs=logprobs_to_proto(output.logprobs),
             )
 
     async def Generate(self, request, context):
@@ -172,6 +209,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _priority(request.priority),
             cache_salt=request.cache_salt,
         )
+        await self._constrain(engine_request, request.sampling, context)
         await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = True
@@ -187,6 +225,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 finished=output.finished,
                 finished_by_eos=output.finished_by_eos,
                 stats=stats,
+                logprobs=logprobs_to_proto(output.logprobs),
             )
 
     async def GetKvEndpoint(self, request, context):
@@ -245,6 +284,25 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             code = error.code if isinstance(error, KvTransferError) else grpc.StatusCode.RESOURCE_EXHAUSTED
             await context.abort(code, str(error))
             raise  # (context.abort raises; this says so to the type checker)
+
+    async def _constrain(
+        self, request: EngineRequest, sampling: worker_pb2.SamplingParams, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Gives a request with a grammar its matcher, past the tokens it already produced (compiled off
+        the event loop: a large schema takes a while)."""
+        grammar = grammar_from_proto(sampling)
+        if grammar is None:
+            return
+        if self._grammars is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this worker follows no grammars (it was started without its model's tokenizer)",
+            )
+            return
+        try:
+            request.constraint = await asyncio.to_thread(self._grammars.start, grammar, request.generated_token_ids)
+        except GrammarRejected as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"SamplingParams.constraint: {error}")
 
     async def _outputs(self, handle: RequestHandle, context):
         try:

@@ -16,9 +16,18 @@ VOCAB_SIZE = 512
 VOCAB_SIZE_100M = 32000
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+# Tools are shown in a system turn first; an assistant's tool calls follow its content as `<tool_call>`
+# and a JSON list of {"name", "arguments"} (what the gateway's grammar makes the model write); a tool's
+# answer is a `tool` turn that names its call.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nTools: {{ tools | tojson }}\n"
+    'To call tools, answer <tool_call> and a JSON list of {"name": ..., "arguments": {...}}.</s>\n{% endif %}'
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "<|{{ message['role'] }}|>\n"
+    "{% if message['tool_call_id'] %}[{{ message['tool_call_id'] }}] {% endif %}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message['tool_calls'] %}<tool_call>{{ message['tool_calls'] | map(attribute='function') | list | tojson }}"
+    "{% endif %}</s>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

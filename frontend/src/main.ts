@@ -2,10 +2,12 @@ import "./style.css";
 import { api, ApiError, get } from "./api";
 import { errorText, h } from "./format";
 import type { ApiKey, ListPage, Me } from "./types";
+import { batchesView, canSeeBatches } from "./views/batches";
 import { billingView } from "./views/billing";
 import { fleetView } from "./views/fleet";
 import { invoicesView } from "./views/invoices";
 import { keysView } from "./views/keys";
+import { limitsView } from "./views/limits";
 import { loginView } from "./views/login";
 import { usageView } from "./views/usage";
 
@@ -61,8 +63,10 @@ function showDashboard(me: Me): void {
       section("billing", "Billing", () => billingView(refresh)),
       section("usage", "Usage", async () => usageView(usageDays, await keys), days),
       section("api-keys", "API keys", async () => keysView(await keys, refresh)),
+      section("limits", "Rate limits", async () => limitsView(me.role, await keys, refresh)),
       section("invoices", "Invoices", invoicesView),
     );
+    if (canSeeBatches(me.role)) sections.push(section("batches", "Batches", () => batchesView(refresh)));
   }
   if (me.is_staff) {
     const [fleet, loaded] = section("fleet", "Fleets and workers", fleetView);

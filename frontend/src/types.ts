@@ -33,6 +33,7 @@ export interface BillingCurrent {
 export interface InvoiceLine {
   model: string;
   phase: string;
+  tier: string; // "standard", or "batch": Batch API requests at the batch price
   tokens: number;
   unit_price_micros_per_million: number;
   amount_micros: number;
@@ -58,7 +59,20 @@ export interface ApiKey {
   last_used_at: string | null;
   expires_at: string | null;
   revoked_at: string | null;
+  limits: RateLimits;
   key?: string;
+}
+
+// Per-minute rate limits; null is unlimited.
+export interface RateLimits {
+  requests_per_minute: number | null;
+  input_tokens_per_minute: number | null;
+  output_tokens_per_minute: number | null;
+}
+
+export interface OrganizationLimits extends RateLimits {
+  organization_id: string;
+  spend_limit_micros: number | null;
 }
 
 export interface Fleet {
@@ -84,4 +98,21 @@ export interface Worker {
   kv_blocks_total: number;
   tokens_per_second: number;
   last_heartbeat_at: string;
+}
+
+export interface Batch {
+  id: string;
+  status: string;
+  endpoint: string;
+  input_file_id: string;
+  output_file_id: string | null;
+  error_file_id: string | null;
+  created_at: number; // seconds since the epoch
+  request_counts: { total: number; completed: number; failed: number };
+}
+
+export interface BatchList {
+  data: Batch[];
+  has_more: boolean;
+  last_id: string | null;
 }

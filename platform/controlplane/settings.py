@@ -77,6 +77,18 @@ STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
 STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
 STRIPE_DAYS_UNTIL_DUE = _env_int("STRIPE_DAYS_UNTIL_DUE", 30)
 
+# The Batch API: input files are bounded in bytes and requests; the runner sends each batch's lines to the
+# gateway's OpenAI-compatible API (DIPTYCH_GATEWAY_URL, its `/v1` base), at most so many of a batch at once,
+# so that interactive traffic keeps the workers' capacity.
+DIPTYCH_GATEWAY_URL = os.environ.get("DIPTYCH_GATEWAY_URL", "http://127.0.0.1:8080/v1")
+DIPTYCH_BATCH_FILE_MAX_BYTES = _env_int("DIPTYCH_BATCH_FILE_MAX_BYTES", 4 * 2**20)
+DIPTYCH_BATCH_FILE_MAX_LINES = _env_int("DIPTYCH_BATCH_FILE_MAX_LINES", 10_000)
+DIPTYCH_BATCH_MAX_CONCURRENT_LINES = _env_int("DIPTYCH_BATCH_MAX_CONCURRENT_LINES", 2)
+DIPTYCH_BATCH_SLICE_SECONDS = _env_int("DIPTYCH_BATCH_SLICE_SECONDS", 20)
+DIPTYCH_BATCH_LEASE_SECONDS = _env_int("DIPTYCH_BATCH_LEASE_SECONDS", 30)
+DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS = _env_int("DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS", 600)
+DIPTYCH_BATCH_RESUME_SECONDS = _env_int("DIPTYCH_BATCH_RESUME_SECONDS", 10)
+
 # Spend alerts go to the organization's owners by email (printed to stderr unless configured).
 EMAIL_BACKEND = os.environ.get("DIPTYCH_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DIPTYCH_FROM_EMAIL", "billing@diptych.local")
@@ -94,6 +106,7 @@ INSTALLED_APPS = [
     "controlplane.catalog",
     "controlplane.metering",
     "controlplane.billing",
+    "controlplane.batches",
     "controlplane.dashboard",
     "controlplane.internal",
 ]
@@ -233,6 +246,11 @@ CELERY_BEAT_SCHEDULE = {
     "roll-up-usage": {"task": "controlplane.billing.tasks.roll_up_usage", "schedule": 10.0},
     "close-billing-periods": {"task": "controlplane.billing.tasks.close_billing_periods", "schedule": 600.0},
     "sync-invoices-with-stripe": {"task": "controlplane.billing.tasks.sync_invoices_with_stripe", "schedule": 300.0},
+    # Picks up batches whose runner stopped (a restarted worker, a lost task) once its lease ran out.
+    "resume-batches": {
+        "task": "controlplane.batches.tasks.resume_batches",
+        "schedule": float(DIPTYCH_BATCH_RESUME_SECONDS),
+    },
     "purge-idempotency-records": {"task": "controlplane.metering.tasks.purge_idempotency_records", "schedule": 3600.0},
 }
 

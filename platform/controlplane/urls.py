@@ -11,6 +11,7 @@ api_v1_urlpatterns = [
     path("", include("controlplane.catalog.urls")),
     path("", include("controlplane.metering.urls")),
     path("", include("controlplane.billing.urls")),
+    path("", include("controlplane.batches.urls")),
     path("internal/", include("controlplane.internal.urls")),
 ]
 

@@ -1,6 +1,7 @@
 """A live platform for the end-to-end tests: the control plane on its own database, a prefill, a decode
 and a colocated worker, and two gateways (one routing split, one colocated), all real processes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -208,3 +209,18 @@ def control_plane_shell(live):
         return result.stdout
 
     return run
+
+
+@pytest.fixture(scope="session")
+def other_organization(control_plane_shell) -> dict:
+    """A second organization with its own API key."""
+    slug = f"other-{uuid.uuid4().hex[:8]}"
+    output = control_plane_shell(
+        "import json\n"
+        "from controlplane.tenancy.models import Scope\n"
+        "from controlplane.tenancy.services import api_key_create, organization_ensure\n"
+        f"organization = organization_ensure(name='Other', slug='{slug}')\n"
+        "issued = api_key_create(organization=organization, name='other', scopes=Scope.values)\n"
+        "print(json.dumps({'organization_id': organization.public_id, 'api_key': issued.key}))\n"
+    )
+    return json.loads(output.strip().splitlines()[-1])

@@ -2,7 +2,6 @@
 idempotency keys never make tokens free, and a gateway killed mid-stream loses no usage."""
 
 import asyncio
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -16,21 +15,6 @@ from tests.e2e.waiting import wait_for
 
 MODEL = "diptych-tiny"
 LONG_OUTPUT = 1000  # with a short prompt, all of diptych-tiny's context: a cancelled stream is far from its end
-
-
-@pytest.fixture(scope="module")
-def other_organization(control_plane_shell) -> dict:
-    """A second organization with its own API key."""
-    slug = f"other-{uuid.uuid4().hex[:8]}"
-    output = control_plane_shell(
-        "import json\n"
-        "from controlplane.tenancy.models import Scope\n"
-        "from controlplane.tenancy.services import api_key_create, organization_ensure\n"
-        f"organization = organization_ensure(name='Other', slug='{slug}')\n"
-        "issued = api_key_create(organization=organization, name='other', scopes=Scope.values)\n"
-        "print(json.dumps({'organization_id': organization.public_id, 'api_key': issued.key}))\n"
-    )
-    return json.loads(output.strip().splitlines()[-1])
 
 
 def ledger(live, api_key: str, **filters) -> list[dict]:

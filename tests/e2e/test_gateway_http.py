@@ -101,7 +101,7 @@ def test_errors_are_openai_shaped(live):
         assert raised.value.body["param"] == "temperature"
         assert raised.value.body["type"] == "invalid_request_error"
         with pytest.raises(openai.BadRequestError) as raised:
-            client.completions.create(model=MODEL, prompt="hi", n=2)
+            client.completions.create(model=MODEL, prompt="hi", n=17)
         assert raised.value.body["param"] == "n"
     response = httpx.post(
         f"{base_url}/completions", content=b"{not json", headers={"Authorization": f"Bearer {live.api_key}"}

@@ -31,17 +31,23 @@ GENERATE_METHOD = "/diptych.v1.Inference/Generate"
 
 
 class ControlPlaneInMemory:
-    """The control plane's answers to the gateway: one valid key and one model, no workers."""
+    """The control plane's answers to the gateway: one valid key and one model, no workers unless given
+    (registry entries of workers served in the test). `identity`: more of the key's answer (its limits,
+    scopes, spend)."""
+
+    def __init__(self, identity: dict | None = None, workers: list[dict] | None = None) -> None:
+        self.identity = {"api_key_id": "key_1", "organization_id": "org_1", **(identity or {})}
+        self.workers = list(workers or [])
 
     async def verify_api_key(self, api_key: str) -> dict | None:
         if api_key != API_KEY:
             return None
-        return {"api_key_id": "key_1", "organization_id": "org_1"}
+        return self.identity
 
     async def registry(self) -> dict:
         return {
             "models": [{"name": MODEL, "source": f"builtin:{MODEL}", "context_length": CONTEXT_LENGTH}],
-            "workers": [],
+            "workers": list(self.workers),
         }
 
     async def post_usage_events(self, events: list[dict]) -> dict:
@@ -49,13 +55,17 @@ class ControlPlaneInMemory:
 
 
 class CountingRequestPath(RequestPath):
-    """The real request path over a fleet with no workers, counting the requests that reached it: a
-    request that passed every check at the door gets UNAVAILABLE ("no ready ... workers")."""
+    """The real request path, counting the requests that reached it. Over a fleet with no workers a
+    request that passed every check at the door gets UNAVAILABLE ("no ready ... workers"); the workers
+    the registry lists are watched over `channels` (which carry their RPC secret) and served in `mode`."""
 
-    def __init__(self, registry: Registry) -> None:
-        channels = Channels()
-        board = LoadBoard(channels)
-        super().__init__(channels, board, Router(registry, board, ServingMode.AUTO))
+    def __init__(
+        self, registry: Registry, channels: Channels | None = None, mode: ServingMode = ServingMode.AUTO
+    ) -> None:
+        channels = channels or Channels()
+        self.board = LoadBoard(channels)
+        self.board.sync(registry.workers)
+        super().__init__(channels, self.board, Router(registry, self.board, mode))
         self.runs = 0
 
     async def run(self, plan, trace):
@@ -74,14 +84,20 @@ class InProcessGateway:
 
 
 @asynccontextmanager
-async def in_process_gateway(state_dir: Path):
-    control_plane = ControlPlaneInMemory()
+async def in_process_gateway(
+    state_dir: Path,
+    control_plane: ControlPlaneInMemory | None = None,
+    limiter: RateLimiter | None = None,
+    channels: Channels | None = None,
+    mode: ServingMode = ServingMode.AUTO,
+):
+    control_plane = control_plane or ControlPlaneInMemory()
     registry = Registry(control_plane)
     await registry.refresh()
-    path = CountingRequestPath(registry)
+    path = CountingRequestPath(registry, channels, mode)
     journal = UsageJournal(state_dir / "usage-journal.sqlite3")
     pipeline = Pipeline(
-        Authenticator(control_plane), registry, RateLimiter(), path, journal, IdempotencyKeys(control_plane)
+        Authenticator(control_plane), registry, limiter or RateLimiter(), path, journal, IdempotencyKeys(control_plane)
     )
     server = grpc.aio.server()
     add_inference_service(server, pipeline)
@@ -97,6 +113,7 @@ async def in_process_gateway(state_dir: Path):
         await channel.close()
         await http.close()
         await server.stop(None)
+        path.board.close()
         journal.close()
 
 

@@ -11,8 +11,8 @@ from gateway.auth import (
     REFUSED_TTL_S,
     Authenticator,
     RateLimits,
-    _check_allowed,
     caller_from_identity,
+    check_allowed,
 )
 from gateway.auth_cache import peer_address
 from gateway.control_plane import ControlPlaneUnavailable
@@ -24,7 +24,13 @@ BASE = {"api_key_id": "key_1", "organization_id": "org_1"}
 def test_an_answer_without_scopes_limits_or_spend_allows_everything():
     caller = caller_from_identity(BASE)
     assert caller.scopes is None and caller.key_limits == RateLimits() and not caller.spend.over_limit
-    _check_allowed(caller)
+    check_allowed(caller)
+
+
+def test_only_the_control_planes_word_makes_a_caller_a_batch_runner():
+    assert caller_from_identity(BASE).kind == "standard"
+    assert caller_from_identity({**BASE, "kind": "batch"}).kind == "batch"
+    assert caller_from_identity({**BASE, "kind": "something-else"}).kind == "standard"
 
 
 def test_limits_and_spend_are_read():
@@ -42,18 +48,18 @@ def test_limits_and_spend_are_read():
     assert caller.organization_limits == RateLimits(requests_per_minute=60)
     assert caller.key_limits == RateLimits(output_tokens_per_minute=1000)
     assert caller.spend.limit_micros == 5_000_000
-    _check_allowed(caller)
+    check_allowed(caller)
 
 
 def test_a_key_without_the_inference_scope_is_denied():
     with pytest.raises(GatewayError) as raised:
-        _check_allowed(caller_from_identity({**BASE, "scopes": ["admin:read"]}))
+        check_allowed(caller_from_identity({**BASE, "scopes": ["admin:read"]}))
     assert raised.value.kind is ErrorKind.PERMISSION_DENIED
 
 
 def test_an_organization_over_its_spend_limit_is_refused_with_the_amount():
     with pytest.raises(GatewayError) as raised:
-        _check_allowed(
+        check_allowed(
             caller_from_identity(
                 {**BASE, "spend": {"limit_micros": 12_500_000, "spent_micros": 12_600_000, "over_limit": True}}
             )

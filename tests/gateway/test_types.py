@@ -122,6 +122,7 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
         "model": "diptych-tiny",
         "region": "eu",
         "kv_bytes": 4096,
+        "tier": "standard",
     }
     assert [event.as_json() for event in events] == [
         {
@@ -145,3 +146,5 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
             "finished_at": "2030-01-01T00:00:03+00:00",
         },
     ]
+    batch_runner = Caller("org_1", "key_2", kind="batch")
+    assert {event.tier for event in usage_events(plan, batch_runner, trace, completion_tokens=5)} == {"batch"}

@@ -1,8 +1,10 @@
 """The usage journal: what each execution delivered survives the gateway's death, and every finished
 execution's events wait on disk, once each, until the control plane acknowledged them."""
 
+import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -29,6 +31,7 @@ EVENT_FIELDS = {
     "compute_ms",
     "started_at",
     "finished_at",
+    "tier",
 }
 
 
@@ -122,3 +125,15 @@ def test_a_killed_gateway_bills_its_unfinished_executions_for_what_they_delivere
     assert [e for _, e in journal.oldest(10)] == bodies(event("streaming", tokens=40), event("streaming", "decode", 7))
     assert journal.unfinished() == 0
     assert journal.recover() == 0
+
+
+def test_an_execution_journaled_before_events_had_a_tier_is_billed_at_the_standard_tier(tmp_path):
+    """A gateway upgraded over a journal its previous version wrote: the old events lack `tier`."""
+    path = tmp_path / "journal.sqlite3"
+    UsageJournal(path).close()
+    old_shape = [{k: v for k, v in e.as_json().items() if k != "tier"} for e in (event("old"), event("old", "decode"))]
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO executions VALUES (?, ?, ?)", ("old", json.dumps(old_shape), 2))
+    journal = UsageJournal(path)
+    assert journal.recover() == 1
+    assert [e["tier"] for _, e in journal.oldest(10)] == ["standard", "standard"]

@@ -108,6 +108,7 @@ def test_closing_a_month_makes_an_exact_invoice_with_a_line_per_model_and_phase(
         {
             "model": "diptych-tiny",
             "phase": "cached_prefill",
+            "tier": "standard",
             "tokens": 234_567,
             "unit_price_micros_per_million": 25_000,
             "amount_micros": 5_864,
@@ -115,6 +116,7 @@ def test_closing_a_month_makes_an_exact_invoice_with_a_line_per_model_and_phase(
         {
             "model": "diptych-tiny",
             "phase": "decode",
+            "tier": "standard",
             "tokens": 345_678,
             "unit_price_micros_per_million": 400_000,
             "amount_micros": 138_271,
@@ -122,6 +124,7 @@ def test_closing_a_month_makes_an_exact_invoice_with_a_line_per_model_and_phase(
         {
             "model": "diptych-tiny",
             "phase": "prefill",
+            "tier": "standard",
             "tokens": 1_000_000,
             "unit_price_micros_per_million": 100_000,
             "amount_micros": 100_000,

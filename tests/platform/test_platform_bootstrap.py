@@ -129,8 +129,8 @@ def test_staff_email_needs_a_password(db):
 def test_bootstrap_seeds_prices_once(db):
     bootstrap()
     bootstrap("--model", "diptych-100m")
-    prices = {(p.model.name, p.phase): p.micros_per_million for p in Price.objects.select_related("model")}
-    assert prices == {
+    prices = {(p.model.name, p.phase, p.tier): p.micros_per_million for p in Price.objects.select_related("model")}
+    standard = {
         ("diptych-tiny", "prefill"): 100_000,
         ("diptych-tiny", "cached_prefill"): 25_000,
         ("diptych-tiny", "decode"): 400_000,
@@ -138,5 +138,9 @@ def test_bootstrap_seeds_prices_once(db):
         ("diptych-100m", "cached_prefill"): 50_000,
         ("diptych-100m", "decode"): 800_000,
     }
+    batch_at_half_price = {(model, phase, "batch"): micros // 2 for (model, phase), micros in standard.items()}
+    assert prices == {(model, phase, "standard"): micros for (model, phase), micros in standard.items()} | (
+        batch_at_half_price
+    )
     bootstrap()
-    assert Price.objects.count() == 6
+    assert Price.objects.count() == 12

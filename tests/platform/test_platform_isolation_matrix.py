@@ -4,6 +4,7 @@ The cases come from the URL conf, so a new endpoint joins the matrix without tou
 endpoints left out are listed in EXEMPT with the reason.
 """
 
+import json
 import re
 from datetime import UTC, datetime
 
@@ -11,6 +12,8 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
+from controlplane.batches.models import Batch, File
+from controlplane.batches.services import batch_create, file_upload
 from controlplane.billing.models import Invoice
 from controlplane.billing.services import billing_periods_close
 from controlplane.catalog.services import price_set
@@ -26,7 +29,7 @@ EXEMPT = {
     "stripe/webhook": "authenticated by Stripe's signature, not by an organization (test_platform_stripe)",
 }
 INTERNAL_PREFIX = "internal/"  # the gateway's and workers' endpoints: an organization's key is refused outright
-OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id", "invitation_id"}
+OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id", "invitation_id", "file_id", "batch_id"}
 METHODS = ["get", "post", "put", "patch", "delete"]
 PASSWORD = "isolation-password-1"
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
@@ -88,7 +91,14 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
     assert internal_client.post("/api/v1/internal/usage-events", {"events": [event]}).status_code == 200
     (invoice,) = billing_periods_close()
     worker = prefill_client.post("/api/v1/internal/workers/register", {"address": "127.0.0.1:1", "name": "w"}).data
+    line = {"custom_id": "a-1", "method": "POST", "url": "/v1/completions", "body": {"model": tiny_model.name}}
+    file = file_upload(organization=org_a, filename="a.jsonl", content=json.dumps(line).encode(), purpose="batch")
+    batch = batch_create(
+        organization=org_a, input_file_id=file.public_id, endpoint="/v1/completions", completion_window="24h"
+    )
     return {
+        "file_id": file.public_id,
+        "batch_id": batch.public_id,
         "key_id": key_a.api_key.public_id,
         "member_id": member.public_id,
         "invitation_id": invitation.public_id,
@@ -109,6 +119,8 @@ def _fingerprint(organization: Organization) -> tuple:
         sorted(Invoice.objects.filter(organization=organization).values_list("public_id", "status")),
         UsageEvent.objects.filter(organization=organization).count(),
         AuditEvent.objects.filter(organization=organization).count(),
+        sorted(File.objects.filter(organization=organization).values_list("public_id", "bytes")),
+        sorted(Batch.objects.filter(organization=organization).values_list("public_id", "status")),
     )
 
 

@@ -70,7 +70,14 @@ def test_usage_of_another_organization_is_invisible(
 
     b_summary = client_b.get("/api/v1/usage/summary").data
     assert b_summary == [
-        {"model": "diptych-tiny", "phase": "prefill", "requests": 1, "tokens": 120, "cached_tokens": 64}
+        {
+            "model": "diptych-tiny",
+            "phase": "prefill",
+            "tier": "standard",
+            "requests": 1,
+            "tokens": 120,
+            "cached_tokens": 64,
+        }
     ]
     assert client_a.get("/api/v1/usage/summary").data[0]["requests"] == 2
 

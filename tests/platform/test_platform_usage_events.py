@@ -206,7 +206,28 @@ def test_usage_summary_groups_by_model_and_phase(internal_client, client_a, key_
     response = client_a.get("/api/v1/usage/summary")
     assert response.status_code == 200
     assert response.data == [
-        {"model": "diptych-tiny", "phase": "decode", "requests": 1, "tokens": 30, "cached_tokens": 0},
-        {"model": "diptych-tiny", "phase": "prefill", "requests": 2, "tokens": 150, "cached_tokens": 40},
-        {"model": "other-model", "phase": "prefill", "requests": 1, "tokens": 7, "cached_tokens": 7},
+        {
+            "model": "diptych-tiny",
+            "phase": "decode",
+            "tier": "standard",
+            "requests": 1,
+            "tokens": 30,
+            "cached_tokens": 0,
+        },
+        {
+            "model": "diptych-tiny",
+            "phase": "prefill",
+            "tier": "standard",
+            "requests": 2,
+            "tokens": 150,
+            "cached_tokens": 40,
+        },
+        {
+            "model": "other-model",
+            "phase": "prefill",
+            "tier": "standard",
+            "requests": 1,
+            "tokens": 7,
+            "cached_tokens": 7,
+        },
     ]

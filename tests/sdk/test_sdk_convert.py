@@ -74,10 +74,36 @@ def test_intermediate_chunk():
     assert chunk.finish_reason is None and chunk.usage is None
 
 
-def test_final_chunk_without_usage_is_a_validation_error():
-    with pytest.raises(diptych.APIResponseValidationError, match="no usage") as raised:
-        chunk_from_proto(pb.GenerateResponse(request_id="req_u", finish_reason=pb.FINISH_REASON_STOP))
+def test_a_stream_whose_last_chunk_has_no_usage_is_a_validation_error():
+    # With n > 1 a choice's last chunk has a finish reason and no usage; the stream's last one must have both.
+    chunk = chunk_from_proto(pb.GenerateResponse(request_id="req_u", finish_reason=pb.FINISH_REASON_STOP))
+    with pytest.raises(diptych.APIResponseValidationError, match="finish_reason and usage") as raised:
+        completion_from_chunks([chunk], model="m")
     assert raised.value.request_id == "req_u"
+
+
+def test_usage_without_a_finish_reason_is_a_validation_error():
+    with pytest.raises(diptych.APIResponseValidationError, match="no finish_reason"):
+        chunk_from_proto(pb.GenerateResponse(request_id="req_v", usage=pb.Usage(prompt_tokens=1)))
+
+
+def test_chunks_of_n_choices_make_a_completion_with_every_choice():
+    usage = pb.Usage(prompt_tokens=3, completion_tokens=3)
+    messages = [
+        pb.GenerateResponse(request_id="r", text="a", token_ids=[1], index=0),
+        pb.GenerateResponse(request_id="r", text="x", token_ids=[7], index=1),
+        pb.GenerateResponse(request_id="r", text="b", token_ids=[2], index=0, finish_reason=pb.FINISH_REASON_LENGTH),
+        pb.GenerateResponse(
+            request_id="r", text="", token_ids=[0], index=1, finish_reason=pb.FINISH_REASON_STOP, usage=usage
+        ),
+    ]
+    completion = completion_from_chunks([chunk_from_proto(m) for m in messages], model="m")
+    assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in completion.choices] == [
+        (0, "ab", [1, 2], "length"),
+        (1, "x", [7, 0], "stop"),
+    ]
+    assert (completion.text, completion.token_ids, completion.finish_reason) == ("ab", [1, 2], "length")
+    assert completion.usage.completion_tokens == 3
 
 
 def test_final_chunk_with_usage():
@@ -119,7 +145,13 @@ def test_completion_from_chunks():
     ]
     completion = completion_from_chunks(chunks, model="m")
     assert completion == diptych.Completion(
-        id="req_a", model="m", text="Hello", token_ids=[1, 2, 3], finish_reason="stop", usage=usage
+        id="req_a",
+        model="m",
+        text="Hello",
+        token_ids=[1, 2, 3],
+        finish_reason="stop",
+        usage=usage,
+        choices=[diptych.types.Choice(index=0, text="Hello", token_ids=[1, 2, 3], finish_reason="stop")],
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         completion.text = "changed"

@@ -13,17 +13,26 @@ def sampling(count: int) -> worker_pb2.SamplingParams:
 
 
 async def split(
-    prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = "", give_prompt: bool = False
+    prefill,
+    decode,
+    request_id: str,
+    prompt: list[int],
+    count: int,
+    cache_salt: str = "",
+    give_prompt: bool = False,
+    params: worker_pb2.SamplingParams | None = None,
 ):
     """One split request: the decode call first, then the prefill call that sends it the KV; returns the
     prefill call's events and the decode call's. `give_prompt`: the decode call gives its prompt's token
-    ids, as the gateway's does (the decode worker then pins the blocks of it it holds, and they are not sent)."""
+    ids, as the gateway's does (the decode worker then pins the blocks of it it holds, and they are not sent).
+    `params`: the calls' sampling (default: greedy, `count` tokens, past the end-of-sequence token)."""
+    params = params or sampling(count)
     token = secrets.token_bytes(32)
     decode_call = decode.stub.Decode(
         worker_pb2.DecodeRequest(
             request_id=request_id,
             transfer_token=token,
-            sampling=sampling(count),
+            sampling=params,
             prompt_tokens=len(prompt),
             cache_salt=cache_salt,
             prompt_token_ids=prompt if give_prompt else [],
@@ -35,7 +44,7 @@ async def split(
             worker_pb2.PrefillRequest(
                 request_id=request_id,
                 prompt_token_ids=prompt,
-                sampling=sampling(count),
+                sampling=params,
                 decode_address=decode.address,
                 transfer_token=token,
                 cache_salt=cache_salt,

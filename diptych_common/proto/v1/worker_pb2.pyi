@@ -15,7 +15,14 @@ PRIORITY_INTERACTIVE: Priority
 PRIORITY_BATCH: Priority
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "has_seed", "seed", "max_tokens", "ignore_eos", "tokens_already_generated")
+    __slots__ = ("temperature", "top_p", "top_k", "has_seed", "seed", "max_tokens", "ignore_eos", "tokens_already_generated", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "constraint")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +31,12 @@ class SamplingParams(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_ALREADY_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -32,7 +45,13 @@ class SamplingParams(_message.Message):
     max_tokens: int
     ignore_eos: bool
     tokens_already_generated: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., tokens_already_generated: _Optional[int] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.ScalarMap[int, float]
+    logprobs: bool
+    top_logprobs: int
+    constraint: Constraint
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., tokens_already_generated: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "transfer_token", "priority", "cache_salt")
@@ -61,18 +80,20 @@ class PrefillEvent(_message.Message):
     def __init__(self, first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., kv_delivered: _Optional[_Union[KvDelivered, _Mapping]] = ...) -> None: ...
 
 class FirstToken(_message.Message):
-    __slots__ = ("token_id", "cached_tokens", "compute_ms", "finished", "finished_by_eos")
+    __slots__ = ("token_id", "cached_tokens", "compute_ms", "finished", "finished_by_eos", "logprobs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_BY_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     cached_tokens: int
     compute_ms: int
     finished: bool
     finished_by_eos: bool
-    def __init__(self, token_id: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compute_ms: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ...) -> None: ...
+    logprobs: TokenLogprobs
+    def __init__(self, token_id: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compute_ms: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class KvDelivered(_message.Message):
     __slots__ = ("kv_bytes", "transfer_ms", "data_path")
@@ -117,16 +138,18 @@ class GenerateWork(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("token_id", "finished", "finished_by_eos", "stats")
+    __slots__ = ("token_id", "finished", "finished_by_eos", "stats", "logprobs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_BY_EOS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     finished: bool
     finished_by_eos: bool
     stats: PhaseStats
-    def __init__(self, token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ..., stats: _Optional[_Union[PhaseStats, _Mapping]] = ...) -> None: ...
+    logprobs: TokenLogprobs
+    def __init__(self, token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_by_eos: _Optional[bool] = ..., stats: _Optional[_Union[PhaseStats, _Mapping]] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class PhaseStats(_message.Message):
     __slots__ = ("compute_ms", "cached_tokens")
@@ -233,3 +256,29 @@ class KvEndpoint(_message.Message):
     dtype: str
     proof: bytes
     def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., proof: _Optional[bytes] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprob", "top")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class Constraint(_message.Message):
+    __slots__ = ("json_schema", "json_object", "lark_grammar")
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    LARK_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    json_object: bool
+    lark_grammar: str
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., lark_grammar: _Optional[str] = ...) -> None: ...

@@ -14,8 +14,8 @@ export async function invoicesView(): Promise<HTMLElement> {
         h("strong", {}, usdCents(invoice.total_cents)),
       ),
       table(
-        ["Model", "Phase", "Tokens", "Price per million", "Amount"],
-        invoice.lines.map((line) => [line.model, line.phase, count(line.tokens), usd(line.unit_price_micros_per_million), usd(line.amount_micros)]),
+        ["Model", "Phase", "Tier", "Tokens", "Price per million", "Amount"],
+        invoice.lines.map((line) => [line.model, line.phase, line.tier, count(line.tokens), usd(line.unit_price_micros_per_million), usd(line.amount_micros)]),
       ),
     ),
   ));

@@ -25,6 +25,7 @@ MAX_DAILY_RANGE = timedelta(days=366)
 class InvoiceLineOutputSerializer(serializers.Serializer):
     model = serializers.CharField()
     phase = serializers.CharField()
+    tier = serializers.CharField(help_text="standard, or batch: the Batch API's requests, at its prices.")
     tokens = serializers.IntegerField()
     unit_price_micros_per_million = serializers.IntegerField()
     amount_micros = serializers.IntegerField()

@@ -1,6 +1,6 @@
 from django.db import models
 
-from controlplane.catalog.models import PricePhase
+from controlplane.catalog.models import PricePhase, PriceTier
 from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
 from controlplane.tenancy.models import ApiKey, Organization
 
@@ -32,12 +32,14 @@ class BillingPeriod(models.Model):
 
 
 class UsageRollup(models.Model):
-    """Tokens of one API key, model and billed phase at one unit price, per bucket; rebuilt from the ledger."""
+    """Tokens of one API key, model, billed phase and price tier at one unit price, per bucket; rebuilt from
+    the ledger."""
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
     model = models.CharField(max_length=200)
     phase = models.CharField(max_length=16, choices=PricePhase.choices)
+    tier = models.CharField(max_length=16, choices=PriceTier.choices, default=PriceTier.STANDARD)
     period_start = models.DateField()
     unit_price_micros_per_million = models.PositiveBigIntegerField(null=True, help_text="Null: no price in effect.")
     tokens = models.PositiveBigIntegerField()
@@ -101,6 +103,7 @@ class InvoiceLine(models.Model):
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     model = models.CharField(max_length=200)
     phase = models.CharField(max_length=16, choices=PricePhase.choices)
+    tier = models.CharField(max_length=16, choices=PriceTier.choices, default=PriceTier.STANDARD)
     tokens = models.PositiveBigIntegerField()
     unit_price_micros_per_million = models.PositiveBigIntegerField()
     amount_micros = models.PositiveBigIntegerField()
@@ -108,7 +111,7 @@ class InvoiceLine(models.Model):
     stripe_invoice_item_id = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
-        ordering = ["model", "phase", "unit_price_micros_per_million"]
+        ordering = ["model", "phase", "tier", "unit_price_micros_per_million"]
 
 
 class SpendAlert(models.Model):

@@ -12,7 +12,7 @@ from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.scoping import organization_rows
 
-GROUP_BY_FIELDS = {"phase": "phase", "model": "model", "api_key": "api_key__public_id"}
+GROUP_BY_FIELDS = {"phase": "phase", "model": "model", "api_key": "api_key__public_id", "tier": "tier"}
 
 
 @dataclass(frozen=True)
@@ -22,14 +22,17 @@ class RatedLine:
     tokens: int
     unit_price_micros_per_million: int
     amount_micros: int
+    tier: str = "standard"
 
 
 def rated_lines(rows) -> list[RatedLine]:
-    """Invoice lines from rows of {model, phase, unit_price_micros_per_million, tokens}; unpriced rows are left out."""
+    """Invoice lines from rows of {model, phase, tier, unit_price_micros_per_million, tokens}; unpriced rows are
+    left out."""
     lines = [
         RatedLine(
             model=row["model"],
             phase=row["phase"],
+            tier=row["tier"],
             tokens=row["tokens"],
             unit_price_micros_per_million=row["unit_price_micros_per_million"],
             amount_micros=amount_micros(
@@ -39,7 +42,7 @@ def rated_lines(rows) -> list[RatedLine]:
         for row in rows
         if row["unit_price_micros_per_million"] is not None and row["tokens"]
     ]
-    return sorted(lines, key=lambda line: (line.model, line.phase, line.unit_price_micros_per_million))
+    return sorted(lines, key=lambda line: (line.model, line.phase, line.tier, line.unit_price_micros_per_million))
 
 
 def period_lines_to_date(*, organization: Organization, period_start: date) -> list[RatedLine]:
@@ -47,7 +50,7 @@ def period_lines_to_date(*, organization: Organization, period_start: date) -> l
     rows = (
         organization_rows(DailyUsage, organization=organization)
         .filter(period_start=period_start)
-        .values("model", "phase", "unit_price_micros_per_million")
+        .values("model", "phase", "tier", "unit_price_micros_per_million")
         .annotate(tokens=Sum("tokens"))
         .order_by()
     )

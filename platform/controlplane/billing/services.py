@@ -27,6 +27,7 @@ from controlplane.billing.periods import billing_periods_assign, period_start_of
 from controlplane.billing.rating import allocate_cents, billed_parts, micros_to_cents
 from controlplane.billing.selectors import RatedLine, billing_period_current, period_lines_to_date, rated_lines
 from controlplane.billing.stripe_gateway import STRIPE_INVOICE_STATUSES, StripeGateway
+from controlplane.catalog.models import PriceTier
 from controlplane.catalog.selectors import PriceBook, price_book
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import UsageEvent
@@ -45,7 +46,7 @@ ROLLUP_OVERLAP = timedelta(minutes=5)
 SPEND_ALERT_THRESHOLDS = (80, 100)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-RollupKey = tuple[int, int, str, str, date, int | None]  # organization, api key, model, phase, period, price
+RollupKey = tuple[int, int, str, str, str, date, int | None]  # organization, api key, model, phase, tier, period, price
 
 
 @transaction.atomic
@@ -66,14 +67,15 @@ class RollupResult:
 
 
 def _rate_events(events, book: PriceBook) -> dict[RollupKey, int]:
-    """Tokens per (organization, api key, model, billed phase, period, unit price at the event's start)."""
+    """Tokens per (organization, api key, model, billed phase, tier, period, unit price at the event's start)."""
     tokens: dict[RollupKey, int] = defaultdict(int)
     for event in events:
         for phase, count in billed_parts(phase=event.phase, tokens=event.tokens, cached_tokens=event.cached_tokens):
             if not count:
                 continue
-            price = book.unit_price(model=event.model, phase=phase, at=event.started_at)
-            tokens[(event.organization_id, event.api_key_id, event.model, phase, event.period_start, price)] += count
+            price = book.unit_price(model=event.model, phase=phase, at=event.started_at, tier=event.tier)
+            key = (event.organization_id, event.api_key_id, event.model, phase, event.tier, event.period_start, price)
+            tokens[key] += count
     return tokens
 
 
@@ -82,6 +84,7 @@ RATED_FIELDS = [
     "api_key_id",
     "model",
     "phase",
+    "tier",
     "tokens",
     "cached_tokens",
     "period_start",
@@ -100,7 +103,7 @@ def _rebuild_hour(hour: datetime, book: PriceBook) -> set[tuple[int, date]]:
     HourlyUsage.objects.bulk_create(
         HourlyUsage(**_rollup_fields(key), tokens=tokens, hour=hour) for key, tokens in rated.items()
     )
-    return {(key[0], key[4]) for key in rated}
+    return {(key[0], key[5]) for key in rated}  # (organization, period)
 
 
 def _rebuild_day(day: date) -> None:
@@ -109,7 +112,8 @@ def _rebuild_day(day: date) -> None:
     tokens: dict[RollupKey, int] = defaultdict(int)
     for row in HourlyUsage.objects.filter(hour__gte=start, hour__lt=start + timedelta(days=1)).iterator():
         price = row.unit_price_micros_per_million
-        tokens[(row.organization_id, row.api_key_id, row.model, row.phase, row.period_start, price)] += row.tokens
+        key = (row.organization_id, row.api_key_id, row.model, row.phase, row.tier, row.period_start, price)
+        tokens[key] += row.tokens
     DailyUsage.objects.bulk_create(
         DailyUsage(**_rollup_fields(key), tokens=count, day=day) for key, count in tokens.items()
     )
@@ -117,12 +121,13 @@ def _rebuild_day(day: date) -> None:
 
 def _rollup_fields(key: RollupKey) -> dict:
     """The fields an hourly or daily rollup row takes from its key."""
-    organization_id, api_key_id, model, phase, period, price = key
+    organization_id, api_key_id, model, phase, tier, period, price = key
     return {
         "organization_id": organization_id,
         "api_key_id": api_key_id,
         "model": model,
         "phase": phase,
+        "tier": tier,
         "period_start": period,
         "unit_price_micros_per_million": price,
     }
@@ -233,14 +238,14 @@ def invoice_lines_from_ledger(*, organization: Organization, period_start: date,
         .only(*RATED_FIELDS)
         .iterator(chunk_size=2000)
     )
-    tokens: dict[tuple[str, str, int | None], int] = defaultdict(int)
-    for (_, _, model, phase, _, price), count in _rate_events(events, book).items():
+    tokens: dict[tuple[str, str, str, int | None], int] = defaultdict(int)
+    for (_, _, model, phase, tier, _, price), count in _rate_events(events, book).items():
         if price is None:
             logger.error("No price for %s/%s: %d tokens of %s are not billed.", model, phase, count, organization)
-        tokens[(model, phase, price)] += count
+        tokens[(model, phase, tier, price)] += count
     rows = [
-        {"model": model, "phase": phase, "unit_price_micros_per_million": price, "tokens": count}
-        for (model, phase, price), count in tokens.items()
+        {"model": model, "phase": phase, "tier": tier, "unit_price_micros_per_million": price, "tokens": count}
+        for (model, phase, tier, price), count in tokens.items()
     ]
     return rated_lines(rows)
 
@@ -288,6 +293,7 @@ def _billing_period_close(*, period_pk: int, book: PriceBook, now: datetime) -> 
             invoice=invoice,
             model=line.model,
             phase=line.phase,
+            tier=line.tier,
             tokens=line.tokens,
             unit_price_micros_per_million=line.unit_price_micros_per_million,
             amount_micros=line.amount_micros,
@@ -327,7 +333,8 @@ def invoice_push(*, invoice: Invoice, gateway: StripeGateway) -> Invoice:
             amount_cents=line.amount_cents,
             currency=invoice.currency,
             description=(
-                f"{line.model} {line.phase}: {line.tokens:,} tokens × "
+                f"{line.model} {line.phase}{' (batch)' if line.tier == PriceTier.BATCH else ''}: "
+                f"{line.tokens:,} tokens × "
                 f"${line.unit_price_micros_per_million / 1e6:.6f}/M tokens"
             ),
             metadata={"invoice_id": invoice.public_id, "line_id": str(line.pk)},

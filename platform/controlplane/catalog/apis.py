@@ -4,7 +4,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.catalog.models import PricePhase, WorkerState
+from controlplane.catalog.models import PricePhase, PriceTier, WorkerState
 from controlplane.catalog.selectors import (
     fleet_list,
     heartbeat_deadline,
@@ -39,6 +39,7 @@ class ModelOutputSerializer(serializers.Serializer):
 class PriceOutputSerializer(serializers.Serializer):
     model = serializers.CharField(source="model.name")
     phase = serializers.ChoiceField(choices=PricePhase.choices)
+    tier = serializers.ChoiceField(choices=PriceTier.choices)
     micros_per_million = serializers.IntegerField(help_text="Micro-dollars per million tokens.")
     effective_from = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
@@ -104,10 +105,12 @@ class PriceListCreateApi(PaginatedListMixin, TenantAPIView):
     class PriceFilterSerializer(QueryFilterSerializer):
         model = serializers.CharField(required=False, max_length=200)
         phase = serializers.ChoiceField(choices=PricePhase.choices, required=False)
+        tier = serializers.ChoiceField(choices=PriceTier.choices, required=False)
 
     class PriceCreateInputSerializer(serializers.Serializer):
         model = serializers.CharField(max_length=200)
         phase = serializers.ChoiceField(choices=PricePhase.choices)
+        tier = serializers.ChoiceField(choices=PriceTier.choices, default=PriceTier.STANDARD)
         micros_per_million = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
         effective_from = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
@@ -130,6 +133,7 @@ class PriceListCreateApi(PaginatedListMixin, TenantAPIView):
         price = price_set(
             model=model_get(name=data["model"]),
             phase=data["phase"],
+            tier=data["tier"],
             micros_per_million=data["micros_per_million"],
             effective_from=data["effective_from"],
             actor=self.principal,

@@ -35,6 +35,13 @@ class PricePhase(models.TextChoices):
     DECODE = "decode"
 
 
+class PriceTier(models.TextChoices):
+    """Who a price is for: requests sent one by one, or the Batch API's (run in spare capacity, cheaper)."""
+
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
 class Price(models.Model):
     """Price of one phase of one model from `effective_from` on, until the next price of that pair.
 
@@ -44,17 +51,22 @@ class Price(models.Model):
 
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="prices")
     phase = models.CharField(max_length=16, choices=PricePhase.choices)
+    tier = models.CharField(max_length=16, choices=PriceTier.choices, default=PriceTier.STANDARD)
     micros_per_million = models.PositiveBigIntegerField(help_text="Micro-dollars per million tokens.")
     effective_from = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["model", "phase", "effective_from"], name="catalog_price_one_per_instant"),
+            models.UniqueConstraint(
+                fields=["model", "phase", "tier", "effective_from"], name="catalog_price_one_per_tier_and_instant"
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.model.name}/{self.phase}: {self.micros_per_million} µ$/Mtok from {self.effective_from}"
+        return (
+            f"{self.model.name}/{self.phase}/{self.tier}: {self.micros_per_million} µ$/Mtok from {self.effective_from}"
+        )
 
 
 class FleetRole(models.TextChoices):

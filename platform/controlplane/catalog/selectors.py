@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 
-from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, Worker
+from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, PriceTier, Worker
 from controlplane.common.errors import ObjectNotFound
 from controlplane.common.tokens import hash_token
 
@@ -59,37 +59,46 @@ def worker_get(*, public_id: str) -> Worker:
     return worker
 
 
-def price_list(*, model: str | None = None, phase: str | None = None) -> QuerySet[Price]:
+def price_list(*, model: str | None = None, phase: str | None = None, tier: str | None = None) -> QuerySet[Price]:
     prices = Price.objects.select_related("model")
     if model is not None:
         prices = prices.filter(model__name=model)
     if phase is not None:
         prices = prices.filter(phase=phase)
-    return prices.order_by("model__name", "phase", "-effective_from")
+    if tier is not None:
+        prices = prices.filter(tier=tier)
+    return prices.order_by("model__name", "phase", "tier", "-effective_from")
 
 
 @dataclass
 class PriceBook:
     """Every price, in memory, to rate many events without a query each."""
 
-    _starts: dict[tuple[str, str], list[datetime]] = field(default_factory=dict)
-    _prices: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    _starts: dict[tuple[str, str, str], list[datetime]] = field(default_factory=dict)
+    _prices: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
 
-    def unit_price(self, *, model: str, phase: str, at: datetime) -> int | None:
-        """Micro-dollars per million tokens of (model, phase) in effect at `at`; None when unpriced."""
-        starts = self._starts.get((model, phase))
+    def unit_price(self, *, model: str, phase: str, at: datetime, tier: str = PriceTier.STANDARD) -> int | None:
+        """Micro-dollars per million tokens of (model, phase, tier) in effect at `at`; None when unpriced.
+        Where no batch price is in effect, batch usage is rated at the standard price."""
+        price = self._in_effect((model, phase, tier), at)
+        if price is None and tier != PriceTier.STANDARD:
+            return self._in_effect((model, phase, PriceTier.STANDARD), at)
+        return price
+
+    def _in_effect(self, key: tuple[str, str, str], at: datetime) -> int | None:
+        starts = self._starts.get(key)
         if not starts:
             return None
         index = bisect_right(starts, at) - 1
-        return self._prices[(model, phase)][index] if index >= 0 else None
+        return self._prices[key][index] if index >= 0 else None
 
 
 def price_book() -> PriceBook:
     book = PriceBook()
     rows = Price.objects.order_by("effective_from").values_list(
-        "model__name", "phase", "effective_from", "micros_per_million"
+        "model__name", "phase", "tier", "effective_from", "micros_per_million"
     )
-    for model_name, phase, effective_from, micros in rows:
-        book._starts.setdefault((model_name, phase), []).append(effective_from)
-        book._prices.setdefault((model_name, phase), []).append(micros)
+    for model_name, phase, tier, effective_from, micros in rows:
+        book._starts.setdefault((model_name, phase, tier), []).append(effective_from)
+        book._prices.setdefault((model_name, phase, tier), []).append(micros)
     return book

@@ -7,7 +7,7 @@ from django.db.models import Case, Value, When
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, Worker, WorkerState
+from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, PriceTier, Worker, WorkerState
 from controlplane.catalog.selectors import heartbeat_deadline
 from controlplane.common.errors import InvalidInput, ObjectGone, ObjectNotFound
 from controlplane.common.tokens import generate_token, hash_token
@@ -64,8 +64,9 @@ def price_set(
     micros_per_million: int,
     effective_from: datetime | None = None,
     actor: Principal = SYSTEM,
+    tier: str = PriceTier.STANDARD,
 ) -> Price:
-    """Add a price for (model, phase) from `effective_from` (default now) on.
+    """Add a price for (model, phase, tier) from `effective_from` (default now) on.
 
     Only the first price of a pair may start in the past; later ones start now or later, so usage that
     was already rated is never re-priced.
@@ -74,20 +75,20 @@ def price_set(
     effective_from = effective_from or now
     # Serialises price changes of one model, so the "first price" test cannot race.
     Model.objects.select_for_update().get(pk=model.pk)
-    earlier = Price.objects.filter(model=model, phase=phase)
+    earlier = Price.objects.filter(model=model, phase=phase, tier=tier)
     if earlier.exists() and effective_from < now - PRICE_START_GRACE:
         raise InvalidInput(
-            f"A new price for {model.name}/{phase} cannot start in the past ({effective_from.isoformat()}): "
+            f"A new price for {model.name}/{phase}/{tier} cannot start in the past ({effective_from.isoformat()}): "
             "usage already rated must keep its price.",
             fields={"effective_from": ["Must be now or later."]},
         )
     if earlier.filter(effective_from=effective_from).exists():
         raise InvalidInput(
-            f"{model.name}/{phase} already has a price starting at {effective_from.isoformat()}.",
+            f"{model.name}/{phase}/{tier} already has a price starting at {effective_from.isoformat()}.",
             fields={"effective_from": ["Already taken for this model and phase."]},
         )
     price = Price.objects.create(
-        model=model, phase=phase, micros_per_million=micros_per_million, effective_from=effective_from
+        model=model, phase=phase, tier=tier, micros_per_million=micros_per_million, effective_from=effective_from
     )
     audit_record(
         actor=actor,
@@ -97,6 +98,7 @@ def price_set(
         target_id=model.name,
         details={
             "phase": phase,
+            "tier": tier,
             "micros_per_million": micros_per_million,
             "effective_from": effective_from.isoformat(),
         },
@@ -104,12 +106,16 @@ def price_set(
     return price
 
 
-def price_ensure_initial(*, model: Model, phase: str, micros_per_million: int, effective_from: datetime) -> Price:
-    """The model's price for `phase`, set to `micros_per_million` from `effective_from` if it has none yet."""
-    existing = Price.objects.filter(model=model, phase=phase).order_by("effective_from").first()
+def price_ensure_initial(
+    *, model: Model, phase: str, micros_per_million: int, effective_from: datetime, tier: str = PriceTier.STANDARD
+) -> Price:
+    """The model's price for (`phase`, `tier`), set to `micros_per_million` from `effective_from` if it has none yet."""
+    existing = Price.objects.filter(model=model, phase=phase, tier=tier).order_by("effective_from").first()
     if existing is not None:
         return existing
-    return price_set(model=model, phase=phase, micros_per_million=micros_per_million, effective_from=effective_from)
+    return price_set(
+        model=model, phase=phase, tier=tier, micros_per_million=micros_per_million, effective_from=effective_from
+    )
 
 
 def fleet_ensure(*, name: str, role: str, model: Model, region: str, hardware_class: str) -> Fleet:

@@ -31,6 +31,15 @@ def generate_token(prefix: str) -> str:
     return f"{prefix}_{random_part}{_base62_checksum(random_part)}"
 
 
+def token_from_secret(prefix: str, secret: bytes) -> str:
+    """A well-formed token whose random part is `secret` (at least 32 random bytes, e.g. an HMAC) in base62,
+    for a holder that derives its token again rather than storing it."""
+    if len(secret) < RANDOM_PART_LENGTH:
+        raise ValueError(f"a token needs at least {RANDOM_PART_LENGTH} bytes of secret")
+    random_part = "".join(BASE62_ALPHABET[byte % len(BASE62_ALPHABET)] for byte in secret[:RANDOM_PART_LENGTH])
+    return f"{prefix}_{random_part}{_base62_checksum(random_part)}"
+
+
 def is_well_formed_token(candidate: object, prefix: str) -> bool:
     if not isinstance(candidate, str):
         return False

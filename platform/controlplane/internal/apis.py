@@ -14,6 +14,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.batches.selectors import batch_of_runner_key
 from controlplane.billing.selectors import spend_status
 from controlplane.billing.services import usage_events_ingest
 from controlplane.catalog.models import WorkerState
@@ -56,6 +57,9 @@ class ApiKeyVerifyApi(InternalAPIView):
 
         api_key_id = serializers.CharField()
         organization_id = serializers.CharField()
+        kind = serializers.ChoiceField(
+            choices=["standard", "batch"], help_text="batch: a batch's runner key; its usage is billed at batch prices."
+        )
         scopes = serializers.ListField(child=serializers.CharField())
         expires_at = serializers.DateTimeField(allow_null=True)
         limits = VerifyLimitsSerializer()
@@ -70,6 +74,7 @@ class ApiKeyVerifyApi(InternalAPIView):
         verified = {
             "api_key_id": api_key.public_id,
             "organization_id": organization.public_id,
+            "kind": "standard" if batch_of_runner_key(api_key=api_key) is None else "batch",
             "scopes": api_key.scopes,
             "expires_at": api_key.expires_at,
             "limits": {"organization": organization, "api_key": api_key},

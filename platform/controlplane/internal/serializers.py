@@ -2,6 +2,7 @@
 
 from rest_framework import serializers
 
+from controlplane.catalog.models import PriceTier
 from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.metering.models import Phase
 
@@ -39,6 +40,9 @@ class UsageReportSerializer(serializers.Serializer):
     compute_ms = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()
+    tier = serializers.ChoiceField(
+        choices=PriceTier.choices, required=False, default=PriceTier.STANDARD, help_text="batch: a Batch API request."
+    )
 
     def validate(self, attrs: dict) -> dict:
         if attrs["cached_tokens"] > attrs["tokens"]:

@@ -3,6 +3,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.catalog.models import PriceTier
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.metering.models import Phase
@@ -26,11 +27,13 @@ class UsageEventOutputSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()
     ingested_at = serializers.DateTimeField()
+    tier = serializers.CharField(help_text="standard, or batch for a Batch API request.")
 
 
 class UsageSummaryRowSerializer(serializers.Serializer):
     model = serializers.CharField()
     phase = serializers.CharField()
+    tier = serializers.CharField()
     requests = serializers.IntegerField()
     tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
@@ -44,6 +47,7 @@ class UsageEventListApi(PaginatedListMixin, TenantAPIView):
         client_request_id = serializers.CharField(required=False)
         phase = serializers.ChoiceField(choices=Phase.choices, required=False)
         model = serializers.CharField(required=False)
+        tier = serializers.ChoiceField(choices=PriceTier.choices, required=False)
 
     @extend_schema(parameters=[UsageEventFilterSerializer], responses=UsageEventOutputSerializer(many=True))
     def get(self, request: Request) -> Response:

@@ -1,6 +1,7 @@
 from django.db import models
 from django.db.models import F, Q
 
+from controlplane.catalog.models import PriceTier
 from controlplane.tenancy.models import ApiKey, Organization
 
 
@@ -33,6 +34,9 @@ class UsageEvent(models.Model):
     ingested_at = models.DateTimeField()
     period_start = models.DateField(
         help_text="First day of the billing period the event is billed in (see billing.periods for late events)."
+    )
+    tier = models.CharField(
+        max_length=16, choices=PriceTier.choices, default=PriceTier.STANDARD, help_text="batch: a Batch API request."
     )
 
     class Meta:

@@ -12,6 +12,7 @@ def usage_event_list(
     client_request_id: str | None = None,
     phase: str | None = None,
     model: str | None = None,
+    tier: str | None = None,
 ) -> QuerySet[UsageEvent]:
     events = organization_rows(UsageEvent, organization=organization).select_related("organization", "api_key")
     if request_id is not None:
@@ -22,14 +23,16 @@ def usage_event_list(
         events = events.filter(phase=phase)
     if model is not None:
         events = events.filter(model=model)
+    if tier is not None:
+        events = events.filter(tier=tier)
     return events.order_by("-started_at", "-id")
 
 
 def usage_summary(*, organization: Organization) -> QuerySet:
-    """Totals per (model, phase): rows of {model, phase, requests, tokens, cached_tokens}."""
+    """Totals per (model, phase, tier): rows of {model, phase, tier, requests, tokens, cached_tokens}."""
     return (
         organization_rows(UsageEvent, organization=organization)
-        .values("model", "phase")
+        .values("model", "phase", "tier")
         .annotate(requests=Count("id"), tokens=Sum("tokens"), cached_tokens=Sum("cached_tokens"))
-        .order_by("model", "phase")
+        .order_by("model", "phase", "tier")
     )

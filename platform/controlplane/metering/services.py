@@ -33,6 +33,7 @@ class UsageReport:
     compute_ms: int
     started_at: datetime
     finished_at: datetime
+    tier: str = "standard"
 
     @property
     def idempotency_key(self) -> tuple[str, str]:
@@ -151,6 +152,7 @@ def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, p
         finished_at=report.finished_at,
         ingested_at=ingested_at,
         period_start=period_start,
+        tier=report.tier,
     )
 
 
@@ -165,6 +167,7 @@ COMPARED_FIELDS = [
     "compute_ms",
     "started_at",
     "finished_at",
+    "tier",
 ]
 
 

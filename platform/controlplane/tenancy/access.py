@@ -12,7 +12,13 @@ The permission table (docs/control-plane.md repeats it):
 | members:read        | yes   | yes   |            |                | yes            |                 |
 | members:write       | yes   | yes   |            |                |                | yes             |
 | spend_limit:write   | yes   | yes   |            |                |                | yes             |
+| limits:read         | yes   | yes   | yes        | yes            | yes            |                 |
+| limits:write        | yes   | yes   |            |                |                | yes             |
 | audit:read          | yes   |       |            |                |                |                 |
+| batches:read        | yes   | yes   | yes        |                | yes            |                 |
+| batches:write       | yes   | yes   | yes        |                |                | yes             |
+
+A key with the inference scope also holds batches:read and batches:write: the Batch API is inference.
 
 Staff users (is_staff) additionally manage fleets, workers and prices, which belong to no organization.
 """
@@ -35,21 +41,27 @@ class Permission(StrEnum):
     MEMBERS_READ = "members:read"
     MEMBERS_WRITE = "members:write"
     SPEND_LIMIT_WRITE = "spend_limit:write"
+    LIMITS_READ = "limits:read"  # rate limits of the organization and its keys
+    LIMITS_WRITE = "limits:write"
     AUDIT_READ = "audit:read"
+    BATCHES_READ = "batches:read"
+    BATCHES_WRITE = "batches:write"
 
 
-_EVERYONE = {Permission.ORGANIZATION_READ, Permission.CATALOG_READ, Permission.USAGE_READ}
+_EVERYONE = {Permission.ORGANIZATION_READ, Permission.CATALOG_READ, Permission.USAGE_READ, Permission.LIMITS_READ}
 _ADMIN = set(Permission) - {Permission.AUDIT_READ}
 
 ROLE_PERMISSIONS: dict[str, frozenset[Permission]] = {
     Role.OWNER: frozenset(Permission),
     Role.ADMIN: frozenset(_ADMIN),
-    Role.DEVELOPER: frozenset(_EVERYONE | {Permission.KEYS_READ, Permission.KEYS_WRITE}),
+    Role.DEVELOPER: frozenset(
+        _EVERYONE | {Permission.KEYS_READ, Permission.KEYS_WRITE, Permission.BATCHES_READ, Permission.BATCHES_WRITE}
+    ),
     Role.BILLING_VIEWER: frozenset(_EVERYONE | {Permission.BILLING_READ}),
 }
 
 SCOPE_PERMISSIONS: dict[str, frozenset[Permission]] = {
-    Scope.INFERENCE: frozenset(),
+    Scope.INFERENCE: frozenset({Permission.BATCHES_READ, Permission.BATCHES_WRITE}),
     Scope.ADMIN_READ: frozenset(p for p in _ADMIN if p.endswith(":read")),
     Scope.ADMIN_WRITE: frozenset(p for p in _ADMIN if p.endswith(":write")),
 }

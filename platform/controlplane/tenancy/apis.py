@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
+from controlplane.common.strict_input import StrictInputSerializer, WholeNumberField
 from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import MemberSessionAuthentication
 from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
@@ -32,6 +33,7 @@ from controlplane.tenancy.services import (
     member_invite,
     member_remove,
     member_set_role,
+    rate_limits_set,
     user_authenticate,
 )
 
@@ -43,6 +45,34 @@ class OrganizationOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+# Bounds of a rate limit: the requests column's, and for tokens what the gateway's Redis buckets (Lua
+# numbers, doubles) hold exactly.
+MAX_REQUESTS_PER_MINUTE = 2**31 - 1
+MAX_TOKENS_PER_MINUTE = 10**15
+
+
+class RateLimitsOutputSerializer(serializers.Serializer):
+    """Per-minute limits the gateway enforces; null is unlimited."""
+
+    requests_per_minute = serializers.IntegerField(allow_null=True)
+    input_tokens_per_minute = serializers.IntegerField(allow_null=True)
+    output_tokens_per_minute = serializers.IntegerField(allow_null=True)
+
+
+class RateLimitsInputSerializer(StrictInputSerializer):
+    """Some of the per-minute limits; null makes one unlimited, 0 refuses every request."""
+
+    requests_per_minute = WholeNumberField(
+        min_value=0, max_value=MAX_REQUESTS_PER_MINUTE, allow_null=True, required=False
+    )
+    input_tokens_per_minute = WholeNumberField(
+        min_value=0, max_value=MAX_TOKENS_PER_MINUTE, allow_null=True, required=False
+    )
+    output_tokens_per_minute = WholeNumberField(
+        min_value=0, max_value=MAX_TOKENS_PER_MINUTE, allow_null=True, required=False
+    )
+
+
 class ApiKeyOutputSerializer(serializers.Serializer):
     id = serializers.CharField(source="public_id")
     name = serializers.CharField()
@@ -52,6 +82,7 @@ class ApiKeyOutputSerializer(serializers.Serializer):
     last_used_at = serializers.DateTimeField(allow_null=True)
     revoked_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
+    limits = RateLimitsOutputSerializer(source="*")
 
 
 class MemberOutputSerializer(serializers.Serializer):
@@ -165,6 +196,52 @@ class ApiKeyRevokeApi(TenantAPIView):
         api_key = api_key_get(organization=self.organization, public_id=key_id, created_by=_own_keys_of(self.principal))
         api_key = api_key_revoke(api_key=api_key, actor=self.principal)
         return Response(ApiKeyOutputSerializer(api_key).data)
+
+
+class OrganizationLimitsApi(TenantAPIView):
+    required_permissions = {"GET": Permission.LIMITS_READ, "PATCH": Permission.LIMITS_WRITE}
+
+    class OrganizationLimitsInputSerializer(RateLimitsInputSerializer):
+        refused_fields = {"spend_limit_micros": "Set the spend limit with PUT /api/v1/spend-limit."}
+
+    class OrganizationLimitsOutputSerializer(RateLimitsOutputSerializer):
+        organization_id = serializers.CharField(source="public_id")
+        spend_limit_micros = serializers.IntegerField(
+            allow_null=True, help_text="Micro-dollars per billing period; set it with PUT /api/v1/spend-limit."
+        )
+
+    @extend_schema(responses=OrganizationLimitsOutputSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(self.OrganizationLimitsOutputSerializer(self.organization).data)
+
+    @extend_schema(request=OrganizationLimitsInputSerializer, responses=OrganizationLimitsOutputSerializer)
+    def patch(self, request: Request) -> Response:
+        serializer = self.OrganizationLimitsInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        organization = rate_limits_set(
+            holder=self.organization, changes=serializer.validated_data, actor=self.principal
+        )
+        return Response(self.OrganizationLimitsOutputSerializer(organization).data)
+
+
+class ApiKeyLimitsApi(TenantAPIView):
+    required_permissions = {"GET": Permission.LIMITS_READ, "PATCH": Permission.LIMITS_WRITE}
+
+    class ApiKeyLimitsOutputSerializer(RateLimitsOutputSerializer):
+        api_key_id = serializers.CharField(source="public_id")
+
+    @extend_schema(responses=ApiKeyLimitsOutputSerializer)
+    def get(self, request: Request, key_id: str) -> Response:
+        api_key = api_key_get(organization=self.organization, public_id=key_id, created_by=_own_keys_of(self.principal))
+        return Response(self.ApiKeyLimitsOutputSerializer(api_key).data)
+
+    @extend_schema(request=RateLimitsInputSerializer, responses=ApiKeyLimitsOutputSerializer)
+    def patch(self, request: Request, key_id: str) -> Response:
+        api_key = api_key_get(organization=self.organization, public_id=key_id)
+        serializer = RateLimitsInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        api_key = rate_limits_set(holder=api_key, changes=serializer.validated_data, actor=self.principal)
+        return Response(self.ApiKeyLimitsOutputSerializer(api_key).data)
 
 
 class MemberListCreateApi(PaginatedListMixin, TenantAPIView):

@@ -25,6 +25,8 @@ INVITATION_LIFETIME = timedelta(days=7)
 # Authenticating is on every request's path: recording each use would turn reads into writes.
 LAST_USED_AT_RESOLUTION = timedelta(minutes=1)
 
+RATE_LIMIT_FIELDS = ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
+
 
 @dataclass(frozen=True)
 class IssuedInvitation:
@@ -88,10 +90,12 @@ def api_key_create(
     scopes: Collection[str] = (Scope.INFERENCE,),
     expires_at: datetime | None = None,
     actor: Principal = SYSTEM,
+    key: str | None = None,
 ) -> IssuedApiKey:
+    """`key` is for a holder that derives its key again (a batch's runner); by default a random one."""
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("expires_at must be in the future.", fields={"expires_at": ["Must be in the future."]})
-    key = generate_api_key()
+    key = key or generate_api_key()
     api_key = ApiKey.objects.create(
         organization=organization,
         name=name,
@@ -397,3 +401,30 @@ def invitation_accept(*, token: str, password: str):
     )
     invitation.delete()
     return user
+
+
+@transaction.atomic
+def rate_limits_set(
+    *, holder: Organization | ApiKey, changes: Mapping[str, int | None], actor: Principal = SYSTEM
+) -> Organization | ApiKey:
+    """Set some of the per-minute limits of an organization or an API key (None: unlimited). The gateway
+    reads them when it next verifies a key of the organization, within its key cache time (5 s)."""
+    unknown = sorted(set(changes) - set(RATE_LIMIT_FIELDS))
+    if unknown or not changes:
+        raise InvalidInput(
+            f"Give at least one of {', '.join(RATE_LIMIT_FIELDS)}; nothing else is a rate limit.",
+            fields={name: ["Not a rate limit."] for name in unknown} or None,
+        )
+    previous = {name: getattr(holder, name) for name in changes}
+    for name, value in changes.items():
+        setattr(holder, name, value)
+    holder.save(update_fields=list(changes))
+    audit_record(
+        actor=actor,
+        organization=holder if isinstance(holder, Organization) else holder.organization,
+        action="rate_limits.set",
+        target_type="organization" if isinstance(holder, Organization) else "api_key",
+        target_id=holder.public_id,
+        details={"from": previous, "to": dict(changes)},
+    )
+    return holder

@@ -8,6 +8,7 @@ urlpatterns = [
     path("auth/accept-invitation", apis.AcceptInvitationApi.as_view(), name="auth-accept-invitation"),
     path("auth/me", apis.MeApi.as_view(), name="auth-me"),
     path("organization", apis.OrganizationDetailApi.as_view(), name="organization-detail"),
+    path("limits", apis.OrganizationLimitsApi.as_view(), name="organization-limits"),
     path("members", apis.MemberListCreateApi.as_view(), name="member-list"),
     path("members/<str:member_id>", apis.MemberDetailApi.as_view(), name="member-detail"),
     path("invitations", apis.InvitationListApi.as_view(), name="invitation-list"),
@@ -15,5 +16,6 @@ urlpatterns = [
     path("api-keys", apis.ApiKeyListCreateApi.as_view(), name="api-key-list"),
     path("api-keys/<str:key_id>", apis.ApiKeyDetailApi.as_view(), name="api-key-detail"),
     path("api-keys/<str:key_id>/revoke", apis.ApiKeyRevokeApi.as_view(), name="api-key-revoke"),
+    path("api-keys/<str:key_id>/limits", apis.ApiKeyLimitsApi.as_view(), name="api-key-limits"),
     path("audit-log", apis.AuditLogApi.as_view(), name="audit-log"),
 ]

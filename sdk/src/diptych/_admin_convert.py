@@ -9,11 +9,13 @@ from typing import TypeVar, get_args
 from ._errors import APIResponseValidationError
 from .types import (
     ApiKey,
+    ApiKeyLimits,
     BillingSummary,
     DailyUsage,
     Invoice,
     InvoiceLine,
     InvoiceStatus,
+    OrganizationLimits,
     Page,
     SpendAlert,
     SpendLimit,
@@ -78,6 +80,29 @@ def spend_limit_from_json(body: object) -> SpendLimit:
     return SpendLimit(limit_micros=_optional(body, "limit_micros", lambda obj, name: _field(obj, name, int)))
 
 
+def organization_limits_from_json(body: object) -> OrganizationLimits:
+    return OrganizationLimits(
+        organization_id=_field(body, "organization_id", str),
+        **_rate_limits(body),
+        spend_limit_micros=_optional_int(body, "spend_limit_micros"),
+    )
+
+
+def api_key_limits_from_json(body: object) -> ApiKeyLimits:
+    return ApiKeyLimits(api_key_id=_field(body, "api_key_id", str), **_rate_limits(body))
+
+
+def _rate_limits(body: object) -> dict[str, int | None]:
+    names = ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
+    return {name: _optional_int(body, name) for name in names}
+
+
+def _optional_int(body: object, name: str) -> int | None:
+    if not isinstance(body, dict) or name not in body:
+        raise APIResponseValidationError(f"The admin API's answer lacks the field {name!r}")
+    return _optional(body, name, lambda obj, field_name: _field(obj, field_name, int))
+
+
 def invoice_from_json(body: object) -> Invoice:
     return Invoice(
         id=_field(body, "id", str),
@@ -93,6 +118,7 @@ def invoice_from_json(body: object) -> Invoice:
                 tokens=_field(line, "tokens", int),
                 unit_price_micros_per_million=_field(line, "unit_price_micros_per_million", int),
                 amount_micros=_field(line, "amount_micros", int),
+                tier=_optional(line, "tier", lambda obj, name: _field(obj, name, str)) or "standard",
             )
             for line in _field(body, "lines", list)
         ],

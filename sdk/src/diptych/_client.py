@@ -13,6 +13,8 @@ from ._http import DEFAULT_ADMIN_URL, AdminTransport
 from ._transport import DEFAULT_BASE_URL, AsyncTransport, SyncTransport, auth_metadata, parse_base_url
 from .resources import AsyncChat, AsyncCompletions, AsyncModels, Chat, Completions, Models
 from .resources.admin import Admin, AsyncAdmin
+from .resources.batches import AsyncBatches, AsyncFiles, Batches, Files
+from .types import NOT_GIVEN, NotGiven
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES", "DEFAULT_STREAM_IDLE_TIMEOUT"]
 
@@ -21,12 +23,8 @@ DEFAULT_MAX_RETRIES: Final = 2
 DEFAULT_STREAM_IDLE_TIMEOUT: Final = 60.0
 
 
-class _NotGiven:
-    def __repr__(self) -> str:
-        return "NOT_GIVEN"
-
-
-_NOT_GIVEN: Final = _NotGiven()
+_NotGiven = NotGiven
+_NOT_GIVEN: Final = NOT_GIVEN
 
 
 class _BaseClient(ABC):
@@ -113,6 +111,8 @@ class Client(_BaseClient):
     chat: Chat
     models: Models
     admin: Admin
+    files: Files
+    batches: Batches
 
     def __init__(
         self,
@@ -140,6 +140,8 @@ class Client(_BaseClient):
         self.chat = Chat(self)
         self.models = Models(self)
         self.admin = Admin(self)
+        self.files = Files(self)
+        self.batches = Batches(self)
 
     def close(self) -> None:
         self._transport.close()
@@ -160,6 +162,8 @@ class AsyncClient(_BaseClient):
     chat: AsyncChat
     models: AsyncModels
     admin: AsyncAdmin
+    files: AsyncFiles
+    batches: AsyncBatches
 
     def __init__(
         self,
@@ -187,6 +191,8 @@ class AsyncClient(_BaseClient):
         self.chat = AsyncChat(self)
         self.models = AsyncModels(self)
         self.admin = AsyncAdmin(self)
+        self.files = AsyncFiles(self)
+        self.batches = AsyncBatches(self)
 
     async def close(self) -> None:
         await self._transport.close()

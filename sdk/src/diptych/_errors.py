@@ -7,6 +7,9 @@ from email.message import Message
 
 import grpc
 
+from ._ratelimits import rate_limit_status
+from .types import RateLimitStatus
+
 __all__ = [
     "DiptychError",
     "APIConnectionError",
@@ -71,7 +74,8 @@ class APIStatusError(DiptychError):
 
     `retry_after` is the delay in seconds the server asked for (gRPC trailing metadata
     `retry-after-ms`, HTTP header `Retry-After`), or None. `status_code` is the HTTP
-    status of a failed admin call, None for inference calls.
+    status of a failed admin call, None for inference calls. `rate_limits` is where the
+    caller stands with its rate limits (the gateway's `x-ratelimit-*` metadata), or None.
     """
 
     def __init__(
@@ -83,10 +87,12 @@ class APIStatusError(DiptychError):
         idempotency_key: str | None = None,
         retry_after: float | None = None,
         status_code: int | None = None,
+        rate_limits: RateLimitStatus | None = None,
     ) -> None:
         super().__init__(message, code=code, request_id=request_id, idempotency_key=idempotency_key)
         self.retry_after = retry_after
         self.status_code = status_code
+        self.rate_limits = rate_limits
 
 
 class BadRequestError(APIStatusError):
@@ -185,6 +191,7 @@ def error_from_rpc(
         retry_after=_retry_after_ms(trailers.get("retry-after-ms")),
         request_id=request_id,
         idempotency_key=idempotency_key,
+        rate_limits=rate_limit_status(trailers.items()),
     )
 
 

@@ -52,10 +52,13 @@ class AdminTransport:
         *,
         query: Mapping[str, object] | None = None,
         body: object = None,
+        content: tuple[bytes, str] | None = None,
+        raw: bool = False,
         timeout: float | None,
         max_retries: int,
     ) -> object:
-        """Sends the request and returns its decoded JSON body, retrying transient failures.
+        """Sends the request and returns its decoded JSON body, retrying transient failures. `content` is a
+        body of another kind (bytes, content type) than JSON; with `raw`, the answer's bytes are returned.
 
         A request that is not a GET is retried only when the server certainly did not act on
         it (connection refused, 429, 503), so a create is never done twice.
@@ -65,12 +68,14 @@ class AdminTransport:
             url += "?" + urlencode({name: value for name, value in query.items() if value is not None})
         data = None if body is None else json.dumps(body).encode()
         headers = self._headers if data is None else {**self._headers, "Content-Type": "application/json"}
+        if content is not None:
+            data, headers = content[0], {**self._headers, "Content-Type": content[1]}
 
         def attempt() -> object:
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
             try:
                 with self._opener.open(request, timeout=timeout) as response:
-                    return _decode(response.read(), response.status)
+                    return response.read() if raw else _decode(response.read(), response.status)
             except urllib.error.HTTPError as failure:
                 raise error_from_http(
                     failure.code,

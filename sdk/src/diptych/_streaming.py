@@ -21,7 +21,8 @@ from diptych_proto.v1 import inference_pb2 as pb
 
 from ._convert import chunk_from_proto
 from ._errors import APIResponseValidationError, APITimeoutError, DiptychError, error_from_rpc
-from .types import CompletionChunk, Usage
+from ._ratelimits import rate_limit_status
+from .types import CompletionChunk, RateLimitStatus, Usage
 
 __all__ = ["Stream", "AsyncStream"]
 
@@ -37,6 +38,8 @@ class _StreamState:
         self.idempotency_key = idempotency_key
         self.usage: Usage | None = None
         """Set once the final chunk has been read."""
+        self.rate_limits: RateLimitStatus | None = None
+        """Where the caller stands with its rate limits after this request, known from the first message on."""
         self._idle_timeout = idle_timeout
         self._closed = False
         self._first: pb.GenerateResponse | None = None
@@ -112,8 +115,9 @@ class Stream(_StreamState):
     """Completion chunks as the gateway produces them.
 
     Iterate it, ideally inside `with`. Leaving early (break, `close()`, the end of the
-    `with` block) cancels the call so the gateway stops generating. The last chunk
-    carries `finish_reason` and `usage`; `stream.usage` holds it too once read.
+    `with` block) cancels the call so the gateway stops generating. Each chunk names its
+    choice (`index`; n > 1); each choice's last chunk carries its `finish_reason`, and the
+    stream's last chunk also the request's `usage`; `stream.usage` holds it too once read.
     """
 
     def __init__(self, call: grpc.Call, *, idle_timeout: float | None, idempotency_key: str) -> None:
@@ -125,6 +129,7 @@ class Stream(_StreamState):
     def _wait_first_message(self) -> None:
         """Reads the first message now, so that a failure to start the call can still be retried."""
         self._first = self._read()
+        self.rate_limits = rate_limit_status(self._call.initial_metadata())
 
     def __next__(self) -> CompletionChunk:
         return next(self._chunks)
@@ -174,7 +179,7 @@ class Stream(_StreamState):
             while message is not None and not self._closed:
                 chunk = self._chunk(message)
                 yield chunk
-                if chunk.finish_reason is not None:
+                if chunk.usage is not None:  # the stream's last message (every choice has ended)
                     return
                 message = self._read()
             if not self._closed:
@@ -193,6 +198,7 @@ class AsyncStream(_StreamState):
 
     async def _wait_first_message(self) -> None:
         self._first = await self._read()
+        self.rate_limits = rate_limit_status(await self._call.initial_metadata())
 
     async def __anext__(self) -> CompletionChunk:
         return await anext(self._chunks)
@@ -238,7 +244,7 @@ class AsyncStream(_StreamState):
         while message is not None and not self._closed:
             chunk = self._chunk(message)
             yield chunk
-            if chunk.finish_reason is not None:
+            if chunk.usage is not None:  # the stream's last message (every choice has ended)
                 return
             message = await self._read()
         if not self._closed:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Generic, Literal, TypedDict, TypeVar
+from typing import Any, Final, Generic, Literal, NotRequired, TypedDict, TypeVar
 
 __all__ = [
+    "Batch",
+    "BatchRequestCounts",
+    "CursorPage",
+    "FileObject",
+    "NOT_GIVEN",
+    "NotGiven",
     "ApiKey",
+    "ApiKeyLimits",
+    "OrganizationLimits",
+    "RateLimitStatus",
     "BillingSummary",
     "DailyUsage",
     "Invoice",
@@ -18,6 +27,7 @@ __all__ = [
     "SpendLimit",
     "UsageGroupBy",
     "ChatMessageParam",
+    "Choice",
     "Completion",
     "CompletionChunk",
     "FinishReason",
@@ -25,18 +35,101 @@ __all__ = [
     "PhaseUsage",
     "Priority",
     "Usage",
+    "TokenLogprob",
+    "TopLogprob",
+    "FunctionCall",
+    "ToolCall",
+    "ToolCallParam",
+    "ToolParam",
+    "ToolChoiceParam",
+    "ResponseFormatParam",
 ]
+
+
+class NotGiven:
+    """The default of an argument left out, where None has a meaning of its own (e.g. "unlimited")."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Final = NotGiven()
 
 Priority = Literal["interactive", "batch"]
 """"interactive" (the default) goes first when workers are busy; "batch" waits for spare capacity."""
 
-FinishReason = Literal["stop", "length"]
-""""stop": end of sequence or a stop string; "length": max_tokens or the context length reached."""
+FinishReason = Literal["stop", "length", "tool_calls"]
+""""stop": end of sequence or a stop string; "length": max_tokens or the context length reached;
+"tool_calls": the answer is tool calls (`Choice.tool_calls`)."""
+
+
+class FunctionCallParam(TypedDict):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallParam(TypedDict):
+    """An earlier call of the assistant's, as `Completion.tool_calls` returned it (or OpenAI's shape)."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCallParam
 
 
 class ChatMessageParam(TypedDict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCallParam]]  # an assistant's calls
+    tool_call_id: NotRequired[str]  # a tool message: the call it answers
+
+
+class FunctionParam(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]  # the arguments' JSON schema
+    strict: NotRequired[bool]
+
+
+class ToolParam(TypedDict):
+    type: Literal["function"]
+    function: FunctionParam
+
+
+class ToolChoiceFunction(TypedDict):
+    name: str
+
+
+class ToolChoiceParam(TypedDict):
+    """A named function the model must call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class JsonSchemaParam(TypedDict):
+    name: str
+    schema: dict[str, Any]
+    strict: NotRequired[bool]
+
+
+class ResponseFormatParam(TypedDict):
+    """{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: NotRequired[JsonSchemaParam]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    name: str
+    arguments: str  # a JSON object, as text; it follows the tool's parameters schema
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +155,10 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A finished generation; `id` is the gateway's request id."""
+    """A finished generation; `id` is the gateway's request id. `text`, `token_ids` and `finish_reason`
+    are the first choice's; `choices` holds every choice (n of them, in order). `usage` covers the whole
+    request: the prompt once, every choice's output. `rate_limits`: where the caller stands with its rate
+    limits after this request (None when it has none)."""
 
     id: str
     model: str
@@ -70,17 +166,72 @@ class Completion:
     token_ids: list[int]
     finish_reason: FinishReason
     usage: Usage
+    rate_limits: RateLimitStatus | None = None
+    choices: list[Choice] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # the first choice's, when asked for
+    tool_calls: list[ToolCall] | None = None  # the first choice's, when its answer is tool calls
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One of a completion's choices: its own sampled sequence of the prompt."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    tool_calls: list[ToolCall] | None = None  # when the answer is tool calls (finish_reason "tool_calls")
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens where an output token was sampled."""
+
+    token: str
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An output token's logprob, under the distribution it was sampled from after logit_bias and the
+    penalties, before temperature, top_k and top_p; `top_logprobs`: the most likely tokens there, most
+    likely first. `token` is its text as the model's tokenizer decodes it alone."""
+
+    token: str
+    token_id: int
+    logprob: float
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitStatus:
+    """Where the caller stands with its rate limits, as the gateway told it (`x-ratelimit-*`): for
+    requests and for tokens, the most constraining limit per minute, what is left of it after this
+    request, and the seconds until it is full again. None where that family has no limit."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionChunk:
-    """One streamed delta; `id` is the request id, `finish_reason` and `usage` are set on the last chunk only."""
+    """One streamed delta of choice `index`; `id` is the request id. `finish_reason` is set on each
+    choice's last chunk, `usage` (the whole request's) on the stream's last chunk only."""
 
     id: str
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    tool_calls: list[ToolCall] | None = None  # on a choice's last chunk, when its answer is tool calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +310,35 @@ class SpendLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class OrganizationLimits:
+    """The organization's per-minute rate limits (None: unlimited) and its spend limit per billing period
+    (micro-dollars; set it with `admin.spend_limit.update`)."""
+
+    organization_id: str
+    requests_per_minute: int | None
+    input_tokens_per_minute: int | None
+    output_tokens_per_minute: int | None
+    spend_limit_micros: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyLimits:
+    """One API key's per-minute rate limits (None: unlimited); the organization's apply on top."""
+
+    api_key_id: str
+    requests_per_minute: int | None
+    input_tokens_per_minute: int | None
+    output_tokens_per_minute: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class InvoiceLine:
     model: str
     phase: str
     tokens: int
     unit_price_micros_per_million: int
     amount_micros: int
+    tier: str = "standard"  # "batch": Batch API requests, at the batch price
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +351,59 @@ class Invoice:
     total_cents: int
     lines: list[InvoiceLine]
     stripe_invoice_id: str | None
+
+
+# ---- the Batch API ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CursorPage(Generic[T]):
+    """One page of a list, newest first: pass `last_id` as `after` for the next page while `has_more`."""
+
+    data: list[T]
+    has_more: bool
+    last_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileObject:
+    """A JSON Lines file: a batch's input (purpose "batch") or its output or errors ("batch_output")."""
+
+    id: str
+    bytes: int
+    created_at: int  # seconds since the epoch
+    filename: str
+    purpose: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequestCounts:
+    total: int
+    completed: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch of requests run in the background at batch priority and price. `status` is one of validating,
+    in_progress, finalizing, completed, failed, expired, cancelling, cancelled; times are seconds since the
+    epoch, None until reached."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    request_counts: BatchRequestCounts
+    created_at: int
+    expires_at: int
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    metadata: dict[str, str] | None = None

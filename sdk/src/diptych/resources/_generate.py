@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import grpc
@@ -41,7 +42,8 @@ def generate(
     if stream:
         return chunks
     with chunks:
-        return completion_from_chunks(list(chunks), model=request.model)
+        completion = completion_from_chunks(list(chunks), model=request.model)
+    return dataclasses.replace(completion, rate_limits=chunks.rate_limits)
 
 
 async def generate_async(
@@ -65,4 +67,4 @@ async def generate_async(
         return chunks
     async with chunks:
         collected = [chunk async for chunk in chunks]
-    return completion_from_chunks(collected, model=request.model)
+    return dataclasses.replace(completion_from_chunks(collected, model=request.model), rate_limits=chunks.rate_limits)

@@ -1,4 +1,5 @@
-"""The admin sub-client: usage, billing, spend limit, API keys and invoices over the control plane's REST API.
+"""The admin sub-client: usage, billing, spend limit, rate limits, API keys and invoices over the control plane's
+REST API.
 
 The client's API key must carry the admin:read scope (admin:write to create or revoke keys and set the
 spend limit). The asyncio twins run each call in a worker thread.
@@ -14,13 +15,27 @@ from urllib.parse import quote
 
 from .._admin_convert import (
     api_key_from_json,
+    api_key_limits_from_json,
     billing_summary_from_json,
     daily_usage_from_json,
     invoice_from_json,
+    organization_limits_from_json,
     page_from_json,
     spend_limit_from_json,
 )
-from ..types import ApiKey, BillingSummary, DailyUsage, Invoice, Page, SpendLimit, UsageGroupBy
+from ..types import (
+    NOT_GIVEN,
+    ApiKey,
+    ApiKeyLimits,
+    BillingSummary,
+    DailyUsage,
+    Invoice,
+    NotGiven,
+    OrganizationLimits,
+    Page,
+    SpendLimit,
+    UsageGroupBy,
+)
 
 if TYPE_CHECKING:
     from .._client import AsyncClient, Client
@@ -69,6 +84,59 @@ class SpendLimits(_Resource):
         return spend_limit_from_json(self._request("PUT", "/spend-limit", body={"limit_micros": limit_micros}))
 
 
+class Limits(_Resource):
+    """Per-minute rate limits of the organization and of each API key (None: unlimited). Anyone in the
+    organization reads them; setting them needs the admin:write scope. The gateway applies a change
+    within its key cache time (5 s)."""
+
+    def retrieve(self) -> OrganizationLimits:
+        return organization_limits_from_json(self._request("GET", "/limits"))
+
+    def update(
+        self,
+        *,
+        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
+        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+    ) -> OrganizationLimits:
+        """Sets the limits given (None makes one unlimited) and leaves the others as they are."""
+        body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
+        return organization_limits_from_json(self._request("PATCH", "/limits", body=body))
+
+    def retrieve_key(self, key_id: str) -> ApiKeyLimits:
+        return api_key_limits_from_json(self._request("GET", f"/api-keys/{_segment(key_id)}/limits"))
+
+    def update_key(
+        self,
+        key_id: str,
+        *,
+        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
+        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+    ) -> ApiKeyLimits:
+        """Sets the key's limits given (None makes one unlimited) and leaves the others as they are."""
+        body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
+        return api_key_limits_from_json(self._request("PATCH", f"/api-keys/{_segment(key_id)}/limits", body=body))
+
+
+def _limit_changes(requests: object, input_tokens: object, output_tokens: object) -> dict[str, int | None]:
+    given = {
+        "requests_per_minute": requests,
+        "input_tokens_per_minute": input_tokens,
+        "output_tokens_per_minute": output_tokens,
+    }
+    changes: dict[str, int | None] = {}
+    for name, value in given.items():
+        if isinstance(value, NotGiven):
+            continue
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative integer or None (unlimited), not {value!r}")
+        changes[name] = value
+    if not changes:
+        raise ValueError(f"give at least one of {', '.join(given)}")
+    return changes
+
+
 class ApiKeys(_Resource):
     def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[ApiKey]:
         body = self._request("GET", "/api-keys", query={"limit": limit, "offset": offset})
@@ -105,6 +173,7 @@ class Admin:
         self.spend_limit = SpendLimits(client)
         self.api_keys = ApiKeys(client)
         self.invoices = Invoices(client)
+        self.limits = Limits(client)
 
 
 class _AsyncResource:
@@ -133,6 +202,44 @@ class AsyncSpendLimits(_AsyncResource):
 
     async def update(self, *, limit_micros: int | None) -> SpendLimit:
         return await self._run("update", limit_micros=limit_micros)
+
+
+class AsyncLimits(_AsyncResource):
+    async def retrieve(self) -> OrganizationLimits:
+        return await self._run("retrieve")
+
+    async def update(
+        self,
+        *,
+        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
+        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+    ) -> OrganizationLimits:
+        return await self._run(
+            "update",
+            requests_per_minute=requests_per_minute,
+            input_tokens_per_minute=input_tokens_per_minute,
+            output_tokens_per_minute=output_tokens_per_minute,
+        )
+
+    async def retrieve_key(self, key_id: str) -> ApiKeyLimits:
+        return await self._run("retrieve_key", key_id)
+
+    async def update_key(
+        self,
+        key_id: str,
+        *,
+        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
+        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+    ) -> ApiKeyLimits:
+        return await self._run(
+            "update_key",
+            key_id,
+            requests_per_minute=requests_per_minute,
+            input_tokens_per_minute=input_tokens_per_minute,
+            output_tokens_per_minute=output_tokens_per_minute,
+        )
 
 
 class AsyncApiKeys(_AsyncResource):
@@ -167,6 +274,7 @@ class AsyncAdmin:
         self.spend_limit = AsyncSpendLimits(sync.spend_limit)
         self.api_keys = AsyncApiKeys(sync.api_keys)
         self.invoices = AsyncInvoices(sync.invoices)
+        self.limits = AsyncLimits(sync.limits)
 
 
 def _day(value: date | str) -> str:

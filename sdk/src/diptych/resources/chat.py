@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
-from .._convert import chat_input, generate_request, new_idempotency_key
+from .._convert import chat_input, generate_request, new_idempotency_key, structured_input
 from .._streaming import AsyncStream, Stream
-from ..types import ChatMessageParam, Completion, Priority
+from ..types import ChatMessageParam, Completion, Priority, ResponseFormatParam, ToolChoiceParam, ToolParam
 from ._generate import generate, generate_async
 
 if TYPE_CHECKING:
@@ -32,6 +32,17 @@ class ChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -51,6 +62,17 @@ class ChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -69,6 +91,17 @@ class ChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -79,7 +112,24 @@ class ChatCompletions:
         (a fresh UUID when omitted) is sent unchanged on every retry, so the gateway runs and
         bills the request once; pass your own to make retries of your own idempotent too.
         `priority="batch"` yields to interactive traffic; `ignore_eos` generates past the
-        end-of-sequence token (exactly `max_tokens` tokens, for benchmarks).
+        end-of-sequence token (exactly `max_tokens` tokens, for benchmarks). `n` (1 to 16)
+        generates that many choices of the prompt (`Completion.choices`; each streamed chunk names its
+        choice by `index`); `prompt_cache_key` sends requests that share it to the same prefill
+        worker, so that their common prefix is found in its cache. `max_tokens` defaults to the rest
+        of the model's context.
+
+        `presence_penalty` and `frequency_penalty` (-2 to 2) lower the logit of each token by that much
+        once it appears in the output, and by that much per occurrence; `logit_bias` ({token id: -100
+        to 100}) adds to tokens' logits. `logprobs=True` returns each output token's logprob
+        (`Choice.logprobs`, `CompletionChunk.logprobs`), with the `top_logprobs` (0 to 20) most likely
+        tokens; both are taken after logit_bias and the penalties, before temperature, top_k and top_p.
+
+        `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"name",
+        "schema"}}) makes the answer JSON that follows it, always. `tools` (OpenAI's shape) are shown to
+        the model; `tool_choice` "auto" (the default) lets it answer or call them, "required" or
+        {"type": "function", "function": {"name": ...}} makes it call, "none" answer; calls come back as
+        `Choice.tool_calls` (finish_reason "tool_calls"), their arguments following the tool's
+        parameters schema. `parallel_tool_calls=False` allows one call per answer.
         """
         request = generate_request(
             model=model,
@@ -93,6 +143,14 @@ class ChatCompletions:
             stop=stop,
             priority=priority,
             ignore_eos=ignore_eos,
+            n=n,
+            prompt_cache_key=prompt_cache_key,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias,
+            logprobs=bool(logprobs),
+            top_logprobs=top_logprobs,
+            structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
         )
         return generate(self._client, request, stream=stream, timeout=timeout)
 
@@ -115,6 +173,17 @@ class AsyncChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -134,6 +203,17 @@ class AsyncChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -152,6 +232,17 @@ class AsyncChatCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormatParam | None = None,
+        tools: Iterable[ToolParam] | None = None,
+        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
+        parallel_tool_calls: bool | None = None,
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -169,6 +260,14 @@ class AsyncChatCompletions:
             stop=stop,
             priority=priority,
             ignore_eos=ignore_eos,
+            n=n,
+            prompt_cache_key=prompt_cache_key,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias,
+            logprobs=bool(logprobs),
+            top_logprobs=top_logprobs,
+            structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
         )
         return await generate_async(self._client, request, stream=stream, timeout=timeout)
 

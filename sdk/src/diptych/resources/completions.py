@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
 from .._convert import generate_request, new_idempotency_key, prompt_input
@@ -32,6 +32,12 @@ class Completions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -51,6 +57,12 @@ class Completions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -69,6 +81,12 @@ class Completions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -79,7 +97,16 @@ class Completions:
         (a fresh UUID when omitted) is sent unchanged on every retry, so the gateway runs and
         bills the request once; pass your own to make retries of your own idempotent too.
         `priority="batch"` yields to interactive traffic; `ignore_eos` generates past the
-        end-of-sequence token (exactly `max_tokens` tokens, for benchmarks).
+        end-of-sequence token (exactly `max_tokens` tokens, for benchmarks). `n` (1 to 16)
+        generates that many choices of the prompt (`Completion.choices`; each streamed chunk names its
+        choice by `index`); `prompt_cache_key` sends requests that share it to the same prefill
+        worker, so that their common prefix is found in its cache. `max_tokens` defaults to 16.
+
+        `presence_penalty` and `frequency_penalty` (-2 to 2) lower the logit of each token by that much
+        once it appears in the output, and by that much per occurrence; `logit_bias` ({token id: -100
+        to 100}) adds to tokens' logits. `logprobs` (0 to 5) returns each output token's logprob
+        (`Choice.logprobs`, `CompletionChunk.logprobs`) with that many of the most likely tokens; both
+        are taken after logit_bias and the penalties, before temperature, top_k and top_p.
         """
         request = generate_request(
             model=model,
@@ -93,6 +120,13 @@ class Completions:
             stop=stop,
             priority=priority,
             ignore_eos=ignore_eos,
+            n=n,
+            prompt_cache_key=prompt_cache_key,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias,
+            logprobs=logprobs is not None,
+            top_logprobs=logprobs,
         )
         return generate(self._client, request, stream=stream, timeout=timeout)
 
@@ -115,6 +149,12 @@ class AsyncCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -134,6 +174,12 @@ class AsyncCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -152,6 +198,12 @@ class AsyncCompletions:
         stop: str | Sequence[str] | None = None,
         priority: Priority = "interactive",
         ignore_eos: bool = False,
+        n: int | None = None,
+        prompt_cache_key: str | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: int | None = None,
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
@@ -169,5 +221,12 @@ class AsyncCompletions:
             stop=stop,
             priority=priority,
             ignore_eos=ignore_eos,
+            n=n,
+            prompt_cache_key=prompt_cache_key,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias,
+            logprobs=logprobs is not None,
+            top_logprobs=logprobs,
         )
         return await generate_async(self._client, request, stream=stream, timeout=timeout)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from controlplane.catalog.models import FleetRole, Model, PricePhase
+from controlplane.catalog.models import FleetRole, Model, PricePhase, PriceTier
 from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure, price_ensure_initial
 from controlplane.tenancy.models import Membership, Role, Scope
 from controlplane.tenancy.services import api_key_create, member_add, organization_ensure, user_ensure
@@ -33,6 +33,7 @@ DEMO_PRICES = {
     "diptych-100m": {PricePhase.PREFILL: 200_000, PricePhase.CACHED_PREFILL: 50_000, PricePhase.DECODE: 800_000},
 }
 PRICES_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=UTC)
+BATCH_DISCOUNT_PERCENT = 50  # the Batch API's requests run in spare capacity, at half the list price
 
 
 def fleet_name(*, model_name: str, role: str) -> str:
@@ -91,6 +92,13 @@ class Command(BaseCommand):
             for phase, micros in DEMO_PRICES[model.name].items():
                 price_ensure_initial(
                     model=model, phase=phase, micros_per_million=micros, effective_from=PRICES_EFFECTIVE_FROM
+                )
+                price_ensure_initial(
+                    model=model,
+                    phase=phase,
+                    tier=PriceTier.BATCH,
+                    micros_per_million=micros * (100 - BATCH_DISCOUNT_PERCENT) // 100,
+                    effective_from=PRICES_EFFECTIVE_FROM,
                 )
 
     def _ensure_demo_owner(self, *, organization) -> str:

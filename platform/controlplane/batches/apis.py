@@ -1,0 +1,237 @@
+"""The Batch API's endpoints, in OpenAI's shapes (`/files`, `/batches`); the gateway serves them at `/v1/`
+by forwarding each call here with the caller's API key."""
+
+import calendar
+from datetime import datetime
+
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.batches.models import Batch, File
+from controlplane.batches.selectors import (
+    MAX_PAGE,
+    batch_get,
+    batch_list,
+    cursor_page,
+    file_get,
+    file_list,
+    request_counts,
+)
+from controlplane.batches.services import batch_cancel, batch_create, file_delete, file_upload
+from controlplane.common.filters import QueryFilterSerializer
+from controlplane.tenancy.access import Permission
+from controlplane.tenancy.base_apis import TenantAPIView
+
+
+def unix(moment: datetime) -> int:
+    return calendar.timegm(moment.utctimetuple())
+
+
+class FileOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    object = serializers.SerializerMethodField()
+    bytes = serializers.IntegerField()
+    created_at = serializers.SerializerMethodField()
+    filename = serializers.CharField()
+    purpose = serializers.CharField()
+    status = serializers.SerializerMethodField()
+    status_details = serializers.SerializerMethodField()
+
+    def get_object(self, file: File) -> str:
+        return "file"
+
+    def get_created_at(self, file: File) -> int:
+        return unix(file.created_at)
+
+    def get_status(self, file: File) -> str:
+        return "processed"
+
+    def get_status_details(self, file: File) -> None:
+        return None
+
+
+class UnixTimeField(serializers.Field):
+    """A moment as OpenAI's objects carry it: whole seconds since the epoch, or null."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(read_only=True, **kwargs)
+
+    def to_representation(self, value: datetime) -> int:
+        return unix(value)
+
+    def get_attribute(self, instance):
+        return getattr(instance, self.source)
+
+
+class BatchOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    object = serializers.SerializerMethodField()
+    endpoint = serializers.CharField()
+    errors = serializers.JSONField()
+    input_file_id = serializers.CharField()
+    completion_window = serializers.CharField()
+    status = serializers.CharField()
+    output_file_id = serializers.CharField(source="output_file.public_id", default=None)
+    error_file_id = serializers.CharField(source="error_file.public_id", default=None)
+    created_at = UnixTimeField()
+    in_progress_at = UnixTimeField()
+    expires_at = UnixTimeField()
+    finalizing_at = UnixTimeField()
+    completed_at = UnixTimeField()
+    failed_at = UnixTimeField()
+    expired_at = UnixTimeField()
+    cancelling_at = UnixTimeField()
+    cancelled_at = UnixTimeField()
+    request_counts = serializers.SerializerMethodField()
+    metadata = serializers.JSONField()
+
+    def get_object(self, batch: Batch) -> str:
+        return "batch"
+
+    def get_request_counts(self, batch: Batch) -> dict:
+        counts = request_counts(batch=batch)
+        return {"total": counts.total, "completed": counts.completed, "failed": counts.failed}
+
+
+class CursorListSerializer(serializers.Serializer):
+    """OpenAI's list envelope: newest first; the next page starts `after` the `last_id`."""
+
+    object = serializers.CharField()
+    first_id = serializers.CharField(allow_null=True)
+    last_id = serializers.CharField(allow_null=True)
+    has_more = serializers.BooleanField()
+
+
+class FileListOutputSerializer(CursorListSerializer):
+    data = FileOutputSerializer(many=True)
+
+
+class BatchListOutputSerializer(CursorListSerializer):
+    data = BatchOutputSerializer(many=True)
+
+
+class FileDeletedOutputSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField()
+    deleted = serializers.BooleanField()
+
+
+class CursorQuerySerializer(QueryFilterSerializer):
+    after = serializers.CharField(required=False, max_length=64)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PAGE, default=20)
+
+
+def list_response(queryset, serializer_class, request: Request) -> Response:
+    query = CursorQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    page = cursor_page(queryset, after=query.validated_data.get("after"), limit=query.validated_data["limit"])
+    data = serializer_class(page.items, many=True).data
+    return Response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )
+
+
+class FileListCreateApi(TenantAPIView):
+    required_permissions = {"GET": Permission.BATCHES_READ, "POST": Permission.BATCHES_WRITE}
+    parser_classes = [MultiPartParser, FormParser]
+
+    class FileUploadInputSerializer(serializers.Serializer):
+        file = serializers.FileField(allow_empty_file=True)
+        purpose = serializers.CharField(max_length=32)
+
+    class FileListQuerySerializer(CursorQuerySerializer):
+        purpose = serializers.CharField(required=False, max_length=32)
+
+    @extend_schema(parameters=[FileListQuerySerializer], responses=FileListOutputSerializer)
+    def get(self, request: Request) -> Response:
+        query = self.FileListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        files = file_list(organization=self.organization, purpose=query.validated_data.get("purpose"))
+        return list_response(files, FileOutputSerializer, request)
+
+    @extend_schema(request=FileUploadInputSerializer, responses={200: FileOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.FileUploadInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        upload = serializer.validated_data["file"]
+        file = file_upload(
+            organization=self.organization,
+            filename=upload.name or "",
+            content=upload.read(),
+            purpose=serializer.validated_data["purpose"],
+        )
+        return Response(FileOutputSerializer(file).data)
+
+
+class FileDetailApi(TenantAPIView):
+    required_permissions = {"GET": Permission.BATCHES_READ, "DELETE": Permission.BATCHES_WRITE}
+
+    @extend_schema(responses=FileOutputSerializer)
+    def get(self, request: Request, file_id: str) -> Response:
+        return Response(FileOutputSerializer(file_get(organization=self.organization, public_id=file_id)).data)
+
+    @extend_schema(responses=FileDeletedOutputSerializer)
+    def delete(self, request: Request, file_id: str) -> Response:
+        file_delete(file=file_get(organization=self.organization, public_id=file_id))
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+
+class FileContentApi(TenantAPIView):
+    required_permissions = {"GET": Permission.BATCHES_READ}
+
+    @extend_schema(responses={(200, "application/jsonl"): bytes})
+    def get(self, request: Request, file_id: str) -> HttpResponse:
+        file = file_get(organization=self.organization, public_id=file_id)
+        return HttpResponse(bytes(file.content), content_type="application/jsonl")
+
+
+class BatchListCreateApi(TenantAPIView):
+    required_permissions = {"GET": Permission.BATCHES_READ, "POST": Permission.BATCHES_WRITE}
+
+    class BatchCreateInputSerializer(serializers.Serializer):
+        input_file_id = serializers.CharField(max_length=64)
+        endpoint = serializers.CharField(max_length=64)
+        completion_window = serializers.CharField(max_length=16)
+        metadata = serializers.JSONField(required=False, allow_null=True, default=None)
+
+    @extend_schema(parameters=[CursorQuerySerializer], responses=BatchListOutputSerializer)
+    def get(self, request: Request) -> Response:
+        return list_response(batch_list(organization=self.organization), BatchOutputSerializer, request)
+
+    @extend_schema(request=BatchCreateInputSerializer, responses={200: BatchOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.BatchCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        batch = batch_create(organization=self.organization, **serializer.validated_data)
+        return Response(
+            BatchOutputSerializer(batch_get(organization=self.organization, public_id=batch.public_id)).data
+        )
+
+
+class BatchDetailApi(TenantAPIView):
+    required_permissions = {"GET": Permission.BATCHES_READ}
+
+    @extend_schema(responses=BatchOutputSerializer)
+    def get(self, request: Request, batch_id: str) -> Response:
+        return Response(BatchOutputSerializer(batch_get(organization=self.organization, public_id=batch_id)).data)
+
+
+class BatchCancelApi(TenantAPIView):
+    required_permissions = {"POST": Permission.BATCHES_WRITE}
+
+    @extend_schema(request=None, responses=BatchOutputSerializer)
+    def post(self, request: Request, batch_id: str) -> Response:
+        batch = batch_cancel(batch=batch_get(organization=self.organization, public_id=batch_id))
+        return Response(
+            BatchOutputSerializer(batch_get(organization=self.organization, public_id=batch.public_id)).data
+        )

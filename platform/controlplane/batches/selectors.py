@@ -1,0 +1,100 @@
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, Q, QuerySet
+
+from controlplane.batches.models import ACTIVE_BATCH_STATUSES, Batch, BatchLine, File, LineState
+from controlplane.common.errors import InvalidInput, ObjectNotFound
+from controlplane.tenancy.models import ApiKey, Organization
+from controlplane.tenancy.scoping import organization_rows
+
+MAX_PAGE = 100
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    total: int
+    completed: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class CursorPage:
+    """One page of a list in creation order, newest first; the next page starts `after` the last id."""
+
+    items: list
+    has_more: bool
+
+
+def file_list(*, organization: Organization, purpose: str | None = None) -> QuerySet[File]:
+    files = organization_rows(File, organization=organization).defer("content")
+    if purpose is not None:
+        files = files.filter(purpose=purpose)
+    return files.order_by("-id")
+
+
+def file_get(*, organization: Organization, public_id: str) -> File:
+    file = organization_rows(File, organization=organization).filter(public_id=public_id).first()
+    if file is None:
+        raise ObjectNotFound(f"No file with id {public_id!r}.")
+    return file
+
+
+def batch_list(*, organization: Organization) -> QuerySet[Batch]:
+    batches = organization_rows(Batch, organization=organization).select_related("output_file", "error_file")
+    return batches.defer("output_file__content", "error_file__content")
+
+
+def batch_get(*, organization: Organization, public_id: str) -> Batch:
+    batch = batch_list(organization=organization).filter(public_id=public_id).first()
+    if batch is None:
+        raise ObjectNotFound(f"No batch with id {public_id!r}.")
+    return batch
+
+
+def cursor_page(queryset: QuerySet, *, after: str | None, limit: int) -> CursorPage:
+    """`limit` rows of `queryset` (newest first) created before the row whose public id is `after`."""
+    rows = queryset.order_by("-id")
+    if after:
+        anchor = rows.filter(public_id=after).values_list("id", flat=True).first()
+        if anchor is None:
+            raise InvalidInput(f"after: no object with id {after!r} in this list.", fields={"after": ["Unknown id."]})
+        rows = rows.filter(id__lt=anchor)
+    items = list(rows[: limit + 1])
+    return CursorPage(items=items[:limit], has_more=len(items) > limit)
+
+
+def request_counts(*, batch: Batch) -> RequestCounts:
+    counts = BatchLine.objects.filter(batch=batch).aggregate(
+        total=Count("id"),
+        completed=Count("id", filter=Q(state=LineState.SUCCEEDED)),
+        failed=Count("id", filter=Q(state__in=[LineState.FAILED, LineState.NOT_RUN])),
+    )
+    return RequestCounts(**counts)
+
+
+def lines_ready(*, batch: Batch, now: datetime, exclude: set[int], limit: int) -> list[BatchLine]:
+    """Unanswered lines that may be sent now, in file order, other than those already on their way."""
+    lines = BatchLine.objects.filter(batch=batch, state=LineState.PENDING).exclude(id__in=exclude)
+    lines = lines.filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+    return list(lines.order_by("line_number")[:limit])
+
+
+def lines_pending_count(*, batch: Batch) -> int:
+    return BatchLine.objects.filter(batch=batch, state=LineState.PENDING).count()
+
+
+def next_retry_at(*, batch: Batch) -> datetime | None:
+    line = BatchLine.objects.filter(batch=batch, state=LineState.PENDING).order_by("not_before").first()
+    return None if line is None else line.not_before
+
+
+def batch_ids_without_runner(*, now: datetime) -> list[int]:
+    """Active batches no runner holds: never started, or their runner stopped and its lease ran out."""
+    batches = Batch.objects.filter(status__in=ACTIVE_BATCH_STATUSES)
+    return list(batches.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)).values_list("id", flat=True))
+
+
+def batch_of_runner_key(*, api_key: ApiKey) -> Batch | None:
+    """The batch whose runner sends requests with `api_key`, if any: its usage is billed at the batch tier."""
+    return Batch.objects.filter(runner_key=api_key).first()
