@@ -84,26 +84,6 @@ _PARAMS = (
     "tool_choice",
     "parallel_tool_calls",
 )
-_OTHER_PARAMS = (
-    "max_completion_tokens",
-    "ignore_eos",
-    "stream",
-    "best_of",
-    "echo",
-    "functions",
-    "function_call",
-    "suffix",
-    "audio",
-    "modalities",
-    "prediction",
-    "web_search_options",
-    "store",
-    "metadata",
-    "service_tier",
-    "reasoning_effort",
-    "verbosity",
-    "safety_identifier",
-)
 
 
 class HttpError(Exception):
@@ -173,7 +153,7 @@ class OpenAiApi:
             body = await _json_body(request)
             generation_request = _to_generation_request(body, chat, _idempotency_key(request))
             stream = _flag(body, "stream")
-            include_usage = _include_usage(body) and stream
+            include_usage, running_usage = _stream_options(body)
             admitted = await self._pipeline.admit(
                 _authorization(request), generation_request, "http", request.remote or ""
             )
@@ -183,7 +163,7 @@ class OpenAiApi:
             return _error_response(error)
         shape = _Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer)
         if stream:
-            return await self._stream(request, admitted, shape, include_usage)
+            return await self._stream(request, admitted, shape, include_usage, running_usage)
         if admitted.caller.kind == "batch":
             return await self._run_to_the_end(self._whole(admitted, shape))
         return await self._whole(admitted, shape)
@@ -215,7 +195,11 @@ class OpenAiApi:
         asked = logprobs if admitted.plan.sampling.logprobs else None
         return web.json_response(shape.whole(parts, usage, asked), headers=_response_headers(admitted))
 
-    async def _stream(self, request, admitted, shape: "_Shape", include_usage: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request, admitted, shape: "_Shape", include_usage: bool, running_usage: bool
+    ) -> web.StreamResponse:
+        """Server-sent events; with `running_usage` (stream_options.continuous_usage_stats) every chunk
+        carries the usage so far: the prompt, and the output tokens of every choice sent until then."""
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -224,20 +208,32 @@ class OpenAiApi:
             }
         )
         await response.prepare(request)
+        prompt_tokens, sent_tokens = len(admitted.plan.prompt_token_ids), 0
+
+        async def send(chunk: dict) -> None:
+            if running_usage:
+                total = prompt_tokens + sent_tokens
+                chunk["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": sent_tokens,
+                    "total_tokens": total,
+                }
+            await _send(response, chunk)
+
         try:
             if shape.chat:
                 for index in range(admitted.plan.n):
                     role = {"role": "assistant", "content": ""}
-                    await _send(response, shape.chunk(role, None, include_usage, index))
+                    await send(shape.chunk(role, None, include_usage, index))
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
+                    sent_tokens += len(output.token_ids)
                     finish = output.finish_reason
                     if output.tool_calls:
                         calls = {"tool_calls": tool_call_deltas(output.tool_calls)}
-                        await _send(response, shape.chunk(calls, None, include_usage, output.index))
+                        await send(shape.chunk(calls, None, include_usage, output.index))
                     if output.text or finish or output.logprobs:
-                        chunk = shape.chunk(output.text, finish, include_usage, output.index, output.logprobs)
-                        await _send(response, chunk)
+                        await send(shape.chunk(output.text, finish, include_usage, output.index, output.logprobs))
                     if output.usage is not None and include_usage:
                         await _send(response, shape.usage_chunk(output.usage))
         except GatewayError as error:
@@ -400,7 +396,7 @@ def _check_text(strings: list[str], param: str | None) -> None:
 
 
 def _known_param(param: str | None) -> str | None:
-    return param if param in _PARAMS or param in _OTHER_PARAMS else None
+    return param if param in _PARAMS or param in openai_params.EVERY else None
 
 
 def _authorization(request: web.Request) -> str | None:
@@ -610,11 +606,12 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _include_usage(body: dict) -> bool:
+def _stream_options(body: dict) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of a streamed request; openai_params refused any other key."""
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise HttpError("stream_options must be an object", "stream_options")
-    return _flag(options, "include_usage")
+    return _flag(options, "include_usage"), _flag(options, "continuous_usage_stats")
 
 
 def _error_body(error: GatewayError) -> dict:

@@ -51,7 +51,8 @@ CHAT = COMMON | {
     "safety_identifier",
 }
 COMPLETIONS = COMMON | {"prompt", "best_of", "echo", "suffix"}
-STREAM_OPTIONS = frozenset({"include_usage"})
+EVERY = CHAT | COMPLETIONS
+STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 SERVICE_TIERS = ("auto", "default")  # what every request gets here
 
 
@@ -147,7 +148,10 @@ def _stream_options(body: dict) -> Refusal | None:
         return Refusal('stream_options must be an object such as {"include_usage": true}', "stream_options")
     unknown = [key for key in options if key not in STREAM_OPTIONS]
     if unknown:
-        return Refusal(f"stream_options.{unknown[0]} is not supported; only include_usage is", "stream_options")
+        return Refusal(
+            f"stream_options.{unknown[0]} is not supported; only include_usage and continuous_usage_stats are",
+            "stream_options",
+        )
     if body.get("stream") is not True:
         return Refusal("stream_options is only allowed when stream is true", "stream_options")
     return None

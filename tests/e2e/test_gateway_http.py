@@ -143,3 +143,25 @@ def test_the_grpc_api_serves_health_and_reflection(live):
         services = {s.name for answer in answers for s in answer.list_services_response.service}
     assert "diptych.v1.Inference" in services
     assert httpx.get(live.http_urls["split"].removesuffix("/v1") + "/health", timeout=5).json() == {"status": "ok"}
+
+
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(client):
+    """guidellm and other benchmark clients ask for `stream_options.continuous_usage_stats`: every chunk
+    then carries the running usage, and the last one agrees with the final usage chunk."""
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count."}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert all(chunk.usage is not None for chunk in chunks)
+    counts = [chunk.usage.completion_tokens for chunk in chunks]
+    assert counts == sorted(counts) and counts[0] == 0
+    final = chunks[-1].usage
+    assert final.completion_tokens == 12 and counts[-2] == 12
+    assert {chunk.usage.prompt_tokens for chunk in chunks} == {final.prompt_tokens}
