@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchLine, File, LineState
 from controlplane.batches.runner import run_slice
-from controlplane.batches.services import runner_key_secret
+from controlplane.batches.services import LineAnswer, line_answered, runner_key_secret
 from controlplane.tenancy.services import api_key_create, member_add
 from tests.platform.conftest import bearer_client
 
@@ -272,3 +272,25 @@ def test_an_unknown_tier_is_refused_at_ingest(internal_client, make_usage_event,
     event = make_usage_event(key_a, "req-1", "decode", tier="free")
     response = internal_client.post("/api/v1/internal/usage-events", {"events": [event]})
     assert response.status_code == 400 and "tier" in json.dumps(response.data)
+
+
+def test_lines_and_answers_holding_any_character_are_kept_whole(client_a, tiny_model):
+    """A client's strings and generated text may hold NUL and other control characters, which PostgreSQL's
+    jsonb refuses: a line's body and its answer are kept all the same, into the output file."""
+    text = "a\x00b\x1fc"
+    row = line("nul")
+    row["body"]["messages"][0]["content"] = text
+    uploaded = upload(client_a, jsonl(row))
+    assert uploaded.status_code == 200, uploaded.data
+    batch_id = create_batch(client_a, uploaded.data["id"]).data["id"]
+    batch_line = BatchLine.objects.get(batch__public_id=batch_id)
+    assert batch_line.body["messages"][0]["content"] == text
+    answer = {"id": "exec_1", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+    line_answered(line=batch_line, answer=LineAnswer(status_code=200, body=answer, request_id="exec_1"))
+    batch_line.refresh_from_db()
+    assert batch_line.response == answer and batch_line.state == LineState.SUCCEEDED
+    Batch.objects.filter(public_id=batch_id).update(status="in_progress")
+    assert run_slice(Batch.objects.get(public_id=batch_id).id).ended
+    output_id = client_a.get(f"{BATCHES}/{batch_id}").data["output_file_id"]
+    (record,) = [json.loads(r) for r in client_a.get(f"{FILES}/{output_id}/content").content.splitlines()]
+    assert record["response"]["body"] == answer

@@ -117,3 +117,12 @@ def test_bad_claims_are_refused_and_store_nothing(internal_client, org_a, field,
 def test_only_the_gateway_may_claim(client_a, org_a):
     response = client_a.post(CLAIM, {"organization_id": org_a.public_id}, format="json")
     assert response.status_code in (401, 403)
+
+
+def test_a_response_holding_any_character_is_stored_and_replayed_whole(internal_client, org_a):
+    """Generated text can hold NUL and other control characters, which PostgreSQL's jsonb refuses: the
+    response must still be stored, or the key would stay in flight and a retry run (and bill) again."""
+    claim(internal_client, org_a)
+    stored = {"requestId": FIRST, "text": "a\x00b\x01c\ud7ff\U0010ffff", "tokenIds": [0, 1]}
+    assert settle(internal_client, COMPLETE, org_a, response=stored) == {"stored": True}
+    assert claim(internal_client, org_a, SECOND)["response"] == stored

@@ -2,6 +2,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from controlplane.catalog.models import PriceTier
+from controlplane.common.fields import JsonTextField
 from controlplane.tenancy.models import ApiKey, Organization
 
 
@@ -78,7 +79,7 @@ class IdempotencyRecord(models.Model):
     fingerprint = models.CharField(max_length=64, help_text="Hash of the request the key was first used with.")
     execution_id = models.CharField(max_length=128)
     state = models.CharField(max_length=16, choices=IdempotencyState.choices)
-    response = models.JSONField(null=True, blank=True)
+    response = JsonTextField(null=True, blank=True)
     lease_expires_at = models.DateTimeField()
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
