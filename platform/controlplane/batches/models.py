@@ -106,13 +106,13 @@ class BatchLine(models.Model):
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
     line_number = models.PositiveIntegerField()
     custom_id = models.CharField(max_length=512)
-    body = JsonTextField()
+    body: dict = JsonTextField()
     state = models.CharField(max_length=16, choices=LineState.choices, default=LineState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Retry no earlier than this.")
     status_code = models.PositiveIntegerField(null=True, blank=True)
     request_id = models.CharField(max_length=128, blank=True, default="")
-    response = JsonTextField(null=True, blank=True)
+    response: dict | None = JsonTextField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

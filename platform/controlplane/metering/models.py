@@ -79,7 +79,7 @@ class IdempotencyRecord(models.Model):
     fingerprint = models.CharField(max_length=64, help_text="Hash of the request the key was first used with.")
     execution_id = models.CharField(max_length=128)
     state = models.CharField(max_length=16, choices=IdempotencyState.choices)
-    response = JsonTextField(null=True, blank=True)
+    response: dict | None = JsonTextField(null=True, blank=True)
     lease_expires_at = models.DateTimeField()
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
