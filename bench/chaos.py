@@ -484,7 +484,7 @@ def _ledger_totals(platform: ChaosPlatform) -> tuple | None:
             return None
         if response.status_code != 200:
             return None
-        totals += [(organization_id, row["phase"], row["requests"], row["tokens"]) for row in response.json()]
+        totals += [(organization_id, row["phase"], row["requests"], row["tokens"]) for row in response.json()["data"]]
     return tuple(totals)
 
 

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from diptych_common.logs import LOG_FORMATS, configure_logging, log_format
+from diptych_common.tracing import configure_tracing
 from diptych_server.supervision import stop_with_supervisor
 
 DEFAULT_CONTROL_PLANE_URL = "http://127.0.0.1:8000"
@@ -15,15 +17,31 @@ DEFAULT_CONTROL_PLANE_URL = "http://127.0.0.1:8000"
 
 def main(argv: list[str] | None = None) -> int:
     stop_with_supervisor()
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        os.environ["DIPTYCH_LOG_FORMAT"] = log_format(args.log_format)  # processes `up` starts log alike
+    except ValueError as error:
+        parser.error(str(error))
+    configure_logging()
+    if args.otlp_endpoint:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint  # and trace alike
+    configure_tracing(f"diptych-{args.command}")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     return args.run(args) or 0
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diptych", description="Disaggregated LLM serving.")
-    commands = parser.add_subparsers(required=True, metavar="command")
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=None, help="text or JSON lines (default: DIPTYCH_LOG_FORMAT, text)"
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export traces over OTLP/gRPC to this collector (default: OTEL_EXPORTER_OTLP_ENDPOINT; off without it)",
+    )
+    commands = parser.add_subparsers(required=True, metavar="command", dest="command")
 
     up = commands.add_parser("up", help="run the whole platform on this machine and send a demo request")
     up.add_argument("--state-dir", type=Path, default=Path(".diptych"))

@@ -43,6 +43,8 @@ class Credentials:
     fleet_tokens: dict[str, str]
     dashboard_email: str = ""  # the demo owner, who signs in to /dashboard/
     dashboard_password: str = ""
+    staff_email: str = ""  # a staff user for the dashboard's fleets and workers (made for `diptych up` only)
+    staff_password: str = ""
 
 
 @dataclass
@@ -76,11 +78,15 @@ class Stack:
         env.update(extra)
         return env
 
-    def prepare_control_plane(self, *, demo: bool = True) -> Credentials:
-        """Migrates the database and issues the demo API key and fresh fleet tokens."""
+    def prepare_control_plane(self, *, demo: bool = True, staff_email: str = "") -> Credentials:
+        """Migrates the database and issues the demo API key and fresh fleet tokens; with `staff_email`, also
+        sets a fresh password on that staff user (creating it)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._manage("migrate", "--noinput")
         command = ["bootstrap", "--json"] + (["--demo"] if demo else [])
+        staff_password = secrets.token_urlsafe(12) if staff_email else ""
+        if staff_email:
+            command += ["--staff-email", staff_email, "--staff-password", staff_password]
         output = json.loads(self._manage(*command))
         return Credentials(
             output.get("api_key", ""),
@@ -88,6 +94,8 @@ class Stack:
             output["fleet_tokens"],
             output.get("dashboard_email", ""),
             output.get("dashboard_password", ""),
+            output.get("staff_email", ""),
+            staff_password,
         )
 
     def start_control_plane(self, timeout: float = 60.0) -> None:

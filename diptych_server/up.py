@@ -24,6 +24,9 @@ DEMO_PROMPT = (
     "token, then moves that cache to a decode worker, which extends it one token at a time:"
 )
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A staff user of this machine's platform only, to see fleets and workers on the dashboard; in production one is
+# made with `manage.py createsuperuser` (docs/sdk.md, Dashboard).
+DEMO_STAFF_EMAIL = "staff@diptych.local"
 KV_TIER_NAME = "kv-tier"
 KV_TIER_MEMORY_MIB = 256
 KV_TIER_DISK_MIB = 1024
@@ -59,7 +62,7 @@ def run_up(
 
 def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, kv_tier: bool) -> None:
     _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
-    credentials = stack.prepare_control_plane(demo=True)
+    credentials = stack.prepare_control_plane(demo=True, staff_email=DEMO_STAFF_EMAIL)
     _step(2, f"starting the control plane on {stack.control_plane_url} and its background jobs")
     stack.start_control_plane()
     stack.start_jobs(DIPTYCH_GATEWAY_URL=f"http://127.0.0.1:{http_port}/v1")  # batches run through the gateway
@@ -95,6 +98,11 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
         _say(
             f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "
             f"password {credentials.dashboard_password})"
+        )
+    if credentials.staff_password:
+        _say(
+            f"  fleets and workers: the same dashboard as staff (sign in as {credentials.staff_email}, "
+            f"password {credentials.staff_password})"
         )
 
 

@@ -25,7 +25,8 @@ ROUTES = (
     ("GET", "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
 )
-FORWARDED_HEADERS = ("Authorization", "Content-Type")
+FORWARDED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key")
+RETURNED_HEADERS = ("Content-Type", "Idempotent-Replayed")
 TIMEOUT_S = 60.0
 
 
@@ -48,8 +49,8 @@ class BatchApiProxy:
             return web.json_response(
                 {"error": {"message": message, "type": "service_unavailable", "param": None, "code": None}}, status=503
             )
-        content_type = answer.headers.get("Content-Type", "application/json")
-        return web.Response(body=answer.content, status=answer.status_code, headers={"Content-Type": content_type})
+        returned = {name: answer.headers[name] for name in RETURNED_HEADERS if name in answer.headers}
+        return web.Response(body=answer.content, status=answer.status_code, headers=returned)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -34,8 +34,11 @@ class ControlPlaneClient:
         response.raise_for_status()
         return response.json()["worker_rpc_secret"]
 
-    async def post_usage_events(self, events: list[dict]) -> dict:
-        response = await self._request("POST", "/api/v1/internal/usage-events", json={"events": events})
+    async def post_usage_events(self, events: list[dict], headers: dict[str, str] | None = None) -> dict:
+        """`headers`: a `traceparent` naming the usage.ingest span, when the batch is traced."""
+        response = await self._request(
+            "POST", "/api/v1/internal/usage-events", json={"events": events}, headers=headers or {}
+        )
         response.raise_for_status()
         return response.json()
 

@@ -10,6 +10,7 @@ handed over (a worker's steps beyond a cancel or a stop string, a stream that fa
 token) are not billed.
 """
 
+from diptych_common.tracing import traceparent_of
 from gateway.auth import Caller
 from gateway.request_path import PhaseRecord, RequestTrace
 from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob, UsageEvent
@@ -46,7 +47,8 @@ class Delivery:
     def finish(self) -> None:
         """The stream ended: its events, final compute times and KV bytes included, go to the outbox."""
         if self._workers or self.delivered:
-            self._journal.finish(self._plan.request_id, with_delivered(self._events(), self.delivered))
+            events = with_delivered(self._events(), self.delivered)
+            self._journal.finish(self._plan.request_id, events, traceparent_of(self._trace.span))
 
     def whole(self, final: GenerationOutput) -> GenerationOutput:
         """The execution's whole answer in one output, as an idempotency key stores it for a retry."""

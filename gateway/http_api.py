@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from contextlib import aclosing
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import openai_params
 from gateway.batch_api import BatchApiProxy
@@ -105,7 +104,8 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_get("/health", api.health)
-    app.router.add_get("/metrics", api.metrics)  # also on --metrics-port; here too for benchmark tools
+    # No /metrics here: this port is public, and metrics name models, workers and volumes. Prometheus and
+    # benchmark tools scrape the gateway's --metrics-port, on the private network.
     return app
 
 
@@ -118,9 +118,6 @@ class OpenAiApi:
         if self._pipeline.draining:
             return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
         try:

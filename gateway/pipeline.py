@@ -10,6 +10,10 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, StatusCode
+
+from diptych_common.logs import bind_request
+from diptych_common.tracing import start_span, trace_id_of
 from gateway.auth import Authenticator, Caller, check_allowed
 from gateway.choices import ChoiceRun, choice_plan, interleaved, request_usage, whole_answers
 from gateway.delivery import Delivery, decode_record
@@ -53,6 +57,7 @@ class Admitted:
     arrived: float
     protocol: str
     replay: list[GenerationOutput] | None = None  # a completed execution's stored whole answer, per choice
+    span: Span = INVALID_SPAN  # the request's root span (gateway.request), ended when its stream ends
 
     @property
     def execution_id(self) -> str:
@@ -94,6 +99,7 @@ class Pipeline:
         self, authorization: str | None, request: GenerationRequest, protocol: str, peer: str = ""
     ) -> Admitted:
         arrived = time.monotonic()
+        span = start_span("gateway.request", kind=SpanKind.SERVER, attributes={"protocol": protocol})
         try:
             if self.draining:
                 raise GatewayError(ErrorKind.UNAVAILABLE, "this gateway is shutting down; retry on another")
@@ -112,8 +118,12 @@ class Pipeline:
         except GatewayError as error:
             model = request.model if request.model in self.registry.models else ""  # no label per unknown name
             REQUESTS.labels(model, "", error.kind.value, protocol).inc()
+            span.set_status(StatusCode.ERROR, error.message)
+            span.end()
             raise
-        return Admitted(caller, plan, reservation, arrived, protocol, replay)
+        span.set_attributes({"request_id": plan.request_id, "model": plan.model.name, "n": plan.n})
+        bind_request(plan.request_id, trace_id_of(span))
+        return Admitted(caller, plan, reservation, arrived, protocol, replay, span)
 
     async def authenticate(self, authorization: str | None, peer: str = "") -> tuple[Caller, Metadata]:
         """The caller allowed to run inference, and its rate-limit state, for a call that takes nothing
@@ -161,6 +171,8 @@ class Pipeline:
 
         Each output is counted as delivered, durably, just before it is handed to the protocol."""
         if admitted.replay is not None:
+            admitted.span.set_attribute("idempotent_replay", True)
+            admitted.span.end()
             for output in admitted.replay:
                 yield output
             return
@@ -184,6 +196,7 @@ class Pipeline:
         except GatewayError as error:
             outcome = error.kind.value
             error.rate_limit_metadata = error.rate_limit_metadata or admitted.rate_limit_metadata
+            admitted.span.set_status(StatusCode.ERROR, error.message)
             raise
         finally:
             self.in_flight -= 1
@@ -192,6 +205,8 @@ class Pipeline:
                 finish_trace(run.trace)
                 run.delivery.finish()
                 delivered += run.delivery.delivered
+            admitted.span.set_attributes({"outcome": outcome, "output_tokens": delivered})
+            admitted.span.end()
             REQUESTS.labels(plan.model.name, runs[0].trace.mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivered)
             if plan.idempotency_key and not complete:  # failed or cancelled: a retry runs anew
@@ -199,7 +214,7 @@ class Pipeline:
             await self._settle(admitted.reservation, delivered)
 
     def _choice_run(self, admitted: Admitted, index: int) -> ChoiceRun:
-        plan, trace = choice_plan(admitted.plan, index), RequestTrace()
+        plan, trace = choice_plan(admitted.plan, index), RequestTrace(span=admitted.span)
         return ChoiceRun(index, plan, Delivery(self._journal, plan, admitted.caller, trace), trace)
 
     def _choice_outputs(

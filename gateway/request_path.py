@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import grpc
+from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar
+from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2
+from diptych_common.tracing import grpc_metadata, start_span
 from gateway.live_load import Channels, LoadBoard
 from gateway.metrics import (
     KV_TRANSFER_BYTES,
@@ -85,6 +88,7 @@ class RequestTrace:
     decision: Decision | None = None
     attempts: int = 0
     request_faults: int = 0
+    span: Span = INVALID_SPAN  # the request's gateway.request span: each attempt's span goes under it
     pin: Pin | None = None  # the workers to reuse (an n>1 request's later choices)
     # Set once the prompt's KV cache is where a sibling choice finds it: on the colocated worker after the
     # first token; in split mode once the decode worker sent a token (it admitted the handed-off blocks,
@@ -150,10 +154,11 @@ class RequestPath:
             ROUTING_DECISIONS.labels(plan.model.name, route.decision.value).inc()
             PREFIX_CACHE_MATCHED_TOKENS.inc(route.matched_tokens)
             lease = self._router.acquire(route)
+            span = _attempt_span(trace, route, len(produced))
             try:
                 if trace.attempts > 1:
                     await asyncio.sleep(_backoff(trace.attempts))
-                async with aclosing(self._attempt(plan, route, produced, trace, lease)) as attempt:
+                async with aclosing(self._attempt(plan, route, produced, trace, lease, span)) as attempt:
                     async for event in attempt:
                         produced.append(event.token_id)
                         if len(produced) >= plan.sampling.max_tokens and not event.finished:
@@ -163,18 +168,21 @@ class RequestPath:
                             return
                 raise WorkerFailure(_ended_early(route), (route.decode or route.prefill,), dead=False)
             except WorkerFailure as failure:
+                span.set_status(StatusCode.ERROR, failure.error.message)
                 if self._not_served(route, failure):
                     continue
                 self._after_failure(plan, failure, produced, trace, avoid)
             finally:
+                span.end()
                 lease.release()
 
     def _attempt(
-        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
     ) -> AsyncGenerator[SampledToken, None]:
+        """`span`: the attempt's, whose context the worker calls carry."""
         if route.decode is None:
-            return self._colocated(plan, route, produced, trace, lease)
-        return self._split(plan, route, route.decode, produced, trace, lease)
+            return self._colocated(plan, route, produced, trace, lease, span)
+        return self._split(plan, route, route.decode, produced, trace, lease, span)
 
     def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
         """A decode worker that does not serve Generate: go back to the split, without counting a failure."""
@@ -215,8 +223,10 @@ class RequestPath:
         produced: list[int],
         trace: RequestTrace,
         lease: Lease,
+        span: Span,
     ) -> AsyncGenerator[SampledToken, None]:
         prompt = plan.prompt_token_ids + produced
+        metadata = grpc_metadata(span)
         sampling = _worker_sampling(plan.sampling, produced)
         priority = _WORKER_PRIORITY[plan.priority]
         transfer_token = secrets.token_bytes(32)
@@ -232,6 +242,7 @@ class RequestPath:
                 prompt_token_ids=prompt,  # the decode worker keeps what it holds of it; the rest is sent
             ),
             timeout=deadline,
+            metadata=metadata,
         )
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
@@ -244,6 +255,7 @@ class RequestPath:
                 cache_salt=plan.cache_salt,
             ),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
+            metadata=metadata,
         )
         kv_task = None
         started = _now()
@@ -327,13 +339,13 @@ class RequestPath:
         try:
             delivered = await asyncio.wait_for(asyncio.shield(kv_task), self._timeouts.kv_delivery_s)
         except (WorkerFailure, TimeoutError) as error:
-            log.warning("no KV delivery report after the stream ended: %s", error)
+            log.warning("no KV delivery report after the stream ended: %s", describe_error(error))
             return
         prefill.kv_bytes += delivered.kv_bytes
         decode.kv_bytes += delivered.kv_bytes
 
     async def _colocated(
-        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
     ) -> AsyncGenerator[SampledToken, None]:
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
@@ -344,6 +356,7 @@ class RequestPath:
                 cache_salt=plan.cache_salt,
             ),
             timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
+            metadata=grpc_metadata(span),
         )
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         started = _now()
@@ -384,6 +397,15 @@ class RequestPath:
         """The longest a request with `max_tokens` to produce may take on workers."""
         t = self._timeouts
         return t.first_token_s + t.kv_delivery_s + max_tokens * t.next_token_s
+
+
+def _attempt_span(trace: RequestTrace, route: Route, produced: int) -> Span:
+    attributes = {"attempt": trace.attempts, "decision": route.decision.value, "prefill.worker": route.prefill.id}
+    if route.decode is not None:
+        attributes["decode.worker"] = route.decode.id
+    if produced:
+        attributes["tokens_already_sent"] = produced  # a migrated stream: prefill re-runs on prompt + these
+    return start_span("gateway.attempt", trace.span, attributes=attributes)
 
 
 def _backoff(attempt: int) -> float:

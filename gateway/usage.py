@@ -21,6 +21,10 @@ import logging
 import sqlite3
 from pathlib import Path
 
+from opentelemetry.trace import Span, SpanKind, StatusCode
+
+from diptych_common.logs import describe_error
+from diptych_common.tracing import TRACEPARENT, context_from_traceparent, start_span, traceparent_of
 from gateway.control_plane import ControlPlaneClient
 from gateway.metrics import USAGE_SPOOLED
 from gateway.types import UsageEvent
@@ -47,6 +51,9 @@ class UsageJournal:
             " id INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL, phase TEXT NOT NULL,"
             " body TEXT NOT NULL, UNIQUE (request_id, phase))"
         )
+        # Trace contexts of the requests whose events wait in the outbox, for their usage.ingest spans
+        # (kept in memory: a restarted gateway sends what it recovered untraced).
+        self.traceparents: dict[str, str] = {}
         USAGE_SPOOLED.set(self.count())
 
     # ---- executions in progress -----------------------------------------------------------------
@@ -62,12 +69,14 @@ class UsageJournal:
     def count_delivered(self, execution_id: str, delivered: int) -> None:
         self._db.execute("UPDATE executions SET delivered = ? WHERE execution_id = ?", (delivered, execution_id))
 
-    def finish(self, execution_id: str, events: list[UsageEvent]) -> None:
+    def finish(self, execution_id: str, events: list[UsageEvent], traceparent: str = "") -> None:
         """The execution ended: its final events go to the outbox and its row leaves, atomically."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_to_outbox(events)
             self._db.execute("DELETE FROM executions WHERE execution_id = ?", (execution_id,))
+        if traceparent and events:
+            self.traceparents[execution_id] = traceparent
         USAGE_SPOOLED.set(self.count())
 
     def recover(self) -> int:
@@ -134,8 +143,34 @@ class UsageReporter:
 
     async def flush(self) -> None:
         while rows := self.journal.oldest(BATCH_SIZE):
-            await self._control_plane.post_usage_events([event for _, event in rows])
+            events = [event for _, event in rows]
+            spans = self._ingest_spans(events)
+            try:
+                headers = {TRACEPARENT: traceparent_of(spans[0])} if spans else {}
+                await self._control_plane.post_usage_events(events, headers)
+            except Exception as error:
+                for span in spans:
+                    span.set_status(StatusCode.ERROR, describe_error(error))
+                    span.end()
+                raise
             self.journal.remove([row_id for row_id, _ in rows])
+            for execution_id in {event["request_id"] for event in events}:
+                self.journal.traceparents.pop(execution_id, None)
+            for span in spans:
+                span.end()
+
+    def _ingest_spans(self, events: list[dict]) -> list[Span]:
+        """One usage.ingest span in the trace of each traced request whose events this batch carries."""
+        parents = {self.journal.traceparents.get(event["request_id"], "") for event in events} - {""}
+        return [
+            start_span(
+                "usage.ingest",
+                context_from_traceparent(parent),
+                kind=SpanKind.CLIENT,
+                attributes={"events": len(events)},
+            )
+            for parent in sorted(parents)
+        ]
 
     async def flush_forever(self) -> None:
         backoff = self._flush_interval_s

@@ -32,6 +32,8 @@ class WorkerLoad:
             waiting_interactive=stats.waiting_interactive,
             waiting_batch=stats.waiting_batch,
             prompt_tokens_pending=stats.prompt_tokens_pending,
+            prompt_tokens_computed=stats.prompt_tokens_computed,
+            tokens_generated=stats.tokens_generated,
             draining=self.draining,
             prefix_cache=worker_pb2.PrefixCacheSummary(
                 version=stats.prefix_cache_version,

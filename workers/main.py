@@ -14,6 +14,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.grammar import llguidance_tokenizer
+from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from workers.authentication import worker_server
@@ -210,7 +211,7 @@ async def serve(
         try:
             await link.heartbeat()
         except httpx.HTTPError as error:
-            log.warning("could not tell the control plane this worker drains: %s", error)
+            log.warning("could not tell the control plane this worker drains: %s", describe_error(error))
         await server.stop(DRAIN_GRACE_S)
     finally:
         for task in tasks:

@@ -51,7 +51,13 @@ class LoadCollector(Collector):
         yield gauge(
             "diptych_worker_draining", "1 while the worker finishes its work and takes no new", int(load.draining)
         )
-        yield gauge("diptych_worker_tokens_per_second", "Tokens processed per second, recently", load.tokens_per_second)
+        # Throughput as counters: rate(diptych_worker_generated_tokens_total[1m]) is tokens per second.
+        yield counter(
+            "diptych_worker_prompt_tokens_computed",
+            "Prompt tokens whose KV this worker computed (prefix-cache and KV-tier hits excluded)",
+            load.prompt_tokens_computed,
+        )
+        yield counter("diptych_worker_generated_tokens", "Output tokens this worker sampled", load.tokens_generated)
         yield counter("diptych_worker_kv_sent_bytes", "KV cache bytes sent to decode workers", load.kv_bytes_sent)
         yield counter(
             "diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
+from diptych_common.logs import describe_error
 from diptych_common.worker_credential import WorkerSecret
 
 log = logging.getLogger(__name__)
@@ -28,11 +29,12 @@ class ControlPlaneLink:
         load: Callable[[], dict],
         on_state: Callable[[str], None] = lambda state: None,
         secret: WorkerSecret | None = None,
+        http_timeout_s: float = 5.0,
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=control_plane_url.rstrip("/"),
             headers={"Authorization": f"Bearer {fleet_token}"},
-            timeout=5.0,
+            timeout=http_timeout_s,
         )
         self._address = address
         self._name = name
@@ -69,7 +71,7 @@ class ControlPlaneLink:
                 await self.register()
                 return
             except httpx.HTTPError as error:
-                log.warning("cannot register with the control plane yet (%s); retrying", error)
+                log.warning("cannot register with the control plane yet (%s); retrying", describe_error(error))
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def heartbeat_forever(self) -> None:
@@ -78,7 +80,7 @@ class ControlPlaneLink:
             try:
                 await self.heartbeat()
             except httpx.HTTPError as error:
-                log.warning("heartbeat failed: %s", error)
+                log.warning("heartbeat failed: %s", describe_error(error))
 
     async def heartbeat(self) -> None:
         state = "draining" if self.draining else "ready"

@@ -35,6 +35,8 @@ class EngineRequest:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit when first scheduled
     arrival: int = 0
+    queued_ns: int = 0  # wall clock (time.time_ns) when queued here, and when first scheduled: its trace spans
+    scheduled_ns: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     kv_transfer: KvTransferParams | None = None  # its part in a KV hand-off between workers

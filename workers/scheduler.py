@@ -11,6 +11,7 @@ while blocks, budget and batch slots last; a prompt's cached prefix blocks are r
 may supply a request's first tokens' KV (then they are loaded, not computed).
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ class Scheduler:
         self._arrivals += 1
         request.arrival = self._arrivals
         request.status = RequestStatus.WAITING
+        request.queued_ns = time.time_ns()
         self._waiting[self._queue_of(request)].append(request)
 
     def finish(self, request: EngineRequest) -> None:
@@ -163,6 +165,7 @@ class Scheduler:
                 return
             queue.popleft()
             request.status = RequestStatus.RUNNING
+            request.scheduled_ns = request.scheduled_ns or time.time_ns()  # its queueing ends (trace spans)
             self.running.append(request)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             out.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))

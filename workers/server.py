@@ -14,11 +14,23 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.trace import Span, SpanKind
 
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, LARK_GRAMMAR, Grammar
+from diptych_common.logs import bind_request
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.tracing import (
+    context_from_metadata,
+    context_from_traceparent,
+    ending,
+    now_ns,
+    record_span,
+    start_span,
+    trace_id_of,
+    traceparent_of,
+)
 from diptych_common.worker_credential import WorkerSecret, new_challenge
-from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected
+from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
 from workers.kv_connector.base import KvTransferParams, Peer
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
@@ -88,6 +100,16 @@ def grammar_from_proto(message: worker_pb2.SamplingParams) -> Grammar | None:
     return None
 
 
+def _token_event(output: TokenOutput, stats: worker_pb2.PhaseStats | None) -> worker_pb2.TokenEvent:
+    return worker_pb2.TokenEvent(
+        token_id=output.token_id,
+        finished=output.finished,
+        finished_by_eos=output.finished_by_eos,
+        stats=stats,
+        logprobs=logprobs_to_proto(output.logprobs),
+    )
+
+
 def _priority(value: int) -> int:
     return BATCH if value == worker_pb2.PRIORITY_BATCH else INTERACTIVE
 
@@ -125,6 +147,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # ---- serving ------------------------------------------------------------------------------
 
     async def Prefill(self, request, context):
+        with ending(_call_span("worker.prefill", request.request_id, context)) as span:
+            transfer = start_span("kv.transfer", span, kind=SpanKind.PRODUCER)
+            with ending(transfer):
+                async for event in self._prefill(request, context, span, transfer):
+                    yield event
+
+    async def _prefill(self, request, context, span: Span, transfer: Span):
+        """`transfer`: the kv.transfer span, whose context the KV hello carries to the decode worker."""
         await self._admit(context, Role.PREFILL)
         peer = await self._peer(request.decode_address, context)
         engine_request = EngineRequest(
@@ -134,12 +164,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _priority(request.priority),
             prefill_only=True,
             cache_salt=request.cache_salt,
-            kv_transfer=KvTransferParams(send_to=peer, transfer_token=request.transfer_token),
+            kv_transfer=KvTransferParams(
+                send_to=peer, transfer_token=request.transfer_token, traceparent=traceparent_of(transfer)
+            ),
         )
         await self._constrain(engine_request, request.sampling, context)
         await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = await anext(self._outputs(handle, context))
+        _record_queue_and_compute(engine_request, "prefill.compute", span, now_ns())
         started = time.monotonic()
         yield worker_pb2.PrefillEvent(
             first_token=worker_pb2.FirstToken(
@@ -159,12 +192,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             delivered = await sent
         except KvTransferError as error:
+            assert self._sender is not None  # a prefill worker's (checked when the service was made)
             self._sender.forget_peer(request.decode_address)
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"could not deliver the KV cache to the decode worker at {request.decode_address}: "
                 f"{error.code.name}: {error}",
             )
+        transfer.set_attributes({"kv_bytes": delivered.nbytes, "data_path": delivered.data_path})
         yield worker_pb2.PrefillEvent(
             kv_delivered=worker_pb2.KvDelivered(
                 kv_bytes=delivered.nbytes,
@@ -174,8 +209,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
 
     async def Decode(self, request, context):
+        with ending(_call_span("worker.decode", request.request_id, context)) as span:
+            async for event in self._decode(request, context, span):
+                yield event
+
+    async def _decode(self, request, context, span: Span):
         await self._admit(context, Role.DECODE)
         received = await self._await_kv(request, context)
+        _record_receive(received, span)
         try:
             engine_request = EngineRequest(
                 request.request_id,
@@ -189,18 +230,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await self._constrain(engine_request, request.sampling, context)
             handle = await self._add(engine_request, context)
         finally:
+            assert self._receiver is not None  # a decode worker's (checked when the service was made)
             self._receiver.forget(request.request_id)  # what the engine did not take goes back
-        async for output in self._outputs(handle, context):
-            stats = worker_pb2.PhaseStats(compute_ms=round(handle.compute_ms)) if output.finished else None
-            yield worker_pb2.TokenEvent(
-                token_id=output.token_id,
-                finished=output.finished,
-                finished_by_eos=output.finished_by_eos,
-                stats=stats,
-                logprobs=logprobs_to_proto(output.logprobs),
-            )
+        try:
+            async for output in self._outputs(handle, context):
+                stats = worker_pb2.PhaseStats(compute_ms=round(handle.compute_ms)) if output.finished else None
+                yield _token_event(output, stats)
+        finally:
+            _record_queue_and_compute(engine_request, "decode.compute", span, now_ns())
 
     async def Generate(self, request, context):
+        with ending(_call_span("worker.generate", request.request_id, context)) as span:
+            async for event in self._generate(request, context, span):
+                yield event
+
+    async def _generate(self, request, context, span: Span):
         await self._admit(context, Role.COLOCATED, Role.DECODE)
         engine_request = EngineRequest(
             request.request_id,
@@ -212,21 +256,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._constrain(engine_request, request.sampling, context)
         await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
-        first = True
-        async for output in self._outputs(handle, context):
-            stats = None
-            if first or output.finished:
-                stats = worker_pb2.PhaseStats(
-                    compute_ms=round(handle.compute_ms), cached_tokens=engine_request.num_cached_tokens
-                )
-            first = False
-            yield worker_pb2.TokenEvent(
-                token_id=output.token_id,
-                finished=output.finished,
-                finished_by_eos=output.finished_by_eos,
-                stats=stats,
-                logprobs=logprobs_to_proto(output.logprobs),
-            )
+        first_ns = 0
+        try:
+            async for output in self._outputs(handle, context):
+                stats = None
+                if not first_ns or output.finished:
+                    stats = worker_pb2.PhaseStats(
+                        compute_ms=round(handle.compute_ms), cached_tokens=engine_request.num_cached_tokens
+                    )
+                if not first_ns:
+                    first_ns = now_ns()
+                    _record_queue_and_compute(engine_request, "prefill.compute", span, first_ns)
+                yield _token_event(output, stats)
+        finally:
+            if first_ns:
+                record_span("decode.compute", span, first_ns, now_ns())
 
     async def GetKvEndpoint(self, request, context):
         await self._require_role(context, Role.DECODE)
@@ -407,6 +451,33 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this worker serves the {self._state.role} role; this call goes to a {wanted} worker",
             )
+
+
+def _call_span(name: str, request_id: str, context: grpc.aio.ServicerContext) -> Span:
+    """The span of one worker call, under the gateway's attempt span that its metadata names; the task's
+    log lines name the request and trace from now on."""
+    parent = context_from_metadata(context.invocation_metadata())
+    span = start_span(name, parent, kind=SpanKind.SERVER, attributes={"request_id": request_id})
+    bind_request(request_id, trace_id_of(span))
+    return span
+
+
+def _record_queue_and_compute(request: EngineRequest, compute: str, parent: Span, end_ns: int) -> None:
+    """The request's time in the scheduler's queue, then its `compute` span up to `end_ns` (timestamps
+    the scheduler took: nothing is traced per step or per token)."""
+    if not request.queued_ns or not parent.is_recording():
+        return
+    scheduled = request.scheduled_ns or end_ns
+    record_span("worker.queue", parent, request.queued_ns, scheduled)
+    if request.scheduled_ns:
+        record_span(compute, parent, scheduled, end_ns, cached_tokens=request.num_cached_tokens)
+
+
+def _record_receive(received: ReceivedKv, span: Span) -> None:
+    """kv.receive: under the sender's kv.transfer span when the hello named it, else under this call."""
+    parent = context_from_traceparent(received.traceparent) if received.traceparent else span
+    attributes = {"kv_bytes": received.nbytes, "data_path": received.data_path, "first_block": received.first_block}
+    record_span("kv.receive", parent, received.started_ns or now_ns(), received.finished_ns or now_ns(), **attributes)
 
 
 def _awaitable(future: Future | None) -> asyncio.Future:

@@ -1,8 +1,7 @@
-// Daily usage charts (Chart.js), each mirrored by a data table for screen readers and tests.
+// Daily usage and cost charts (Chart.js), each mirrored by a data table for screen readers and tests.
 
 import { BarController, BarElement, CategoryScale, Chart, Legend, LinearScale, Title, Tooltip } from "chart.js";
-import { count, h, table } from "./format";
-import type { DailyUsageRow } from "./types";
+import { count, h, table, usd } from "./format";
 
 Chart.register(BarController, BarElement, CategoryScale, LinearScale, Legend, Title, Tooltip);
 
@@ -18,26 +17,46 @@ window.diptychCharts = {};
 
 export interface DailySeries {
   days: string[];
-  series: { key: string; label: string; tokens: number[] }[];
+  series: { key: string; label: string; values: number[] }[];
 }
 
-// Pivots API rows into one token series per key over every day of the range (missing days are 0).
-export function pivot(rows: DailyUsageRow[], days: string[], label: (key: string) => string, order: string[] = []): DailySeries {
+// What a chart plots: token counts, or money in micro-dollars (plotted in dollars).
+export interface Measure {
+  axis: string;
+  text: (value: number) => string;
+  plotted: (value: number) => number;
+}
+export const TOKENS: Measure = { axis: "tokens", text: count, plotted: (value) => value };
+export const COST: Measure = { axis: "USD", text: usd, plotted: (micros) => micros / 1_000_000 };
+
+interface DailyRow {
+  day: string;
+  key: string;
+}
+
+// Pivots API rows into one series per key over every day of the range (missing days are 0).
+export function pivot<Row extends DailyRow>(
+  rows: Row[],
+  days: string[],
+  label: (key: string) => string,
+  order: string[] = [],
+  value: (row: Row) => number = (row) => (row as Row & { tokens: number }).tokens,
+): DailySeries {
   const keys = [...new Set([...order, ...rows.map((row) => row.key)])];
   const index = new Map(days.map((day, position) => [day, position]));
-  const series = keys.map((key) => ({ key, label: label(key), tokens: days.map(() => 0) }));
+  const series = keys.map((key) => ({ key, label: label(key), values: days.map(() => 0) }));
   const byKey = new Map(series.map((entry) => [entry.key, entry]));
   for (const row of rows) {
     const position = index.get(row.day);
-    if (position !== undefined) byKey.get(row.key)!.tokens[position] += row.tokens;
+    if (position !== undefined) byKey.get(row.key)!.values[position] += value(row);
   }
   return { days, series };
 }
 
-export function usageChart(name: string, title: string, data: DailySeries): HTMLElement {
+export function usageChart(name: string, title: string, data: DailySeries, measure: Measure = TOKENS): HTMLElement {
   window.diptychCharts[name]?.destroy();
   const canvas = h("canvas", { "aria-label": title, role: "img" });
-  const totals = data.series.map((entry) => entry.tokens.reduce((sum, value) => sum + value, 0));
+  const totals = data.series.map((entry) => entry.values.reduce((sum, value) => sum + value, 0));
   const figure = h(
     "figure",
     { class: "chart", "data-chart": name },
@@ -49,8 +68,8 @@ export function usageChart(name: string, title: string, data: DailySeries): HTML
       table(
         ["Day", ...data.series.map((entry) => entry.label)],
         [
-          ...data.days.map((day, position) => [day, ...data.series.map((entry) => count(entry.tokens[position]))]),
-          ["Total", ...totals.map(count)],
+          ...data.days.map((day, position) => [day, ...data.series.map((entry) => measure.text(entry.values[position]))]),
+          ["Total", ...totals.map(measure.text)],
         ],
         { "data-chart-table": name },
       ),
@@ -62,7 +81,7 @@ export function usageChart(name: string, title: string, data: DailySeries): HTML
       labels: data.days,
       datasets: data.series.map((entry, position) => ({
         label: entry.label,
-        data: entry.tokens,
+        data: entry.values.map(measure.plotted),
         backgroundColor: PALETTE[position % PALETTE.length],
       })),
     },
@@ -71,7 +90,7 @@ export function usageChart(name: string, title: string, data: DailySeries): HTML
       maintainAspectRatio: false,
       animation: false,
       plugins: { title: { display: true, text: title }, legend: { position: "bottom" } },
-      scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, title: { display: true, text: "tokens" } } },
+      scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, title: { display: true, text: measure.axis } } },
     },
   });
   return figure;

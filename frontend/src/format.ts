@@ -21,6 +21,25 @@ export function isoDay(date: Date): string {
   return date.toISOString().slice(0, 10);
 }
 
+// Exact micro-dollars as a decimal number of dollars ("0.000123"), for files meant for spreadsheets.
+export function dollarsExact(micros: number): string {
+  const whole = Math.floor(micros / 1_000_000);
+  return `${whole}.${String(micros - whole * 1_000_000).padStart(6, "0")}`;
+}
+
+const monthYear = (date: Date, parts: Intl.DateTimeFormatOptions) =>
+  date.toLocaleDateString("en-GB", { ...parts, timeZone: "UTC" });
+
+// A period given by its first day and its exclusive end, as people read it: "1 – 30 November 2026".
+export function periodText(start: string, endExclusive: string): string {
+  const first = new Date(`${start.slice(0, 10)}T00:00:00Z`);
+  const last = new Date(new Date(`${endExclusive.slice(0, 10)}T00:00:00Z`).getTime() - 86_400_000);
+  const sameYear = first.getUTCFullYear() === last.getUTCFullYear();
+  const sameMonth = sameYear && first.getUTCMonth() === last.getUTCMonth();
+  const from = sameMonth ? String(first.getUTCDate()) : monthYear(first, { day: "numeric", month: "long", year: sameYear ? undefined : "numeric" });
+  return `${from} – ${monthYear(last, { day: "numeric", month: "long", year: "numeric" })}`;
+}
+
 type Child = Node | string | number | null | undefined | false;
 
 // Creates an element: h("td", { class: "num" }, "42"). Attributes starting with "on" are listeners.
@@ -42,12 +61,17 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return element;
 }
 
-export function table(headers: string[], rows: Child[][], attributes: Record<string, string> = {}): HTMLTableElement {
+// A table in a box of its own width that scrolls sideways when the table is wider (a phone's screen).
+export function table(headers: string[], rows: Child[][], attributes: Record<string, string> = {}): HTMLElement {
   return h(
-    "table",
-    attributes,
-    h("thead", {}, h("tr", {}, ...headers.map((header) => h("th", {}, header)))),
-    h("tbody", {}, ...rows.map((cells) => h("tr", {}, ...cells.map((cell) => h("td", {}, cell))))),
+    "div",
+    { class: "table-scroll" },
+    h(
+      "table",
+      attributes,
+      h("thead", {}, h("tr", {}, ...headers.map((header) => h("th", {}, header)))),
+      h("tbody", {}, ...rows.map((cells) => h("tr", {}, ...cells.map((cell) => h("td", {}, cell))))),
+    ),
   );
 }
 

@@ -4,6 +4,7 @@ import { errorText, h } from "./format";
 import type { ApiKey, ListPage, Me } from "./types";
 import { batchesView, canSeeBatches } from "./views/batches";
 import { billingView } from "./views/billing";
+import { costsView } from "./views/costs";
 import { fleetView } from "./views/fleet";
 import { invoicesView } from "./views/invoices";
 import { keysView } from "./views/keys";
@@ -21,7 +22,7 @@ async function start(): Promise<void> {
     showDashboard(await get<Me>("/auth/me"));
   } catch (error) {
     if (error instanceof ApiError && (error.status === 401 || error.status === 403)) showLogin();
-    else app.replaceChildren(h("p", { class: "error" }, `The control plane did not answer: ${errorText(error)}`));
+    else app.replaceChildren(failure(`The control plane did not answer: ${errorText(error)}`, start));
   }
 }
 
@@ -31,15 +32,25 @@ function showLogin(): void {
   app.replaceChildren(loginView(showDashboard));
 }
 
-// A titled section whose body loads on its own; a failure shows in the section, not the page.
+// An error message with a button that tries again.
+function failure(message: string, retry: () => void): HTMLElement {
+  return h("div", { class: "failure", role: "alert" },
+    h("p", { class: "error" }, message),
+    h("button", { type: "button", class: "secondary", onclick: () => retry() }, "Retry"));
+}
+
+// A titled section whose body loads on its own; a failure shows in the section, not the page, with a retry.
 function section(id: string, title: string, body: () => Promise<HTMLElement>, tools: HTMLElement | null = null): [HTMLElement, Promise<void>] {
-  const content = h("div", { class: "section-body" }, h("p", { class: "muted" }, "Loading…"));
+  const content = h("div", { class: "section-body" });
   const element = h("section", { id, "aria-labelledby": `${id}-title` }, h("header", {}, h("h2", { id: `${id}-title` }, title), tools), content);
-  const loaded = body().then(
-    (node) => content.replaceChildren(node),
-    (error) => content.replaceChildren(h("p", { class: "error" }, errorText(error))),
-  );
-  return [element, loaded];
+  const load = (): Promise<void> => {
+    content.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    return body().then(
+      (node) => content.replaceChildren(node),
+      (error) => content.replaceChildren(failure(errorText(error), load)),
+    );
+  };
+  return [element, load()];
 }
 
 function showDashboard(me: Me): void {
@@ -61,6 +72,7 @@ function showDashboard(me: Me): void {
     days.addEventListener("change", () => { usageDays = Number(days.value); refresh(); });
     sections.push(
       section("billing", "Billing", () => billingView(refresh)),
+      section("costs", "Cost this period", costsView),
       section("usage", "Usage", async () => usageView(usageDays, await keys), days),
       section("api-keys", "API keys", async () => keysView(await keys, refresh)),
       section("limits", "Rate limits", async () => limitsView(me.role, await keys, refresh)),
@@ -73,7 +85,7 @@ function showDashboard(me: Me): void {
     sections.push([fleet, loaded]);
     fleetTimer = window.setInterval(async () => {
       const body = fleet.querySelector(".section-body")!;
-      try { body.replaceChildren(await fleetView()); } catch (error) { body.replaceChildren(h("p", { class: "error" }, errorText(error))); }
+      try { body.replaceChildren(await fleetView()); } catch (error) { body.replaceChildren(failure(errorText(error), refresh)); }
     }, FLEET_REFRESH_MS);
   }
   app.replaceChildren(

@@ -30,6 +30,17 @@ export interface BillingCurrent {
   alerts: { threshold_percent: number; triggered_at: string }[];
 }
 
+// The open period's usage rated with the price book (GET /billing/current/costs).
+export interface PeriodCosts {
+  period_start: string;
+  period_end: string; // exclusive
+  currency: string;
+  as_of: string | null;
+  total_micros: number;
+  phases: { phase: string; tokens: number; amount_micros: number }[];
+  data: { day: string; model: string; phase: string; tier: string; tokens: number; amount_micros: number }[];
+}
+
 export interface InvoiceLine {
   model: string;
   phase: string;

@@ -89,6 +89,9 @@ DIPTYCH_BATCH_LEASE_SECONDS = _env_int("DIPTYCH_BATCH_LEASE_SECONDS", 30)
 DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS = _env_int("DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS", 600)
 DIPTYCH_BATCH_RESUME_SECONDS = _env_int("DIPTYCH_BATCH_RESUME_SECONDS", 10)
 
+# Where the public API's Idempotency-Key records are kept: the store the gateway's inference keys use too.
+DIPTYCH_IDEMPOTENCY_STORE = "controlplane.metering.services"
+
 # Spend alerts go to the organization's owners by email (printed to stderr unless configured).
 EMAIL_BACKEND = os.environ.get("DIPTYCH_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DIPTYCH_FROM_EMAIL", "billing@diptych.local")
@@ -118,6 +121,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.common.query_parameters.UnknownQueryParameterMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -195,7 +199,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["controlplane.common.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.DefaultPagination",
     "EXCEPTION_HANDLER": "controlplane.common.exception_handler.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.common.openapi.AutoSchema",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
@@ -257,7 +261,10 @@ CELERY_BEAT_SCHEDULE = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    # text or JSON lines, as DIPTYCH_LOG_FORMAT says, like the gateway's and the workers' (docs/observability.md)
+    "handlers": {
+        "stderr": {"()": "diptych_common.logs.handler_for", "format_name": os.environ.get("DIPTYCH_LOG_FORMAT", "text")}
+    },
     "root": {"handlers": ["stderr"], "level": "WARNING"},
     "loggers": {"controlplane": {"level": "INFO"}},
 }

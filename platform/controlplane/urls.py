@@ -1,17 +1,26 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 
+from controlplane.common.docs import ApiIndexView, DocsView, SchemaView, docs_asset
 from controlplane.common.exception_handler import error_body
 
-api_v1_urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),
+# The public API: what the index lists and the public schema documents.
+public_api_urlpatterns = [
     path("", include("controlplane.tenancy.urls")),
     path("", include("controlplane.catalog.urls")),
     path("", include("controlplane.metering.urls")),
     path("", include("controlplane.billing.urls")),
     path("", include("controlplane.batches.urls")),
+]
+
+api_v1_urlpatterns = [
+    path("", ApiIndexView.as_view(patterns=public_api_urlpatterns), name="api-index"),
+    path("schema/", SchemaView.as_view(patterns=[path("api/v1/", include(public_api_urlpatterns))]), name="schema"),
+    path("docs/", DocsView.as_view(), name="docs"),
+    path("docs/assets/<path:path>", docs_asset, name="docs-asset"),
+    *public_api_urlpatterns,
+    # Called by the gateway and the workers only: left out of the public schema.
     path("internal/", include("controlplane.internal.urls")),
 ]
 

@@ -218,7 +218,7 @@ def test_batch_usage_is_rated_at_the_batch_price_and_saying_priority_batch_is_no
         }
         assert {row["tier"] for row in tiers[ordinary.id]} == {"standard"}
         assert {row["tier"] for row in tiers[batched]} == {"batch"}
-        summary = rest.get("/usage/summary").json()
+        summary = rest.get("/usage/summary").json()["data"]
     assert {row["tier"] for row in summary} == {"standard", "batch"}
     output = control_plane_shell(
         "import json\n"
@@ -286,3 +286,15 @@ def test_the_dashboard_lists_batches_with_their_files_and_cancels_one(jobs, clie
     expect(row.locator("[data-status]")).to_have_text("cancelling")
     jobs.stack.restart_process("jobs")
     assert wait_until_ended(client, waiting.id).status == "cancelled"
+
+
+def test_an_idempotency_key_sent_through_the_gateway_creates_one_batch(jobs, client):
+    content = (json.dumps(chat_line("only", "Once.")) + "\n").encode()
+    uploaded = client.files.create(file=("requests.jsonl", content), purpose="batch")
+    create = client.batches.with_raw_response.create
+    params = {"input_file_id": uploaded.id, "endpoint": CHAT, "completion_window": "24h"}
+    first = create(**params, extra_headers={"Idempotency-Key": f"create-{uploaded.id}"})
+    again = create(**params, extra_headers={"Idempotency-Key": f"create-{uploaded.id}"})
+    assert again.parse().id == first.parse().id
+    assert again.headers.get("Idempotent-Replayed") == "true" and "Idempotent-Replayed" not in first.headers
+    wait_until_ended(client, first.parse().id)

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 import diptych
@@ -25,6 +26,8 @@ from tests.e2e.waiting import wait_for
 
 READY_LINE = "Ctrl-C stops it"
 GATEWAY_STARTING_LINE = "[4/5]"
+DASHBOARD_LINE = re.compile(r"dashboard: (?P<url>http://\S+)/dashboard/ \(sign in as")
+STAFF_LINE = re.compile(r"fleets and workers: .*\(sign in as (?P<email>\S+), password (?P<password>[^\s)]+)\)")
 SPLIT_USAGE = re.compile(
     r"usage: (\d+) prompt tokens, (\d+) completion tokens \(prefill on prefill-0, (\d+) KV bytes sent to decode on "
     r"decode-0\)"
@@ -170,11 +173,24 @@ def test_up_runs_the_platform_split_serves_a_request_and_stops_everything_on_ctr
     with diptych.Client(api_key=credentials["DIPTYCH_API_KEY"], base_url=credentials["DIPTYCH_BASE_URL"]) as client:
         completion = client.completions.create(model="diptych-tiny", prompt="hello", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5
+    _assert_the_printed_staff_user_sees_the_workers(text)
     up.record_descendants()
 
     os.killpg(up.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
     assert up.process.wait(timeout=60) == 0, up.read_until("stopping every process")
     _assert_all_stopped(up, seconds=5)
+
+
+def _assert_the_printed_staff_user_sees_the_workers(text: str) -> None:
+    """`up` prints a staff user (of this machine's platform only) who signs in and sees fleets and workers."""
+    dashboard, staff = DASHBOARD_LINE.search(text), STAFF_LINE.search(text)
+    assert dashboard and staff, f"up printed no dashboard or staff sign-in:\n{text}"
+    with httpx.Client(base_url=f"{dashboard['url']}/api/v1", timeout=10) as session:
+        signed_in = session.post("/auth/login", json={"email": staff["email"], "password": staff["password"]})
+        assert signed_in.status_code == 200, signed_in.text
+        assert signed_in.json()["user"]["is_staff"]
+        workers = session.get("/workers").json()["data"]
+    assert {worker["name"] for worker in workers if worker["state"] == "ready"} == {"prefill-0", "decode-0"}
 
 
 def test_up_stops_everything_on_sigterm_when_nobody_reads_its_output(up):

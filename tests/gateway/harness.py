@@ -38,6 +38,7 @@ class ControlPlaneInMemory:
     def __init__(self, identity: dict | None = None, workers: list[dict] | None = None) -> None:
         self.identity = {"api_key_id": "key_1", "organization_id": "org_1", **(identity or {})}
         self.workers = list(workers or [])
+        self.usage_headers: list[dict[str, str]] = []  # the headers of each usage POST (a traceparent)
 
     async def verify_api_key(self, api_key: str) -> dict | None:
         if api_key != API_KEY:
@@ -50,7 +51,8 @@ class ControlPlaneInMemory:
             "workers": list(self.workers),
         }
 
-    async def post_usage_events(self, events: list[dict]) -> dict:
+    async def post_usage_events(self, events: list[dict], headers: dict[str, str] | None = None) -> dict:
+        self.usage_headers.append(dict(headers or {}))
         return {"accepted": len(events)}
 
 
@@ -81,6 +83,8 @@ class InProcessGateway:
     http: TestClient
     channel: grpc.aio.Channel
     grpc_target: str  # for another channel of one's own
+    journal: UsageJournal  # the usage spool: a UsageReporter over it sends its events to `control_plane`
+    control_plane: ControlPlaneInMemory
 
 
 @asynccontextmanager
@@ -108,7 +112,7 @@ async def in_process_gateway(
     target = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(target)
     try:
-        yield InProcessGateway(pipeline, path, http, channel, target)
+        yield InProcessGateway(pipeline, path, http, channel, target, journal, control_plane)
     finally:
         await channel.close()
         await http.close()

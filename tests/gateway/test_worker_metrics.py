@@ -35,6 +35,20 @@ def test_the_load_report_becomes_metrics():
     assert 'diptych_worker_kv_tier_blocks_dropped_total{role="prefill",worker_id="wrk_1"} 3.0' in text
 
 
+def test_throughput_is_a_counter_that_rates_derive_from():
+    load = worker_pb2.Load(
+        worker_id="wrk_1", tokens_per_second=812.5, prompt_tokens_computed=9000, tokens_generated=4321
+    )
+    registry = CollectorRegistry()
+    registry.register(LoadCollector("decode", lambda: load))
+    text = generate_latest(registry).decode()
+    assert "# TYPE diptych_worker_generated_tokens_total counter" in text
+    assert 'diptych_worker_generated_tokens_total{role="decode",worker_id="wrk_1"} 4321.0' in text
+    assert "# TYPE diptych_worker_prompt_tokens_computed_total counter" in text
+    assert 'diptych_worker_prompt_tokens_computed_total{role="decode",worker_id="wrk_1"} 9000.0' in text
+    assert "tokens_per_second" not in text  # a gauge of a recent rate: Prometheus derives rates itself
+
+
 def test_engine_steps_become_histograms():
     registry = CollectorRegistry()
     steps = StepMetrics("decode", registry)

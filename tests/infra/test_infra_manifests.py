@@ -1,6 +1,7 @@
 """The deployment files agree with the code: every command they run parses, every port they declare or probe
 is one its process listens on (and answers the probe), every environment variable they set is read by the
-code and every one the code requires is set, and every metric they chart or scale on is exported."""
+code and every one the code requires is set, and every metric they chart or scale on is exported.
+Kubernetes objects are the Helm chart's (infra/helm/diptych) as rendered with its default values."""
 
 import inspect
 import json
@@ -15,44 +16,50 @@ from django.test import Client
 
 from diptych_server import cli
 from diptych_server.cli import _parser
+from tests.infra.chart import RELEASE, default_objects
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 SOURCES_OF_METRICS = [REPO / "gateway" / "metrics.py", REPO / "workers" / "metrics.py"]
 CODE = [REPO / "gateway", REPO / "workers", REPO / "diptych_server", REPO / "diptych_common", REPO / "platform"]
 # Where each kind of process serves gRPC health (what a `grpc:` probe asks).
-SERVES_GRPC_HEALTH = {cli._run_gateway: REPO / "gateway" / "main.py", cli._run_worker: REPO / "workers" / "main.py"}
+SERVES_GRPC_HEALTH = {
+    cli._run_gateway: REPO / "gateway" / "main.py",
+    cli._run_worker: REPO / "workers" / "main.py",
+    cli._run_kv_tier: REPO / "workers" / "kv_tier" / "server.py",
+}
+WORKLOADS = {"Deployment", "StatefulSet", "Job"}
+# Compose's entrypoint, which adds the variables it exports from the credentials volume.
+WITH_CREDENTIALS = INFRA / "docker" / "with-credentials"
 
 
 def _k8s_documents():
-    for path in sorted((INFRA / "k8s").glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            yield path.name, document
+    return default_objects()
 
 
 def _compose() -> dict:
     return yaml.safe_load((INFRA / "compose.yaml").read_text())
 
 
-def _secret_keys() -> set[str]:
-    (secret,) = [d for _, d in _k8s_documents() if d["kind"] == "Secret"]
-    return set(secret["stringData"])
+def _secrets() -> dict[str, set[str]]:
+    """Each Secret's keys, by its name."""
+    return {d["metadata"]["name"]: set(d["stringData"]) for d in _k8s_documents() if d["kind"] == "Secret"}
 
 
 def _k8s_containers():
-    """(deployment, container) for every container, init containers included, of every Deployment."""
-    for _, document in _k8s_documents():
-        if document["kind"] == "Deployment":
+    """(workload, container) for every container, init containers included, of every workload."""
+    for document in _k8s_documents():
+        if document["kind"] in WORKLOADS:
             spec = document["spec"]["template"]["spec"]
             for container in spec.get("initContainers", []) + spec["containers"]:
                 yield document["metadata"]["name"], container
 
 
 def _diptych_containers():
-    """(deployment, container, its parsed `diptych` arguments) for every container that runs `diptych`."""
-    for deployment, container in _k8s_containers():
+    """(workload, container, its parsed `diptych` arguments) for every container that runs `diptych`."""
+    for workload, container in _k8s_containers():
         if "args" in container:  # the image's entrypoint is `diptych`; others run a command such as manage.py
-            yield deployment, container, _parse(container)
+            yield workload, container, _parse(container)
 
 
 def _parse(container: dict):
@@ -69,8 +76,18 @@ def _parse(container: dict):
 def _compose_services():
     """(service, definition, parsed `diptych` arguments) for every service running a `diptych` command."""
     for service, definition in _compose()["services"].items():
-        if definition.get("image", "").startswith("diptych") and "command" in definition:
-            yield service, definition, _parser().parse_args(definition["command"])
+        command = definition.get("command", [])
+        if definition.get("image", "").startswith("diptych") and command[:1] == ["diptych"]:
+            yield service, definition, _parser().parse_args(command[1:])
+
+
+def _exported_by_with_credentials() -> set[str]:
+    return {
+        name
+        for line in WITH_CREDENTIALS.read_text().splitlines()
+        for name in re.findall(r"^\s*export (.+)", line)
+        for name in name.split()
+    }
 
 
 def _listening_ports(args) -> dict[str, int]:
@@ -83,6 +100,7 @@ def _listening_ports(args) -> dict[str, int]:
             "metrics": args.metrics_port,
             "kv-data": args.kv_port if args.role == "decode" else 0,
         },
+        cli._run_kv_tier: lambda: {"grpc": args.port},
         cli._run_jobs: lambda: {},
     }[args.run]()
     return {name: port for name, port in ports.items() if port}
@@ -94,21 +112,27 @@ def _required_env(args) -> set[str]:
     required = set(re.findall(r'_require_env\("(\w+)"\)', inspect.getsource(args.run)))
     if args.run in (cli._run_control_plane, cli._run_jobs):
         required |= {"DATABASE_URL", "DIPTYCH_SECRET_KEY"}
-    if args.run in (cli._run_gateway, cli._run_worker):
+    if args.run in (cli._run_gateway, cli._run_worker, cli._run_kv_tier):
         required.add("DIPTYCH_CONTROL_PLANE_URL")  # its default is loopback, wrong in any deployment
+    if args.run is cli._run_kv_tier:
+        required.add("DIPTYCH_INTERNAL_TOKEN")  # to fetch the worker RPC secret from the control plane
     return required
 
 
 def _variables_the_code_reads() -> set[str]:
-    pattern = re.compile(r'(?:environ(?:\.get)?[\[(]|getenv\(|_require_env\()\s*"([A-Z][A-Z0-9_]+)"')
+    pattern = re.compile(
+        r'(?:environ(?:\.get)?[\[(]|getenv\(|_require_env\(|_env_(?:flag|int|list)\()\s*"([A-Z][A-Z0-9_]+)"'
+    )
     return {name for root in CODE for path in root.rglob("*.py") for name in pattern.findall(path.read_text())}
 
 
 def test_every_diptych_command_parses():
     parsed = [args for _, _, args in _diptych_containers()] + [args for _, _, args in _compose_services()]
-    assert {args.run for args in parsed} == {cli._run_control_plane, cli._run_jobs, cli._run_gateway, cli._run_worker}
-    for deployment, container in _k8s_containers():
-        assert "args" in container or container["command"][:2] == ["python", "manage.py"], deployment
+    every_part = {cli._run_control_plane, cli._run_jobs, cli._run_gateway, cli._run_worker, cli._run_kv_tier}
+    assert {args.run for args in parsed} == every_part
+    assert {args.run for _, _, args in _compose_services()} == every_part
+    for workload, container in _k8s_containers():
+        assert "args" in container or container["command"][:2] == ["python", "manage.py"], workload
 
 
 def _manage_py_commands():
@@ -116,9 +140,9 @@ def _manage_py_commands():
         if container.get("command", [])[:2] == ["python", "manage.py"]:
             yield container["command"][2:]
     for definition in _compose()["services"].values():
-        entrypoint = definition.get("entrypoint", [])
-        if entrypoint[:2] == ["sh", "-c"]:
-            for part in entrypoint[2].split("&&"):
+        command = definition.get("command", [])
+        if command[:2] == ["sh", "-c"]:
+            for part in command[2].split("&&"):
                 words = shlex.split(part)
                 assert words[:2] == ["python", "manage.py"], f"an unexpected shell step: {part}"
                 yield words[2:]
@@ -133,35 +157,51 @@ def test_every_manage_py_command_exists_and_its_options_parse(command):
 
 
 def test_declared_container_ports_are_the_ports_each_process_listens_on():
-    for deployment, container, args in _diptych_containers():
+    for workload, container, args in _diptych_containers():
         declared = {port["name"]: port["containerPort"] for port in container.get("ports", [])}
-        assert declared == _listening_ports(args), f"{deployment}/{container['name']}"
+        assert declared == _listening_ports(args), f"{workload}/{container['name']}"
 
 
 def test_every_probe_asks_a_port_that_answers_it():
-    for deployment, container, args in _diptych_containers():
+    for workload, container, args in _diptych_containers():
         declared = {port["name"]: port["containerPort"] for port in container.get("ports", [])}
+        env = {variable["name"]: variable.get("value") for variable in container.get("env", [])}
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container.get(kind)
             if probe is None:
                 continue
-            where = f"{deployment}/{container['name']} {kind}"
+            where = f"{workload}/{container['name']} {kind}"
             if "grpc" in probe:
                 assert probe["grpc"]["port"] == _listening_ports(args)["grpc"], where
                 assert "add_HealthServicer_to_server" in SERVES_GRPC_HEALTH[args.run].read_text(), where
             elif "httpGet" in probe:
                 port = probe["httpGet"]["port"]
                 assert declared.get(port, port) == _listening_ports(args)["http"], where
-                response = Client().get(probe["httpGet"]["path"])  # the kubelet sends no credentials
+                if args.run is cli._run_gateway:
+                    assert probe["httpGet"]["path"] == "/health", where
+                    assert 'add_get("/health"' in (REPO / "gateway" / "http_api.py").read_text(), where
+                    continue
+                # The kubelet sends no credentials, and asks by pod IP unless a Host header says otherwise.
+                headers = {h["name"]: h["value"] for h in probe["httpGet"].get("httpHeaders", [])}
+                assert headers.get("Host") in env["DIPTYCH_ALLOWED_HOSTS"].split(","), where
+                response = Client().get(probe["httpGet"]["path"])
                 assert response.status_code == 200, f"{where}: {response.status_code}"
             else:
                 port = probe["tcpSocket"]["port"]
                 assert declared.get(port, port) in _listening_ports(args).values(), where
 
 
+def test_every_long_running_container_has_a_readiness_probe_on_a_health_endpoint():
+    for workload, container, args in _diptych_containers():
+        if args.run is cli._run_jobs:
+            continue  # a Celery worker serves nothing to probe; no Service sends it traffic
+        probe = container.get("readinessProbe")
+        assert probe is not None and ("grpc" in probe or "httpGet" in probe), f"{workload}/{container['name']}"
+
+
 def test_prometheus_annotations_name_the_metrics_port():
-    for _, document in _k8s_documents():
-        if document["kind"] != "Deployment":
+    for document in _k8s_documents():
+        if document["kind"] not in WORKLOADS:
             continue
         template = document["spec"]["template"]
         annotations = template["metadata"].get("annotations", {})
@@ -175,33 +215,47 @@ def test_prometheus_annotations_name_the_metrics_port():
 
 
 def test_services_send_traffic_to_ports_their_pods_declare():
-    documents = [d for _, d in _k8s_documents()]
-    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    documents = _k8s_documents()
+    workloads = [d for d in documents if d["kind"] in WORKLOADS]
     for service in (d for d in documents if d["kind"] == "Service"):
         selector = {"matchLabels": service["spec"]["selector"]}
-        selected = [d for d in deployments if _selects(selector, d["spec"]["template"]["metadata"]["labels"])]
-        assert selected, f"the Service {service['metadata']['name']} selects no Deployment"
-        for deployment in selected:
-            containers = deployment["spec"]["template"]["spec"]["containers"]
+        selected = [d for d in workloads if _selects(selector, d["spec"]["template"]["metadata"]["labels"])]
+        assert selected, f"the Service {service['metadata']['name']} selects no workload"
+        for workload in selected:
+            containers = workload["spec"]["template"]["spec"]["containers"]
             names = {port["name"] for container in containers for port in container.get("ports", [])}
             for port in service["spec"]["ports"]:
                 assert port["targetPort"] in names, f"{service['metadata']['name']} -> {port['targetPort']}"
 
 
+def _secrets_of(container: dict) -> set[str]:
+    """The keys a container gets from Secrets; each Secret it names must exist."""
+    secrets = _secrets()
+    keys = set()
+    for source in container.get("envFrom", []):
+        name = source["secretRef"]["name"]
+        assert name in secrets, f"{container['name']} reads the Secret {name}, which the chart does not make"
+        keys |= secrets[name]
+    return keys
+
+
 def test_every_process_gets_the_environment_it_requires():
-    secret_keys = _secret_keys()
-    services = {d["metadata"]["name"]: d for _, d in _k8s_documents() if d["kind"] == "Service"}
-    for deployment, container, args in _diptych_containers():
+    services = {d["metadata"]["name"]: d for d in _k8s_documents() if d["kind"] == "Service"}
+    for workload, container, args in _diptych_containers():
         env = {variable["name"]: variable for variable in container.get("env", [])}
-        from_secret = secret_keys if any("secretRef" in source for source in container.get("envFrom", [])) else set()
-        missing = _required_env(args) - set(env) - from_secret
-        assert not missing, f"{deployment}/{container['name']} lacks {sorted(missing)}"
+        missing = _required_env(args) - set(env) - _secrets_of(container)
+        assert not missing, f"{workload}/{container['name']} lacks {sorted(missing)}"
         if "DIPTYCH_CONTROL_PLANE_URL" in env:
             host, port = _host_and_port(env["DIPTYCH_CONTROL_PLANE_URL"]["value"])
-            assert host in services and port in {p["port"] for p in services[host]["spec"]["ports"]}, deployment
+            assert host in services and port in {p["port"] for p in services[host]["spec"]["ports"]}, workload
     listening = {service: _listening_ports(args) for service, _, args in _compose_services()}
     for service, definition, args in _compose_services():
-        missing = _required_env(args) - set(definition.get("environment", {}))
+        provided = set(definition.get("environment", {}))
+        if definition.get("entrypoint") == ["with-credentials"]:
+            provided |= _exported_by_with_credentials() - (
+                {"DIPTYCH_FLEET_TOKEN"} if args.run is not cli._run_worker else set()
+            )
+        missing = _required_env(args) - provided
         assert not missing, f"compose:{service} lacks {sorted(missing)}"
         if "DIPTYCH_CONTROL_PLANE_URL" in definition["environment"]:
             host, port = _host_and_port(definition["environment"]["DIPTYCH_CONTROL_PLANE_URL"])
@@ -216,21 +270,16 @@ def _host_and_port(url: str) -> tuple[str, int]:
 
 def test_every_variable_the_files_set_is_one_the_code_reads():
     read = _variables_the_code_reads()
-    secret_keys = _secret_keys()
-    referenced = set()
-    for deployment, container in _k8s_containers():
+    for workload, container in _k8s_containers():
         substituted = {name for arg in container.get("args", []) for name in re.findall(r"\$\((\w+)\)", arg)}
         for variable in container.get("env", []):
-            source = variable.get("valueFrom", {}).get("secretKeyRef")
-            if source is not None:
-                assert source["key"] in secret_keys, f"{deployment}: no key {source['key']} in the Secret"
-                referenced.add(source["key"])
-            assert variable["name"] in read | substituted, f"{deployment} sets {variable['name']}, which nothing reads"
-    unused = secret_keys - read - referenced
-    assert not unused, f"the Secret holds {sorted(unused)}, which nothing reads"
+            assert variable["name"] in read | substituted, f"{workload} sets {variable['name']}, which nothing reads"
+    for name, keys in _secrets().items():
+        assert not keys - read, f"the Secret {name} holds {sorted(keys - read)}, which nothing reads"
     for service, definition, _ in _compose_services():
         unread = set(definition.get("environment", {})) - read
         assert not unread, f"compose:{service} sets {sorted(unread)}, which nothing reads"
+    assert not _exported_by_with_credentials() - read
 
 
 def test_compose_addresses_and_scrape_targets_match_the_services():
@@ -238,6 +287,9 @@ def test_compose_addresses_and_scrape_targets_match_the_services():
     for service, definition, args in _compose_services():
         if args.run is cli._run_worker:
             assert args.host == service, f"compose:{service} registers {args.host}, which peers cannot resolve"
+            if args.kv_tier:
+                tier, port = args.kv_tier.split(":")
+                assert listening[tier]["grpc"] == int(port), f"compose:{service} --kv-tier {args.kv_tier}"
         for mapping in definition.get("ports", []):
             container_port = int(mapping.rsplit(":", 1)[1])
             assert container_port in listening[service].values(), f"compose:{service} publishes {mapping}"
@@ -247,21 +299,6 @@ def test_compose_addresses_and_scrape_targets_match_the_services():
         for target in group["targets"]:
             service, port = target.split(":")
             assert listening[service].get("metrics") == int(port), f"Prometheus scrapes {target}"
-
-
-def test_the_image_copies_what_exists_and_runs_the_diptych_command():
-    dockerfile = (INFRA / "Dockerfile").read_text()
-    for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
-            *sources, _ = line.split()[1:]
-            for source in sources:
-                assert (REPO / source).exists(), f"the Dockerfile copies {source}, which does not exist"
-        elif line.startswith("RUN pip install") and "-c constraints.txt" in line:
-            for target in line.split("&&")[0].split("constraints.txt")[1].split():
-                assert (REPO / target / "pyproject.toml").is_file(), f"pip installs {target}, which is no project"
-    (entrypoint,) = re.findall(r'^ENTRYPOINT \["(\w+)"\]', dockerfile, re.MULTILINE)
-    project = (REPO / "pyproject.toml").read_text()
-    assert re.search(rf'^{entrypoint} = "diptych_server\.cli:main"$', project, re.MULTILINE)
 
 
 def _family(name: str) -> str:
@@ -280,6 +317,7 @@ def _referenced_metric_names() -> set[str]:
     texts = [(INFRA / "prometheus" / "adapter-rules.yaml").read_text()]
     dashboard = json.loads((INFRA / "grafana" / "diptych-serving.json").read_text())
     texts += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    texts += [json.dumps(d) for d in _k8s_documents() if d["kind"] == "HorizontalPodAutoscaler"]
     names = set()
     for text in texts:
         for name in re.findall(r"\b(diptych_[a-z_]+)", text):
@@ -294,33 +332,36 @@ def test_dashboard_and_autoscaling_use_metrics_the_code_exports():
 
 
 def test_fleet_autoscalers_target_their_deployments():
-    documents = list(_k8s_documents())
-    deployments = {d["metadata"]["name"] for _, d in documents if d["kind"] == "Deployment"}
-    for _, document in documents:
-        if document["kind"] == "HorizontalPodAutoscaler":
-            assert document["spec"]["scaleTargetRef"]["name"] in deployments
+    documents = _k8s_documents()
+    deployments = {d["metadata"]["name"] for d in documents if d["kind"] == "Deployment"}
+    autoscalers = [d for d in documents if d["kind"] == "HorizontalPodAutoscaler"]
+    assert autoscalers
+    for document in autoscalers:
+        assert document["spec"]["scaleTargetRef"]["name"] in deployments
 
 
 # ---- network policies: only the gateway reaches worker gRPC, only prefill workers the KV data port ----
 
 STRANGER = {"app": "stranger"}  # any other pod in the namespace, e.g. a tenant's notebook
+PREFILL, DECODE = f"{RELEASE}-tiny-prefill", f"{RELEASE}-tiny-decode"
+GATEWAY, CONTROL_PLANE, KV_TIER = f"{RELEASE}-gateway", f"{RELEASE}-control-plane", f"{RELEASE}-kv-tier"
 
 
 def _template_labels() -> dict[str, dict]:
-    """Each Deployment's pod labels, by Deployment name."""
+    """Each workload's pod labels, by workload name."""
     return {
         document["metadata"]["name"]: document["spec"]["template"]["metadata"]["labels"]
-        for _, document in _k8s_documents()
-        if document["kind"] == "Deployment"
+        for document in _k8s_documents()
+        if document["kind"] in WORKLOADS
     }
 
 
-def _named_ports(deployment: str) -> dict[str, int]:
-    for _, document in _k8s_documents():
-        if document["kind"] == "Deployment" and document["metadata"]["name"] == deployment:
+def _named_ports(workload: str) -> dict[str, int]:
+    for document in _k8s_documents():
+        if document["kind"] in WORKLOADS and document["metadata"]["name"] == workload:
             containers = document["spec"]["template"]["spec"]["containers"]
             return {port["name"]: port["containerPort"] for c in containers for port in c.get("ports", [])}
-    raise KeyError(deployment)
+    raise KeyError(workload)
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -353,7 +394,7 @@ def _reachable(target: dict, port_name: str, port_number: int, source: dict, sam
     """Whether a pod with `source` labels may open `port` on a pod with `target` labels."""
     policies = [
         d
-        for _, d in _k8s_documents()
+        for d in _k8s_documents()
         if d["kind"] == "NetworkPolicy"
         and "Ingress" in d["spec"].get("policyTypes", ["Ingress"])
         and _selects(d["spec"]["podSelector"], target)
@@ -370,9 +411,9 @@ def _reachable(target: dict, port_name: str, port_number: int, source: dict, sam
 
 def test_only_the_gateway_reaches_worker_grpc_and_only_prefill_workers_reach_kv_data():
     labels = _template_labels()
-    gateway, control_plane = labels["gateway"], labels["control-plane"]
-    prefill, decode = labels["prefill-diptych-tiny"], labels["decode-diptych-tiny"]
-    prefill_ports, decode_ports = _named_ports("prefill-diptych-tiny"), _named_ports("decode-diptych-tiny")
+    gateway, control_plane = labels[GATEWAY], labels[CONTROL_PLANE]
+    prefill, decode = labels[PREFILL], labels[DECODE]
+    prefill_ports, decode_ports = _named_ports(PREFILL), _named_ports(DECODE)
     for worker, ports in ((prefill, prefill_ports), (decode, decode_ports)):
         assert _reachable(worker, "grpc", ports["grpc"], gateway)
         for outsider in (control_plane, STRANGER):
@@ -385,19 +426,32 @@ def test_only_the_gateway_reaches_worker_grpc_and_only_prefill_workers_reach_kv_
         assert not _reachable(decode, "kv-data", decode_ports["kv-data"], outsider)
 
 
+def test_only_workers_reach_the_kv_tier():
+    labels = _template_labels()
+    port = _named_ports(KV_TIER)["grpc"]
+    for worker in (PREFILL, DECODE):
+        assert _reachable(labels[KV_TIER], "grpc", port, labels[worker])
+    for outsider in (labels[GATEWAY], labels[CONTROL_PLANE], STRANGER):
+        assert not _reachable(labels[KV_TIER], "grpc", port, outsider)
+
+
 def test_prometheus_still_scrapes_the_workers():
     labels = _template_labels()
     prometheus = {"app.kubernetes.io/name": "prometheus"}
-    for deployment in ("prefill-diptych-tiny", "decode-diptych-tiny"):
-        port = _named_ports(deployment)["metrics"]
-        assert _reachable(labels[deployment], "metrics", port, prometheus, same_namespace=False)
-        assert not _reachable(labels[deployment], "metrics", port, STRANGER)
+    for workload in (PREFILL, DECODE):
+        port = _named_ports(workload)["metrics"]
+        assert _reachable(labels[workload], "metrics", port, prometheus, same_namespace=False)
+        assert not _reachable(labels[workload], "metrics", port, STRANGER)
 
 
-def test_network_policy_ports_name_ports_the_workers_declare():
-    declared = set(_named_ports("prefill-diptych-tiny")) | set(_named_ports("decode-diptych-tiny"))
-    for _, document in _k8s_documents():
-        if document["kind"] == "NetworkPolicy":
-            for rule in document["spec"]["ingress"]:
-                for port in rule.get("ports", []):
-                    assert port["port"] in declared, f"{document['metadata']['name']} names an unknown port"
+def test_network_policy_ports_name_ports_their_pods_declare():
+    labels = _template_labels()
+    for document in _k8s_documents():
+        if document["kind"] != "NetworkPolicy":
+            continue
+        selected = [name for name, pod in labels.items() if _selects(document["spec"]["podSelector"], pod)]
+        assert selected, f"{document['metadata']['name']} selects no pod"
+        declared = set().union(*(_named_ports(name) for name in selected))
+        for rule in document["spec"]["ingress"]:
+            for port in rule.get("ports", []):
+                assert port["port"] in declared, f"{document['metadata']['name']} names an unknown port"

@@ -21,11 +21,6 @@ def test_schema_is_served_without_credentials(db):
     assert response.status_code == 200
     schema = response.json()
     for path in [
-        "/api/v1/internal/workers/register",
-        "/api/v1/internal/workers/{worker_id}/heartbeat",
-        "/api/v1/internal/registry",
-        "/api/v1/internal/api-keys/verify",
-        "/api/v1/internal/usage-events",
         "/api/v1/usage/summary",
         "/api/v1/usage/daily",
         "/api/v1/billing/current",
@@ -123,7 +118,7 @@ def test_malformed_pagination_is_refused(client_a, query):
 
 def test_pagination_envelope(client_a, key_a):
     response = client_a.get("/api/v1/api-keys", {"limit": 1, "offset": 0})
-    assert response.data == {"data": [response.data["data"][0]], "has_more": False, "total": 1}
+    assert response.data == {"object": "list", "data": [response.data["data"][0]], "has_more": False, "total": 1}
 
 
 def test_empty_filter_value_is_refused(client_a):

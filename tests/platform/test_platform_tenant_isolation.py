@@ -68,18 +68,18 @@ def test_usage_of_another_organization_is_invisible(
     assert client_b.get("/api/v1/usage-events", {"request_id": "req-a"}).data["total"] == 0
     assert client_b.get("/api/v1/usage-events", {"model": "diptych-tiny", "phase": "prefill"}).data["total"] == 1
 
-    b_summary = client_b.get("/api/v1/usage/summary").data
+    b_summary = client_b.get("/api/v1/usage/summary").data["data"]
     assert b_summary == [
         {
             "model": "diptych-tiny",
             "phase": "prefill",
             "tier": "standard",
             "requests": 1,
-            "tokens": 120,
+            "tokens": 56,
             "cached_tokens": 64,
         }
     ]
-    assert client_a.get("/api/v1/usage/summary").data[0]["requests"] == 2
+    assert client_a.get("/api/v1/usage/summary").data["data"][0]["requests"] == 2
 
 
 def test_platform_catalog_is_shared_and_read_only(client_a, client_b, tiny_model, prefill_fleet):

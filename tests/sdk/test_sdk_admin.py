@@ -170,15 +170,30 @@ def test_rate_limit_gives_up_after_max_retries(http, client):
     assert raised.value.retry_after == 0.01 and len(http.seen) == 3
 
 
-def test_dropped_connection_retries_a_get_but_never_a_post(http, client):
+def test_dropped_connection_retries_a_get_and_a_keyed_post_but_never_a_put(http, client):
     http.script = [Reply(drop=True), Reply(body={"data": [], "has_more": False, "total": 0})]
     assert client.admin.api_keys.list().data == []
-    assert len(http.seen) == 2
+    assert len(http.seen) == 2 and "Idempotency-Key" not in http.seen[0].headers
     http.seen.clear()
-    http.script = [Reply(drop=True), Reply(status=201, body={**KEY, "key": "dip_twice"})]
+    http.script = [Reply(drop=True), Reply(status=201, body={**KEY, "key": "dip_once"})]
+    assert client.admin.api_keys.create(name="once").key == "dip_once"
+    first, retry = http.seen
+    assert first.headers["Idempotency-Key"] == retry.headers["Idempotency-Key"]
+    assert first.headers["Idempotency-Key"].startswith("diptych-python-retry-")
+    http.seen.clear()
+    http.script = [Reply(drop=True), Reply(body={"limit_micros": 5})]
     with pytest.raises(diptych.APIConnectionError) as raised:
-        client.admin.api_keys.create(name="once")
+        client.admin.spend_limit.update(limit_micros=5)
     assert raised.value.code == "connection_lost" and len(http.seen) == 1
+    assert "Idempotency-Key" not in http.seen[0].headers
+
+
+def test_each_post_call_gets_its_own_idempotency_key(http, client):
+    http.script = [Reply(status=201, body={**KEY, "key": "dip_secret"})]
+    client.admin.api_keys.create(name="a")
+    client.admin.api_keys.create(name="a")
+    keys = [seen.headers["Idempotency-Key"] for seen in http.seen]
+    assert len(keys) == 2 and keys[0] != keys[1]
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ class KvTransferParams:
     send_to: Peer | None = None  # stream the request's KV to this decode worker as it is computed
     transfer_token: bytes = b""  # ... with the one-time token that decode worker checks
     load_tokens: int = 0  # the KV of the first load_tokens tokens arrived from a prefill worker: load it
+    traceparent: str = ""  # the trace context the KV hello carries to the decode worker (empty: untraced)
 
 
 class KvChunk(NamedTuple):

@@ -62,7 +62,9 @@ class PrefillConnector(KvConnector):
         params = request.kv_transfer
         if params is None or params.send_to is None:
             return None
-        outgoing = self.sender.open(request.request_id, params.transfer_token, request.prompt_token_ids, params.send_to)
+        outgoing = self.sender.open(
+            request.request_id, params.transfer_token, request.prompt_token_ids, params.send_to, params.traceparent
+        )
         self._transfers[request.request_id] = _Transfer(outgoing)
         return _send_in_own_thread(outgoing)
 

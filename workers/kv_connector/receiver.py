@@ -67,6 +67,10 @@ class ReceivedKv:
     data_path: str
     release: Callable[[], None]  # gives the staging buffer back; works once
     first_block: int = 0  # the blocks before it did not move: the decode worker holds them
+    # for the decode worker's kv.receive span: the sender's trace context and when the transfer ran here
+    traceparent: str = ""
+    started_ns: int = 0
+    finished_ns: int = 0
 
 
 Delivery = Callable[[ReceivedKv | KvTransferError], None]
@@ -226,12 +230,16 @@ class KvReceiver:
                 tune(conn)
                 try:
                     header = read_hello(conn, self.layout, time.monotonic() + self.hello_timeout)
+                    started_ns = time.time_ns()
                     conn.settimeout(self.io_timeout)
                     slot = self.inbox.claim(header["request_id"], bytes.fromhex(header["transfer_token"]))
                     self._check_size(int(header["num_tokens"]), slot)
                     held = self._held_for(header, slot)
                     send_json(conn, {"ok": True} if held is None else {"ok": True, "held_blocks": held})
                     received = self._read_cache(conn, header, slot, held)
+                    traceparent = header.get("traceparent", "")
+                    received.traceparent = traceparent if isinstance(traceparent, str) else ""
+                    received.started_ns, received.finished_ns = started_ns, time.time_ns()
                 except KvTransferError as error:
                     if slot is not None:
                         slot.deliver(error)

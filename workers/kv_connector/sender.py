@@ -69,9 +69,16 @@ class OutgoingKv:
     token and ends the stream; `abort` stops it."""
 
     def __init__(
-        self, sender: "KvSender", request_id: str, transfer_token: bytes, prompt_token_ids: list[int], peer: Peer
+        self,
+        sender: "KvSender",
+        request_id: str,
+        transfer_token: bytes,
+        prompt_token_ids: list[int],
+        peer: Peer,
+        traceparent: str = "",
     ) -> None:
         self._sender = sender
+        self._traceparent = traceparent
         self.layout = sender.layout
         self.request_id = request_id
         self._token = transfer_token
@@ -161,7 +168,15 @@ class OutgoingKv:
         """The hello and its answer; then the first block sent (when the receiver said which it holds)
         and the prompt. A receiver that claims more than it may hold is told why, and nothing is sent."""
         sock.sendall(
-            encode_hello(self.request_id, self._token, self.layout, self.num_tokens, self.data_path, self._path.segment)
+            encode_hello(
+                self.request_id,
+                self._token,
+                self.layout,
+                self.num_tokens,
+                self.data_path,
+                self._path.segment,
+                self._traceparent,
+            )
         )
         sock.settimeout(self._sender.hello_timeout)  # the decode request may register a little later
         reply = recv_json(sock, "the decode worker's answer to the KV hello")
@@ -236,8 +251,10 @@ class KvSender:
         self.bytes_sent = 0
         self._count = threading.Lock()
 
-    def open(self, request_id: str, transfer_token: bytes, prompt_token_ids: list[int], peer: Peer) -> OutgoingKv:
-        return OutgoingKv(self, request_id, transfer_token, prompt_token_ids, peer)
+    def open(
+        self, request_id: str, transfer_token: bytes, prompt_token_ids: list[int], peer: Peer, traceparent: str = ""
+    ) -> OutgoingKv:
+        return OutgoingKv(self, request_id, transfer_token, prompt_token_ids, peer, traceparent)
 
     def path_to(self, peer: Peer, nbytes: int) -> SendPath:
         """Shared memory to a peer on this host; otherwise TCP, straight from a host-memory pool or

@@ -3,7 +3,8 @@
 On the wire (little-endian):
   sender → receiver  HELLO: b"DKV2", u32 length (at most MAX_HELLO_BYTES), JSON header (request id,
                      transfer token, KV layout, number of tokens, data path, shared-memory segment name,
-                     and "skip_held": true from a sender that can start after blocks the receiver holds)
+                     and "skip_held": true from a sender that can start after blocks the receiver holds;
+                     "traceparent": the W3C trace context of the sender's kv.transfer span, when traced)
   receiver → sender  REPLY: u32 length, JSON {"ok": true} or {"ok": false, "code", "error"}; to a sender that
                      said "skip_held", {"ok": true, "held_blocks": n}: the receiver's prefix cache already
                      holds the prompt's first n blocks (at most (number of tokens - 1) // block size)
@@ -18,7 +19,8 @@ On the wire (little-endian):
 
 The held blocks are an exchange both sides opt into, so DKV2 stays one version: an older sender never says
 "skip_held" (the receiver then sends and reads nothing more and takes every block), an older receiver never
-answers "held_blocks" (the sender then sends no first block and every block).
+answers "held_blocks" (the sender then sends no first block and every block). "traceparent" is optional
+in the same way: a receiver ignores keys it does not know, and a hello without one starts no trace link.
 """
 
 import json
@@ -63,10 +65,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def encode_hello(
-    request_id: str, transfer_token: bytes, layout: KvLayout, num_tokens: int, data_path: str, segment: str
+    request_id: str,
+    transfer_token: bytes,
+    layout: KvLayout,
+    num_tokens: int,
+    data_path: str,
+    segment: str,
+    traceparent: str = "",
 ) -> bytes:
+    fields = {"traceparent": traceparent} if traceparent else {}
     body = json.dumps(
         {
+            **fields,
             "request_id": request_id,
             "transfer_token": transfer_token.hex(),
             "data_path": data_path,

@@ -20,6 +20,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from diptych_common.logs import configure_logging
 from diptych_common.proto.v1 import kv_tier_pb2, kv_tier_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from workers.authentication import worker_server
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"kv-tier: {problem}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging()  # text, or JSON lines under DIPTYCH_LOG_FORMAT=json
     logging.getLogger("httpx").setLevel(logging.WARNING)
     asyncio.run(serve(args))
     return 0

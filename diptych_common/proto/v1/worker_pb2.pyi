@@ -164,7 +164,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending", "speculative", "kv_tier")
+    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending", "speculative", "kv_tier", "prompt_tokens_computed", "tokens_generated")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,8 @@ class Load(_message.Message):
     PROMPT_TOKENS_PENDING_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     KV_TIER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queue_depth: int
     active_sequences: int
@@ -197,7 +199,9 @@ class Load(_message.Message):
     prompt_tokens_pending: int
     speculative: SpeculativeSummary
     kv_tier: KvTierSummary
-    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeSummary, _Mapping]] = ..., kv_tier: _Optional[_Union[KvTierSummary, _Mapping]] = ...) -> None: ...
+    prompt_tokens_computed: int
+    tokens_generated: int
+    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeSummary, _Mapping]] = ..., kv_tier: _Optional[_Union[KvTierSummary, _Mapping]] = ..., prompt_tokens_computed: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
 
 class SpeculativeSummary(_message.Message):
     __slots__ = ("draft_tokens_proposed", "draft_tokens_accepted")

@@ -1,5 +1,5 @@
 import { api, get } from "../api";
-import { errorText, h, usd, when } from "../format";
+import { errorText, h, periodText, usd, when } from "../format";
 import type { BillingCurrent } from "../types";
 
 // Cost to date, projection, spend limit (editable by those allowed to) and the alerts it triggered.
@@ -30,7 +30,7 @@ export async function billingView(onChanged: () => void): Promise<HTMLElement> {
     h("div", { class: "cards" },
       h("div", { class: "card stat", "data-billing": "to-date" }, h("span", {}, "Cost to date"), h("strong", {}, usd(billing.amount_to_date_micros))),
       h("div", { class: "card stat", "data-billing": "projected" }, h("span", {}, "Projected for the period"), h("strong", {}, usd(billing.projected_micros))),
-      h("div", { class: "card stat" }, h("span", {}, "Period"), h("strong", {}, `${billing.period_start.slice(0, 10)} → ${billing.period_end.slice(0, 10)}`)),
+      h("div", { class: "card stat" }, h("span", {}, "Period"), h("strong", { "data-billing": "period" }, periodText(billing.period_start, billing.period_end))),
       h("div", { class: "card stat" }, h("span", {}, "Spend limit"),
         h("strong", {}, billing.spend_limit_micros === null ? "none" : usd(billing.spend_limit_micros)),
         used === null ? null : h("progress", { max: "100", value: String(used) }),

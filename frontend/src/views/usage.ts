@@ -2,8 +2,7 @@ import { get } from "../api";
 import { usageChart, pivot } from "../charts";
 import { count, h, isoDay } from "../format";
 import type { ApiKey, DailyUsageRow } from "../types";
-
-const PHASES: Record<string, string> = { prefill: "Prefill", cached_prefill: "Cached prefill", decode: "Decode" };
+import { PHASES } from "./costs";
 
 function lastDays(days: number): string[] {
   const today = new Date();
@@ -20,6 +19,10 @@ export async function usageView(days: number, keys: ApiKey[]): Promise<HTMLEleme
   const [byPhase, byModel, byKey] = await Promise.all(
     ["phase", "model", "api_key"].map((groupBy) => get<{ data: DailyUsageRow[] }>(query(groupBy)).then((body) => body.data)),
   );
+  if (byPhase.length === 0) {
+    return h("p", { class: "empty", "data-empty": "usage" }, h("strong", {}, `No usage in the last ${days} days. `),
+      "Requests made with this organization's API keys show here by day, phase, model and key.");
+  }
   const keyNames = new Map(keys.map((key) => [key.id, `${key.name} (${key.prefix})`]));
   const phaseTotal = (phase: string) => byPhase.filter((row) => row.key === phase).reduce((sum, row) => sum + row.tokens, 0);
   return h(

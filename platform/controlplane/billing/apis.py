@@ -9,9 +9,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.billing.models import InvoiceStatus
-from controlplane.billing.selectors import GROUP_BY_FIELDS, billing_current, invoice_get, invoice_list, usage_daily
+from controlplane.billing.selectors import (
+    GROUP_BY_FIELDS,
+    billing_current,
+    invoice_get,
+    invoice_list,
+    period_costs,
+    usage_daily,
+)
 from controlplane.billing.services import spend_limit_set, stripe_event_process
 from controlplane.billing.stripe_gateway import InvalidWebhook, StripeNotConfigured, stripe_gateway
+from controlplane.catalog.models import PricePhase, PriceTier
 from controlplane.common.errors import ApplicationError, InvalidInput
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.limits import MAX_BIG_INTEGER
@@ -73,9 +81,13 @@ class UsageDailyApi(TenantAPIView):
         class UsageDailyRowSerializer(serializers.Serializer):
             day = serializers.DateField()
             key = serializers.CharField()
-            tokens = serializers.IntegerField()
+            tokens = serializers.IntegerField(
+                help_text="Tokens of the row; with group_by=phase, cached tokens are the cached_prefill row's, "
+                "beside (not inside) the prefill row's, as usage/summary counts them."
+            )
             amount_micros = serializers.IntegerField()
 
+        object = serializers.ChoiceField(choices=["list"])
         data = UsageDailyRowSerializer(many=True)
 
     @extend_schema(parameters=[UsageDailyFilterSerializer], responses=UsageDailyOutputSerializer)
@@ -83,7 +95,7 @@ class UsageDailyApi(TenantAPIView):
         filters = self.UsageDailyFilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         rows = usage_daily(organization=self.organization, **filters.validated_data)
-        return Response(self.UsageDailyOutputSerializer({"data": rows}).data)
+        return Response(self.UsageDailyOutputSerializer({"object": "list", "data": rows}).data)
 
 
 class BillingCurrentApi(TenantAPIView):
@@ -105,6 +117,39 @@ class BillingCurrentApi(TenantAPIView):
     @extend_schema(responses=BillingCurrentOutputSerializer)
     def get(self, request: Request) -> Response:
         return Response(self.BillingCurrentOutputSerializer(billing_current(organization=self.organization)).data)
+
+
+class BillingCurrentCostsApi(TenantAPIView):
+    """What the open period's usage costs so far, per billed phase and per day × model × phase × tier."""
+
+    required_permissions = {"GET": Permission.BILLING_READ}
+
+    class BillingCurrentCostsOutputSerializer(serializers.Serializer):
+        class PhaseCostSerializer(serializers.Serializer):
+            phase = serializers.ChoiceField(choices=PricePhase.choices)
+            tokens = serializers.IntegerField()
+            amount_micros = serializers.IntegerField()
+
+        class DailyCostSerializer(serializers.Serializer):
+            day = serializers.DateField(help_text="The day the usage happened (UTC).")
+            model = serializers.CharField()
+            phase = serializers.ChoiceField(choices=PricePhase.choices)
+            tier = serializers.ChoiceField(choices=PriceTier.choices, help_text="batch: rated at the batch price.")
+            tokens = serializers.IntegerField()
+            amount_micros = serializers.IntegerField(help_text="Rounded half up once per row.")
+
+        period_start = serializers.DateField()
+        period_end = serializers.DateField(help_text="Exclusive: the first day after the period.")
+        currency = serializers.CharField(default="usd")
+        as_of = serializers.DateTimeField(allow_null=True, help_text="Usage ingested before this is counted.")
+        total_micros = serializers.IntegerField(help_text="The sum of the invoice lines the period would have now.")
+        phases = PhaseCostSerializer(many=True, help_text="prefill, cached_prefill and decode, always all three.")
+        data = DailyCostSerializer(many=True, source="rows")
+
+    @extend_schema(responses=BillingCurrentCostsOutputSerializer)
+    def get(self, request: Request) -> Response:
+        costs = period_costs(organization=self.organization)
+        return Response(self.BillingCurrentCostsOutputSerializer(costs).data)
 
 
 class SpendLimitApi(TenantAPIView):

@@ -62,6 +62,9 @@ class DailyUsage(UsageRollup):
         indexes = [models.Index(fields=["organization", "day"]), models.Index(fields=["organization", "period_start"])]
 
 
+ROLLUP_CURSOR = "usage"  # the name of the usage rollup's RollupCursor row
+
+
 class RollupCursor(models.Model):
     """How far the rollup job has read the ledger, by ingestion time."""
 

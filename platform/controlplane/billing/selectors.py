@@ -5,9 +5,17 @@ from datetime import date, datetime
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from controlplane.billing.models import BillingPeriod, DailyUsage, Invoice, SpendAlert
+from controlplane.billing.models import (
+    ROLLUP_CURSOR,
+    BillingPeriod,
+    DailyUsage,
+    Invoice,
+    RollupCursor,
+    SpendAlert,
+)
 from controlplane.billing.periods import period_bounds, period_end_of, period_start_of
 from controlplane.billing.rating import amount_micros, micros_from_token_price_product
+from controlplane.catalog.models import PricePhase
 from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.scoping import organization_rows
@@ -81,6 +89,66 @@ def usage_daily(*, organization: Organization, start: date, end: date, group_by:
         }
         for day, key in sorted(tokens)
     ]
+
+
+@dataclass(frozen=True)
+class PeriodCosts:
+    """The open period's usage rated with the price book, as of the last rollup.
+
+    `rows` are per day × model × billed phase × tier, each rounded once (the usage-report rule of rating.py);
+    `phases` and `total_micros` add up the period's invoice lines, so the total is what the invoice would be now.
+    A late event of a closed period is billed here but keeps its real day, so a row's day may precede the start.
+    """
+
+    period_start: date
+    period_end: date
+    as_of: datetime | None
+    total_micros: int
+    phases: list[dict]
+    rows: list[dict]
+
+
+def period_costs(*, organization: Organization, now: datetime | None = None) -> PeriodCosts:
+    start = period_start_of(now or timezone.now())
+    daily = (
+        organization_rows(DailyUsage, organization=organization)
+        .filter(period_start=start)
+        .values("day", "model", "phase", "tier", "unit_price_micros_per_million")
+        .annotate(tokens=Sum("tokens"))
+        .order_by()
+    )
+    tokens: dict[tuple[date, str, str, str], int] = defaultdict(int)
+    exact_amount: dict[tuple[date, str, str, str], int] = defaultdict(int)  # sum of tokens × unit price
+    for row in daily:
+        key = (row["day"], row["model"], row["phase"], row["tier"])
+        tokens[key] += row["tokens"]
+        exact_amount[key] += row["tokens"] * (row["unit_price_micros_per_million"] or 0)
+    rows = [
+        {
+            **dict(zip(("day", "model", "phase", "tier"), key, strict=True)),
+            "tokens": tokens[key],
+            "amount_micros": micros_from_token_price_product(exact_amount[key]),
+        }
+        for key in sorted(tokens)
+    ]
+    lines = period_lines_to_date(organization=organization, period_start=start)
+    phases = [
+        {
+            "phase": phase,
+            "tokens": sum(count for (_, _, row_phase, _), count in tokens.items() if row_phase == phase),
+            "amount_micros": sum(line.amount_micros for line in lines if line.phase == phase),
+        }
+        for phase in PricePhase.values
+    ]
+    cursor = RollupCursor.objects.filter(name=ROLLUP_CURSOR).first()
+    return PeriodCosts(
+        period_start=start,
+        period_end=period_end_of(start),
+        as_of=cursor.ingested_before if cursor is not None else None,
+        total_micros=sum(line.amount_micros for line in lines),
+        phases=phases,
+        rows=rows,
+    )
 
 
 def billing_period_current(*, organization: Organization, now: datetime | None = None) -> BillingPeriod | None:

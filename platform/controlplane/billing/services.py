@@ -11,6 +11,7 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from controlplane.billing.models import (
+    ROLLUP_CURSOR,
     BillingAccount,
     BillingPeriod,
     DailyUsage,
@@ -39,7 +40,6 @@ from controlplane.tenancy.services import audit_record
 
 logger = logging.getLogger(__name__)
 
-ROLLUP_CURSOR = "usage"
 # Events are stamped with ingested_at before their transaction commits; re-reading this far back
 # catches those that committed after a rollup had read past their stamp.
 ROLLUP_OVERLAP = timedelta(minutes=5)

@@ -5,6 +5,7 @@ from controlplane.billing import apis
 urlpatterns = [
     path("usage/daily", apis.UsageDailyApi.as_view(), name="usage-daily"),
     path("billing/current", apis.BillingCurrentApi.as_view(), name="billing-current"),
+    path("billing/current/costs", apis.BillingCurrentCostsApi.as_view(), name="billing-current-costs"),
     path("spend-limit", apis.SpendLimitApi.as_view(), name="spend-limit"),
     path("invoices", apis.InvoiceListApi.as_view(), name="invoice-list"),
     path("invoices/<str:invoice_id>", apis.InvoiceDetailApi.as_view(), name="invoice-detail"),

@@ -1,4 +1,14 @@
-"""Schema post-processing: every operation documents the one error shape as its default response."""
+"""The OpenAPI schema: every operation documents the one error shape as its default response, and every POST
+that honours Idempotency-Key documents the header."""
+
+from functools import cache
+
+from drf_spectacular import openapi
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import OpenApiParameter
+
+from controlplane.common import idempotency
+from controlplane.common.idempotency import IdempotentPostMixin
 
 ERROR_COMPONENT = {
     "type": "object",
@@ -35,3 +45,30 @@ def document_error_responses(result: dict, generator, request, public: bool) -> 
                     },
                 )
     return result
+
+
+class AutoSchema(openapi.AutoSchema):
+    """Documents the Idempotency-Key header on every POST of a view that honours it."""
+
+    def get_override_parameters(self) -> list:
+        parameters = list(super().get_override_parameters())
+        if self.method == "POST" and isinstance(self.view, IdempotentPostMixin):
+            parameters.append(IDEMPOTENCY_KEY_PARAMETER)
+        return parameters
+
+
+IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
+    name=idempotency.HEADER,
+    type={"type": "string", "minLength": 1, "maxLength": idempotency.MAX_KEY_LENGTH, "pattern": "^[ -~]+$"},
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description="Makes a retry safe: the first successful response is stored for 24 hours and a retry with "
+    "the same key and the same request gets it back (with `Idempotent-Replayed: true`) instead of acting "
+    "twice. The same key with another request: 400; while the first is still running: 409.",
+)
+
+
+@cache
+def full_schema() -> dict:
+    """The schema of every endpoint, the internal ones included, as the public schema view would build it."""
+    return SchemaGenerator().get_schema(request=None, public=True)

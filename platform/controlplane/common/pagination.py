@@ -1,4 +1,5 @@
-"""Limit/offset pagination for list endpoints built on APIView: `{"data": [...], "has_more", "total"}`."""
+"""Limit/offset pagination for list endpoints built on APIView: `{"object": "list", "data": [...], "has_more",
+"total"}`."""
 
 from django.db.models import QuerySet
 from rest_framework.exceptions import ValidationError
@@ -44,7 +45,7 @@ class DefaultPagination(LimitOffsetPagination):
 
     def get_paginated_response(self, data) -> Response:
         has_more = self.offset + self.limit < self.count
-        return Response({"data": data, "has_more": has_more, "total": self.count})
+        return Response({"object": "list", "data": data, "has_more": has_more, "total": self.count})
 
     def get_schema_operation_parameters(self, view) -> list[dict]:
         parameters = super().get_schema_operation_parameters(view)
@@ -57,8 +58,9 @@ class DefaultPagination(LimitOffsetPagination):
     def get_paginated_response_schema(self, schema: dict) -> dict:
         return {
             "type": "object",
-            "required": ["data", "has_more", "total"],
+            "required": ["object", "data", "has_more", "total"],
             "properties": {
+                "object": {"type": "string", "enum": ["list"]},
                 "data": schema,
                 "has_more": {"type": "boolean"},
                 "total": {"type": "integer", "minimum": 0},

@@ -35,8 +35,15 @@ class UsageSummaryRowSerializer(serializers.Serializer):
     phase = serializers.CharField()
     tier = serializers.CharField()
     requests = serializers.IntegerField()
-    tokens = serializers.IntegerField()
-    cached_tokens = serializers.IntegerField()
+    tokens = serializers.IntegerField(help_text="Tokens billed at this phase's full price: cached tokens not included.")
+    cached_tokens = serializers.IntegerField(
+        help_text="Prefill tokens served from the prefix cache, billed at the cached-prefill price; beside `tokens`."
+    )
+
+
+class UsageSummaryOutputSerializer(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["list"])
+    data = UsageSummaryRowSerializer(many=True)
 
 
 class UsageEventListApi(PaginatedListMixin, TenantAPIView):
@@ -63,7 +70,7 @@ class UsageEventListApi(PaginatedListMixin, TenantAPIView):
 class UsageSummaryApi(TenantAPIView):
     required_permissions = {"GET": Permission.USAGE_READ}
 
-    @extend_schema(responses=UsageSummaryRowSerializer(many=True))
+    @extend_schema(responses=UsageSummaryOutputSerializer)
     def get(self, request: Request) -> Response:
         rows = usage_summary(organization=self.organization)
-        return Response(UsageSummaryRowSerializer(rows, many=True).data)
+        return Response(UsageSummaryOutputSerializer({"object": "list", "data": rows}).data)

@@ -1,4 +1,4 @@
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, F, QuerySet, Sum
 
 from controlplane.metering.models import UsageEvent
 from controlplane.tenancy.models import Organization
@@ -29,10 +29,16 @@ def usage_event_list(
 
 
 def usage_summary(*, organization: Organization) -> QuerySet:
-    """Totals per (model, phase, tier): rows of {model, phase, tier, requests, tokens, cached_tokens}."""
+    """Totals per (model, phase, tier): rows of {model, phase, tier, requests, tokens, cached_tokens}.
+
+    Cached tokens are counted beside `tokens`, never inside, as usage/daily and invoices count them: a
+    prefill row's `tokens` are those billed at the prefill price and its `cached_tokens` those billed at
+    the cached-prefill price (a ledger event's `tokens` include its `cached_tokens`)."""
     return (
         organization_rows(UsageEvent, organization=organization)
         .values("model", "phase", "tier")
-        .annotate(requests=Count("id"), tokens=Sum("tokens"), cached_tokens=Sum("cached_tokens"))
+        .annotate(
+            requests=Count("id"), tokens=Sum(F("tokens") - F("cached_tokens")), cached_tokens=Sum("cached_tokens")
+        )
         .order_by("model", "phase", "tier")
     )

@@ -2,6 +2,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from controlplane.common.idempotency import IdempotentPostMixin
 from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import ApiKeyAuthentication, MemberSessionAuthentication
 from controlplane.tenancy.models import Organization
@@ -49,8 +50,9 @@ class IsStaff(BasePermission):
         return principal is not None and principal.is_staff
 
 
-class TenantAPIView(APIView):
-    """Base of the public endpoints: every read and write is scoped to `self.organization`.
+class TenantAPIView(IdempotentPostMixin, APIView):
+    """Base of the public endpoints: every read and write is scoped to `self.organization`, and every POST
+    honours Idempotency-Key.
 
     Subclasses name the permission each method needs in `required_permissions`.
     """
@@ -68,7 +70,7 @@ class TenantAPIView(APIView):
         return self.request.user.organization
 
 
-class StaffAPIView(APIView):
+class StaffAPIView(IdempotentPostMixin, APIView):
     """Base of the endpoints over the platform itself (fleets, workers, prices): staff sessions only."""
 
     authentication_classes = PUBLIC_AUTHENTICATION

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping
 from http.client import HTTPException
 from urllib.parse import urlencode, urlsplit
@@ -60,16 +61,23 @@ class AdminTransport:
         """Sends the request and returns its decoded JSON body, retrying transient failures. `content` is a
         body of another kind (bytes, content type) than JSON; with `raw`, the answer's bytes are returned.
 
-        A request that is not a GET is retried only when the server certainly did not act on
-        it (connection refused, 429, 503), so a create is never done twice.
+        A POST carries an Idempotency-Key, the same on every retry of this call, so the server acts on
+        it at most once and a retry after a lost connection gets the first answer back. Any other
+        request that is not a GET is retried only when the server certainly did not act on it
+        (connection refused, 429, 503).
         """
         url = f"{self.admin_url}{_API_PREFIX}{path}"
         if query:
             url += "?" + urlencode({name: value for name, value in query.items() if value is not None})
         data = None if body is None else json.dumps(body).encode()
-        headers = self._headers if data is None else {**self._headers, "Content-Type": "application/json"}
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         if content is not None:
-            data, headers = content[0], {**self._headers, "Content-Type": content[1]}
+            data, headers["Content-Type"] = content
+        if method == "POST":
+            headers["Idempotency-Key"] = f"diptych-python-retry-{uuid.uuid4()}"
+        retry_safe = method == "GET" or "Idempotency-Key" in headers
 
         def attempt() -> object:
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
@@ -84,7 +92,7 @@ class AdminTransport:
                     request_id=failure.headers.get("X-Request-Id"),
                 ) from None
             except (urllib.error.URLError, OSError, HTTPException) as failure:
-                raise _transport_error(failure, idempotent=method == "GET") from failure
+                raise _transport_error(failure, idempotent=retry_safe) from failure
 
         return with_retries(attempt, max_retries=max_retries)
 

@@ -1,20 +1,33 @@
 """`manage.py bootstrap --json`: the catalog, fleets and (with --demo) a demo tenant for the launcher.
 
 Idempotent on the catalog; fleet tokens are rotated on every run because only their hashes are
-stored, so the launcher can only learn them by asking for new ones.
+stored, so the launcher can only learn them by asking for new ones. With --credentials-file (deployments
+that run bootstrap on every start, such as infra/compose.yaml) the tokens, key and password kept in that
+file are reused while they still work, and the file holds what the run printed.
 """
 
 import json
+import os
 import secrets
 from datetime import UTC, datetime
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.catalog.models import FleetRole, Model, PricePhase, PriceTier
+from controlplane.catalog.selectors import fleet_get_by_token
 from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure, price_ensure_initial
+from controlplane.common.errors import CredentialRejected
 from controlplane.tenancy.models import Membership, Role, Scope
-from controlplane.tenancy.services import api_key_create, member_add, organization_ensure, user_ensure
+from controlplane.tenancy.selectors import user_get_by_email
+from controlplane.tenancy.services import (
+    api_key_authenticate,
+    api_key_create,
+    member_add,
+    organization_ensure,
+    user_ensure,
+)
 
 DEFAULT_MODEL_NAME = "diptych-tiny"
 DEFAULT_CONTEXT_LENGTH = 1024
@@ -56,10 +69,17 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", default=DEFAULT_DTYPE)
         parser.add_argument("--staff-email", help="Create (or reset the password of) a staff user with this email.")
         parser.add_argument("--staff-password", help="Password of the staff user (required with --staff-email).")
+        parser.add_argument(
+            "--credentials-file",
+            type=Path,
+            help="Reuse the fleet tokens, demo API key and password kept in this JSON file while they still work, "
+            "and keep what this run prints there (readable by its owner only).",
+        )
 
     def handle(self, *args, **options) -> None:
         if bool(options["staff_email"]) != bool(options["staff_password"]):
             raise CommandError("--staff-email and --staff-password go together.")
+        kept = _read_kept(options["credentials_file"])
         with transaction.atomic():
             model = model_ensure(
                 name=options["model"],
@@ -68,23 +88,30 @@ class Command(BaseCommand):
                 family=options["family"],
                 dtype=options["dtype"],
             )
-            result: dict[str, object] = {"fleet_tokens": self._issue_fleet_tokens(model=model)}
+            fleet_tokens = self._issue_fleet_tokens(model=model, kept=kept.get("fleet_tokens", {}))
+            result: dict[str, object] = {"fleet_tokens": fleet_tokens}
             self._seed_prices()
             if options["demo"]:
                 organization = organization_ensure(name=DEMO_ORGANIZATION_NAME, slug=DEMO_ORGANIZATION_SLUG)
-                issued = api_key_create(organization=organization, name=DEMO_API_KEY_NAME, scopes=Scope.values)
+                api_key = _kept_api_key(kept.get("api_key"), organization=organization) or (
+                    api_key_create(organization=organization, name=DEMO_API_KEY_NAME, scopes=Scope.values).key
+                )
                 result = {
-                    "api_key": issued.key,
+                    "api_key": api_key,
                     "organization_id": organization.public_id,
                     **result,
                     "dashboard_email": DEMO_OWNER_EMAIL,
-                    "dashboard_password": self._ensure_demo_owner(organization=organization),
+                    "dashboard_password": self._ensure_demo_owner(
+                        organization=organization, kept=kept.get("dashboard_password")
+                    ),
                 }
             if options["staff_email"]:
                 user_ensure(email=options["staff_email"], password=options["staff_password"], is_staff=True)
                 result["staff_email"] = options["staff_email"]
 
         self.stderr.write(f"Model {model.name} ({model.source}) and its {LOCAL_REGION} fleets are ready.")
+        if options["credentials_file"]:
+            _keep(options["credentials_file"], result)
         self.stdout.write(json.dumps(result, indent=None if options["json"] else 2))
 
     def _seed_prices(self) -> None:
@@ -101,15 +128,20 @@ class Command(BaseCommand):
                     effective_from=PRICES_EFFECTIVE_FROM,
                 )
 
-    def _ensure_demo_owner(self, *, organization) -> str:
-        """A fresh password each run: only its hash is stored, so it can only be learnt by resetting it."""
-        password = secrets.token_urlsafe(12)
-        user = user_ensure(email=DEMO_OWNER_EMAIL, password=password)
+    def _ensure_demo_owner(self, *, organization, kept: str | None) -> str:
+        """A fresh password each run (only its hash is stored, so it can only be learnt by resetting it),
+        unless the kept one still signs the demo owner in."""
+        user = user_get_by_email(email=DEMO_OWNER_EMAIL)
+        if kept and user is not None and user.check_password(kept):
+            password = kept
+        else:
+            password = secrets.token_urlsafe(12)
+            user = user_ensure(email=DEMO_OWNER_EMAIL, password=password)
         if not Membership.objects.filter(user=user).exists():
             member_add(organization=organization, email=DEMO_OWNER_EMAIL, role=Role.OWNER)
         return password
 
-    def _issue_fleet_tokens(self, *, model: Model) -> dict[str, str]:
+    def _issue_fleet_tokens(self, *, model: Model, kept: dict[str, str]) -> dict[str, str]:
         tokens = {}
         for role in FleetRole.values:
             fleet = fleet_ensure(
@@ -119,5 +151,40 @@ class Command(BaseCommand):
                 region=LOCAL_REGION,
                 hardware_class=LOCAL_HARDWARE_CLASS,
             )
-            tokens[role] = fleet_token_rotate(fleet=fleet)
+            kept_token = kept.get(role, "")
+            still_works = kept_token and fleet_get_by_token(token=kept_token) == fleet
+            tokens[role] = kept_token if still_works else fleet_token_rotate(fleet=fleet)
         return tokens
+
+
+def _read_kept(path: Path | None) -> dict:
+    """What an earlier run kept in the credentials file; nothing when there is no such file yet."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--credentials-file {path} is not a JSON object bootstrap wrote: {error}") from None
+    if not isinstance(kept, dict):
+        raise CommandError(f"--credentials-file {path} is not a JSON object bootstrap wrote.")
+    return kept
+
+
+def _kept_api_key(key: str | None, *, organization) -> str | None:
+    """The kept demo key, while it is live and still the demo organization's."""
+    if not key:
+        return None
+    try:
+        api_key = api_key_authenticate(key=key)
+    except CredentialRejected:
+        return None
+    return key if api_key.organization_id == organization.id else None
+
+
+def _keep(path: Path, result: dict) -> None:
+    """Writes the file whole (a reader never sees half of it), readable by its owner only."""
+    partial = path.with_name(path.name + ".partial")
+    descriptor = os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(result, file)
+    os.replace(partial, path)

@@ -1,0 +1,155 @@
+"""`Idempotency-Key` on the public API's POSTs: the first successful response is stored per organization and
+key for 24 hours, and a retry with the same key and the same request gets it back instead of acting twice.
+
+The keys share one store, and one key space per organization, with the gateway's inference requests; the
+store (claim, complete, release) is named by settings.DIPTYCH_IDEMPOTENCY_STORE, so that this base of every
+app's views does not depend on the app that keeps the records.
+"""
+
+import hashlib
+import json
+from datetime import timedelta
+from functools import cache
+from importlib import import_module
+from types import ModuleType
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.exceptions import APIException
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.common.errors import InvalidInput
+from controlplane.common.ids import new_public_id
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_LENGTH = 255
+# How long a request holds its key while it runs; a process that died holding one frees it after this.
+LEASE = timedelta(seconds=60)
+
+
+class IdempotencyKeyInUse(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "idempotency_key_in_use"
+
+
+class IdempotencyKeyReused(APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "idempotency_key_reused"
+
+
+class _Replay(Exception):
+    """Raised once the stored response of a completed request is found: the handler must not run."""
+
+    def __init__(self, stored: dict):
+        super().__init__("replayed")
+        self.stored = stored
+
+
+@cache
+def _store() -> ModuleType:
+    return import_module(settings.DIPTYCH_IDEMPOTENCY_STORE)
+
+
+def idempotency_key_of(request: Request) -> str | None:
+    key = request.headers.get(HEADER)
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isascii() or not key.isprintable():
+        raise InvalidInput(
+            f"{HEADER} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters, e.g. a UUID.",
+            error_type="invalid_idempotency_key",
+            fields={HEADER: ["Must be 1 to 255 printable ASCII characters."]},
+        )
+    return key
+
+
+def request_fingerprint(request: Request) -> str:
+    """The method, path and body: JSON compared by value (key order and spacing do not matter), any other
+    body byte for byte."""
+    if request.content_type.startswith("application/json"):
+        body = json.dumps(request.data, sort_keys=True, separators=(",", ":")).encode()
+    else:
+        body = request._request.body
+    digest = hashlib.sha256(f"{request.method} {request.path}\n".encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+class IdempotentPostMixin(APIView):
+    """Gives every POST of an APIView Idempotency-Key semantics. The view's `idempotency_scope()` names whose
+    key space the key belongs to (an organization's public id)."""
+
+    idempotency_claim: tuple[str, str, str] | None = None  # (scope, key, execution id) of a claimed key
+
+    def idempotency_scope(self) -> str | None:
+        organization = getattr(self.request.user, "organization", None)
+        return organization.public_id if organization is not None else None
+
+    def initial(self, request: Request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        self.idempotency_claim = None
+        if request.method != "POST":
+            return
+        key = idempotency_key_of(request)
+        if key is not None:
+            self.idempotency_claim = self._claim(key, request_fingerprint(request))
+
+    def _claim(self, key: str, fingerprint: str) -> tuple[str, str, str]:
+        scope = self.idempotency_scope()
+        if scope is None:
+            raise InvalidInput(
+                f"{HEADER} keys are kept per organization and you are not a member of one; send the request "
+                "without the header.",
+                error_type="invalid_idempotency_key",
+            )
+        execution_id = new_public_id("post")
+        claim = _store().idempotency_key_claim(
+            organization_id=scope, key=key, fingerprint=fingerprint, execution_id=execution_id, lease=LEASE
+        )
+        if claim.outcome == "completed":
+            raise _Replay(claim.response)
+        if claim.outcome == "in_flight":
+            raise IdempotencyKeyInUse(
+                f"A request with {HEADER} {key!r} is still being processed; retry once it has finished."
+            )
+        if claim.outcome == "mismatch":
+            raise IdempotencyKeyReused(
+                f"{HEADER} {key!r} was already used with another request (a different method, path or body); "
+                "use a new key for a new request."
+            )
+        return scope, key, execution_id
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, _Replay):
+            replayed = Response(exc.stored["body"], status=exc.stored["status"])
+            replayed[REPLAYED_HEADER] = "true"
+            return replayed
+        return super().handle_exception(exc)
+
+    def finalize_response(self, request: Request, response: Response, *args, **kwargs) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if self.idempotency_claim is not None:
+            self._settle(response)
+        return response
+
+    def _settle(self, response: Response) -> None:
+        """Stores a success for retries to get back; frees the key after a failure, which changed nothing,
+        so that a retry runs anew."""
+        claim, self.idempotency_claim = self.idempotency_claim, None
+        if claim is None:
+            return
+        scope, key, execution_id = claim
+        if status.is_success(response.status_code):
+            body = json.loads(JSONRenderer().render(response.data)) if response.data is not None else None
+            _store().idempotency_key_complete(
+                organization_id=scope,
+                key=key,
+                execution_id=execution_id,
+                response={"status": response.status_code, "body": body},
+            )
+        else:
+            _store().idempotency_key_release(organization_id=scope, key=key, execution_id=execution_id)

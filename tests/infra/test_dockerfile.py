@@ -1,0 +1,180 @@
+"""infra/Dockerfile builds from a fresh clone. Docker's daemon is not available where the tests run, so the
+file is checked as the builder reads it: its stages, the base each variant (cpu, cuda) resolves to, that every
+COPY source is in a fresh clone (and not left out of the context by .dockerignore) or made by an earlier stage,
+and that .dockerignore keeps environments, state and build outputs out of the build context."""
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "infra" / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+VARIANTS = ["cpu", "cuda"]
+CONTEXT_LIMIT_BYTES = 100 * 1024 * 1024  # the sources are a few MB; an environment or a cache is far more
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)  # (keyword, arguments)
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())  # continuation lines
+    lines = [line.strip() for line in text.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]  # type: ignore[misc]
+
+
+def _stages(variant: str) -> list[Stage]:
+    """The stages as the builder sees them with --build-arg VARIANT=<variant>."""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for keyword, arguments in _instructions():
+        if keyword == "ARG" and not stages:
+            name, _, default = arguments.partition("=")
+            global_args[name] = variant if name == "VARIANT" else default
+        elif keyword == "FROM":
+            base, _, name = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], arguments).partition(" AS ")
+            stages.append(Stage(name.strip(), base.strip()))
+        else:
+            stages[-1].instructions.append((keyword, arguments))
+    return stages
+
+
+def _fresh_clone_paths() -> set[str]:
+    """What a fresh clone of the working tree holds: tracked files and those git would add (not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    return {path for path in listed.stdout.splitlines() if (REPO / path).exists()}
+
+
+def _ignore_patterns() -> list[re.Pattern]:
+    patterns = []
+    for line in DOCKERIGNORE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            assert not line.startswith("!"), "exceptions are not used here; the check below does not read them"
+            regex = (
+                re.escape(line.strip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+            )
+            patterns.append(re.compile(regex))
+    return patterns
+
+
+def _ignored(path: str, patterns: list[re.Pattern]) -> bool:
+    """Whether .dockerignore leaves `path` out: a pattern matching it or any folder above it."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(pattern.fullmatch(prefix) for pattern in patterns for prefix in prefixes)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_copy_source_is_in_a_fresh_clone_or_made_by_an_earlier_stage(variant):
+    stages = _stages(variant)
+    clone, patterns = _fresh_clone_paths(), _ignore_patterns()
+    in_context = {path for path in clone if not _ignored(path, patterns)}
+    for index, stage in enumerate(stages):
+        for keyword, arguments in stage.instructions:
+            if keyword != "COPY":
+                continue
+            words = arguments.split()
+            options = [w for w in words if w.startswith("--")]
+            *sources, _ = [w for w in words if not w.startswith("--")]
+            source_stage = next((o.split("=", 1)[1] for o in options if o.startswith("--from=")), None)
+            if source_stage is not None:
+                earlier = [s.name for s in stages[:index]]
+                assert source_stage in earlier, f"{stage.name} copies from {source_stage}, not an earlier stage"
+                continue
+            for source in sources:
+                source = source.rstrip("/")
+                made = [p for p in in_context if p == source or p.startswith(source + "/")]
+                assert made, f"{stage.name}: COPY {source} is not in the build context of a fresh clone"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_builds_the_runtime_on_its_torch(variant):
+    stages = {stage.name: stage for stage in _stages(variant)}
+    runtime = _stages(variant)[-1]
+    assert runtime.name == "runtime" and runtime.base == f"base-{variant}"
+    base = stages[runtime.base]
+    torch_installs = " ".join(a for k, a in base.instructions if k == "RUN" and "torch==" in a)
+    if variant == "cuda":
+        assert base.base.startswith("nvidia/cuda:") and "runtime" in base.base
+        assert re.search(r"download\.pytorch\.org/whl/cu\d+ ", torch_installs), torch_installs
+    else:
+        assert re.search(r"download\.pytorch\.org/whl/cpu ", torch_installs), torch_installs
+    constraints = (REPO / "constraints.txt").read_text()
+    assert re.search(r"torch==([\d.]+)", torch_installs).group(1) == re.search(r"torch==([\d.]+)", constraints).group(1)
+    assert "python3.11" in base.base or "python:3.11" in base.base or "python3.11" in torch_installs
+    assert "ENTRYPOINT" in {k for k, _ in runtime.instructions}
+
+
+def test_the_dashboard_is_built_in_a_stage_and_copied_from_its_output():
+    stages = {stage.name: stage for stage in _stages("cpu")}
+    dashboard = stages["dashboard"]
+    runs = [a for k, a in dashboard.instructions if k == "RUN"]
+    assert any(a.startswith("npm ci") for a in runs) and "npm run build" in runs
+    (workdir,) = [a for k, a in dashboard.instructions if k == "WORKDIR"]
+    out_dir = re.search(r'outDir: "(\w+)"', (REPO / "frontend" / "vite.config.ts").read_text()).group(1)
+    copies = [a for k, a in stages["runtime"].instructions if k == "COPY" and a.startswith("--from=dashboard")]
+    assert copies == [f"--from=dashboard {workdir}/{out_dir} ./frontend/dist"]
+
+
+def test_every_base_image_is_pinned():
+    for variant in VARIANTS:
+        for stage in _stages(variant):
+            if not stage.base.startswith("base-"):
+                assert ":" in stage.base and not stage.base.endswith(":latest"), stage.base
+
+
+def test_dockerignore_keeps_environments_state_and_build_outputs_out_of_the_context():
+    patterns = _ignore_patterns()
+    for path in [
+        ".venv/bin/python",
+        ".diptych/controlplane.sqlite3",
+        "frontend/node_modules/vite/package.json",
+        "frontend/dist/index.html",
+        ".git/HEAD",
+        "gateway/__pycache__/main.cpython-311.pyc",
+        ".mypy_cache/3.11/x.json",
+        "diptych_server.egg-info/PKG-INFO",
+    ]:
+        assert _ignored(path, patterns), path
+    for path in ["gateway/main.py", "frontend/package-lock.json", "frontend/src/main.ts", "pyproject.toml"]:
+        assert not _ignored(path, patterns), path
+
+
+def test_the_build_context_of_this_checkout_is_small():
+    """Walks this checkout as the builder would send it (its .venv, caches and node_modules included here)."""
+    patterns = _ignore_patterns()
+    total = 0
+    for top, folders, files in os.walk(REPO):
+        folder = Path(top)
+        relative = folder.relative_to(REPO).as_posix()
+        folders[:] = [f for f in folders if not _ignored(f if relative == "." else f"{relative}/{f}", patterns)]
+        for name in files:
+            path = name if relative == "." else f"{relative}/{name}"
+            if not _ignored(path, patterns) and not (folder / name).is_symlink():
+                total += (folder / name).stat().st_size
+    assert total < CONTEXT_LIMIT_BYTES, f"the build context would be {total / 2**20:.0f} MiB"
+
+
+def test_the_image_runs_the_diptych_command_and_holds_compose_s_entrypoint():
+    runtime = _stages("cpu")[-1]
+    (entrypoint,) = [a for k, a in runtime.instructions if k == "ENTRYPOINT"]
+    (program,) = re.fullmatch(r'\["(\w+)"\]', entrypoint).groups()
+    project = (REPO / "pyproject.toml").read_text()
+    assert re.search(rf'^{program} = "diptych_server\.cli:main"$', project, re.MULTILINE)
+    installed = {a.split()[-1] for k, a in runtime.instructions if k == "COPY" and a.startswith("infra/docker/")}
+    compose = (REPO / "infra" / "compose.yaml").read_text()
+    (used,) = set(re.findall(r'entrypoint: \["([\w-]+)"\]', compose))
+    assert f"/usr/local/bin/{used}" in installed
+    assert os.access(REPO / "infra" / "docker" / used, os.X_OK), "COPY keeps the mode: the script must be executable"
