@@ -89,9 +89,12 @@ def test_when_a_running_request_needs_a_block_the_latest_lowest_priority_one_is_
     assert "second" not in kv.block_tables and second.num_preemptions == 1
     assert planned(out) == {"first": 1, "third": 1}
     # Once memory is back, the preempted request is recomputed from all its tokens.
+    first_scheduled_ns = second.scheduled_ns
     scheduler.finish(first)
     out = step(scheduler)
     assert planned(out)["second"] == 5
+    # its queueing (the trace's worker.queue span) ended when it was first scheduled, not at readmission
+    assert second.scheduled_ns == first_scheduled_ns > 0
 
 
 def test_an_earlier_batch_request_is_preempted_when_a_later_interactive_one_needs_a_block():
