@@ -32,6 +32,7 @@ def _status(error_class, **fields):
         _status(diptych.ServiceUnavailableError),
         _status(diptych.RateLimitError),
         diptych.ConflictError("idempotency key in use", code="ABORTED", request_id="req_1"),
+        diptych.ConflictError("a request with this Idempotency-Key runs", code="idempotency_key_in_use"),
         diptych.APIConnectionError("refused", code="UNAVAILABLE"),
         diptych.APIConnectionError("refused", code="connection_error"),
     ],

@@ -3,8 +3,8 @@
 Retried: UNAVAILABLE (the gateway unreachable or without capacity),
 RESOURCE_EXHAUSTED (rate limited), waiting what the server asks (`retry-after-ms`)
 when it says, else exponential backoff with full jitter, and ABORTED (an earlier
-try with the same idempotency key still runs: once it completed, the retry gets
-its stored result). Timeouts are not retried:
+try with the same idempotency key still runs, on the gateway or the admin API:
+once it completed, the retry gets its stored result). Timeouts are not retried:
 `timeout` is the caller's budget for a call, and a generation that ran out of it
 would most likely run out again. A call is only retried until its first response
 message arrives, so a retry never repeats output the caller has seen; every retry of
@@ -60,7 +60,9 @@ def _is_retryable(error: DiptychError) -> bool:
         # Refused or reset before an answer; CANCELLED is never retried.
         return error.code in ("UNAVAILABLE", "connection_error")
     if isinstance(error, ConflictError):
-        return error.code == "ABORTED"  # inference only: a REST conflict does not go away by waiting
+        # an earlier try with the same idempotency key still runs (gRPC ABORTED, or the admin API's 409);
+        # any other REST conflict does not go away by waiting
+        return error.code in ("ABORTED", "idempotency_key_in_use")
     return isinstance(error, (ServiceUnavailableError, RateLimitError))
 
 
