@@ -19,7 +19,7 @@ LONG_OUTPUT = 1000  # with a short prompt, all of diptych-tiny's context: a canc
 
 def ledger(live, api_key: str, **filters) -> list[dict]:
     with live.rest(api_key) as rest:
-        return rest.get("/usage-events", params={"page_size": 200, **filters}).json()["data"]
+        return rest.get("/usage-events", params={"limit": 200, **filters}).json()["data"]
 
 
 def billed_output(live, api_key: str, execution_id: str, timeout: float = 15.0) -> int:
