@@ -29,6 +29,7 @@ from tests.workers.serving import SECRET, Worker, sampling, split
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvTransferParams, Peer
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.wire import (
@@ -42,8 +43,9 @@ from workers.kv_connector.wire import (
     recv_json,
     send_json,
 )
-from workers.request import EngineRequest
+from workers.request import EngineRequest, FinishReason
 from workers.sampling import SamplingParams
+from workers.scheduler import ScheduledChunk, SchedulerOutput
 from workers.server import Role
 
 BLOCK = 16  # the serving workers' block size
@@ -399,6 +401,33 @@ class HandReceiver:
                 self.abort_reason = recv_json(conn, "reason")["reason"]
             self.first_frame = (kind, first)
         self._listener.close()
+
+
+def test_a_prefix_hit_leaves_as_a_chunk_of_its_own_so_a_late_answer_still_skips_it(receiver, sender):
+    """The prefill worker found 3 of the prompt's 5 blocks in its prefix cache and computes the rest in one
+    step, which it stages before the receiver's answer can have come. The hit is a chunk of its own, so a
+    receiver that holds those 3 blocks still gets only the 2 after them (one chunk from block 0 would have
+    had to leave whole)."""
+    kv, connector, arrived = KVCacheManager(20, 4), PrefillConnector(sender), []
+    peer = Peer(receiver.host, receiver.port, sender.allow_shm)
+    request = EngineRequest(
+        "req-1",
+        PROMPT,
+        SamplingParams(max_tokens=1),
+        prefill_only=True,
+        kv_transfer=KvTransferParams(send_to=peer, transfer_token=TOKEN),
+    )
+    sent = connector.add_request(request)
+    assert sent is not None and kv.allocate("req-1", len(PROMPT))
+    request.num_cached_tokens = 12  # the scheduler's count of the hit, set at admission
+    meta = connector.build_meta(SchedulerOutput([ScheduledChunk(request, 12, len(PROMPT) - 12)]), kv)
+    assert [(save.first_block, len(save.block_ids)) for save in meta.saves] == [(0, 3), (3, 2)]
+    connector.save_kv(meta, StagingRunner())
+    receiver.inbox.expect("req-1", TOKEN, arrived.append, len(PROMPT), 3, tuple(PROMPT))
+    request.output_token_ids.append(7)
+    request.finish_reason = FinishReason.HANDED_OFF
+    connector.request_finished(request)
+    assert sent.result(timeout=10).nbytes == 2 * LAYOUT.block_nbytes
 
 
 def test_an_older_receiver_that_says_nothing_of_held_blocks_gets_every_block(sender):

@@ -10,6 +10,7 @@ before a step may overwrite them, that blocks of requests that left or were pree
 chunk still to be sent.
 """
 
+import itertools
 import threading
 from concurrent.futures import Future
 
@@ -82,8 +83,13 @@ class PrefillConnector(KvConnector):
             prompt_done = computed >= len(request.prompt_token_ids)
             upto = kv.blocks_for(computed) if prompt_done else computed // kv.block_size
             if upto > transfer.blocks_saved:
-                block_ids = kv.block_ids(request.request_id)[transfer.blocks_saved : upto]
-                saves.append(KvSave(request.request_id, block_ids, transfer.blocks_saved))
+                block_ids = kv.block_ids(request.request_id)
+                # The prefix-cache hit is staged apart from what this step computed: a receiver that holds
+                # the same prefix then skips that chunk whole, even when the hello's answer comes late.
+                hit = request.num_cached_tokens // kv.block_size
+                cuts = [transfer.blocks_saved] + ([hit] if transfer.blocks_saved < hit < upto else []) + [upto]
+                for start, end in itertools.pairwise(cuts):
+                    saves.append(KvSave(request.request_id, block_ids[start:end], start))
                 transfer.blocks_saved = upto
         freed, self._freed = self._freed, []
         return KvConnectorMeta(saves=saves, freed=freed)
