@@ -173,7 +173,7 @@ def test_up_runs_the_platform_split_serves_a_request_and_stops_everything_on_ctr
     with diptych.Client(api_key=credentials["DIPTYCH_API_KEY"], base_url=credentials["DIPTYCH_BASE_URL"]) as client:
         completion = client.completions.create(model="diptych-tiny", prompt="hello", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5
-    _assert_the_printed_staff_user_sees_the_workers(text)
+    _assert_the_printed_staff_user_sees_the_workers(up.read_until("fleets and workers: "))
     up.record_descendants()
 
     os.killpg(up.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
