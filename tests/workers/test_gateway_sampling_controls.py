@@ -183,30 +183,20 @@ async def test_grpc_and_the_sdk_return_logprobs(tmp_path, tiny_model, executor):
             assert entry.logprob == pytest.approx(wanted, abs=LOGPROB_TOLERANCE)
             assert [top.token_id for top in entry.top_logprobs] == [t for t, _ in best]
         async with diptych.AsyncClient(api_key=API_KEY, base_url=f"grpc://{gateway.grpc_target}") as client:
-            completion = await client.completions.create(
-                model=MODEL,
-                prompt=prompt,
-                max_tokens=8,
-                temperature=0,
-                ignore_eos=True,
-                presence_penalty=0.6,
-                frequency_penalty=1.2,
-                logit_bias=BIAS,
-                logprobs=4,
-                idempotency_key="sampling-controls-1",
-            )
-            replayed = await client.completions.create(
-                model=MODEL,
-                prompt=prompt,
-                max_tokens=8,
-                temperature=0,
-                ignore_eos=True,
-                presence_penalty=0.6,
-                frequency_penalty=1.2,
-                logit_bias=BIAS,
-                logprobs=4,
-                idempotency_key="sampling-controls-1",
-            )
+            asked = {
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": 8,
+                "temperature": 0,
+                "ignore_eos": True,
+                "presence_penalty": 0.6,
+                "frequency_penalty": 1.2,
+                "logit_bias": BIAS,
+                "logprobs": 4,
+                "idempotency_key": "sampling-controls-1",
+            }
+            completion = await client.completions.create(**asked)
+            replayed = await client.completions.create(**asked)
         assert replayed.logprobs == completion.logprobs  # an idempotent replay keeps them
         assert completion.token_ids == expected
         assert completion.logprobs is not None and [e.token_id for e in completion.logprobs] == expected
