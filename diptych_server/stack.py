@@ -32,6 +32,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def bootstrap_arguments(demo: bool, staff_email: str = "", staff_password: str = "") -> list[str]:
+    """The bootstrap command's arguments. Values go as `--name=value`: a random password may start with
+    '-', which a separate argument would make look like an option."""
+    arguments = ["--json"] + (["--demo"] if demo else [])
+    if staff_email:
+        arguments += [f"--staff-email={staff_email}", f"--staff-password={staff_password}"]
+    return arguments
+
+
 class StackError(RuntimeError):
     pass
 
@@ -83,11 +92,8 @@ class Stack:
         sets a fresh password on that staff user (creating it)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._manage("migrate", "--noinput")
-        command = ["bootstrap", "--json"] + (["--demo"] if demo else [])
         staff_password = secrets.token_urlsafe(12) if staff_email else ""
-        if staff_email:
-            command += ["--staff-email", staff_email, "--staff-password", staff_password]
-        output = json.loads(self._manage(*command))
+        output = json.loads(self._manage("bootstrap", *bootstrap_arguments(demo, staff_email, staff_password)))
         return Credentials(
             output.get("api_key", ""),
             output["organization_id"],

@@ -122,6 +122,8 @@ def test_member_creates_a_key_sees_its_usage_in_the_charts_and_revokes_it(page, 
     sign_in(page, MEMBER_EMAIL, passwords[MEMBER_EMAIL])
     expect(page.locator("[data-organization]")).not_to_have_text("no organization")
     expect(page.locator("#fleet")).to_have_count(0)  # fleets are for staff only
+    # every section loaded (the shared stack's organization holds the usage of the tests before this one)
+    expect(page.locator("#app[data-state=ready]")).to_be_attached(timeout=60_000)
 
     page.get_by_label("Name").fill("dashboard-test")
     page.get_by_role("button", name="Create key").click()

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 from controlplane.catalog.models import Fleet, Model, Price
 from controlplane.tenancy.api_keys import looks_like_api_key
 from controlplane.tenancy.models import ApiKey, Membership, Organization
+from diptych_server.stack import bootstrap_arguments
 
 REGISTER_URL = "/api/v1/internal/workers/register"
 WORKER = {"address": "127.0.0.1:50061", "name": "worker-0"}
@@ -144,3 +145,12 @@ def test_bootstrap_seeds_prices_once(db):
     )
     bootstrap()
     assert Price.objects.count() == 12
+
+
+def test_up_s_staff_password_may_start_with_a_dash(db):
+    """`diptych up` makes the staff password with token_urlsafe, which may start with '-'."""
+    stdout = StringIO()
+    call_command("bootstrap", *bootstrap_arguments(True, "staff@diptych.local", "-dash-first-123"), stdout=stdout)
+    assert json.loads(stdout.getvalue())["staff_email"] == "staff@diptych.local"
+    login = APIClient().post("/api/v1/auth/login", {"email": "staff@diptych.local", "password": "-dash-first-123"})
+    assert login.data["user"]["is_staff"]
