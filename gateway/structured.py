@@ -33,8 +33,7 @@ async def plan_structure(request: GenerationRequest, model_source: str) -> Struc
     loop. Raises GatewayError (INVALID_ARGUMENT) naming the parameter at fault."""
     structure = _structure(request)
     if structure.grammar is not None:
-        tokenizer = await run_off_loop(grammar_tokenizer, model_source)
-        await run_off_loop(_check_schemas, request, structure, tokenizer)
+        await run_off_loop(_check_schemas, request, structure, model_source)
     return structure
 
 
@@ -124,7 +123,14 @@ def _tools(request: GenerationRequest) -> tuple[Tool, ...]:
     return tools
 
 
-def _check_schemas(request: GenerationRequest, structure: Structure, tokenizer: LLTokenizer) -> None:
+@lru_cache(maxsize=256)
+def _compile_error(grammar: Grammar, model_source: str) -> str | None:
+    """Why `grammar` does not compile for the model's tokenizer, or None; remembered, so that the schema a
+    client sends with every request is compiled once per gateway rather than on each."""
+    return grammar_error(grammar, grammar_tokenizer(model_source))
+
+
+def _check_schemas(request: GenerationRequest, structure: Structure, model_source: str) -> None:
     """Compiles the response format's schema and every tool's parameters: the first that fails is refused."""
     checks: list[tuple[str, Grammar]] = []
     response_format = request.response_format
@@ -134,11 +140,11 @@ def _check_schemas(request: GenerationRequest, structure: Structure, tokenizer: 
         if tool.parameters:
             checks.append((f"tools[{index}].function.parameters", Grammar(JSON_SCHEMA, tool.parameters)))
     for where, grammar in checks:
-        error = grammar_error(grammar, tokenizer)
+        error = _compile_error(grammar, model_source)
         if error is not None:
             raise _invalid(f"{where} is not a schema this platform can follow: {error[:300]}; fix the schema")
     if request.tools and structure.grammar is not None:  # each tool's schema is now part of the list of calls
-        error = grammar_error(structure.grammar, tokenizer)
+        error = _compile_error(structure.grammar, model_source)
         if error is not None:
             raise _invalid(
                 f"tools: the tools' parameters do not combine into one grammar ({error[:300]}); make each "
