@@ -1,0 +1,120 @@
+"""What a worker's work costs on one kind of hardware, measured by `python -m bench.phase_costs`.
+
+A profile is JSON:
+
+    {"model": "diptych-100m", "hardware": "cpu-2core", "measured_with": "<the command>",
+     "block_size": 16, "token_budget": 512, "max_running": 64, "kv_capacity_tokens": 65536,
+     "prefill": [{"tokens": 16, "seconds": 0.004}, ...],                 # one step computing that many prompt tokens
+     "decode": [{"batch": 1, "context": 128, "seconds": 0.02}, ...],     # one step of that many sequences
+     "kv_transfer": {"fixed_seconds": 0.002, "seconds_per_token": 1e-5},  # prefill worker -> decode worker
+     "overhead": {"ttft_seconds": 0.004, "per_token_seconds": 0.0003}}    # gateway and gRPC, outside the engine
+
+Costs between the measured points are interpolated linearly and beyond them extrapolated from the last
+two points, so a profile measured up to 2,048-token steps still prices a 4,096-token step.
+"""
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    model: str
+    hardware: str
+    measured_with: str
+    block_size: int
+    token_budget: int  # prompt tokens per engine step at most (longer prompts are chunked)
+    max_running: int  # sequences per engine step at most
+    kv_capacity_tokens: int  # tokens of KV cache one worker holds
+    prefill_points: tuple[tuple[int, float], ...]  # (tokens, seconds), tokens ascending
+    decode_points: tuple[tuple[int, int, float], ...]  # (batch, context, seconds), sorted
+    kv_fixed_s: float
+    kv_per_token_s: float
+    ttft_overhead_s: float
+    per_token_overhead_s: float
+
+    def prefill_step_s(self, tokens: int) -> float:
+        """One engine step computing `tokens` prompt tokens (and nothing else)."""
+        if tokens <= 0:
+            return 0.0
+        return _interpolate([t for t, _ in self.prefill_points], [s for _, s in self.prefill_points], tokens)
+
+    def decode_step_s(self, batch: int, context: float) -> float:
+        """One engine step of `batch` decoding sequences whose mean context is `context` tokens."""
+        if batch <= 0:
+            return 0.0
+        contexts = sorted({c for _, c, _ in self.decode_points})
+        by_context = [self._decode_at_context(batch, c) for c in contexts]
+        return max(0.0, _interpolate(contexts, by_context, context))
+
+    def step_s(self, prefill_tokens: int, decode_batch: int, decode_context: float) -> float:
+        """A mixed step (colocated workers): the prompt tokens and the decode rows in one forward pass. The
+        two parts share the step's fixed cost, counted once."""
+        if not prefill_tokens:
+            return self.decode_step_s(decode_batch, decode_context)
+        if not decode_batch:
+            return self.prefill_step_s(prefill_tokens)
+        shared = min(self.prefill_step_s(1), self.decode_step_s(1, decode_context))
+        return self.prefill_step_s(prefill_tokens) + self.decode_step_s(decode_batch, decode_context) - shared
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        return self.kv_fixed_s + self.kv_per_token_s * tokens
+
+    def _decode_at_context(self, batch: int, context: int) -> float:
+        points = sorted((b, s) for b, c, s in self.decode_points if c == context)
+        return _interpolate([b for b, _ in points], [s for _, s in points], batch)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostProfile":
+        kv, overhead = data["kv_transfer"], data["overhead"]
+        return cls(
+            model=data["model"],
+            hardware=data["hardware"],
+            measured_with=data.get("measured_with", ""),
+            block_size=int(data["block_size"]),
+            token_budget=int(data["token_budget"]),
+            max_running=int(data["max_running"]),
+            kv_capacity_tokens=int(data["kv_capacity_tokens"]),
+            prefill_points=tuple(sorted((int(p["tokens"]), float(p["seconds"])) for p in data["prefill"])),
+            decode_points=tuple(
+                sorted((int(p["batch"]), int(p["context"]), float(p["seconds"])) for p in data["decode"])
+            ),
+            kv_fixed_s=float(kv["fixed_seconds"]),
+            kv_per_token_s=float(kv["seconds_per_token"]),
+            ttft_overhead_s=float(overhead["ttft_seconds"]),
+            per_token_overhead_s=float(overhead["per_token_seconds"]),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "hardware": self.hardware,
+            "measured_with": self.measured_with,
+            "block_size": self.block_size,
+            "token_budget": self.token_budget,
+            "max_running": self.max_running,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "prefill": [{"tokens": t, "seconds": s} for t, s in self.prefill_points],
+            "decode": [{"batch": b, "context": c, "seconds": s} for b, c, s in self.decode_points],
+            "kv_transfer": {"fixed_seconds": self.kv_fixed_s, "seconds_per_token": self.kv_per_token_s},
+            "overhead": {"ttft_seconds": self.ttft_overhead_s, "per_token_seconds": self.per_token_overhead_s},
+        }
+
+
+def load_profile(path: Path) -> CostProfile:
+    return CostProfile.from_json(json.loads(path.read_text()))
+
+
+def save_profile(profile: CostProfile, path: Path) -> None:
+    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+
+
+def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
+    """Piecewise-linear through the points; beyond either end, the nearest segment's line."""
+    if len(xs) == 1:
+        return ys[0] * (x / xs[0]) if xs[0] else ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
