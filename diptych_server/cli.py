@@ -105,14 +105,48 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument(
         "--token-timeout", type=float, default=10.0, help="seconds to wait for each following token of a stream"
     )
+    gateway.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=2000.0,
+        help="the time-to-first-token target whose recent attainment the autoscaling signals export",
+    )
+    gateway.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=200.0,
+        help="the time-per-output-token target whose recent attainment the autoscaling signals export",
+    )
+    gateway.add_argument(
+        "--autoscale-policy",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the scaling policy as JSON: targets, min/max replicas and the planner's baseline per fleet "
+        "(planner/autoscale_policy.py; default: the built-in targets, 1 to 16 replicas)",
+    )
     _add_control_plane_url(gateway)
     gateway.set_defaults(run=_run_gateway)
 
     worker = commands.add_parser("worker", help="run a prefill, decode or colocated worker")
     worker.add_argument("--role", choices=["prefill", "decode", "colocated"], required=True)
-    worker.add_argument("--model", default="diptych-tiny")
     worker.add_argument(
-        "--model-source", default="builtin:diptych-tiny", help="builtin:<name> or a local Hugging Face model directory"
+        "--model",
+        default="",
+        help="the fleet's model (default: as the catalog has it; diptych-tiny with an explicit --model-source)",
+    )
+    worker.add_argument(
+        "--model-source",
+        default="",
+        help="builtin:<name> or a local Hugging Face model directory (default: the fleet's model as the catalog "
+        "has it, its published files fetched into --artifact-cache)",
+    )
+    worker.add_argument(
+        "--artifact-cache",
+        type=Path,
+        default=Path(os.environ.get("DIPTYCH_ARTIFACT_CACHE", "~/.cache/diptych/artifacts")),
+        help="where published model files are kept, checked by sha256 (default: DIPTYCH_ARTIFACT_CACHE, "
+        "~/.cache/diptych/artifacts)",
     )
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -156,6 +190,14 @@ def _parser() -> argparse.ArgumentParser:
     add_tier_arguments(kv_tier)
     kv_tier.set_defaults(run=_run_kv_tier)
 
+    from planner.cli import add_arguments as add_plan_arguments  # argparse alone
+
+    plan = commands.add_parser(
+        "plan", help="find the cheapest split and colocated fleets meeting a TTFT and TPOT SLO (simulated)"
+    )
+    add_plan_arguments(plan)
+    plan.set_defaults(run=_run_plan)
+
     model = commands.add_parser("model", help="built-in models")
     model_commands = model.add_subparsers(required=True, metavar="action")
     save = model_commands.add_parser("save", help="write a built-in model as a Hugging Face model directory")
@@ -170,6 +212,11 @@ def _parser() -> argparse.ArgumentParser:
     register.add_argument("name", help="the model's name in the API (the `model` of a request)")
     register.add_argument("directory", type=Path)
     register.add_argument("--json", action="store_true", help="print the fleet tokens as one JSON object")
+    register.add_argument(
+        "--revision",
+        default="",
+        help="name of the published revision (default: the first 12 hex digits of the sha256 of its files' list)",
+    )
     register.set_defaults(run=_run_model_register)
     return parser
 
@@ -208,10 +255,18 @@ def _run_jobs(args) -> None:
 
 
 def _run_gateway(args) -> None:
+    from gateway.autoscale_signals import SloTargets
     from gateway.main import GatewayConfig, serve
     from gateway.request_path import Timeouts
     from gateway.routing import ServingMode
+    from planner.autoscale import ScalingPolicy
+    from planner.autoscale_policy import load_policy
 
+    try:
+        slo = SloTargets(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
+        policy = load_policy(args.autoscale_policy) if args.autoscale_policy else ScalingPolicy()
+    except ValueError as error:
+        raise SystemExit(f"diptych gateway: {error}") from None
     asyncio.run(
         serve(
             GatewayConfig(
@@ -232,12 +287,15 @@ def _run_gateway(args) -> None:
                     kv_delivery_s=args.worker_timeout,
                     next_token_s=args.token_timeout,
                 ),
+                slo=slo,
+                autoscale_policy=policy,
             )
         )
     )
 
 
-def _run_worker(args) -> None:
+def _run_worker(args) -> int:
+    from diptych_common.artifacts import ArtifactError
     from workers.engine import EngineConfig
     from workers.main import serve
     from workers.server import Role
@@ -247,36 +305,49 @@ def _run_worker(args) -> None:
         speculative = spec_config_from_args(args)
     except ValueError as error:
         raise SystemExit(f"diptych worker: {error}") from None
-    asyncio.run(
-        serve(
-            role=Role(args.role),
-            model=args.model,
-            model_source=args.model_source,
-            host=args.host,
-            port=args.port,
-            control_plane_url=args.control_plane_url,
-            fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
-            name=args.name or f"{args.role}-{os.getpid()}",
-            threads=args.threads,
-            kv_port=args.kv_port,
-            metrics_port=args.metrics_port,
-            kv_tier=args.kv_tier,
-            tensor_parallel=args.tensor_parallel,
-            engine_config=EngineConfig(
-                block_size=args.block_size,
-                kv_cache_mib=args.kv_cache_mib,
-                token_budget=args.token_budget,
-                max_running=args.max_running,
-                device=args.device,
-                cuda_graphs=args.cuda_graphs,
-                speculative=speculative,
-            ),
-        )
+    engine_config = EngineConfig(
+        block_size=args.block_size,
+        kv_cache_mib=args.kv_cache_mib,
+        token_budget=args.token_budget,
+        max_running=args.max_running,
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
+        speculative=speculative,
     )
+    try:
+        asyncio.run(
+            serve(
+                role=Role(args.role),
+                model=args.model,
+                model_source=args.model_source,
+                host=args.host,
+                port=args.port,
+                control_plane_url=args.control_plane_url,
+                fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
+                name=args.name or f"{args.role}-{os.getpid()}",
+                threads=args.threads,
+                kv_port=args.kv_port,
+                metrics_port=args.metrics_port,
+                kv_tier=args.kv_tier,
+                tensor_parallel=args.tensor_parallel,
+                artifact_cache=args.artifact_cache,
+                engine_config=engine_config,
+            )
+        )
+    except ArtifactError as error:
+        logging.getLogger("diptych.worker").critical("the worker refuses to start: %s", error)
+        return 1
+    return 0
 
 
 def _run_kv_tier(args) -> int:
     from workers.kv_tier.server import run
+
+    return run(args)
+
+
+def _run_plan(args) -> int:
+    from planner.cli import run
 
     return run(args)
 
@@ -294,22 +365,24 @@ def _run_model_register(args) -> int:
     from diptych_server.model_catalog import RegistrationError, register_model
 
     try:
-        model = register_model(args.name, args.directory)
+        model = register_model(args.name, args.directory, revision=args.revision)
     except RegistrationError as error:
         print(f"diptych model register: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"model": model.name, "source": model.source, "fleet_tokens": model.fleet_tokens}))
+        registered = {"model": model.name, "source": model.source, "revision": model.revision}
+        print(json.dumps({**registered, "fleet_tokens": model.fleet_tokens}))
         return 0
     print(
-        f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog. "
-        "Start its workers (their tokens are new; earlier ones no longer work):"
+        f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog, published "
+        f"as revision {model.revision}; workers of an earlier revision drain once one of this revision is ready."
     )
+    if not model.fleet_tokens:
+        print("Its fleets keep their tokens: start its workers with them (diptych worker --role ROLE).")
+        return 0
+    print("Start its workers (their tokens are new; earlier ones no longer work):")
     for role, token in model.fleet_tokens.items():
-        print(
-            f"  DIPTYCH_FLEET_TOKEN={token} diptych worker --role {role} --model {model.name} "
-            f"--model-source {model.source}"
-        )
+        print(f"  DIPTYCH_FLEET_TOKEN={token} diptych worker --role {role}")
     return 0
 
 

@@ -68,6 +68,8 @@ class Stack:
     # Its processes stop when the process that started them dies (supervision.py): `diptych up` sets it; the
     # tests do not, since the thread that starts a process may end long before the process should.
     supervised: bool = False
+    # More environment for every process and command of this stack: e.g. the artifact store's settings.
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def control_plane_url(self) -> str:
@@ -84,6 +86,7 @@ class Stack:
         )
         if self.database_url:
             env["DATABASE_URL"] = self.database_url
+        env.update(self.extra_env)
         env.update(extra)
         return env
 
@@ -103,6 +106,12 @@ class Stack:
             output.get("staff_email", ""),
             staff_password,
         )
+
+    def prepare_region(self, region: str, hardware_class: str = "cpu") -> dict[str, str]:
+        """Ensures the fleets of another region (or hardware class) after `prepare_control_plane`; returns
+        their fresh tokens by role."""
+        output = self._manage("bootstrap", "--json", f"--region={region}", f"--hardware-class={hardware_class}")
+        return json.loads(output)["fleet_tokens"]
 
     def start_control_plane(self, timeout: float = 60.0) -> None:
         self._spawn("control-plane", ["control-plane", "--port", str(self.control_plane_port)])

@@ -18,7 +18,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from diptych_common.artifacts import ArtifactCache, fetch_tokenizer_files
 from gateway.auth import Authenticator
+from gateway.autoscale_signals import AutoscaleSignals, SloTargets
 from gateway.batch_api import BatchApiProxy
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.http_api import build_app
@@ -31,6 +33,7 @@ from gateway.request_path import RequestPath, Timeouts
 from gateway.routing import Router, ServingMode
 from gateway.service import SERVICE_NAME, add_inference_service
 from gateway.usage import UsageJournal, UsageReporter
+from planner.autoscale import ScalingPolicy
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ class GatewayConfig:
     skip_split_below: int = 0
     prefill_overflow_tokens: int = 0
     timeouts: Timeouts = Timeouts()
+    slo: SloTargets = SloTargets()  # the autoscaling signals' TTFT and TPOT targets
+    autoscale_policy: ScalingPolicy = ScalingPolicy()
 
 
 async def serve(config: GatewayConfig) -> None:
@@ -61,7 +66,15 @@ async def serve(config: GatewayConfig) -> None:
     channels = Channels()
     await _fetch_worker_secret(control_plane, channels)
     board = LoadBoard(channels)
-    registry = Registry(control_plane, on_refresh=board.sync, is_alive=board.is_fresh)
+    artifacts = ArtifactCache(config.state_dir / "artifact-cache")  # not "artifacts": the embedded store lives there
+    registry = Registry(
+        control_plane,
+        on_refresh=board.sync,
+        is_alive=board.is_fresh,
+        tokenizer_files=lambda model: fetch_tokenizer_files(
+            config.control_plane_url, config.internal_token, model, artifacts
+        ),
+    )
     await _first_refresh(registry)
     journal = UsageJournal(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
     recovered = journal.recover()
@@ -101,7 +114,12 @@ async def serve(config: GatewayConfig) -> None:
         journal.count(),
     )
 
-    tasks = [asyncio.create_task(registry.refresh_forever()), asyncio.create_task(usage.flush_forever())]
+    autoscale = AutoscaleSignals(registry, board, config.autoscale_policy, config.slo)
+    tasks = [
+        asyncio.create_task(registry.refresh_forever()),
+        asyncio.create_task(usage.flush_forever()),
+        asyncio.create_task(autoscale.publish_forever()),
+    ]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -42,6 +42,12 @@ ROUTING_DECISIONS = Counter(
     "Routes chosen: split, split_skipped (prefill on the decode worker itself) or colocated",
     ["model", "decision"],
 )
+ROUTED_REQUESTS = Counter(
+    "diptych_gateway_routed_requests_total",
+    "Routes chosen (one per attempt), by the region of their workers ('prefill>decode' for a pair across two) "
+    "and local: 'true' when every worker is in the gateway's own --region (any region when it has none)",
+    ["region", "local"],
+)
 PREFIX_CACHE_MATCHED_TOKENS = Counter(
     "diptych_gateway_prefix_matched_tokens_total",
     "Prompt tokens the chosen prefill worker already held in its prefix cache, by the workers' published block hashes",
@@ -54,4 +60,25 @@ MIGRATIONS = Counter(
 RATE_LIMITED = Counter("diptych_gateway_rate_limited_total", "Requests refused by a rate limit", ["scope", "kind"])
 USAGE_SPOOLED = Gauge(
     "diptych_gateway_usage_events_spooled", "Usage events waiting in the local spool for the control plane"
+)
+# Per-phase autoscaling (gateway/autoscale_signals.py): the scaling decision and the signals behind it, per fleet.
+_FLEET = ["model", "role", "region"]
+AUTOSCALE_DESIRED_REPLICAS = Gauge(
+    "diptych_autoscale_desired_replicas", "Replicas the scaling decision wants for the fleet", _FLEET
+)
+AUTOSCALE_CURRENT_REPLICAS = Gauge(
+    "diptych_autoscale_current_replicas",
+    "Ready workers of the fleet reporting fresh load, as the decision counted",
+    _FLEET,
+)
+AUTOSCALE_QUEUE_PER_WORKER = Gauge(
+    "diptych_autoscale_queue_per_worker", "Requests waiting per ready worker of the fleet", _FLEET
+)
+AUTOSCALE_KV_UTILISATION = Gauge(
+    "diptych_autoscale_kv_utilisation", "Share of the fleet's KV cache blocks in use", _FLEET
+)
+AUTOSCALE_SLO_ATTAINMENT = Gauge(
+    "diptych_autoscale_slo_attainment",
+    "Share of this gateway's recent requests meeting the SLO target (ttft: the prefill's fleet, tpot: the decode's)",
+    _FLEET + ["slo"],
 )

@@ -15,6 +15,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, StatusCode
 from diptych_common.logs import bind_request
 from diptych_common.tracing import start_span, trace_id_of
 from gateway.auth import Authenticator, Caller, check_allowed
+from gateway.autoscale_signals import RECENT_LATENCIES
 from gateway.choices import ChoiceRun, choice_plan, interleaved, request_usage, whole_answers
 from gateway.delivery import Delivery, decode_record
 from gateway.idempotency import IdempotencyKeys
@@ -234,7 +235,7 @@ class Pipeline:
         reason and usage. They count as delivered where the caller hands them over."""
         plan, trace = run.plan, run.trace
         request_id = admitted.plan.request_id
-        last_token_at = None
+        first_token_at = last_token_at = None
         produced = 0
         text = TextStream(plan.tokenizer, plan.stop)
         calls = ToolCallStream(plan.tools) if plan.tools else None
@@ -244,14 +245,18 @@ class Pipeline:
                 if last_token_at is None and run.index == 0:
                     ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode)
                     ttft.observe(now - admitted.arrived)
+                    RECENT_LATENCIES.record_ttft(trace, now - admitted.arrived)
                 elif last_token_at is not None:
                     INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
+                first_token_at = first_token_at or now
                 last_token_at = now
                 produced += 1
                 delta = text.push(event.token_id)
                 logprobs = _logprobs(plan, event)
                 if text.stopped or event.finished:
                     finish_trace(trace)
+                    if produced > 1:  # the stream's mean time per output token after its first
+                        RECENT_LATENCIES.record_tpot(trace, (now - first_token_at) / (produced - 1))
                     stopped = text.stopped or event.finished_by_eos
                     content, tool_calls = calls.end(delta + text.flush()) if calls else (delta + text.flush(), ())
                     finish = FinishReason.STOP if stopped else FinishReason.LENGTH

@@ -5,6 +5,11 @@ outage its registry may omit workers whose heartbeats have not come in yet. A wo
 seen ready stays in its view, as ready, while `is_alive` (its own live-load stream from the worker is
 fresh) says so, even when the registry omits it or calls it dead; a drain the registry lists is
 honoured at once. While the registry cannot be fetched at all, the last view is kept.
+
+A model published as artifacts (catalog source `artifacts`) has no source the gateway can read: its
+tokenizer comes from the current revision's files without the weights, fetched and verified into the
+gateway's cache (`tokenizer_files`), once per revision; `ModelInfo.source` is then that directory. A model
+whose files cannot be fetched keeps its last known revision, or stays out of the view until they can.
 """
 
 import asyncio
@@ -12,16 +17,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diptych_common.logs import describe_error
 from gateway.control_plane import ControlPlaneClient
 
 log = logging.getLogger(__name__)
 
 
+ARTIFACTS_SOURCE = "artifacts"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
-    source: str
+    source: str  # where the tokenizer loads from: builtin:<name> or a local directory
     context_length: int
+    revision: str = ""  # the published revision ("" unless the model is published as artifacts)
 
 
 @dataclass(frozen=True)
@@ -43,19 +53,20 @@ class Registry:
         refresh_interval_s: float = 1.0,
         on_refresh: Callable[[list["WorkerInfo"]], None] | None = None,
         is_alive: Callable[[str], bool] | None = None,
+        tokenizer_files: Callable[[str], str] | None = None,
     ) -> None:
         self._control_plane = control_plane
         self._refresh_interval_s = refresh_interval_s
         self._on_refresh = on_refresh
         self._is_alive = is_alive
+        self._tokenizer_files = tokenizer_files  # model name -> the directory of its current revision's files
         self.models: dict[str, ModelInfo] = {}
         self.workers: list[WorkerInfo] = []
 
     async def refresh(self) -> None:
         snapshot = await self._control_plane.registry()
-        self.models = {
-            m["name"]: ModelInfo(m["name"], m["source"], int(m["context_length"])) for m in snapshot["models"]
-        }
+        models = [await self._model_info(m) for m in snapshot["models"]]
+        self.models = {model.name: model for model in models if model is not None}
         listed = [
             WorkerInfo(
                 id=w["id"],
@@ -72,6 +83,23 @@ class Registry:
         self.workers = [w for w in listed if w.state != "dead"] + self._still_alive_beyond(listed)
         if self._on_refresh is not None:
             self._on_refresh(self.workers)
+
+    async def _model_info(self, listed: dict) -> ModelInfo | None:
+        name, source, revision = listed["name"], listed["source"], listed.get("revision", "")
+        if source != ARTIFACTS_SOURCE:
+            return ModelInfo(name, source, int(listed["context_length"]))
+        known = self.models.get(name)
+        if known is not None and known.revision == revision:
+            return known
+        if self._tokenizer_files is None:
+            log.warning("%s is published as artifacts, but this gateway has no artifact cache", name)
+            return known
+        try:
+            directory = await asyncio.to_thread(self._tokenizer_files, name)
+        except Exception as error:  # a store or network fault, or a checksum refused: keep what we had
+            log.warning("cannot fetch the tokenizer of %s@%s: %s", name, revision, describe_error(error))
+            return known
+        return ModelInfo(name, directory, int(listed["context_length"]), revision)
 
     async def refresh_forever(self) -> None:
         while True:

@@ -20,8 +20,17 @@
   to the prefill (or colocated) worker that served the key last, unless that worker is gone or its
   estimated work exceeds the least loaded one's by more than SESSION_SLACK_REQUESTS waiting requests.
   Each gateway remembers at most MAX_SESSIONS keys, least recently used first out.
-- Same-region workers first (the gateway's `--region`), other regions when none is usable there;
-  workers that failed this request are avoided; workers that stopped reporting load are not used.
+- Regions: a request runs whole in one region when any region can take it, since a KV cache moving
+  between regions is slow and costly. The order: the gateway's own region (`--region`), then the other
+  regions, least loaded per usable worker first (then the most such workers, then the name, so the
+  choice is deterministic); within a region the mode's order (auto: split when both phases are usable
+  there, else colocated). In auto mode a colocated worker of the own region thus wins over a split pair
+  elsewhere: it moves no KV cache and keeps the stream in the region the gateway serves. Only when no
+  region can take the request whole: a pair across regions (each phase from the own region first), then
+  workers that failed this request, then workers that have not reported load yet. A region whose
+  workers are all draining, silent, broken or failed for this request counts as gone. Every route is
+  counted in diptych_gateway_routed_requests_total{region, local}.
+- Workers that failed this request are avoided; workers that stopped reporting load are not used.
 """
 
 import enum
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 
 from diptych_common.prefix_hash import block_hashes
 from gateway.live_load import LiveLoad, LoadBoard
+from gateway.metrics import ROUTED_REQUESTS
 from gateway.registry import Registry, WorkerInfo
 from gateway.types import ErrorKind, GatewayError
 
@@ -75,6 +85,16 @@ class Pin:
 
     prefill: str  # worker ids
     decode: str
+
+
+@dataclass(frozen=True)
+class RegionWorkers:
+    """A region's workers that report fresh load, do not drain and have not failed this request, by role."""
+
+    region: str
+    prefill: list[WorkerInfo]
+    decode: list[WorkerInfo]
+    colocated: list[WorkerInfo]
 
 
 @dataclass(frozen=True)
@@ -140,9 +160,67 @@ class Router:
         route = self._route(request)
         if request.session_key:
             self._remember_session(request.session_key, route.prefill.id)
+        ROUTED_REQUESTS.labels(*self._region_labels(route)).inc()
         return route
 
     def _route(self, request: RouteRequest) -> Route:
+        """Whole in one region when any can take the request (the own region first), else across regions."""
+        region = self._best_region(request)
+        if region is not None:
+            return self._route_within(request, region)
+        return self._route_across(request)
+
+    def _best_region(self, request: RouteRequest) -> RegionWorkers | None:
+        """Of the regions that can take the request whole: the gateway's own, else the one with the fewest
+        pending requests per serving worker, then the most serving workers, then the first by name."""
+        regions = [r for r in self._usable_by_region(request.model, request.avoid) if self._servers(r)]
+
+        def rank(region: RegionWorkers) -> tuple[bool, float, int, str]:
+            servers = self._servers(region)
+            pending = sum(self._pending(w) for w in servers) / len(servers)
+            return region.region != self._region, pending, -len(servers), region.region
+
+        return min(regions, key=rank, default=None)
+
+    def _servers(self, region: RegionWorkers) -> list[WorkerInfo]:
+        """The region's workers the mode would run the request on: a split pair's fleets, or colocated
+        workers (auto mode when no pair is usable there); none when the region cannot take it."""
+        if self._mode is not ServingMode.COLOCATED and region.prefill and region.decode:
+            return region.prefill + region.decode
+        if self._mode is not ServingMode.SPLIT:
+            return region.colocated
+        return []
+
+    def _route_within(self, request: RouteRequest, region: RegionWorkers) -> Route:
+        if self._mode is not ServingMode.COLOCATED and region.prefill and region.decode:
+            return self._split_route(request, region.prefill, region.decode)
+        return self._colocated_route(request, region.colocated)
+
+    def _usable_by_region(self, model: str, avoid: frozenset[str]) -> list[RegionWorkers]:
+        def usable(role: str) -> list[WorkerInfo]:
+            ready = self._registry.ready_workers(model, role)
+            return [w for w in ready if w.id not in avoid and _usable(self._board.get(w.id))]
+
+        prefill, decode, colocated = usable("prefill"), usable("decode"), usable("colocated")
+        names = sorted({w.region for w in prefill + decode + colocated})
+        return [
+            RegionWorkers(
+                name,
+                prefill=[w for w in prefill if w.region == name],
+                decode=[w for w in decode if w.region == name],
+                colocated=[w for w in colocated if w.region == name],
+            )
+            for name in names
+        ]
+
+    def _region_labels(self, route: Route) -> tuple[str, str]:
+        regions = [route.prefill.region] + ([route.decode.region] if route.decode else [])
+        label = regions[0] if len(set(regions)) == 1 else ">".join(regions)
+        local = not self._region or all(region == self._region for region in regions)
+        return label, str(local).lower()
+
+    def _route_across(self, request: RouteRequest) -> Route:
+        """No region can take the request whole: each phase from its own best tier (`_candidates`)."""
         model = request.model
         if self._mode is not ServingMode.COLOCATED:
             prefill = self._candidates(model, "prefill", request.avoid)
@@ -155,6 +233,9 @@ class Router:
         if not colocated:
             roles = "colocated" if self._mode is ServingMode.COLOCATED else "prefill and decode, or colocated"
             raise _no_workers(model, roles)
+        return self._colocated_route(request, colocated)
+
+    def _colocated_route(self, request: RouteRequest, colocated: list[WorkerInfo]) -> Route:
         least_loaded = min(colocated, key=lambda w: (self._pending(w), w.id))
         worker = self._preferred(request, colocated, least_loaded, lambda w: QUEUED_REQUEST_TOKENS * self._pending(w))
         return Route(
@@ -280,18 +361,17 @@ class Router:
         return matched
 
     def _candidates(self, model: str, role: str, avoid: frozenset[str]) -> list[WorkerInfo]:
-        """Usable workers of the role, best tier first: same region, other regions, then workers that
-        already failed this request but still report load, then workers with no load report yet."""
+        """Usable workers of the role, best tier first: those that have not failed this request, then
+        those that did but still report load, then those with no load report yet; in each, the same
+        region's first. Used when no region can take the request whole."""
         ready = self._registry.ready_workers(model, role)
         live = {w.id: self._board.get(w.id) for w in ready}
         usable = [w for w in ready if _usable(live[w.id])]
         fresh = [w for w in usable if w.id not in avoid]
-        tiers = [
-            [w for w in fresh if w.region == self._region or not self._region],
-            fresh,
-            usable,
-            [w for w in ready if w.id not in avoid and _unreported(live[w.id])],
-        ]
+        unreported = [w for w in ready if w.id not in avoid and _unreported(live[w.id])]
+        tiers: list[list[WorkerInfo]] = []
+        for tier in (fresh, usable, unreported):
+            tiers += [[w for w in tier if w.region == self._region or not self._region], tier]
         return next((tier for tier in tiers if tier), [])
 
 

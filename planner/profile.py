@@ -7,14 +7,22 @@ A profile is JSON:
      "prefill": [{"tokens": 16, "seconds": 0.004}, ...],                 # one step computing that many prompt tokens
      "decode": [{"batch": 1, "context": 128, "seconds": 0.02}, ...],     # one step of that many sequences
      "kv_transfer": {"fixed_seconds": 0.002, "seconds_per_token": 1e-5},  # prefill worker -> decode worker
-     "overhead": {"ttft_seconds": 0.004, "per_token_seconds": 0.0003}}    # gateway and gRPC, outside the engine
+     "overhead": {"ttft_seconds": 0.004, "per_token_seconds": 0.0003},   # gateway and gRPC, outside the engine
+     "prefill_attention": {"seconds_per_token_pair": 5e-7}}              # optional: see below
 
 Costs between the measured points are interpolated linearly and beyond them extrapolated from the last
 two points, so a profile measured up to 2,048-token steps still prices a 4,096-token step.
+
+A prefill point prices one prompt computed from its first token. A chunk that starts later in its prompt
+attends over the chunks before it, and a step of several short prompts attends less than one long prompt
+of the same total: `prefill_attention` prices that difference, per pair of (token computed, earlier token
+of its sequence it attends to) (`step_s(..., chunks=...)`). A profile without it prices prompt tokens by
+their count alone.
 """
 
 import bisect
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +42,7 @@ class CostProfile:
     kv_per_token_s: float
     ttft_overhead_s: float
     per_token_overhead_s: float
+    attention_pair_s: float = 0.0  # seconds per (prompt token computed, earlier token of its sequence)
 
     def prefill_step_s(self, tokens: int) -> float:
         """One engine step computing `tokens` prompt tokens (and nothing else)."""
@@ -49,15 +58,30 @@ class CostProfile:
         by_context = [self._decode_at_context(batch, c) for c in contexts]
         return max(0.0, _interpolate(contexts, by_context, context))
 
-    def step_s(self, prefill_tokens: int, decode_batch: int, decode_context: float) -> float:
+    def step_s(
+        self, prefill_tokens: int, decode_batch: int, decode_context: float, chunks: Sequence[tuple[int, int]] = ()
+    ) -> float:
         """A mixed step (colocated workers): the prompt tokens and the decode rows in one forward pass. The
-        two parts share the step's fixed cost, counted once."""
+        two parts share the step's fixed cost, counted once. `chunks`: the step's prompt chunks as (tokens,
+        position of the chunk's first token in its prompt), when known: their attention is priced
+        (`chunks_attention_s`)."""
         if not prefill_tokens:
             return self.decode_step_s(decode_batch, decode_context)
+        prefill = self.prefill_step_s(prefill_tokens) + self.chunks_attention_s(chunks)
         if not decode_batch:
-            return self.prefill_step_s(prefill_tokens)
+            return prefill
         shared = min(self.prefill_step_s(1), self.decode_step_s(1, decode_context))
-        return self.prefill_step_s(prefill_tokens) + self.decode_step_s(decode_batch, decode_context) - shared
+        return prefill + self.decode_step_s(decode_batch, decode_context) - shared
+
+    def chunks_attention_s(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """What a step's prompt chunks, (tokens, start position) each, cost beyond (or below)
+        `prefill_step_s` of their total, which prices one prompt of that many tokens from position 0: each
+        token attends over its chunk's start plus the tokens before it in the chunk."""
+        if not chunks or not self.attention_pair_s:
+            return 0.0
+        total = sum(tokens for tokens, _ in chunks)
+        pairs = sum(tokens * (start + tokens / 2) for tokens, start in chunks)
+        return self.attention_pair_s * (pairs - total * total / 2)
 
     def kv_transfer_s(self, tokens: int) -> float:
         return self.kv_fixed_s + self.kv_per_token_s * tokens
@@ -85,6 +109,7 @@ class CostProfile:
             kv_per_token_s=float(kv["seconds_per_token"]),
             ttft_overhead_s=float(overhead["ttft_seconds"]),
             per_token_overhead_s=float(overhead["per_token_seconds"]),
+            attention_pair_s=float(data.get("prefill_attention", {}).get("seconds_per_token_pair", 0.0)),
         )
 
     def to_json(self) -> dict:
@@ -100,6 +125,7 @@ class CostProfile:
             "decode": [{"batch": b, "context": c, "seconds": s} for b, c, s in self.decode_points],
             "kv_transfer": {"fixed_seconds": self.kv_fixed_s, "seconds_per_token": self.kv_per_token_s},
             "overhead": {"ttft_seconds": self.ttft_overhead_s, "per_token_seconds": self.per_token_overhead_s},
+            "prefill_attention": {"seconds_per_token_pair": self.attention_pair_s},
         }
 
 

@@ -3,6 +3,8 @@
 import enum
 from dataclasses import dataclass
 
+MAX_WORKERS = 1000  # the largest fleet the planner searches
+
 
 class Mode(enum.StrEnum):
     SPLIT = "split"  # prefill workers hand the KV cache to decode workers

@@ -8,11 +8,13 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import httpx
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from diptych_common.artifacts import DEFAULT_CACHE, ArtifactCache, model_for_worker
 from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
@@ -42,6 +44,7 @@ from workers.tensor_parallel import TensorParallelRunner, TensorParallelSpec, la
 log = logging.getLogger(__name__)
 
 DRAIN_GRACE_S = 30.0
+DEFAULT_MODEL = "diptych-tiny"  # what an explicit --model-source serves when no --model names it
 MAX_MESSAGE_BYTES = 64 << 20
 FOLLOWER_DIED_EXIT_CODE = 3
 
@@ -113,8 +116,11 @@ async def serve(
     metrics_port: int = 0,
     kv_tier: str = "",
     tensor_parallel: int = 1,
+    artifact_cache: Path = DEFAULT_CACHE,
 ) -> None:
-    """`kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
+    """`model_source`: builtin:<name> or a local directory; empty: the fleet's model as the catalog has
+    it (its files fetched into `artifact_cache` when it is published as artifacts); `model` empty: the fleet's.
+    `kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
     `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
     followers it starts, on devices cuda:n.. under --device cuda:n)."""
     engine_config = engine_config or EngineConfig()
@@ -122,6 +128,16 @@ async def serve(
     if swept := sweep_stale_files():
         log.info("removed %d shared-memory files left by workers that no longer run", swept)
     cuda = engine_config.device.startswith("cuda")
+    resolved = await asyncio.to_thread(
+        model_for_worker,
+        model,
+        model_source,
+        control_plane_url,
+        fleet_token,
+        ArtifactCache(artifact_cache),
+        DEFAULT_MODEL,
+    )
+    model, model_source = resolved.model, resolved.source
     loaded = load_model(model, model_source, dtype=torch.bfloat16 if cuda else torch.float32)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
     parallel = TensorParallelLaunch(tensor_parallel, model_source, stop_on_group_lost)
@@ -175,6 +191,7 @@ async def serve(
         service.load_report,
         on_state=lambda _: service.set_draining(link.draining),
         secret=secret,
+        revision=resolved.revision,
     )
     await link.register_until_accepted()
     if link.fleet.get("model") != model or link.fleet.get("role") != role:

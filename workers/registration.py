@@ -30,6 +30,7 @@ class ControlPlaneLink:
         on_state: Callable[[str], None] = lambda state: None,
         secret: WorkerSecret | None = None,
         http_timeout_s: float = 5.0,
+        revision: str = "",
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=control_plane_url.rstrip("/"),
@@ -39,6 +40,7 @@ class ControlPlaneLink:
         self._address = address
         self._name = name
         self._load = load
+        self._revision = revision  # the model revision this worker loaded; "" for a builtin or local model
         self._on_state = on_state  # told the state the control plane holds for this worker
         self.secret = secret or WorkerSecret()  # the worker RPC secret, handed over on registration
         self.worker_id = ""
@@ -48,7 +50,8 @@ class ControlPlaneLink:
 
     async def register(self) -> None:
         response = await self._http.post(
-            "/api/v1/internal/workers/register", json={"address": self._address, "name": self._name}
+            "/api/v1/internal/workers/register",
+            json={"address": self._address, "name": self._name, "revision": self._revision},
         )
         if response.status_code == 401:
             raise RegistrationError(f"the control plane refused the fleet token: {response.text}")

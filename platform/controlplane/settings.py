@@ -70,6 +70,13 @@ DIPTYCH_INTERNAL_TOKEN = os.environ.get("DIPTYCH_INTERNAL_TOKEN", "")
 DIPTYCH_WORKER_DEAD_AFTER_SECONDS = _env_int("DIPTYCH_WORKER_DEAD_AFTER_SECONDS", 10)
 DIPTYCH_HEARTBEAT_INTERVAL_SECONDS = _env_int("DIPTYCH_HEARTBEAT_INTERVAL_SECONDS", 2)
 
+# Model artifacts (`diptych model register`): empty DIPTYCH_ARTIFACT_STORE keeps them in DIPTYCH_ARTIFACT_DIR,
+# served to workers by the control plane; s3://BUCKET/PREFIX keeps them in S3-compatible storage (at
+# DIPTYCH_ARTIFACT_S3_ENDPOINT, empty for AWS), with credentials from the usual AWS_* environment.
+DIPTYCH_ARTIFACT_STORE = os.environ.get("DIPTYCH_ARTIFACT_STORE", "").strip()
+DIPTYCH_ARTIFACT_DIR = Path(os.environ.get("DIPTYCH_ARTIFACT_DIR") or STATE_DIR / "artifacts")
+DIPTYCH_ARTIFACT_S3_ENDPOINT = os.environ.get("DIPTYCH_ARTIFACT_S3_ENDPOINT", "").strip()
+
 # Stripe: empty STRIPE_API_KEY keeps invoices as drafts here; STRIPE_API_BASE points the library at
 # another server (a local stand-in in tests).
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "")

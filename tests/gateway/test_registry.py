@@ -94,3 +94,51 @@ async def test_without_a_liveness_source_the_registry_is_followed_as_listed(cont
     control_plane.workers = []
     await registry.refresh()
     assert ready_ids(registry) == []
+
+
+class PublishedModel(ControlPlaneStandIn):
+    """A control plane whose one model is published as artifacts, at `revision`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.revision = "r1"
+
+    async def registry(self) -> dict:
+        model = {"name": "m", "source": "artifacts", "context_length": 64, "revision": self.revision}
+        return {"models": [model], "workers": self.workers}
+
+
+async def test_a_published_model_s_tokenizer_comes_from_its_revision_s_files_once_per_revision(tmp_path):
+    control_plane = PublishedModel()
+    fetched: list[str] = []
+    failing = False
+
+    def tokenizer_files(model: str) -> str:
+        if failing:
+            raise OSError("the store is unreachable")
+        fetched.append(control_plane.revision)
+        return str(tmp_path / model / control_plane.revision)
+
+    registry = Registry(control_plane, tokenizer_files=tokenizer_files)
+    await registry.refresh()
+    await registry.refresh()
+    assert registry.models["m"].source == str(tmp_path / "m" / "r1")
+    assert fetched == ["r1"]  # not again while the revision stays
+
+    control_plane.revision = "r2"
+    failing = True
+    await registry.refresh()
+    assert registry.models["m"].revision == "r1"  # the new files cannot be had yet: the last revision serves on
+    failing = False
+    await registry.refresh()
+    assert (registry.models["m"].revision, registry.models["m"].source) == ("r2", str(tmp_path / "m" / "r2"))
+    assert fetched == ["r1", "r2"]
+
+
+async def test_a_published_model_whose_files_were_never_fetched_stays_out_of_the_view():
+    def unreachable(model: str) -> str:
+        raise OSError("the store is unreachable")
+
+    registry = Registry(PublishedModel(), tokenizer_files=unreachable)
+    await registry.refresh()
+    assert registry.models == {}

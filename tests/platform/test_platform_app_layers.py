@@ -33,6 +33,10 @@ INTERNAL_ROUTES = {  # what gateway/control_plane.py and workers/registration.py
     "api/v1/internal/idempotency-keys/release",
     "api/v1/internal/workers/register",
     "api/v1/internal/workers/<str:worker_id>/heartbeat",
+    "api/v1/internal/artifacts/manifest",  # diptych_common/artifacts.py (workers), with the fleet token
+    "api/v1/internal/artifacts/files/<str:model>/<str:revision>/<path:path>",
+    "api/v1/internal/artifacts/models/<str:model>/manifest",  # the gateway, for a published model's tokenizer
+    "api/v1/internal/artifacts/models/<str:model>/files/<str:revision>/<path:path>",
 }
 
 

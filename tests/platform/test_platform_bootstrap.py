@@ -154,3 +154,30 @@ def test_up_s_staff_password_may_start_with_a_dash(db):
     assert json.loads(stdout.getvalue())["staff_email"] == "staff@diptych.local"
     login = APIClient().post("/api/v1/auth/login", {"email": "staff@diptych.local", "password": "-dash-first-123"})
     assert login.data["user"]["is_staff"]
+
+
+def test_each_region_and_hardware_class_gets_fleets_of_its_own(db, make_bearer_client):
+    local, _ = bootstrap()
+    west, stderr = bootstrap("--region", "west")
+    gpu, _ = bootstrap("--region", "us-east-1", "--hardware-class", "h100")
+    fleets = {f.name: (f.role, f.region, f.hardware_class) for f in Fleet.objects.all()}
+    assert fleets == {
+        **{f"tiny-{role}": (role, "local", "cpu") for role in ("prefill", "decode", "colocated")},
+        **{f"tiny-{role}-west": (role, "west", "cpu") for role in ("prefill", "decode", "colocated")},
+        **{f"tiny-{role}-us-east-1-h100": (role, "us-east-1", "h100") for role in ("prefill", "decode", "colocated")},
+    }
+    assert "west cpu fleets are ready" in stderr
+    registered = make_bearer_client(west["fleet_tokens"]["decode"]).post(REGISTER_URL, WORKER)
+    assert (registered.data["fleet"]["name"], registered.data["fleet"]["region"]) == ("tiny-decode-west", "west")
+    # Each run rotates only its own region's tokens: the local ones still work.
+    again = make_bearer_client(local["fleet_tokens"]["prefill"]).post(REGISTER_URL, WORKER)
+    assert again.status_code == 201 and again.data["fleet"]["region"] == "local"
+    assert make_bearer_client(gpu["fleet_tokens"]["colocated"]).post(REGISTER_URL, WORKER).status_code == 201
+
+
+@pytest.mark.parametrize("option", ["--region", "--hardware-class"])
+@pytest.mark.parametrize("value", ["", "two words", "-dash-first", "x" * 65])
+def test_a_bad_region_or_hardware_class_is_refused_and_changes_nothing(db, option, value):
+    with pytest.raises(CommandError, match=f"{option} .* must be 1 to 64 letters"):
+        bootstrap(f"{option}={value}")
+    assert not Fleet.objects.exists() and not Model.objects.exists()

@@ -105,6 +105,9 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
         "invoice_id": invoice.public_id,
         "worker_id": worker["id"],
         "name": tiny_model.name,
+        "model": tiny_model.name,
+        "revision": "r1",
+        "path": "config.json",
         "organization_id": org_a.public_id,
         "request_id": "req-a-secret",
     }
@@ -122,6 +125,10 @@ def _fingerprint(organization: Organization) -> tuple:
         sorted(File.objects.filter(organization=organization).values_list("public_id", "bytes")),
         sorted(Batch.objects.filter(organization=organization).values_list("public_id", "status")),
     )
+
+
+# The catalog's, shared by every organization: a model's name, revision and file paths, and worker ids.
+PUBLIC_WORLD_KEYS = ("name", "model", "revision", "path", "worker_id")
 
 
 @pytest.fixture(params=["api_key", "owner_session"])
@@ -149,9 +156,7 @@ def test_another_organization_sees_and_changes_nothing(organization_a_world, org
     assert response.status_code != 500
     body = response.content.decode()
     # A 404 may echo the id the caller sent; anything else of A's in the answer is a leak.
-    secrets_of_a = {
-        k: v for k, v in organization_a_world.items() if k not in ("name", "worker_id") and k not in parameters
-    }
+    secrets_of_a = {k: v for k, v in organization_a_world.items() if k not in PUBLIC_WORLD_KEYS and k not in parameters}
     leaked = {name for name, value in secrets_of_a.items() if value in body}
     assert not leaked, f"{method.upper()} {url} leaked {leaked}"
     assert _fingerprint(org_a) == before

@@ -45,8 +45,15 @@ def credentials(keep_the_test_transaction, key_a, prefill_fleet, org_a, tiny_mod
     return {"tenant": key_a.key, "fleet": prefill_fleet.token}
 
 
+FLEET_TOKEN_PATHS = (
+    "/api/v1/internal/workers/",
+    "/api/v1/internal/artifacts/manifest",
+    "/api/v1/internal/artifacts/files/",
+)
+
+
 def _authorization(path: str, credentials: dict[str, str], internal_token: str) -> str:
-    if path.startswith("/api/v1/internal/workers/"):
+    if path.startswith(FLEET_TOKEN_PATHS):
         return f"Bearer {credentials['fleet']}"
     if path.startswith("/api/v1/internal/"):
         return f"Bearer {internal_token}"

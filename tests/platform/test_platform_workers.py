@@ -202,7 +202,7 @@ def test_registry_lists_models_and_only_live_workers(
     response = internal_client.get(REGISTRY_URL)
     assert response.status_code == 200
     assert response.data["models"] == [
-        {"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024}
+        {"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024, "revision": ""}
     ]
     workers = {worker["id"]: worker for worker in response.data["workers"]}
     assert set(workers) == {ready_id, draining_id}
@@ -216,6 +216,7 @@ def test_registry_lists_models_and_only_live_workers(
         "hardware_class": "cpu",
         "address": "127.0.0.1:50071",
         "state": "draining",
+        "revision": "",
         **LOAD,
         "last_heartbeat_at": draining["last_heartbeat_at"],
     }

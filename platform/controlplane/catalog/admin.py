@@ -1,12 +1,28 @@
 from django.contrib import admin
 
-from controlplane.catalog.models import Fleet, Model, Price, Worker
+from controlplane.catalog.models import Fleet, Model, ModelFile, Price, Worker
+
+
+class ModelFileInline(admin.TabularInline):
+    """Published files are immutable: `diptych model register` adds them; here they are read."""
+
+    model = ModelFile
+    fields = ["revision", "path", "size", "sha256", "created_at"]
+    readonly_fields = fields
+    ordering = ["-created_at", "path"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "family", "dtype", "context_length", "source", "created_at"]
+    list_display = ["name", "family", "dtype", "context_length", "source", "revision", "created_at"]
     search_fields = ["name", "source"]
+    readonly_fields = ["revision"]
+    inlines = [ModelFileInline]
 
 
 @admin.register(Price)
@@ -45,6 +61,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "fleet",
         "address",
         "state",
+        "revision",
         "drain_requested_at",
         "last_heartbeat_at",
         "queue_depth",

@@ -1,5 +1,5 @@
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,6 +11,7 @@ from controlplane.catalog.selectors import (
     model_get,
     model_list,
     price_list,
+    revision_files,
     worker_get,
     worker_list,
 )
@@ -25,7 +26,12 @@ from controlplane.tenancy.base_apis import IsStaff, StaffAPIView, TenantAPIView
 class ModelOutputSerializer(serializers.Serializer):
     name = serializers.CharField()
     family = serializers.CharField()
-    source = serializers.CharField(help_text="`builtin:<name>` or the local directory of the weights.")
+    source = serializers.CharField(
+        help_text="`builtin:<name>`, the local directory of the weights, or `artifacts`: published files."
+    )
+    revision = serializers.CharField(
+        source="published_revision", help_text="The published revision the workers load; empty when none."
+    )
     context_length = serializers.IntegerField()
     dtype = serializers.CharField()
     tokenizer = serializers.CharField()
@@ -34,6 +40,22 @@ class ModelOutputSerializer(serializers.Serializer):
 
     def get_fleets(self, model) -> list[str]:
         return [fleet.name for fleet in model.fleets.all()]
+
+
+class ModelFileOutputSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class ModelDetailOutputSerializer(ModelOutputSerializer):
+    files = serializers.SerializerMethodField(help_text="The files of the current revision; empty when none.")
+
+    @extend_schema_field(ModelFileOutputSerializer(many=True))
+    def get_files(self, model) -> list[dict]:
+        revision = model.published_revision
+        files = revision_files(model=model, revision=revision) if revision else []
+        return ModelFileOutputSerializer(files, many=True).data
 
 
 class PriceOutputSerializer(serializers.Serializer):
@@ -92,9 +114,9 @@ class ModelListApi(PaginatedListMixin, TenantAPIView):
 class ModelDetailApi(TenantAPIView):
     required_permissions = {"GET": Permission.CATALOG_READ}
 
-    @extend_schema(responses=ModelOutputSerializer)
+    @extend_schema(responses=ModelDetailOutputSerializer)
     def get(self, request: Request, name: str) -> Response:
-        return Response(ModelOutputSerializer(model_get(name=name)).data)
+        return Response(ModelDetailOutputSerializer(model_get(name=name)).data)
 
 
 class PriceListCreateApi(PaginatedListMixin, TenantAPIView):

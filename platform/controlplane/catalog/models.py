@@ -3,6 +3,9 @@ from django.db.models import Q
 
 from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
 
+REVISION_MAX_LENGTH = 64
+ARTIFACTS_SOURCE = "artifacts"  # a model's source once published: workers fetch its current revision's files
+
 
 def new_worker_id() -> str:
     return new_public_id("wrk")
@@ -21,10 +24,41 @@ class Model(models.Model):
     tokenizer = models.CharField(
         max_length=1000, blank=True, default="", help_text="Where the tokenizer comes from; empty means the source."
     )
+    revision = models.CharField(
+        max_length=REVISION_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text="The published revision its workers load (source `artifacts`); empty when none.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def published_revision(self) -> str:
+        """The revision workers load; "" unless the source is published files (a bootstrap may have set a
+        builtin or local source again since)."""
+        return self.revision if self.source == ARTIFACTS_SOURCE else ""
+
+
+class ModelFile(models.Model):
+    """One file of a published revision of a model, as kept in the artifact store; rows are never changed."""
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="files")
+    revision = models.CharField(max_length=REVISION_MAX_LENGTH)
+    path = models.CharField(max_length=1000, help_text="Relative POSIX path inside the model directory.")
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model", "revision", "path"], name="catalog_modelfile_one_per_path"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}@{self.revision}/{self.path}"
 
 
 class PricePhase(models.TextChoices):
@@ -113,6 +147,9 @@ class Worker(models.Model):
     kv_blocks_free = models.PositiveIntegerField(default=0)
     kv_blocks_total = models.PositiveIntegerField(default=0)
     tokens_per_second = models.FloatField(default=0.0)
+    revision = models.CharField(
+        max_length=REVISION_MAX_LENGTH, blank=True, default="", help_text="The model revision the worker loaded."
+    )
     drain_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="Set by staff: the worker finishes its work and takes no new work."
     )

@@ -1,11 +1,14 @@
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 
-from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, PriceTier, Worker
+from controlplane.catalog.artifact_store import artifact_store
+from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, ModelFile, Price, PriceTier, Worker
 from controlplane.common.errors import ObjectNotFound
 from controlplane.common.tokens import hash_token
 
@@ -24,6 +27,61 @@ def model_get(*, name: str) -> Model:
     if model is None:
         raise ObjectNotFound(f"Model {name!r} not found.")
     return model
+
+
+def revision_exists(*, model: Model, revision: str) -> bool:
+    return ModelFile.objects.filter(model=model, revision=revision).exists()
+
+
+def revision_files(*, model: Model, revision: str) -> QuerySet[ModelFile]:
+    return ModelFile.objects.filter(model=model, revision=revision).order_by("path")
+
+
+@dataclass(frozen=True)
+class ArtifactManifest:
+    """What a model's workers load: its current revision, its files and where they are kept."""
+
+    model: str
+    revision: str  # "" when the model is not published as artifacts
+    source: str
+    files: list[ModelFile]
+    store: dict[str, Any] | None  # None when there are no files to fetch
+
+
+def model_manifest(*, name: str, files_url: Callable[[str], str]) -> ArtifactManifest:
+    """The manifest of the named model; `files_url(revision)` is where the control plane serves the files."""
+    model = Model.objects.filter(name=name).first()  # fresh: a publication may have just changed the revision
+    if model is None:
+        raise ObjectNotFound(f"Model {name!r} not found.")
+    revision = model.published_revision
+    if not revision:
+        return ArtifactManifest(model=model.name, revision="", source=model.source, files=[], store=None)
+    return ArtifactManifest(
+        model=model.name,
+        revision=revision,
+        source=model.source,
+        files=list(revision_files(model=model, revision=revision)),
+        store=artifact_store().describe(model=model.name, revision=revision, served_at=files_url(revision)),
+    )
+
+
+def fleet_model_file_get(*, fleet: Fleet, model: str, revision: str, path: str) -> ModelFile:
+    """A published file of the fleet's own model; any other (another model's, unknown) is not found alike."""
+    return _model_file_get(ModelFile.objects.filter(model_id=fleet.model_id), model=model, revision=revision, path=path)
+
+
+def model_file_get(*, model: str, revision: str, path: str) -> ModelFile:
+    """A published file of any model (for the gateway, which loads every model's tokenizer)."""
+    return _model_file_get(ModelFile.objects.all(), model=model, revision=revision, path=path)
+
+
+def _model_file_get(files: QuerySet[ModelFile], *, model: str, revision: str, path: str) -> ModelFile:
+    model_file = files.select_related("model").filter(model__name=model, revision=revision, path=path).first()
+    if model_file is None:
+        raise ObjectNotFound(
+            f"Model {model!r} has no published file {path!r} in revision {revision!r} that this caller may read."
+        )
+    return model_file
 
 
 def fleet_list() -> QuerySet[Fleet]:

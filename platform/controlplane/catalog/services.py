@@ -1,14 +1,30 @@
+import hashlib
 import logging
+import os
+import re
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, Price, PriceTier, Worker, WorkerState
-from controlplane.catalog.selectors import heartbeat_deadline
+from controlplane.catalog.artifact_store import ArtifactStore, artifact_key, artifact_store
+from controlplane.catalog.models import (
+    ARTIFACTS_SOURCE,
+    LIVE_WORKER_STATES,
+    REVISION_MAX_LENGTH,
+    Fleet,
+    Model,
+    ModelFile,
+    Price,
+    PriceTier,
+    Worker,
+    WorkerState,
+)
+from controlplane.catalog.selectors import heartbeat_deadline, revision_exists
 from controlplane.common.errors import InvalidInput, ObjectGone, ObjectNotFound
 from controlplane.common.tokens import generate_token, hash_token
 from controlplane.tenancy.access import SYSTEM, Principal
@@ -135,8 +151,17 @@ def fleet_token_rotate(*, fleet: Fleet) -> str:
 
 
 @transaction.atomic
-def worker_register(*, fleet: Fleet, name: str, address: str) -> Worker:
-    """Register a worker; a live worker already at this address in the fleet is replaced (marked dead)."""
+def worker_register(*, fleet: Fleet, name: str, address: str, revision: str = "") -> Worker:
+    """Register a worker; a live worker already at this address in the fleet is replaced (marked dead).
+
+    `revision` is the published revision of the fleet's model that the worker loaded ("" for a builtin or
+    local source); the worker is told to drain once a worker of the model's current revision is ready.
+    """
+    if revision and not revision_exists(model=fleet.model, revision=revision):
+        raise InvalidInput(
+            f"Model {fleet.model.name!r} has no published revision {revision!r}.",
+            fields={"revision": ["Not a published revision of the fleet's model."]},
+        )
     # Serialises registrations of one fleet, so two of them cannot both see the address as free.
     Fleet.objects.select_for_update().get(pk=fleet.pk)
     replaced = Worker.objects.filter(fleet=fleet, address=address, state__in=LIVE_WORKER_STATES).update(
@@ -152,6 +177,7 @@ def worker_register(*, fleet: Fleet, name: str, address: str) -> Worker:
         state=WorkerState.READY,
         registered_at=now,
         last_heartbeat_at=now,
+        revision=revision,
     )
 
 
@@ -161,10 +187,13 @@ def worker_heartbeat(*, fleet: Fleet, worker_id: str, state: str, load: WorkerLo
     A heartbeat proves the worker alive, however late it comes: silence may be the control plane's own
     outage, which the worker heartbeated through. A worker marked dead is revived in place (same id, no
     new registration), unless a newer registration took its address (ObjectGone: it registers again).
+    A worker of a superseded revision is told to drain (see `_revision_superseded`).
     """
     worker = Worker.objects.filter(fleet=fleet, public_id=worker_id).first()
     if worker is None:
         raise ObjectNotFound(f"Worker {worker_id!r} not found in fleet {fleet.name!r}.")
+    if _revision_superseded(worker):
+        state = WorkerState.DRAINING
     # A drain requested by staff wins over the state the worker reports, even one requested concurrently.
     state_after = Case(When(drain_requested_at__isnull=False, then=Value(WorkerState.DRAINING)), default=Value(state))
     fields = {"state": state_after, "last_heartbeat_at": timezone.now(), **asdict(load)}
@@ -173,6 +202,22 @@ def worker_heartbeat(*, fleet: Fleet, worker_id: str, state: str, load: WorkerLo
         _worker_revive(worker, fields)
     worker.refresh_from_db()
     return worker
+
+
+def _revision_superseded(worker: Worker) -> bool:
+    """Whether the worker serves another revision than its model's current one, which a ready worker of its
+    fleet already serves: only then does it drain, so a revision change never leaves the fleet without
+    capacity."""
+    current = Model.objects.get(fleets=worker.fleet_id).published_revision
+    if not current or worker.revision == current:
+        return False
+    return Worker.objects.filter(
+        fleet_id=worker.fleet_id,
+        revision=current,
+        state=WorkerState.READY,
+        drain_requested_at__isnull=True,
+        last_heartbeat_at__gte=heartbeat_deadline(now=timezone.now()),
+    ).exists()
 
 
 def _worker_revive(worker: Worker, fields: dict) -> None:
@@ -223,3 +268,139 @@ def workers_mark_silent_dead(*, now: datetime | None = None) -> int:
     if count:
         logger.info("Marked %d silent worker(s) dead.", count)
     return count
+
+
+# ---- publishing model artifacts -------------------------------------------------------------------------
+
+REVISION_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{REVISION_MAX_LENGTH - 1}}}")
+HASH_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # relative POSIX path inside the model directory
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A directory hashed and checked, ready to be published as `revision`."""
+
+    directory: Path
+    revision: str
+    files: list[ManifestEntry]
+
+
+@dataclass(frozen=True)
+class PublishedRevision:
+    model: Model
+    revision: str
+    files: list[ManifestEntry]
+    uploaded: bool  # False when this revision was already published with the same content
+
+
+def directory_manifest(directory: Path) -> list[ManifestEntry]:
+    """Every file under `directory` (dot-files and dot-folders aside) with its size and sha256, by path."""
+    if not directory.is_dir():
+        raise InvalidInput(f"{directory} is not a directory.", fields={"directory": ["Not a directory."]})
+    entries = []
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        for name in sorted(names):
+            file = Path(folder, name)
+            if not name.startswith(".") and file.is_file():
+                path = file.relative_to(directory).as_posix()
+                entries.append(ManifestEntry(path=path, size=file.stat().st_size, sha256=_file_sha256(file)))
+    if not entries:
+        raise InvalidInput(f"{directory} holds no files to publish.", fields={"directory": ["No files."]})
+    return sorted(entries, key=lambda entry: entry.path)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while chunk := data.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_revision(entries: list[ManifestEntry]) -> str:
+    """The content-addressed revision: 12 hex digits of the sha256 of the sorted "<sha256>  <path>" lines."""
+    lines = sorted(f"{entry.sha256}  {entry.path}\n" for entry in entries)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:12]
+
+
+def publication_prepare(*, model_name: str, directory: Path, revision: str = "") -> Publication:
+    """Hash the directory's files and check that they may be published as `revision` of the model (default:
+    content-addressed); refuses (InvalidInput) a revision already published with other content."""
+    files = directory_manifest(directory)
+    revision = revision or manifest_revision(files)
+    if not REVISION_PATTERN.fullmatch(revision):
+        raise InvalidInput(
+            f"Revision {revision!r} is not allowed: use 1 to {REVISION_MAX_LENGTH} letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit.",
+            fields={"revision": ["Invalid revision."]},
+        )
+    model = Model.objects.filter(name=model_name).first()
+    if model is not None:
+        _check_same_content(model=model, revision=revision, files=files)
+    return Publication(directory=directory, revision=revision, files=files)
+
+
+def model_publish(
+    *, model: Model, publication: Publication, store: ArtifactStore | None = None, actor: Principal = SYSTEM
+) -> PublishedRevision:
+    """Upload the publication's files and make its revision the model's current one, which the model's
+    workers then load and its older workers drain for.
+
+    A revision's files never change: publishing it again with other content is refused, and changes
+    nothing; with the same content nothing is uploaded and the revision becomes current again.
+    """
+    revision, files = publication.revision, publication.files
+    already_published = _check_same_content(model=model, revision=revision, files=files)
+    if not already_published:
+        store = store or artifact_store()
+        for entry in files:
+            key = artifact_key(model=model.name, revision=revision, path=entry.path)
+            store.put(key, publication.directory / entry.path)
+    with transaction.atomic():
+        # Serialises publications of one model; a concurrent one of the same revision is checked again here.
+        Model.objects.select_for_update().get(pk=model.pk)
+        if not _check_same_content(model=model, revision=revision, files=files):
+            ModelFile.objects.bulk_create(
+                ModelFile(model=model, revision=revision, path=entry.path, size=entry.size, sha256=entry.sha256)
+                for entry in files
+            )
+        Model.objects.filter(pk=model.pk).update(revision=revision, source=ARTIFACTS_SOURCE)
+        audit_record(
+            actor=actor,
+            organization=None,
+            action="model.publish",
+            target_type="model",
+            target_id=model.name,
+            details={"revision": revision, "files": len(files), "bytes": sum(entry.size for entry in files)},
+        )
+    model.refresh_from_db()
+    return PublishedRevision(model=model, revision=revision, files=files, uploaded=not already_published)
+
+
+def _check_same_content(*, model: Model, revision: str, files: list[ManifestEntry]) -> bool:
+    """Whether `revision` is already published; refuses (InvalidInput) when it is, with other content."""
+    published = {
+        ManifestEntry(path=path, size=size, sha256=sha256)
+        for path, size, sha256 in ModelFile.objects.filter(model=model, revision=revision).values_list(
+            "path", "size", "sha256"
+        )
+    }
+    if not published:
+        return False
+    if published != set(files):
+        changed = sorted({entry.path for entry in published.symmetric_difference(files)})
+        raise InvalidInput(
+            f"Revision {revision!r} of model {model.name!r} is already published with other content "
+            f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} differ); a revision's files never "
+            "change: publish under a new revision.",
+            fields={"revision": ["Already published with other content."]},
+        )
+    return True

@@ -8,20 +8,34 @@ from dataclasses import asdict
 from datetime import timedelta
 
 from django.conf import settings
+from django.http import StreamingHttpResponse
+from django.urls import reverse
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.batches.selectors import batch_of_runner_key
 from controlplane.billing.selectors import spend_status
 from controlplane.billing.services import usage_events_ingest
-from controlplane.catalog.models import WorkerState
-from controlplane.catalog.selectors import model_list, worker_list_live
+from controlplane.catalog.artifact_store import ArtifactNotFound, artifact_key, artifact_store
+from controlplane.catalog.models import REVISION_MAX_LENGTH, ModelFile, WorkerState
+from controlplane.catalog.selectors import (
+    fleet_model_file_get,
+    model_file_get,
+    model_list,
+    model_manifest,
+    worker_list_live,
+)
 from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register, worker_rpc_secret
+from controlplane.common.errors import ObjectNotFound
 from controlplane.internal.base_apis import FleetAPIView, InternalAPIView
 from controlplane.internal.serializers import (
+    ArtifactManifestSerializer,
     IdempotencyKeyFields,
     LimitsSerializer,
     UsageReportSerializer,
@@ -37,6 +51,42 @@ from controlplane.metering.services import (
 from controlplane.tenancy.services import api_key_authenticate
 
 MAX_POSITIVE_INTEGER = 2**31 - 1
+
+
+def _folder_url(file_route: str, model: str, revision: str) -> str:
+    """The URL of a revision's folder: the URL of a file in it without the file's name."""
+    return reverse(file_route, kwargs={"model": model, "revision": revision, "path": "-"}).removesuffix("-")
+
+
+def _stream_model_file(model_file: ModelFile) -> StreamingHttpResponse:
+    model, revision = model_file.model.name, model_file.revision
+    try:
+        chunks = artifact_store().open(artifact_key(model=model, revision=revision, path=model_file.path))
+    except ArtifactNotFound:
+        raise ObjectNotFound(
+            f"File {model_file.path!r} of revision {revision!r} of model {model!r} is missing from the artifact store."
+        ) from None
+    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response["Content-Length"] = str(model_file.size)
+    response["X-Content-SHA256"] = model_file.sha256
+    return response
+
+
+MODEL_FILE_RESPONSE = {
+    (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file's bytes.")
+}
+
+
+class FileContentNegotiation(BaseContentNegotiation):
+    """A file goes out as bytes, an error as JSON, whatever the Accept header asks (`application/octet-stream`
+    would otherwise be refused with 406, JSON being the only renderer)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return JSONRenderer(), JSONRenderer.media_type
+
 
 # ---- called by the gateway ------------------------------------------------------------------------------
 
@@ -89,6 +139,7 @@ class RegistryApi(InternalAPIView):
             name = serializers.CharField()
             source = serializers.CharField()
             context_length = serializers.IntegerField()
+            revision = serializers.CharField(source="published_revision")  # "" unless published as artifacts
 
         class RegistryWorkerSerializer(serializers.Serializer):
             id = serializers.CharField(source="public_id")
@@ -105,6 +156,7 @@ class RegistryApi(InternalAPIView):
             kv_blocks_total = serializers.IntegerField()
             tokens_per_second = serializers.FloatField()
             last_heartbeat_at = serializers.DateTimeField()
+            revision = serializers.CharField(help_text="The model revision the worker loaded; empty when none.")
 
         models = RegistryModelSerializer(many=True)
         workers = RegistryWorkerSerializer(many=True)
@@ -197,6 +249,25 @@ class IdempotencyKeyReleaseApi(InternalAPIView):
         return Response(self.IdempotencyKeyReleaseOutputSerializer({"released": released}).data)
 
 
+class ModelArtifactManifestApi(InternalAPIView):
+    """A model's manifest for the gateway, which loads the tokenizer of a model published as artifacts."""
+
+    @extend_schema(responses=ArtifactManifestSerializer)
+    def get(self, request: Request, model: str) -> Response:
+        manifest = model_manifest(
+            name=model, files_url=lambda revision: _folder_url("internal-model-artifact-file", model, revision)
+        )
+        return Response(ArtifactManifestSerializer(manifest).data)
+
+
+class ModelArtifactFileApi(InternalAPIView):
+    content_negotiation_class = FileContentNegotiation
+
+    @extend_schema(responses=MODEL_FILE_RESPONSE)
+    def get(self, request: Request, model: str, revision: str, path: str) -> StreamingHttpResponse:
+        return _stream_model_file(model_file_get(model=model, revision=revision, path=path))
+
+
 # ---- called by the workers ------------------------------------------------------------------------------
 
 
@@ -204,6 +275,13 @@ class WorkerRegisterApi(FleetAPIView):
     class WorkerRegisterInputSerializer(serializers.Serializer):
         address = serializers.CharField(max_length=300, validators=[validate_address])
         name = serializers.CharField(max_length=100)
+        revision = serializers.CharField(
+            max_length=REVISION_MAX_LENGTH,
+            required=False,
+            default="",
+            allow_blank=True,
+            help_text="The published revision of the fleet's model the worker loaded; empty for builtin or local.",
+        )
 
     class WorkerRegisterOutputSerializer(serializers.Serializer):
         class FleetSummarySerializer(serializers.Serializer):
@@ -260,3 +338,25 @@ class WorkerHeartbeatApi(FleetAPIView):
             fleet=self.fleet, worker_id=worker_id, state=state, load=WorkerLoad(**serializer.validated_data)
         )
         return Response(self.WorkerHeartbeatOutputSerializer(worker).data)
+
+
+class ArtifactManifestApi(FleetAPIView):
+    """What the calling fleet's workers load: the model's current revision, its files and their store."""
+
+    @extend_schema(responses=ArtifactManifestSerializer)
+    def get(self, request: Request) -> Response:
+        model = self.fleet.model.name
+        manifest = model_manifest(
+            name=model, files_url=lambda revision: _folder_url("internal-artifact-file", model, revision)
+        )
+        return Response(ArtifactManifestSerializer(manifest).data)
+
+
+class ArtifactFileApi(FleetAPIView):
+    """One published file of the calling fleet's model, streamed from the artifact store."""
+
+    content_negotiation_class = FileContentNegotiation
+
+    @extend_schema(responses=MODEL_FILE_RESPONSE)
+    def get(self, request: Request, model: str, revision: str, path: str) -> StreamingHttpResponse:
+        return _stream_model_file(fleet_model_file_get(fleet=self.fleet, model=model, revision=revision, path=path))

@@ -58,3 +58,22 @@ class IdempotencyKeyFields(serializers.Serializer):
     organization_id = serializers.CharField(max_length=32)
     key = serializers.CharField(max_length=255)
     execution_id = serializers.RegexField(EXECUTION_ID_PATTERN)
+
+
+class ArtifactManifestSerializer(serializers.Serializer):
+    """The contract of workers/ fetching a model's files: see `ArtifactManifestApi`."""
+
+    class ArtifactFileSerializer(serializers.Serializer):
+        path = serializers.CharField(help_text="Relative POSIX path inside the model directory.")
+        size = serializers.IntegerField()
+        sha256 = serializers.CharField()
+
+    model = serializers.CharField()
+    revision = serializers.CharField(help_text="Empty when the model is not published as artifacts.")
+    source = serializers.CharField(help_text="`artifacts`, `builtin:<name>` or a local directory.")
+    files = ArtifactFileSerializer(many=True)
+    store = serializers.JSONField(
+        allow_null=True,
+        help_text='Where the files are: {"kind": "control-plane", "url"} or {"kind": "s3", "bucket", "prefix", '
+        '"endpoint_url"}; null when there are no files to fetch.',
+    )

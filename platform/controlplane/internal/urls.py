@@ -13,7 +13,23 @@ urlpatterns = [
     path("idempotency-keys/claim", apis.IdempotencyKeyClaimApi.as_view(), name="internal-idempotency-claim"),
     path("idempotency-keys/complete", apis.IdempotencyKeyCompleteApi.as_view(), name="internal-idempotency-complete"),
     path("idempotency-keys/release", apis.IdempotencyKeyReleaseApi.as_view(), name="internal-idempotency-release"),
+    path(
+        "artifacts/models/<str:model>/manifest",
+        apis.ModelArtifactManifestApi.as_view(),
+        name="internal-model-artifact-manifest",
+    ),
+    path(
+        "artifacts/models/<str:model>/files/<str:revision>/<path:path>",
+        apis.ModelArtifactFileApi.as_view(),
+        name="internal-model-artifact-file",
+    ),
     # the workers' (their fleet's token)
     path("workers/register", apis.WorkerRegisterApi.as_view(), name="internal-worker-register"),
     path("workers/<str:worker_id>/heartbeat", apis.WorkerHeartbeatApi.as_view(), name="internal-worker-heartbeat"),
+    path("artifacts/manifest", apis.ArtifactManifestApi.as_view(), name="internal-artifact-manifest"),
+    path(
+        "artifacts/files/<str:model>/<str:revision>/<path:path>",
+        apis.ArtifactFileApi.as_view(),
+        name="internal-artifact-file",
+    ),
 ]

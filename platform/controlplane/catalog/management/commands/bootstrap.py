@@ -1,5 +1,8 @@
 """`manage.py bootstrap --json`: the catalog, fleets and (with --demo) a demo tenant for the launcher.
 
+The fleets are one per role in one region and hardware class: `local` and `cpu` unless --region and
+--hardware-class say otherwise; run it once per region (and hardware class) that has workers.
+
 Idempotent on the catalog; fleet tokens are rotated on every run because only their hashes are
 stored, so the launcher can only learn them by asking for new ones. With --credentials-file (deployments
 that run bootstrap on every start, such as infra/compose.yaml) the tokens, key and password kept in that
@@ -8,6 +11,7 @@ file are reused while they still work, and the file holds what the run printed.
 
 import json
 import os
+import re
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +39,8 @@ DEFAULT_FAMILY = "llama"
 DEFAULT_DTYPE = "float32"
 LOCAL_REGION = "local"
 LOCAL_HARDWARE_CLASS = "cpu"
+# A region or hardware class becomes part of fleet names and metric labels: a short word, no spaces.
+PLACEMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DEMO_ORGANIZATION_NAME = "Demo"
 DEMO_ORGANIZATION_SLUG = "demo"
 DEMO_API_KEY_NAME = "demo"
@@ -49,13 +55,25 @@ PRICES_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=UTC)
 BATCH_DISCOUNT_PERCENT = 50  # the Batch API's requests run in spare capacity, at half the list price
 
 
-def fleet_name(*, model_name: str, role: str) -> str:
-    """`diptych-tiny` gives `tiny-prefill`, `tiny-decode`, `tiny-colocated`; other models keep their name."""
-    return f"{model_name.removeprefix('diptych-')}-{role}"
+def fleet_name(
+    *, model_name: str, role: str, region: str = LOCAL_REGION, hardware_class: str = LOCAL_HARDWARE_CLASS
+) -> str:
+    """`diptych-tiny` gives `tiny-prefill`, `tiny-decode`, `tiny-colocated`; other models keep their name. A
+    region or hardware class other than the local defaults is appended (`tiny-prefill-west`,
+    `tiny-decode-us-east-1-h100`), so each region's and hardware's fleets are their own."""
+    name = f"{model_name.removeprefix('diptych-')}-{role}"
+    if region != LOCAL_REGION:
+        name += f"-{region}"
+    if hardware_class != LOCAL_HARDWARE_CLASS:
+        name += f"-{hardware_class}"
+    return name
 
 
 class Command(BaseCommand):
-    help = "Ensure the model catalog and its local fleets, issue fresh fleet tokens, and optionally a demo API key."
+    help = (
+        "Ensure the model catalog and its fleets in one region (local unless --region), issue fresh fleet tokens, "
+        "and optionally a demo API key."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print the JSON object on one line, for programs.")
@@ -67,6 +85,16 @@ class Command(BaseCommand):
         parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
         parser.add_argument("--family", default=DEFAULT_FAMILY)
         parser.add_argument("--dtype", default=DEFAULT_DTYPE)
+        parser.add_argument(
+            "--region",
+            default=LOCAL_REGION,
+            help=f"Region of the fleets (default {LOCAL_REGION}); other regions' fleet names end in -<region>.",
+        )
+        parser.add_argument(
+            "--hardware-class",
+            default=LOCAL_HARDWARE_CLASS,
+            help=f"Hardware class of the fleets (default {LOCAL_HARDWARE_CLASS}); others end in -<class>.",
+        )
         parser.add_argument("--staff-email", help="Create (or reset the password of) a staff user with this email.")
         parser.add_argument("--staff-password", help="Password of the staff user (required with --staff-email).")
         parser.add_argument(
@@ -79,6 +107,12 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if bool(options["staff_email"]) != bool(options["staff_password"]):
             raise CommandError("--staff-email and --staff-password go together.")
+        for option in ("region", "hardware_class"):
+            if not PLACEMENT_NAME.fullmatch(options[option]):
+                raise CommandError(
+                    f"--{option.replace('_', '-')} {options[option]!r} must be 1 to 64 letters, digits, '.', '_' "
+                    "or '-', starting with a letter or digit."
+                )
         kept = _read_kept(options["credentials_file"])
         with transaction.atomic():
             model = model_ensure(
@@ -88,7 +122,12 @@ class Command(BaseCommand):
                 family=options["family"],
                 dtype=options["dtype"],
             )
-            fleet_tokens = self._issue_fleet_tokens(model=model, kept=kept.get("fleet_tokens", {}))
+            fleet_tokens = self._issue_fleet_tokens(
+                model=model,
+                region=options["region"],
+                hardware_class=options["hardware_class"],
+                kept=kept.get("fleet_tokens", {}),
+            )
             result: dict[str, object] = {"fleet_tokens": fleet_tokens}
             self._seed_prices()
             if options["demo"]:
@@ -109,7 +148,10 @@ class Command(BaseCommand):
                 user_ensure(email=options["staff_email"], password=options["staff_password"], is_staff=True)
                 result["staff_email"] = options["staff_email"]
 
-        self.stderr.write(f"Model {model.name} ({model.source}) and its {LOCAL_REGION} fleets are ready.")
+        self.stderr.write(
+            f"Model {model.name} ({model.source}) and its {options['region']} {options['hardware_class']} fleets "
+            "are ready."
+        )
         if options["credentials_file"]:
             _keep(options["credentials_file"], result)
         self.stdout.write(json.dumps(result, indent=None if options["json"] else 2))
@@ -141,15 +183,17 @@ class Command(BaseCommand):
             member_add(organization=organization, email=DEMO_OWNER_EMAIL, role=Role.OWNER)
         return password
 
-    def _issue_fleet_tokens(self, *, model: Model, kept: dict[str, str]) -> dict[str, str]:
+    def _issue_fleet_tokens(
+        self, *, model: Model, region: str, hardware_class: str, kept: dict[str, str]
+    ) -> dict[str, str]:
         tokens = {}
         for role in FleetRole.values:
             fleet = fleet_ensure(
-                name=fleet_name(model_name=model.name, role=role),
+                name=fleet_name(model_name=model.name, role=role, region=region, hardware_class=hardware_class),
                 role=role,
                 model=model,
-                region=LOCAL_REGION,
-                hardware_class=LOCAL_HARDWARE_CLASS,
+                region=region,
+                hardware_class=hardware_class,
             )
             kept_token = kept.get(role, "")
             still_works = kept_token and fleet_get_by_token(token=kept_token) == fleet

@@ -1,0 +1,540 @@
+"""Measures what a worker's work costs on this machine and writes it as the planner's cost profile
+(`planner.profile`), with the worker's own pieces and settings (those of a default `diptych worker`):
+
+    .venv/bin/python -m bench.phase_costs --model diptych-100m --out planner/profiles/cpu-diptych-100m.json
+
+- prefill: one engine step (the model runner's forward pass and the sampling of its last row) computing one
+  prompt of N tokens from its first;
+- prefill attention: the same step for chunks that start later in their prompt; the extra time per pair of
+  (token computed, earlier token attended to), fitted by least squares;
+- decode: one step of B sequences, each one token at context C, over distinct blocks of a KV pool;
+- KV transfer: a prompt's blocks staged from a KV pool by the real `KvSender` and acknowledged by the real
+  `KvReceiver` in another process, on loopback, by the path workers on one host take (shared memory); a
+  line fitted through the times by prompt length;
+- overheads outside the engine: a short live run (control plane, one colocated worker, its gateway) of
+  requests sent one at a time; what their TTFT and TPOT took beyond the steps priced above.
+
+Progress goes to stderr, the table to stdout, the profile to --out.
+"""
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import random
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.gateway_client import GatewayClient
+from bench.live_platform import start_platform
+from bench.workload import random_tokens
+from planner.profile import CostProfile, save_profile
+from workers.engine import EngineConfig
+from workers.kv_connector.base import Peer
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
+from workers.main import build_engine
+from workers.model_loader import LoadedModel, load_model
+from workers.model_runner import KvLayout, ModelRunner, StepInput
+from workers.sampling import SamplingParams, sample
+
+GREEDY = SamplingParams(temperature=0.0)
+TRANSFER_TOKEN = b"phase-costs"
+_started = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - _started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class PointSets:
+    """What to measure. Past the model's context, prompt and context lengths are cut to the longest it
+    takes, and the chunks and live prompts that would not fit are left out."""
+
+    prefill_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    attention_chunks: tuple[tuple[int, int], ...] = ((64, 512), (64, 1536), (256, 512), (256, 1536), (512, 1024))
+    # a colocated worker's mixed steps, (prompt tokens, decoding sequences, their context): measured to check
+    # the profile's pricing of them (`CostProfile.step_s`), not part of it
+    mixed_steps: tuple[tuple[int, int, int], ...] = ((64, 4, 256), (128, 8, 256), (256, 16, 512), (480, 32, 512))
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    decode_contexts: tuple[int, ...] = (128, 512, 1024, 2048)
+    kv_tokens: tuple[int, ...] = (16, 128, 512, 2048)
+    live_prompts: tuple[int, ...] = (32, 128, 384)
+    live_output_tokens: int = 24
+    live_rounds: int = 2  # each live prompt length this many times
+    repeats: int = 3
+
+    def within(self, context_length: int) -> "PointSets":
+        fits = context_length - 1  # one position is left for the token each step samples
+        return replace(
+            self,
+            prefill_tokens=_cut(self.prefill_tokens, fits),
+            attention_chunks=tuple((n, s) for n, s in self.attention_chunks if n + s <= fits),
+            mixed_steps=tuple((n, b, c) for n, b, c in self.mixed_steps if max(n, c) < fits),
+            decode_contexts=_cut(self.decode_contexts, fits - 1),  # the context before the step's token
+            kv_tokens=_cut(self.kv_tokens, fits),
+            live_prompts=tuple(n for n in self.live_prompts if n + self.live_output_tokens <= fits),
+        )
+
+
+def _cut(values: tuple[int, ...], longest: int) -> tuple[int, ...]:
+    return tuple(sorted({min(value, longest) for value in values}))
+
+
+def median_s(fn: Callable[[], object], repeats: int) -> float:
+    """The median of `repeats` timed calls of fn, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# ---- engine steps -----------------------------------------------------------------------------------
+
+
+class StepBench:
+    """Engine steps as the forward thread runs them (forward pass, then greedy sampling of the sampled rows)
+    on a pool large enough for every point, its memory touched as a pool in use is."""
+
+    def __init__(self, loaded: LoadedModel, block_size: int, num_blocks: int) -> None:
+        self.runner = ModelRunner(loaded.model, num_blocks, block_size)
+        self.runner.kv.normal_()
+        self.block_size = block_size
+        self.vocab_size = loaded.model.config.vocab_size
+
+    def time_step(self, inputs: list[StepInput], repeats: int) -> float:
+        indices = [0] * sum(step.num_logits for step in inputs)
+
+        def step() -> None:
+            logits = self.runner.execute(inputs)
+            sample(logits, [GREEDY] * len(indices), indices)
+
+        return median_s(step, repeats)
+
+    def prompt_chunk(self, tokens: int, start: int, first_block: int = 0) -> StepInput:
+        blocks = list(range(first_block, first_block + -(-(start + tokens) // self.block_size)))
+        token_ids = [6 + (i * 7919) % (self.vocab_size - 6) for i in range(tokens)]
+        return StepInput(token_ids, start, blocks, True)
+
+    def decoding(self, batch: int, context: int) -> list[StepInput]:
+        per_sequence = context // self.block_size + 1
+        return [
+            StepInput([6 + row], context, list(range(row * per_sequence, (row + 1) * per_sequence)), True)
+            for row in range(batch)
+        ]
+
+
+def measure_prefill(bench: StepBench, points: PointSets) -> list[tuple[int, float]]:
+    measured = []
+    for tokens in points.prefill_tokens:
+        seconds = bench.time_step([bench.prompt_chunk(tokens, 0)], points.repeats)
+        log(f"prefill step of {tokens} tokens: {seconds * 1000:.1f} ms")
+        measured.append((tokens, seconds))
+    return measured
+
+
+def fit_attention_pair_s(bench: StepBench, points: PointSets, prefill: list[tuple[int, float]]) -> float:
+    """The extra seconds per (token computed, earlier token attended to), through the origin: a chunk of n
+    tokens starting at s takes prefill(n) + a * n * s."""
+    base = dict(prefill)
+    pairs, extras = [], []
+    for tokens, start in points.attention_chunks:
+        if tokens not in base:
+            continue
+        seconds = bench.time_step([bench.prompt_chunk(tokens, start)], points.repeats)
+        log(f"prefill chunk of {tokens} tokens from position {start}: {seconds * 1000:.1f} ms")
+        pairs.append(tokens * start)
+        extras.append(seconds - base[tokens])
+    if not pairs:
+        return 0.0
+    x, y = np.array(pairs, dtype=float), np.array(extras)
+    return max(0.0, float(x @ y / (x @ x)))
+
+
+@dataclass(frozen=True)
+class MixedStep:
+    prompt_tokens: int
+    batch: int
+    context: int
+    seconds: float
+
+
+def measure_mixed(bench: StepBench, points: PointSets) -> list[MixedStep]:
+    measured = []
+    for tokens, batch, context in points.mixed_steps:
+        decoding = bench.decoding(batch, context)
+        prompt = bench.prompt_chunk(tokens, 0, first_block=decoding[-1].block_ids[-1] + 1)
+        seconds = bench.time_step([*decoding, prompt], points.repeats)
+        log(f"mixed step of {tokens} prompt tokens and {batch} sequences at context {context}: {seconds * 1000:.1f} ms")
+        measured.append(MixedStep(tokens, batch, context, seconds))
+    return measured
+
+
+def measure_decode(bench: StepBench, points: PointSets) -> list[tuple[int, int, float]]:
+    measured = []
+    for context in points.decode_contexts:
+        for batch in points.decode_batches:
+            seconds = bench.time_step(bench.decoding(batch, context), points.repeats)
+            log(f"decode step of {batch} sequences at context {context}: {seconds * 1000:.1f} ms")
+            measured.append((batch, context, seconds))
+    return measured
+
+
+# ---- KV transfer ------------------------------------------------------------------------------------
+
+
+def _receiver_process(ready, layout: KvLayout, max_tokens: int, requests: Sequence[tuple[str, int]]) -> None:
+    """The decode worker's side: its data port, expecting the benchmark's transfers (id, prompt tokens)."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the finally below removes the probe file
+    inbox = KvInbox()
+    for request_id, tokens in requests:
+        inbox.expect(request_id, TRANSFER_TOKEN, lambda received: getattr(received, "release", lambda: None)(), tokens)
+    receiver = KvReceiver(inbox, layout, max_tokens=max_tokens)
+    receiver.start()
+    ready.send(receiver.port)
+    try:
+        threading.Event().wait()
+    finally:
+        receiver.close()
+
+
+def measure_kv_transfer(layout: KvLayout, points: PointSets) -> tuple[float, float, list[tuple[int, float]]]:
+    """(fixed seconds, seconds per token, the medians by prompt length): from the first block staged to the
+    sender holding the receiver's acknowledgement that the whole cache arrived and checked out."""
+    max_tokens = max(points.kv_tokens)
+    ids = [(f"kv-{tokens}-{repeat}", tokens) for tokens in points.kv_tokens for repeat in range(points.repeats + 1)]
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_receiver_process, args=(theirs, layout, max_tokens, ids), daemon=True)
+    process.start()
+    sender = KvSender(layout)
+    pool = StepPool(layout, -(-max_tokens // layout.block_size))
+    try:
+        port = ours.recv()
+        peer = Peer("127.0.0.1", port, same_host=True)
+        medians = []
+        for tokens in points.kv_tokens:
+            times = [
+                _one_transfer(sender, pool, peer, f"kv-{tokens}-{repeat}", tokens)
+                for repeat in range(points.repeats + 1)
+            ]
+            medians.append((tokens, statistics.median(times[1:])))
+            log(f"KV transfer of {tokens} tokens: {medians[-1][1] * 1000:.2f} ms")
+    finally:
+        sender.close()
+        process.terminate()
+        process.join(10)
+    fixed, per_token = _fit_line([t for t, _ in medians], [s for _, s in medians])
+    return fixed, per_token, medians
+
+
+class StepPool:
+    """A KV pool shaped like the model runner's, filled with random values: what the sender stages from."""
+
+    def __init__(self, layout: KvLayout, num_blocks: int) -> None:
+        self.layout = layout
+        self.kv = torch.randn(layout.num_layers, 2, num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+
+    block_views = ModelRunner.block_views
+    supports_block_views = True  # a host-memory pool
+
+    def read_blocks(self, block_ids, out) -> None:
+        torch.index_select(self.kv, 2, torch.tensor(block_ids), out=out)
+
+
+def _one_transfer(sender: KvSender, pool: StepPool, peer: Peer, request_id: str, tokens: int) -> float:
+    outgoing = sender.open(request_id, TRANSFER_TOKEN, [7] * tokens, peer)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(outgoing.send()))
+    thread.start()
+    time.sleep(0.02)  # a worker's transfer connects when its request is taken, while the prompt computes
+    started = time.perf_counter()
+    outgoing.write_blocks(pool, list(range(outgoing.num_blocks)), 0)
+    outgoing.finish(7)
+    thread.join()
+    elapsed = time.perf_counter() - started
+    if result != [outgoing.num_blocks * pool.layout.block_nbytes]:
+        raise RuntimeError(f"the KV transfer of {tokens} tokens did not deliver its cache whole")
+    return elapsed
+
+
+def _fit_line(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) by least squares, neither below zero."""
+    if len(xs) == 1:
+        return ys[0], 0.0
+    slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
+    slope = max(0.0, float(slope))
+    intercept = max(0.0, float(np.mean(ys) - slope * np.mean(xs)))
+    return intercept, slope
+
+
+# ---- overheads outside the engine -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveSample:
+    mode: str
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float
+    second_token_s: float  # from the first token to the second (in split mode, the KV hand-off is in it)
+
+
+def measure_live(
+    model: str, context_length: int, threads: int, points: PointSets, vocab_size: int, modes: Sequence[str]
+) -> list[LiveSample]:
+    """Requests one at a time through each mode's gateway and workers (a real platform on loopback)."""
+    samples = []
+    with tempfile.TemporaryDirectory(prefix="diptych-phase-costs-") as scratch:
+        platform = start_platform(Path(scratch) / "stack", model, context_length, threads, threads, log)
+        try:
+            for mode in modes:
+                with platform.serving(mode) as address:
+                    samples += asyncio.run(_live_requests(address, platform.api_key, model, mode, points, vocab_size))
+        finally:
+            platform.stop()
+    return samples
+
+
+async def _live_requests(
+    address: str, api_key: str, model: str, mode: str, points: PointSets, vocab_size: int
+) -> list[LiveSample]:
+    rng = random.Random(17)
+    samples = []
+    async with GatewayClient(address, api_key, model) as client:
+        for _ in range(2):  # warm-up: connections, the worker's first steps; not counted
+            await client.generate(random_tokens(rng, min(points.live_prompts), vocab_size), points.live_output_tokens)
+        for _ in range(points.live_rounds):
+            for prompt_tokens in points.live_prompts:
+                result = await client.generate(random_tokens(rng, prompt_tokens, vocab_size), points.live_output_tokens)
+                if not result.ok or result.tpot is None:
+                    raise RuntimeError(f"a live request of {prompt_tokens} prompt tokens failed: {result.error}")
+                second = result.token_times[1] - result.token_times[0]
+                samples.append(LiveSample(mode, prompt_tokens, len(result.token_ids), result.ttft, result.tpot, second))
+                log(f"live {mode}: {prompt_tokens}-token prompt, TTFT {result.ttft:.3f} s, TPOT {result.tpot:.4f} s")
+    return samples
+
+
+def overheads(profile: CostProfile, samples: list[LiveSample]) -> tuple[float, float]:
+    """(TTFT, per token): the median of what each live request took beyond the engine steps it needed
+    (its prompt alone, then one decode step per token alone, each at its context), never below zero."""
+    ttft_extra = [s.ttft_s - _prompt_alone_s(profile, s.prompt_tokens) for s in samples]
+    token_extra = [s.tpot_s - _decode_alone_s(profile, s) for s in samples]
+    return max(0.0, statistics.median(ttft_extra)), max(0.0, statistics.median(token_extra))
+
+
+def _decode_alone_s(profile: CostProfile, sample: LiveSample) -> float:
+    """The mean decode step of a lone sequence over the sample's output tokens after the first."""
+    return statistics.mean(profile.decode_step_s(1, sample.prompt_tokens + i) for i in range(1, sample.output_tokens))
+
+
+def handoff_extra_s(profile: CostProfile, samples: list[LiveSample]) -> float:
+    """The median of what a split request's second token took beyond the KV transfer and one decode step:
+    the hand-off's cost outside the data path (the decode worker taking the request, the gRPC hops)."""
+    return statistics.median(
+        s.second_token_s - profile.kv_transfer_s(s.prompt_tokens) - profile.decode_step_s(1, s.prompt_tokens + 1)
+        for s in samples
+    )
+
+
+def _prompt_alone_s(profile: CostProfile, tokens: int) -> float:
+    chunks, start = [], 0
+    while start < tokens:
+        chunks.append((min(profile.token_budget, tokens - start), start))
+        start += chunks[-1][0]
+    return sum(profile.step_s(n, 0, 0.0, [(n, s)]) for n, s in chunks)
+
+
+# ---- the whole ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    profile: CostProfile
+    live: list[LiveSample]  # the requests its overheads came from, and the split ones beside them
+    mixed: list[MixedStep]  # mixed steps, to set against the profile's price of them
+
+
+def measure_profile(
+    model: str, threads: int, kv_cache_mib: int, points: PointSets, measured_with: str, hardware: str
+) -> Measurement:
+    torch.set_num_threads(threads)
+    config = EngineConfig(kv_cache_mib=kv_cache_mib)
+    log(f"loading {model} ({threads} torch thread(s))")
+    loaded = load_model(model, f"builtin:{model}")
+    points = points.within(loaded.context_length)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        engine = build_engine(loaded, config, executor)  # the worker's own sizing of the KV pool
+    layout, capacity = engine.runner.layout, engine.kv.num_blocks * engine.kv.block_size
+    del engine
+    bench = StepBench(loaded, config.block_size, _blocks_needed(points, config.block_size))
+    prefill = measure_prefill(bench, points)
+    attention_pair_s = fit_attention_pair_s(bench, points, prefill)
+    log(f"prefill attention: {attention_pair_s * 1e9:.1f} ns per (token, earlier token) pair")
+    decode = measure_decode(bench, points)
+    mixed = measure_mixed(bench, points)
+    del bench
+    kv_fixed, kv_per_token, _ = measure_kv_transfer(layout, points)
+    profile = CostProfile(
+        model=model,
+        hardware=hardware,
+        measured_with=measured_with,
+        block_size=config.block_size,
+        token_budget=config.token_budget,
+        max_running=config.max_running,
+        kv_capacity_tokens=capacity,
+        prefill_points=tuple(prefill),
+        decode_points=tuple(sorted(decode)),
+        kv_fixed_s=kv_fixed,
+        kv_per_token_s=kv_per_token,
+        ttft_overhead_s=0.0,
+        per_token_overhead_s=0.0,
+        attention_pair_s=attention_pair_s,
+    )
+    vocab_size = loaded.model.config.vocab_size
+    samples = measure_live(model, loaded.context_length, threads, points, vocab_size, ("colocated", "split"))
+    ttft_overhead, per_token_overhead = overheads(profile, [s for s in samples if s.mode == "colocated"])
+    profile = replace(profile, ttft_overhead_s=ttft_overhead, per_token_overhead_s=per_token_overhead)
+    return Measurement(profile, samples, mixed)
+
+
+def _blocks_needed(points: PointSets, block_size: int) -> int:
+    """Blocks for the largest decode batch at the longest context, or the longest prompt chunk."""
+    decoding = max(points.decode_batches) * (max(points.decode_contexts) // block_size + 1)
+    prompt = max(points.prefill_tokens) + max((start for _, start in points.attention_chunks), default=0)
+    mixed = [
+        batch * (context // block_size + 1) + -(-tokens // block_size) for tokens, batch, context in points.mixed_steps
+    ]
+    return max(decoding, -(-prompt // block_size), *mixed)
+
+
+def render_table(measurement: Measurement) -> str:
+    profile, samples = measurement.profile, measurement.live
+    lines = [f"cost profile: {profile.model} on {profile.hardware}", "", "prefill step (one prompt from its start)"]
+    lines += [f"  {tokens:>5} tokens  {seconds * 1000:9.1f} ms" for tokens, seconds in profile.prefill_points]
+    lines.append(f"  attention: {profile.attention_pair_s * 1e9:.2f} ns per (token computed, earlier token) pair")
+    contexts = sorted({c for _, c, _ in profile.decode_points})
+    by_point = {(b, c): s for b, c, s in profile.decode_points}
+    lines += ["", "decode step (ms)   " + "".join(f"{f'ctx {c}':>11}" for c in contexts)]
+    for batch in sorted({b for b, _, _ in profile.decode_points}):
+        cells = "".join(
+            f"{by_point[(batch, c)] * 1000:11.1f}" if (batch, c) in by_point else f"{'':>11}" for c in contexts
+        )
+        lines.append(f"  batch {batch:>3}        {cells}")
+    lines += [
+        "",
+        f"KV transfer: {profile.kv_fixed_s * 1000:.2f} ms + {profile.kv_per_token_s * 1e6:.2f} us per token",
+        f"KV capacity of one worker: {profile.kv_capacity_tokens} tokens",
+        "",
+        "mixed steps (a colocated worker's): measured against the profile's price (step_s)",
+    ]
+    for step in measurement.mixed:
+        priced = profile.step_s(step.prompt_tokens, step.batch, step.context + 1, [(step.prompt_tokens, 0)])
+        lines.append(
+            f"  {step.prompt_tokens:>4} prompt tokens + {step.batch:>2} sequences at context {step.context:>4}:"
+            f" {step.seconds * 1000:8.1f} ms, priced {priced * 1000:8.1f} ms ({priced / step.seconds - 1:+.0%})"
+        )
+    lines += [
+        "",
+        "live requests, one at a time, and the engine steps they needed alone (ms):",
+        f"  {'mode':<10} {'prompt':>6} {'out':>4} {'TTFT':>8} {'engine':>8} {'2nd token':>9} {'KV+step':>8}"
+        f" {'TPOT':>7} {'engine':>7}",
+    ]
+    for s in samples:
+        handoff = profile.kv_transfer_s(s.prompt_tokens) + profile.decode_step_s(1, s.prompt_tokens + 1)
+        lines.append(
+            f"  {s.mode:<10} {s.prompt_tokens:>6} {s.output_tokens:>4} {s.ttft_s * 1000:8.1f}"
+            f" {_prompt_alone_s(profile, s.prompt_tokens) * 1000:8.1f} {s.second_token_s * 1000:9.1f}"
+            f" {handoff * 1000:8.1f} {s.tpot_s * 1000:7.2f} {_decode_alone_s(profile, s) * 1000:7.2f}"
+        )
+    lines.append(
+        f"overhead outside the engine (colocated, in the profile): TTFT {profile.ttft_overhead_s * 1000:.2f} ms, "
+        f"per token {profile.per_token_overhead_s * 1000:.3f} ms"
+    )
+    split = [s for s in samples if s.mode == "split"]
+    if split:
+        ttft, per_token = overheads(profile, split)
+        lines.append(
+            f"the same in split mode (not in the profile): TTFT {ttft * 1000:.2f} ms, per token "
+            f"{per_token * 1000:.3f} ms; the second token beyond the KV transfer and one decode step "
+            f"{handoff_extra_s(profile, split) * 1000:.2f} ms"
+        )
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = PointSets()
+    parser = argparse.ArgumentParser(prog="python -m bench.phase_costs", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="diptych-100m", help="a built-in model")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the profile (JSON)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, as `diptych worker --threads`")
+    parser.add_argument("--kv-cache-mib", type=int, default=EngineConfig.kv_cache_mib, help="the worker's KV memory")
+    parser.add_argument("--hardware", help="the profile's hardware label (default: cpu-<cores>core-<threads>thread)")
+    parser.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per point (the median)")
+    parser.add_argument("--prefill-tokens", type=_ints, default=defaults.prefill_tokens, help="e.g. 16,64,512")
+    parser.add_argument("--decode-batches", type=_ints, default=defaults.decode_batches)
+    parser.add_argument("--decode-contexts", type=_ints, default=defaults.decode_contexts)
+    parser.add_argument("--kv-tokens", type=_ints, default=defaults.kv_tokens, help="prompt lengths to transfer")
+    parser.add_argument("--live-prompts", type=_ints, default=defaults.live_prompts)
+    parser.add_argument("--live-output-tokens", type=int, default=defaults.live_output_tokens)
+    parser.add_argument("--live-rounds", type=int, default=defaults.live_rounds)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.threads < 1 or args.repeats < 1 or args.live_rounds < 1 or args.live_output_tokens < 2:
+        raise SystemExit("--threads, --repeats and --live-rounds must be at least 1, --live-output-tokens at least 2")
+    points = replace(
+        PointSets(),
+        prefill_tokens=args.prefill_tokens,
+        decode_batches=args.decode_batches,
+        decode_contexts=args.decode_contexts,
+        kv_tokens=args.kv_tokens,
+        live_prompts=args.live_prompts,
+        live_output_tokens=args.live_output_tokens,
+        live_rounds=args.live_rounds,
+        repeats=args.repeats,
+    )
+    hardware = args.hardware or f"cpu-{os.cpu_count()}core-{args.threads}thread"
+    command = shlex.join(["python", "-m", "bench.phase_costs", *(sys.argv[1:] if argv is None else argv)])
+    load = os.getloadavg()[0]
+    measurement = measure_profile(args.model, args.threads, args.kv_cache_mib, points, command, hardware)
+    log(f"load average before {load:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(render_table(measurement), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(measurement.profile, args.out)
+    log(f"profile written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""`diptych plan`: the cheapest split and colocated fleets meeting an SLO under a workload, from a measured
+cost profile, and which of the two costs less. Building the arguments imports nothing heavy (every
+`diptych` command builds them); the search is imported when the command runs."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.profile import CostProfile
+from planner.types import MAX_WORKERS, Slo
+from planner.workload import PRESETS, Lengths, Preset, Workload
+
+if TYPE_CHECKING:
+    from planner.search import Goal
+
+DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "cpu-diptych-100m.json"
+MEASURE_COMMAND = "python -m bench.phase_costs --model diptych-100m --out planner/profiles/cpu-diptych-100m.json"
+
+
+class PlanError(Exception):
+    """A bad input to `diptych plan`; the message says which and why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=DEFAULT_PROFILE,
+        help=f"the cost profile (JSON) measured by `{MEASURE_COMMAND}` (default: the shipped CPU profile)",
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named workload mix with its SLO scales")
+    parser.add_argument("--rate", type=float, help="arrivals per second (default: the preset's)")
+    parser.add_argument("--prompt-tokens", help="prompt length: 256, or a uniform range 128-512")
+    parser.add_argument("--output-tokens", help="output length: 128, or a uniform range 64-256")
+    parser.add_argument("--prefix-share", type=float, help="share of requests opening with a cached shared prefix")
+    parser.add_argument("--prefix-tokens", type=int, help="the shared prefix's length in tokens")
+    parser.add_argument("--requests", type=int, default=2000, help="requests to simulate at least (default 2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ttft-ms", type=float, help="the TTFT SLO (default: the preset's scale of the profile)")
+    parser.add_argument("--tpot-ms", type=float, help="the TPOT SLO (default: the preset's scale of the profile)")
+    parser.add_argument("--attainment", type=float, default=0.9, help="share of requests meeting the SLO (0, 1]")
+    parser.add_argument("--max-workers", type=int, default=MAX_WORKERS, help=f"fleet size at most (<= {MAX_WORKERS})")
+    parser.add_argument("--price-prefill", type=float, default=1.0, help="cost of one prefill worker")
+    parser.add_argument("--price-decode", type=float, default=1.0, help="cost of one decode worker")
+    parser.add_argument("--price-colocated", type=float, default=1.0, help="cost of one colocated worker")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.report import plan_json, plan_table
+    from planner.search import plan
+
+    try:
+        profile = load_profile_checked(args.profile)
+        workload = workload_from(args)
+        goal = goal_from(args, profile)
+    except PlanError as error:
+        print(f"diptych plan: {error}", file=sys.stderr)
+        return 2
+
+    def progress(line: str) -> None:
+        print(f"  simulated {line}", file=sys.stderr, flush=True)
+
+    print(f"searching up to {goal.max_workers} workers ...", file=sys.stderr, flush=True)
+    result = plan(profile, workload, goal, progress)
+    if args.json:
+        print(json.dumps(plan_json(args.profile, workload, goal, result)))
+    else:
+        print(plan_table(profile, workload, goal, result))
+    return 0
+
+
+def load_profile_checked(path: Path) -> CostProfile:
+    if not path.is_file():
+        raise PlanError(f"no cost profile at {path}; measure one with `{MEASURE_COMMAND}` or pass --profile")
+    try:
+        profile = CostProfile.from_json(json.loads(path.read_text()))
+    except json.JSONDecodeError as error:
+        raise PlanError(f"{path} is not JSON: {error}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise PlanError(
+            f"{path} is not a cost profile ({type(error).__name__}: {error}); see planner/profile.py"
+        ) from None
+    problem = _profile_problem(profile)
+    if problem:
+        raise PlanError(f"{path} is not a usable cost profile: {problem}")
+    return profile
+
+
+def _profile_problem(profile: CostProfile) -> str:
+    if not profile.prefill_points or not profile.decode_points:
+        return "it needs at least one prefill and one decode measurement"
+    if any(s <= 0 for _, s in profile.prefill_points) or any(s <= 0 for _, _, s in profile.decode_points):
+        return "every measured step must take a positive time"
+    if min(profile.block_size, profile.token_budget, profile.max_running, profile.kv_capacity_tokens) < 1:
+        return "block_size, token_budget, max_running and kv_capacity_tokens must be positive"
+    if profile.max_running > profile.token_budget:
+        return "max_running must not exceed token_budget"
+    costs = (profile.kv_fixed_s, profile.kv_per_token_s, profile.ttft_overhead_s, profile.per_token_overhead_s)
+    if min(costs) < 0:
+        return "the KV transfer and overhead costs must be >= 0"
+    return ""
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    preset = PRESETS[args.preset] if args.preset else None
+    if preset is None:
+        missing = [flag for flag, value in _workload_flags(args) if value is None]
+        if missing:
+            raise PlanError(f"without --preset, give {', '.join(missing)}")
+    try:
+        return Workload(
+            rate_per_s=_pick(args.rate, preset and preset.rate_per_s),
+            prompt=Lengths.parse(args.prompt_tokens) if args.prompt_tokens else _preset(preset).prompt,
+            output=Lengths.parse(args.output_tokens) if args.output_tokens else _preset(preset).output,
+            requests=args.requests,
+            prefix_share=_pick(args.prefix_share, preset.prefix_share if preset else 0.0),
+            prefix_tokens=_pick(args.prefix_tokens, preset.prefix_tokens if preset else 0),
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise PlanError(str(error)) from None
+
+
+def _workload_flags(args: argparse.Namespace) -> list[tuple[str, object]]:
+    return [("--rate", args.rate), ("--prompt-tokens", args.prompt_tokens), ("--output-tokens", args.output_tokens)]
+
+
+def _preset(preset: Preset | None) -> Preset:
+    assert preset is not None, "checked by workload_from"
+    return preset
+
+
+def goal_from(args: argparse.Namespace, profile: CostProfile) -> "Goal":
+    from planner.search import Goal, Prices
+
+    preset = PRESETS[args.preset] if args.preset else None
+    if preset is None and (args.ttft_ms is None or args.tpot_ms is None):
+        raise PlanError("without --preset, give the SLO: --ttft-ms and --tpot-ms")
+    scaled = preset.slo(profile) if preset else Slo(0.0, 0.0)
+    ttft_s = args.ttft_ms / 1000 if args.ttft_ms is not None else scaled.ttft_s
+    tpot_s = args.tpot_ms / 1000 if args.tpot_ms is not None else scaled.tpot_s
+    prices = Prices(args.price_prefill, args.price_decode, args.price_colocated)
+    if min(prices.prefill, prices.decode, prices.colocated) <= 0:
+        raise PlanError("worker prices must be positive")
+    try:
+        return Goal(Slo(ttft_s, tpot_s), args.attainment, args.max_workers, prices)
+    except ValueError as error:
+        raise PlanError(str(error)) from None
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
