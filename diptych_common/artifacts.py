@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 
 from diptych_common.logs import describe_error
+from diptych_common.processes import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -344,18 +345,8 @@ def _sweep_partials(directory: Path) -> None:
     """Removes temporary files left by downloads whose process is gone (one that crashed mid-file)."""
     for partial in directory.glob(f".*{PARTIAL_SUFFIX}"):
         pid = partial.name.removesuffix(PARTIAL_SUFFIX).rpartition(".")[2].partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             partial.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sha256_of(path: Path) -> str:

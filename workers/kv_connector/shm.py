@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from diptych_common.processes import process_alive
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath
 from workers.kv_connector.staging import buffer_size
 from workers.kv_connector.wire import KvTransferError
@@ -194,7 +195,7 @@ def sweep_stale_files() -> int:
         if not name.startswith(SHM_PREFIX):
             continue
         owner = name.removeprefix(SHM_PREFIX).removeprefix("probe-").split("-", 1)[0]
-        if not owner.isdigit() or _alive(int(owner)):
+        if not owner.isdigit() or process_alive(int(owner)):
             continue
         try:
             os.unlink(os.path.join(SHM_DIR, name))
@@ -202,16 +203,6 @@ def sweep_stale_files() -> int:
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_file(name: str) -> None:
