@@ -7,7 +7,8 @@ A profile is JSON:
      "prefill": [{"tokens": 16, "seconds": 0.004}, ...],                 # one step computing that many prompt tokens
      "decode": [{"batch": 1, "context": 128, "seconds": 0.02}, ...],     # one step of that many sequences
      "kv_transfer": {"fixed_seconds": 0.002, "seconds_per_token": 1e-5},  # prefill worker -> decode worker
-     "overhead": {"ttft_seconds": 0.004, "per_token_seconds": 0.0003},   # gateway and gRPC, outside the engine
+     "overhead": {"ttft_seconds": 0.004, "per_token_seconds": 0.0003,    # gateway and gRPC, outside the engine
+                  "split_ttft_seconds": 0.02},                          # optional: split fleets' own TTFT overhead
      "prefill_attention": {"seconds_per_token_pair": 5e-7}}              # optional: see below
 
 Costs between the measured points are interpolated linearly and beyond them extrapolated from the last
@@ -26,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.types import Mode
+
 
 @dataclass(frozen=True)
 class CostProfile:
@@ -43,6 +46,14 @@ class CostProfile:
     ttft_overhead_s: float
     per_token_overhead_s: float
     attention_pair_s: float = 0.0  # seconds per (prompt token computed, earlier token of its sequence)
+    split_ttft_overhead_s: float | None = None  # a split fleet's TTFT overhead, where measured apart
+
+    def ttft_overhead_for(self, mode: Mode) -> float:
+        """The TTFT overhead of a fleet of this mode: a split fleet's own where the profile measured it (its
+        first token crosses the gateway while the decode worker computes beside the prefill worker)."""
+        if mode is Mode.SPLIT and self.split_ttft_overhead_s is not None:
+            return self.split_ttft_overhead_s
+        return self.ttft_overhead_s
 
     def prefill_step_s(self, tokens: int) -> float:
         """One engine step computing `tokens` prompt tokens (and nothing else)."""
@@ -110,6 +121,7 @@ class CostProfile:
             ttft_overhead_s=float(overhead["ttft_seconds"]),
             per_token_overhead_s=float(overhead["per_token_seconds"]),
             attention_pair_s=float(data.get("prefill_attention", {}).get("seconds_per_token_pair", 0.0)),
+            split_ttft_overhead_s=float(split) if (split := overhead.get("split_ttft_seconds")) is not None else None,
         )
 
     def to_json(self) -> dict:
@@ -124,7 +136,13 @@ class CostProfile:
             "prefill": [{"tokens": t, "seconds": s} for t, s in self.prefill_points],
             "decode": [{"batch": b, "context": c, "seconds": s} for b, c, s in self.decode_points],
             "kv_transfer": {"fixed_seconds": self.kv_fixed_s, "seconds_per_token": self.kv_per_token_s},
-            "overhead": {"ttft_seconds": self.ttft_overhead_s, "per_token_seconds": self.per_token_overhead_s},
+            "overhead": {
+                "ttft_seconds": self.ttft_overhead_s,
+                "per_token_seconds": self.per_token_overhead_s,
+                **(
+                    {"split_ttft_seconds": self.split_ttft_overhead_s} if self.split_ttft_overhead_s is not None else {}
+                ),
+            },
             "prefill_attention": {"seconds_per_token_pair": self.attention_pair_s},
         }
 

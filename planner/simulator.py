@@ -163,6 +163,7 @@ class _Simulation:
         self, profile: CostProfile, requests: Sequence[RequestSpec], fleet: FleetShape, options: RoutingOptions
     ) -> None:
         self.profile = profile
+        self.ttft_overhead_s = profile.ttft_overhead_for(fleet.mode)
         self.pricer = _Pricer(profile)
         self.requests = requests
         self.options = options
@@ -214,7 +215,7 @@ class _Simulation:
         first, last = self.first[index], self.last[index]
         if math.isnan(first) or math.isnan(last):
             raise RuntimeError(f"request {index} never finished: the simulation lost it")
-        ttft = first - spec.arrival_s + self.profile.ttft_overhead_s
+        ttft = first - spec.arrival_s + self.ttft_overhead_s
         tpot = 0.0
         if spec.output_tokens > 1:
             tpot = (last - first) / (spec.output_tokens - 1) + self.profile.per_token_overhead_s

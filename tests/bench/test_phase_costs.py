@@ -11,6 +11,7 @@ import pytest
 from bench.phase_costs import LiveSample, PointSets, _fit_line, _prompt_alone_s, handoff_extra_s, overheads
 from diptych_server.stack import REPO_ROOT
 from planner.profile import CostProfile, load_profile
+from planner.types import Mode
 
 RUN_TIMEOUT_S = 300
 
@@ -56,7 +57,7 @@ def test_a_tiny_profile_is_measured_well_formed_and_round_trips(tmp_path):
         "--kv-tokens",
         "16,512",
         "--live-prompts",
-        "32,128",
+        "48,128",
         "--live-rounds",
         "1",
         "--live-output-tokens",
@@ -75,12 +76,13 @@ def test_a_tiny_profile_is_measured_well_formed_and_round_trips(tmp_path):
         assert profile.decode_step_s(64, context) > profile.decode_step_s(1, context) > 0
     assert profile.kv_transfer_s(512) >= profile.kv_transfer_s(16) > 0
     assert profile.ttft_overhead_s >= 0 and profile.per_token_overhead_s >= 0 and profile.attention_pair_s >= 0
+    assert profile.split_ttft_overhead_s is not None and profile.split_ttft_overhead_s >= 0
     assert CostProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
     assert "decode step (ms)" in result.stdout and "overhead outside the engine" in result.stdout
     assert result.stdout.count("sequences at context") == 4  # the mixed steps, each against its price
-    live = [line.split() for line in result.stdout.splitlines() if line.startswith(("  colocated", "  split"))]
+    live = [line.split() for line in result.stdout.splitlines() if line.startswith(("  colocated ", "  split"))]
     assert [row[:3] for row in live] == [
-        [mode, prompt, "6"] for mode in ("colocated", "split") for prompt in ("32", "128")
+        [mode, prompt, "6"] for mode in ("colocated", "split", "split+busy") for prompt in ("48", "128")
     ]
 
 
@@ -90,6 +92,17 @@ def test_a_profile_without_prefill_attention_still_loads_and_prices_tokens_by_co
     profile = CostProfile.from_json(data)
     assert profile.attention_pair_s == 0.0
     assert profile.step_s(512, 0, 0.0, [(256, 256), (256, 0)]) == pytest.approx(0.512)
+
+
+def test_a_split_ttft_overhead_applies_to_split_fleets_and_a_profile_without_one_uses_the_common_one():
+    common = _profile(ttft_overhead_s=0.004)
+    assert "split_ttft_seconds" not in common.to_json()["overhead"]
+    assert CostProfile.from_json(common.to_json()).split_ttft_overhead_s is None
+    assert common.ttft_overhead_for(Mode.SPLIT) == common.ttft_overhead_for(Mode.COLOCATED) == 0.004
+    split = _profile(ttft_overhead_s=0.004, split_ttft_overhead_s=0.02)
+    assert CostProfile.from_json(json.loads(json.dumps(split.to_json()))) == split
+    assert (split.ttft_overhead_for(Mode.SPLIT), split.ttft_overhead_for(Mode.COLOCATED)) == (0.02, 0.004)
+    assert _profile(split_ttft_overhead_s=0.0).ttft_overhead_for(Mode.SPLIT) == 0.0  # measured as none
 
 
 def test_prefill_attention_prices_a_later_chunk_above_a_first_one_and_packed_prompts_below_one_long():

@@ -2,6 +2,7 @@
 on loopback and simulated on the same trace, every request measured and predicted; and the arithmetic of
 the comparison on known figures. No error bound is asserted: the figures are the run's to report."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -9,10 +10,21 @@ import sys
 
 import pytest
 
-from bench.plan_validation import RequestPair, Run, compare, gateway_routing, make_trace, metrics
+from bench.plan_validation import (
+    FLEETS,
+    PROFILES_DIR,
+    RequestPair,
+    Run,
+    compare,
+    gateway_routing,
+    make_trace,
+    metrics,
+)
 from bench.stats import RequestResult
 from diptych_server.cli import _parser as cli_parser
 from diptych_server.stack import REPO_ROOT
+from planner.profile import load_profile
+from planner.simulator import simulate
 from planner.types import RequestOutcome, RequestSpec
 from planner.workload import Lengths, Workload
 
@@ -115,3 +127,16 @@ def test_the_trace_is_the_workloads_and_the_simulated_routing_is_the_gateways():
         defaults.skip_split_below,
         defaults.prefill_overflow_tokens,
     )
+
+
+def test_the_simulator_adds_a_split_fleets_own_ttft_overhead_where_the_profile_measured_one():
+    shipped = load_profile(PROFILES_DIR / "cpu-diptych-tiny.json")
+    profile = dataclasses.replace(shipped, ttft_overhead_s=0.004, split_ttft_overhead_s=None)
+    trace = [RequestSpec(0.0, 64, 4), RequestSpec(5.0, 128, 4)]
+    split, colocated = FLEETS["split"], FLEETS["colocated"]
+    common = [o.ttft_s for o in simulate(profile, trace, split)]
+    own = [o.ttft_s for o in simulate(dataclasses.replace(profile, split_ttft_overhead_s=0.050), trace, split)]
+    assert own == pytest.approx([t + 0.046 for t in common])
+    before = [o.ttft_s for o in simulate(profile, trace, colocated)]
+    after = [o.ttft_s for o in simulate(dataclasses.replace(profile, split_ttft_overhead_s=0.050), trace, colocated)]
+    assert after == before
