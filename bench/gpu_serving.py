@@ -24,17 +24,12 @@ import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 from bench.engine_only import engine_closed_loop
+from bench.progress import log
 from bench.workload import BenchRequest, WorkloadSpec, make_requests
 from diptych_common.builtin import BUILTIN_MODELS
 from workers.engine import EngineConfig
 from workers.main import build_engine
 from workers.model_loader import load_model
-
-_started = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

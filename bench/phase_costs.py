@@ -39,6 +39,7 @@ import torch
 
 from bench.gateway_client import GatewayClient
 from bench.live_platform import start_platform
+from bench.progress import log
 from bench.workload import random_tokens
 from planner.profile import CostProfile, save_profile
 from workers.engine import EngineConfig
@@ -54,11 +55,6 @@ GREEDY = SamplingParams(temperature=0.0)
 TRANSFER_TOKEN = b"phase-costs"
 MIN_TIMED_S, MAX_REPEATS = 0.5, 25
 KV_REPEATS = 9
-_started = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _started:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.gateway_client import GatewayClient
 from bench.live_platform import MODES, start_platform
+from bench.progress import log
 from bench.stats import RequestResult, percentile
 from bench.workload import BenchRequest, random_tokens
 from diptych_common.builtin import BUILTIN_MODELS
@@ -38,11 +38,6 @@ from planner.workload import Lengths, Workload
 
 FLEETS = {"split": FleetShape(Mode.SPLIT, prefill=1, decode=1), "colocated": FleetShape(Mode.COLOCATED, colocated=1)}
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "planner" / "profiles"
-_started = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

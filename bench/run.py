@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from bench.baseline import StaticBatchGenerate
 from bench.gateway_client import GatewayClient
 from bench.live_platform import MODES, save_model, start_platform
 from bench.profiles import PROFILES, Profile
+from bench.progress import log
 from bench.report import BenchReport, GreedyCheck, PrefixEffect, render_chart, render_report
 from bench.stats import RunSummary, percentile, summarize
 from bench.workload import make_requests, shared_prefix_prompts, with_arrivals
@@ -31,11 +31,6 @@ from diptych_server.stack import REPO_ROOT
 
 BASELINE = "generate"
 CLOSED_LOOP_SEED, GREEDY_SEED, PREFIX_SEED = 1000, 2000, 3000
-_started = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

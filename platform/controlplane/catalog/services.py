@@ -29,6 +29,7 @@ from controlplane.common.errors import InvalidInput, ObjectGone, ObjectNotFound
 from controlplane.common.tokens import generate_token, hash_token
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.services import audit_record
+from diptych_common.artifacts import ArtifactFile, sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -273,14 +274,6 @@ def workers_mark_silent_dead(*, now: datetime | None = None) -> int:
 # ---- publishing model artifacts -------------------------------------------------------------------------
 
 REVISION_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{REVISION_MAX_LENGTH - 1}}}")
-HASH_CHUNK_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    path: str  # relative POSIX path inside the model directory
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -289,18 +282,18 @@ class Publication:
 
     directory: Path
     revision: str
-    files: list[ManifestEntry]
+    files: list[ArtifactFile]
 
 
 @dataclass(frozen=True)
 class PublishedRevision:
     model: Model
     revision: str
-    files: list[ManifestEntry]
+    files: list[ArtifactFile]
     uploaded: bool  # False when this revision was already published with the same content
 
 
-def directory_manifest(directory: Path) -> list[ManifestEntry]:
+def directory_manifest(directory: Path) -> list[ArtifactFile]:
     """Every file under `directory` (dot-files and dot-folders aside) with its size and sha256, by path."""
     if not directory.is_dir():
         raise InvalidInput(f"{directory} is not a directory.", fields={"directory": ["Not a directory."]})
@@ -311,21 +304,13 @@ def directory_manifest(directory: Path) -> list[ManifestEntry]:
             file = Path(folder, name)
             if not name.startswith(".") and file.is_file():
                 path = file.relative_to(directory).as_posix()
-                entries.append(ManifestEntry(path=path, size=file.stat().st_size, sha256=_file_sha256(file)))
+                entries.append(ArtifactFile(path=path, size=file.stat().st_size, sha256=sha256_of(file)))
     if not entries:
         raise InvalidInput(f"{directory} holds no files to publish.", fields={"directory": ["No files."]})
     return sorted(entries, key=lambda entry: entry.path)
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as data:
-        while chunk := data.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def manifest_revision(entries: list[ManifestEntry]) -> str:
+def manifest_revision(entries: list[ArtifactFile]) -> str:
     """The content-addressed revision: 12 hex digits of the sha256 of the sorted "<sha256>  <path>" lines."""
     lines = sorted(f"{entry.sha256}  {entry.path}\n" for entry in entries)
     return hashlib.sha256("".join(lines).encode()).hexdigest()[:12]
@@ -385,10 +370,10 @@ def model_publish(
     return PublishedRevision(model=model, revision=revision, files=files, uploaded=not already_published)
 
 
-def _check_same_content(*, model: Model, revision: str, files: list[ManifestEntry]) -> bool:
+def _check_same_content(*, model: Model, revision: str, files: list[ArtifactFile]) -> bool:
     """Whether `revision` is already published; refuses (InvalidInput) when it is, with other content."""
     published = {
-        ManifestEntry(path=path, size=size, sha256=sha256)
+        ArtifactFile(path=path, size=size, sha256=sha256)
         for path, size, sha256 in ModelFile.objects.filter(model=model, revision=revision).values_list(
             "path", "size", "sha256"
         )
