@@ -1,5 +1,5 @@
-"""What the gateway's durable usage journal costs per delivered token: one committed UPDATE in a SQLite WAL
-file (`gateway/usage.py`), measured here on its own. `python -m bench.usage_journal [--tokens N]`."""
+"""What the gateway's durable usage journal costs per delivered token: one store into its memory-mapped
+counts file (`gateway/usage.py`), measured here on its own. `python -m bench.usage_journal [--tokens N]`."""
 
 import argparse
 import statistics

@@ -239,6 +239,7 @@ class Pipeline:
         produced = 0
         text = TextStream(plan.tokenizer, plan.stop)
         calls = ToolCallStream(plan.tools) if plan.tools else None
+        inter_token_latency = INTER_TOKEN_LATENCY.labels(plan.model.name)
         async with aclosing(self._path.run(plan, trace)) as events:
             async for event in events:
                 now = time.monotonic()
@@ -247,7 +248,7 @@ class Pipeline:
                     ttft.observe(now - admitted.arrived)
                     RECENT_LATENCIES.record_ttft(trace, now - admitted.arrived)
                 elif last_token_at is not None:
-                    INTER_TOKEN_LATENCY.labels(plan.model.name).observe(now - last_token_at)
+                    inter_token_latency.observe(now - last_token_at)
                 first_token_at = first_token_at or now
                 last_token_at = now
                 produced += 1

@@ -3,9 +3,11 @@ the control plane.
 
 The journal is a SQLite file in the gateway's state directory with two tables:
 
-- `executions`: one row per execution that is writing tokens to a client. Before the gateway writes a
-  token, the row's `delivered` count says so (a committed write to the journal's WAL, which survives a
-  kill of the process); the row also holds the execution's usage events as they stand, minus the count.
+- `executions`: one row per execution that is writing tokens to a client, with its usage events as they
+  stand (minus the count of tokens delivered) and the slot that holds that count in the journal's counts
+  file. Before the gateway writes a token, the count says so: a store into the memory-mapped counts file,
+  which the kernel keeps when the process is killed, as it keeps a committed write to the WAL, at the
+  cost of a memory write rather than a transaction per token.
 - `outbox`: usage events of finished executions, until the control plane acknowledged them. An
   execution's row moves to the outbox in one transaction when its stream ends.
 
@@ -18,7 +20,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import mmap
 import sqlite3
+import struct
 from pathlib import Path
 
 from opentelemetry.trace import Span, SpanKind, StatusCode
@@ -32,6 +36,44 @@ from gateway.types import UsageEvent
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+COUNT = struct.Struct("<q")
+INITIAL_SLOTS = 1024
+
+
+class DeliveredCounts:
+    """Each unfinished execution's delivered count, in a slot of a memory-mapped file: `set` is a plain
+    memory write that survives a kill of the process (the page belongs to the kernel's page cache), and
+    the file holds as many slots as executions ever ran at once."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a+b")
+        if self._file.seek(0, 2) < INITIAL_SLOTS * COUNT.size:
+            self._file.truncate(INITIAL_SLOTS * COUNT.size)
+        self._map = mmap.mmap(self._file.fileno(), 0)
+        self._free = list(range(len(self._map) // COUNT.size - 1, -1, -1))
+
+    def claim(self) -> int:
+        if not self._free:
+            self._grow()
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def set(self, slot: int, count: int) -> None:
+        COUNT.pack_into(self._map, slot * COUNT.size, count)
+
+    def get(self, slot: int) -> int:
+        return COUNT.unpack_from(self._map, slot * COUNT.size)[0]
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+    def _grow(self) -> None:
+        slots = len(self._map) // COUNT.size
+        self._map.resize(2 * slots * COUNT.size)
+        self._free.extend(range(2 * slots - 1, slots - 1, -1))
 
 
 class UsageJournal:
@@ -46,6 +88,8 @@ class UsageJournal:
             "CREATE TABLE IF NOT EXISTS executions ("
             " execution_id TEXT PRIMARY KEY, events TEXT NOT NULL, delivered INTEGER NOT NULL)"
         )
+        if "slot" not in {row[1] for row in self._db.execute("PRAGMA table_info(executions)")}:
+            self._db.execute("ALTER TABLE executions ADD COLUMN slot INTEGER")  # journals written before slots
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS outbox ("
             " id INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL, phase TEXT NOT NULL,"
@@ -54,20 +98,27 @@ class UsageJournal:
         # Trace contexts of the requests whose events wait in the outbox, for their usage.ingest spans
         # (kept in memory: a restarted gateway sends what it recovered untraced).
         self.traceparents: dict[str, str] = {}
+        self._counts = DeliveredCounts(path.with_name(path.stem + "-delivered.counts"))
+        self._slots: dict[str, int] = {}  # execution id -> its slot in the counts file
         USAGE_SPOOLED.set(self.count())
 
     # ---- executions in progress -----------------------------------------------------------------
 
     def track(self, execution_id: str, events: list[UsageEvent], delivered: int) -> None:
         """Records an execution's events (their `tokens` of output set from `delivered`) and its count."""
+        slot = self._slots.get(execution_id)
+        if slot is None:
+            slot = self._slots[execution_id] = self._counts.claim()
+        self._counts.set(slot, delivered)  # before the row names the slot: a row never reads a stale count
         self._db.execute(
-            "INSERT INTO executions (execution_id, events, delivered) VALUES (?, ?, ?)"
+            "INSERT INTO executions (execution_id, events, delivered, slot) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (execution_id) DO UPDATE SET events = excluded.events, delivered = excluded.delivered",
-            (execution_id, json.dumps([event.as_json() for event in events]), delivered),
+            (execution_id, json.dumps([event.as_json() for event in events]), delivered, slot),
         )
 
     def count_delivered(self, execution_id: str, delivered: int) -> None:
-        self._db.execute("UPDATE executions SET delivered = ? WHERE execution_id = ?", (delivered, execution_id))
+        """The execution (tracked) has delivered `delivered` tokens: called before each is handed over."""
+        self._counts.set(self._slots[execution_id], delivered)
 
     def finish(self, execution_id: str, events: list[UsageEvent], traceparent: str = "") -> None:
         """The execution ended: its final events go to the outbox and its row leaves, atomically."""
@@ -75,14 +126,19 @@ class UsageJournal:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_to_outbox(events)
             self._db.execute("DELETE FROM executions WHERE execution_id = ?", (execution_id,))
+        slot = self._slots.pop(execution_id, None)
+        if slot is not None:  # only once no row names it
+            self._counts.release(slot)
         if traceparent and events:
             self.traceparents[execution_id] = traceparent
         USAGE_SPOOLED.set(self.count())
 
     def recover(self) -> int:
         """Bills every execution a killed gateway left unfinished for the tokens it had counted."""
-        rows = self._db.execute("SELECT execution_id, events, delivered FROM executions").fetchall()
-        for execution_id, events, delivered in rows:
+        rows = self._db.execute("SELECT execution_id, events, delivered, slot FROM executions").fetchall()
+        for execution_id, events, delivered, slot in rows:
+            if slot is not None:
+                delivered = self._counts.get(slot)
             self.finish(execution_id, with_delivered([UsageEvent(**event) for event in json.loads(events)], delivered))
         return len(rows)
 
@@ -119,6 +175,7 @@ class UsageJournal:
 
     def close(self) -> None:
         self._db.close()
+        self._counts.close()
 
 
 def with_delivered(events: list[UsageEvent], delivered: int) -> list[UsageEvent]:

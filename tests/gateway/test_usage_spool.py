@@ -13,7 +13,7 @@ import pytest
 
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.types import UsageEvent
-from gateway.usage import UsageJournal, UsageReporter
+from gateway.usage import INITIAL_SLOTS, UsageJournal, UsageReporter
 
 # The fields of a usage event as the control plane ingests them: the journal keeps this JSON shape.
 EVENT_FIELDS = {
@@ -133,7 +133,36 @@ def test_an_execution_journaled_before_events_had_a_tier_is_billed_at_the_standa
     UsageJournal(path).close()
     old_shape = [{k: v for k, v in e.as_json().items() if k != "tier"} for e in (event("old"), event("old", "decode"))]
     with sqlite3.connect(path) as db:
-        db.execute("INSERT INTO executions VALUES (?, ?, ?)", ("old", json.dumps(old_shape), 2))
+        db.execute(
+            "INSERT INTO executions (execution_id, events, delivered) VALUES (?, ?, ?)",
+            ("old", json.dumps(old_shape), 2),
+        )
     journal = UsageJournal(path)
     assert journal.recover() == 1
     assert [e["tier"] for _, e in journal.oldest(10)] == ["standard", "standard"]
+
+
+def test_a_journal_written_before_counts_had_slots_is_recovered_from_its_rows(tmp_path):
+    """A gateway upgraded over a journal whose executions table has no slot column."""
+    path = tmp_path / "journal.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE executions (execution_id TEXT PRIMARY KEY, events TEXT NOT NULL, delivered INTEGER)")
+        events = [e.as_json() for e in (event("old"), event("old", "decode"))]
+        db.execute("INSERT INTO executions VALUES (?, ?, ?)", ("old", json.dumps(events), 3))
+    journal = UsageJournal(path)
+    assert journal.recover() == 1
+    assert [e for _, e in journal.oldest(10)] == bodies(event("old"), event("old", "decode", tokens=3))
+
+
+def test_more_executions_at_once_than_the_counts_file_first_holds_keep_their_own_counts(tmp_path):
+    journal = UsageJournal(tmp_path / "journal.sqlite3")
+    ids = [f"x{i}" for i in range(INITIAL_SLOTS + 5)]
+    for index, execution_id in enumerate(ids):
+        journal.track(execution_id, [event(execution_id), event(execution_id, "decode")], delivered=1)
+        journal.count_delivered(execution_id, index + 1)
+    journal.close()
+
+    reopened = UsageJournal(tmp_path / "journal.sqlite3")
+    assert reopened.recover() == len(ids)
+    decode_tokens = {e["request_id"]: e["tokens"] for _, e in reopened.oldest(10 * len(ids)) if e["phase"] == "decode"}
+    assert decode_tokens == {execution_id: index + 1 for index, execution_id in enumerate(ids)}
