@@ -293,6 +293,23 @@ class RequestPath:
     ) -> worker_pb2.TokenEvent:
         """The next decode token from `decode`; fails when the KV hand-off failed before it or no token came
         in time."""
+        try:
+            if kv_task.done():  # the hand-off is settled: no need to race the read against it
+                async with asyncio.timeout(self._timeouts.next_token_s):  # a timer, where a race costs tasks
+                    message = await decode_call.read()
+            else:
+                message = await self._read_racing_kv(decode_call, decode, kv_task)
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (decode,), "decode") from None
+        if message is grpc.aio.EOF:
+            raise WorkerFailure(_ended_early(route), (decode,), dead=False)
+        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
+        return message
+
+    async def _read_racing_kv(self, decode_call, decode: WorkerInfo, kv_task: asyncio.Task):
+        """The decode stream's next message, unless the KV hand-off fails before it comes."""
         read = asyncio.ensure_future(decode_call.read())
         try:
             while not read.done():
@@ -301,20 +318,14 @@ class RequestPath:
                     waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
-                    raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False)
+                    raise TimeoutError
                 if kv_task in done:
                     kv_failure = kv_task.exception()
                     if kv_failure is not None and not read.done():
                         raise kv_failure
-            message = read.result()
-        except grpc.aio.AioRpcError as error:
-            raise _failure(error, (decode,), "decode") from None
+            return read.result()
         finally:
             read.cancel()
-        if message is grpc.aio.EOF:
-            raise WorkerFailure(_ended_early(route), (decode,), dead=False)
-        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
-        return message
 
     async def _kv_delivered(self, prefill_call, prefill: WorkerInfo, decode: WorkerInfo) -> worker_pb2.KvDelivered:
         """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
@@ -379,7 +390,8 @@ class RequestPath:
 
     async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
         try:
-            message = await asyncio.wait_for(call.read(), timeout)
+            async with asyncio.timeout(timeout):  # no task per message, as wait_for would make
+                message = await call.read()
         except TimeoutError:
             raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
         except grpc.aio.AioRpcError as error:
