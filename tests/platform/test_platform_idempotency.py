@@ -18,9 +18,7 @@ FIRST = "exec_" + "1" * 32
 SECOND = "exec_" + "2" * 32
 
 
-def claim(
-    client, organization, execution_id=FIRST, key="k-1", fingerprint="f-1", lease_seconds=60, caller="key_1"
-):
+def claim(client, organization, execution_id=FIRST, key="k-1", fingerprint="f-1", lease_seconds=60, caller="key_1"):
     response = client.post(
         CLAIM,
         {
