@@ -214,7 +214,8 @@ class Pipeline:
 
     def _choice_run(self, admitted: Admitted, index: int) -> ChoiceRun:
         plan, trace = choice_plan(admitted.plan, index), RequestTrace(span=admitted.span)
-        return ChoiceRun(index, plan, Delivery(self._journal, plan, admitted.caller, trace), trace)
+        delivery = Delivery(self._journal, plan, admitted.caller, trace, bills_prompt=index == 0)
+        return ChoiceRun(index, plan, delivery, trace)
 
     def _choice_outputs(
         self, admitted: Admitted, runs: list[ChoiceRun]

@@ -181,8 +181,9 @@ class IdempotentPostMixin(APIView):
     def _stored_response(self, response: Response) -> dict:
         """The response as a replay gives it back, its secrets withheld: the stored copy must not hold them."""
         body = json.loads(JSONRenderer().render(response.data)) if response.data is not None else None
-        withheld = [name for name in self.idempotency_withheld_fields if isinstance(body, dict) and name in body]
-        for name in withheld:
-            body[name] = None
-        stored = {"status": response.status_code, "body": body}
-        return {**stored, "withheld": withheld} if withheld else stored
+        if not isinstance(body, dict):
+            return {"status": response.status_code, "body": body}
+        withheld = [name for name in self.idempotency_withheld_fields if name in body]
+        if not withheld:
+            return {"status": response.status_code, "body": body}
+        return {"status": response.status_code, "body": {**body, **dict.fromkeys(withheld)}, "withheld": withheld}
