@@ -8,8 +8,10 @@ worker has admitted the handed-off blocks), choices 1..n-1 start, pinned to the 
 last, partial block (a block is named only when full, and the last token is always computed), and the
 decode worker already holds every full block, so only the rest moves.
 
-Each choice is its own execution in the usage ledger (`<execution id>-c<i>` for i >= 1), billed for
-what it ran: its prompt as prefill, the cached part at the cached rate, and its output as decode.
+Each choice is its own execution in the usage ledger (`<execution id>-c<i>` for i >= 1), billed for its
+output as decode. The prompt is billed once, as OpenAI does, by choice 0's prefill event (the cached part at
+the cached rate): the other choices' prefills reuse it from the prefix caches and are not billed, so the
+response's `prompt_tokens`, the ledger, the usage API, the dashboard and the invoice all count it once.
 """
 
 import asyncio
@@ -108,15 +110,16 @@ async def interleaved(
 
 
 def request_usage(runs: list[ChoiceRun]) -> Usage:
-    """The whole request's usage: the prompt counted once, the choices' outputs summed; the phases sum what
-    every choice ran (as billed), named by choice 0's workers."""
+    """The whole request's usage: the prompt counted once, the choices' outputs summed; the phases as billed:
+    prefill choice 0's (the prompt, billed once), decode summed over every choice, named by choice 0's
+    workers."""
     usages = [run.final.usage for run in runs if run.final is not None and run.final.usage is not None]
     head = usages[0]
     return Usage(
         prompt_tokens=head.prompt_tokens,
         completion_tokens=sum(u.completion_tokens for u in usages),
         cached_tokens=head.cached_tokens,
-        prefill=_summed([u.prefill for u in usages]),
+        prefill=head.prefill,
         decode=_summed([u.decode for u in usages]),
     )
 

@@ -1,7 +1,9 @@
 """What one execution delivered to its client, counted durably, and the usage events that bill it.
 
 What is billed: the prompt once (prefill), when at least one output token was delivered; and every output
-token delivered (decode), the first one included although prefill sampled it. A token is delivered when
+token delivered (decode), the first one included although prefill sampled it. The prompt is billed once per
+request: the choices after the first of an n > 1 request run on the same prompt from the prefix cache and
+bill only their output. A token is delivered when
 the gateway hands its response to the client's connection; the journal counts it durably just before.
 So a stream the client cancels is billed for the responses handed to its connection before the cancel
 arrived (the last of them may still have been in flight, unread); a stream cut by the death of the
@@ -18,8 +20,11 @@ from gateway.usage import UsageJournal, with_delivered
 
 
 class Delivery:
-    def __init__(self, journal: UsageJournal, plan: GenerationPlan, caller: Caller, trace: RequestTrace) -> None:
+    def __init__(
+        self, journal: UsageJournal, plan: GenerationPlan, caller: Caller, trace: RequestTrace, bills_prompt: bool
+    ) -> None:
         self._journal = journal
+        self._bills_prompt = bills_prompt
         self._plan = plan
         self._caller = caller
         self._trace = trace
@@ -67,7 +72,7 @@ class Delivery:
         return tuple(record.worker.id for record in (self._trace.prefill, decode) if record is not None)
 
     def _events(self) -> list[UsageEvent]:
-        return usage_events(self._plan, self._caller, self._trace, max(self.delivered, 1))
+        return usage_events(self._plan, self._caller, self._trace, max(self.delivered, 1), self._bills_prompt)
 
 
 def decode_record(trace: RequestTrace) -> PhaseRecord | None:
@@ -84,16 +89,16 @@ def _billed_decode(prefill: PhaseRecord, decode: PhaseRecord | None) -> PhaseRec
     return PhaseRecord(prefill.worker, started_at=finished_at, finished_at=finished_at)
 
 
-def usage_events(plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int) -> list[UsageEvent]:
-    """The prefill event bills the prompt, the decode event the output tokens. A prefill re-run after a
-    worker failure is not billed again."""
+def usage_events(
+    plan: GenerationPlan, caller: Caller, trace: RequestTrace, completion_tokens: int, bills_prompt: bool = True
+) -> list[UsageEvent]:
+    """The prefill event bills the prompt (only where `bills_prompt`: a request's first choice), the decode
+    event the output tokens. A prefill re-run after a worker failure is not billed again."""
     prefill = trace.prefill
     if prefill is None or completion_tokens == 0:
         return []
-    phases = (
-        ("prefill", prefill, len(plan.prompt_token_ids)),
-        ("decode", _billed_decode(prefill, trace.decode), completion_tokens),
-    )
+    decode = ("decode", _billed_decode(prefill, trace.decode), completion_tokens)
+    phases = (("prefill", prefill, len(plan.prompt_token_ids)), decode) if bills_prompt else (decode,)
     return [
         UsageEvent(
             request_id=plan.request_id,

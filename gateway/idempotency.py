@@ -1,11 +1,17 @@
 """Idempotency keys, with Stripe's semantics, kept by the control plane so that every gateway agrees.
 
-A key belongs to one organization and names one request. The first request with a key claims it and
-runs as a new execution. While it runs, another request with the key is refused (ABORTED: retry later).
-Once it completed, a request with the key and the same parameters gets the stored final response back
-(nothing runs, nothing is billed again: the first execution was); with other parameters it is refused
-(INVALID_ARGUMENT). An execution that failed or was cancelled releases the key, so a retry runs anew and
-is billed as the new execution it is. A gateway that died holding a key holds it until its lease ends.
+A key belongs to one organization and names one request of one API key: another key of the organization
+that sends it is refused (INVALID_ARGUMENT) and learns nothing of the first request. The first request with
+a key claims it and runs as a new execution. While it runs, another request with the key is refused
+(ABORTED: retry later). Once it completed, a request with the key and the same parameters gets the stored
+final response back (nothing runs, nothing is billed again: the first execution was); with other parameters
+it is refused (INVALID_ARGUMENT). An execution that failed or was cancelled releases the key, so a retry
+runs anew and is billed as the new execution it is; so does one whose answer could not be stored (larger
+than MAX_STORED_ANSWER_BYTES, or the control plane did not take it), as nothing could answer a retry.
+
+The gateway's journal records every key it claims until the answer is stored or the key freed: a gateway
+killed while holding keys frees them when it starts again on the same state directory; one that never comes
+back holds them until their lease ends.
 """
 
 import asyncio
@@ -14,6 +20,7 @@ import hashlib
 import json
 import logging
 
+from gateway.auth import Caller
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.types import (
     ErrorKind,
@@ -27,11 +34,14 @@ from gateway.types import (
     TopLogprob,
     Usage,
 )
+from gateway.usage import HeldKey, UsageJournal
 
 log = logging.getLogger(__name__)
 
 MAX_LEASE_S = 24 * 3600
 COMPLETE_TIMEOUT_S = 2.0
+# The largest answer stored under a key, as JSON: well inside the control plane's body limit (8 MiB).
+MAX_STORED_ANSWER_BYTES = 4 * 2**20
 
 
 def fingerprint(request: GenerationRequest) -> str:
@@ -42,26 +52,31 @@ def fingerprint(request: GenerationRequest) -> str:
 
 
 class IdempotencyKeys:
-    def __init__(self, control_plane: ControlPlaneClient) -> None:
+    def __init__(self, control_plane: ControlPlaneClient, journal: UsageJournal) -> None:
         self._control_plane = control_plane
+        self._journal = journal
         self._background: set[asyncio.Task] = set()
 
     async def claim(
-        self, organization_id: str, key: str, request: GenerationRequest, execution_id: str, lease_s: float
+        self, caller: Caller, key: str, request: GenerationRequest, execution_id: str, lease_s: float
     ) -> list[GenerationOutput] | None:
         """None when this execution may run; the stored response (one output per choice) when a completed
-        one answers instead."""
+        one of the same API key answers instead."""
+        # Journaled before it is claimed: a gateway killed in between frees a key it may hold.
+        self._journal.hold_idempotency_key(HeldKey(execution_id, caller.organization_id, key))
         try:
             claim = await self._control_plane.claim_idempotency_key(
                 {
-                    "organization_id": organization_id,
+                    "organization_id": caller.organization_id,
                     "key": key,
+                    "caller": f"api_key:{caller.api_key_id}",
                     "fingerprint": fingerprint(request),
                     "execution_id": execution_id,
                     "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
                 }
             )
         except ControlPlaneUnavailable:
+            self._journal.drop_idempotency_key(execution_id)
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
                 "cannot check the idempotency key now (control plane unreachable); retry shortly, or send the "
@@ -70,6 +85,13 @@ class IdempotencyKeys:
         outcome = claim["outcome"]
         if outcome == "claimed":
             return None
+        self._journal.drop_idempotency_key(execution_id)
+        if outcome == "other_caller":
+            raise GatewayError(
+                ErrorKind.INVALID_ARGUMENT,
+                "this idempotency key was already used by another API key of your organization; a stored answer "
+                "goes only to the key that made the request: use a new idempotency key",
+            )
         if outcome == "completed":
             return replayed_outputs(claim["response"])
         if outcome == "in_flight":
@@ -86,35 +108,57 @@ class IdempotencyKeys:
     async def complete(
         self, organization_id: str, key: str, execution_id: str, outputs: list[GenerationOutput]
     ) -> None:
-        """Stores the whole result (one output per choice) under the key; if the control plane does not take
-        it in time, the key stays claimed until its lease ends."""
-        body = {
-            "organization_id": organization_id,
-            "key": key,
-            "execution_id": execution_id,
-            "response": stored_responses(outputs),
-        }
+        """Stores the whole result (one output per choice) under the key. An answer too large to store, or
+        one the control plane does not take in time, frees the key instead: a retry then runs anew."""
+        response = stored_responses(outputs)
+        size = len(json.dumps(response, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > MAX_STORED_ANSWER_BYTES:
+            log.warning(
+                "the answer of %s is %d bytes, over the %d an idempotency key stores; freeing its key",
+                execution_id,
+                size,
+                MAX_STORED_ANSWER_BYTES,
+            )
+            self.release(organization_id, key, execution_id)
+            return
+        body = {"organization_id": organization_id, "key": key, "execution_id": execution_id, "response": response}
         try:
-            await asyncio.wait_for(self._send(self._control_plane.complete_idempotency_key, body), COMPLETE_TIMEOUT_S)
-        except TimeoutError:
-            log.warning("could not store the result of %s under its idempotency key in time", execution_id)
+            await asyncio.wait_for(self._control_plane.complete_idempotency_key(body), COMPLETE_TIMEOUT_S)
+        except Exception as error:
+            log.warning("could not store the answer of %s under its key (%r); freeing the key", execution_id, error)
+            self.release(organization_id, key, execution_id)
+            return
+        self._journal.drop_idempotency_key(execution_id)
 
     def release(self, organization_id: str, key: str, execution_id: str) -> None:
-        self._in_background(self._control_plane.release_idempotency_key, organization_id, key, execution_id, {})
-
-    def _in_background(self, call, organization_id: str, key: str, execution_id: str, extra: dict) -> None:
-        """After a failed stream: the client does not wait for it. If it fails, the key's lease ends it."""
-        body = {"organization_id": organization_id, "key": key, "execution_id": execution_id, **extra}
-        task = asyncio.get_running_loop().create_task(self._send(call, body))
+        """In the background: the client does not wait for it. If it fails, the journal keeps the key, which
+        the gateway frees when it starts again (or the key's lease ends)."""
+        task = asyncio.get_running_loop().create_task(self._release(HeldKey(execution_id, organization_id, key)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    async def _send(call, body: dict) -> None:
+    async def _release(self, held: HeldKey) -> bool:
+        body = {"organization_id": held.organization_id, "key": held.key, "execution_id": held.execution_id}
         try:
-            await call(body)
+            await self._control_plane.release_idempotency_key(body)
         except Exception as error:
-            log.warning("could not update idempotency key of %s: %r", body["execution_id"], error)
+            log.warning("could not free the idempotency key of %s: %r", held.execution_id, error)
+            return False
+        self._journal.drop_idempotency_key(held.execution_id)
+        return True
+
+    def held_by_a_previous_run(self) -> list[HeldKey]:
+        """The keys the journal holds as the gateway starts, before it claims any: a killed run's."""
+        return self._journal.held_idempotency_keys()
+
+    async def release_held(self, held: list[HeldKey], retry_s: float = 1.0) -> None:
+        """Frees `held` (a killed run's keys), retrying those the control plane did not take until it does.
+        The control plane frees only a key its execution still holds, so a key whose answer was stored, or
+        whose lease ended and went to another execution, stays as it is."""
+        while held:
+            held = [key for key in held if not await self._release(key)]
+            if held:
+                await asyncio.sleep(retry_s)
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Lets the releases still in flight finish, for at most `timeout_s` (a key not released in time is

@@ -81,7 +81,10 @@ async def serve(config: GatewayConfig) -> None:
     if recovered:
         log.warning("billed %d executions that a previous run of this gateway left unfinished", recovered)
     usage = UsageReporter(control_plane, journal)
-    idempotency = IdempotencyKeys(control_plane)
+    idempotency = IdempotencyKeys(control_plane, journal)
+    held_by_a_killed_run = idempotency.held_by_a_previous_run()
+    if held_by_a_killed_run:
+        log.warning("freeing %d idempotency keys that a previous run of this gateway held", len(held_by_a_killed_run))
     limiter = RateLimiter(config.redis_url)
     router = Router(
         registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens
@@ -119,6 +122,7 @@ async def serve(config: GatewayConfig) -> None:
         asyncio.create_task(registry.refresh_forever()),
         asyncio.create_task(usage.flush_forever()),
         asyncio.create_task(autoscale.publish_forever()),
+        asyncio.create_task(idempotency.release_held(held_by_a_killed_run)),
     ]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -112,7 +112,7 @@ class Pipeline:
                 reservation = await self._limiter.admit(
                     caller, len(plan.prompt_token_ids), reserved_output_tokens(plan, request)
                 )
-                replay = await self._claim_idempotency_key(plan, request, reservation)
+                replay = await self._claim_idempotency_key(caller, plan, request, reservation)
             except GatewayError as error:
                 error.rate_limit_metadata = await self._rate_limit_metadata(caller, reservation, error)
                 raise
@@ -150,15 +150,13 @@ class Pipeline:
         return rate_limit_metadata(await self._limiter.current(caller))
 
     async def _claim_idempotency_key(
-        self, plan: GenerationPlan, request: GenerationRequest, reservation: Reservation
+        self, caller: Caller, plan: GenerationPlan, request: GenerationRequest, reservation: Reservation
     ) -> list[GenerationOutput] | None:
         if not plan.idempotency_key:
             return None
         lease_s = self._path.call_deadline(plan.sampling.max_tokens)
         try:
-            replay = await self.idempotency.claim(
-                plan.organization_id, plan.idempotency_key, request, plan.request_id, lease_s
-            )
+            replay = await self.idempotency.claim(caller, plan.idempotency_key, request, plan.request_id, lease_s)
         except GatewayError:
             await self._settle(reservation, 0)
             raise
@@ -216,7 +214,8 @@ class Pipeline:
 
     def _choice_run(self, admitted: Admitted, index: int) -> ChoiceRun:
         plan, trace = choice_plan(admitted.plan, index), RequestTrace(span=admitted.span)
-        return ChoiceRun(index, plan, Delivery(self._journal, plan, admitted.caller, trace), trace)
+        delivery = Delivery(self._journal, plan, admitted.caller, trace, bills_prompt=index == 0)
+        return ChoiceRun(index, plan, delivery, trace)
 
     def _choice_outputs(
         self, admitted: Admitted, runs: list[ChoiceRun]

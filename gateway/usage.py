@@ -10,6 +10,8 @@ The journal is a SQLite file in the gateway's state directory with two tables:
   cost of a memory write rather than a transaction per token.
 - `outbox`: usage events of finished executions, until the control plane acknowledged them. An
   execution's row moves to the outbox in one transaction when its stream ends.
+- `idempotency_keys`: the idempotency keys this gateway claims or holds, until the control plane has
+  stored the answer or freed the key; a restarted gateway frees those a killed run left held.
 
 A gateway that was killed finds its unfinished executions when it starts on the same state directory and
 bills each for the tokens its journal counted (`recover`). The control plane stores each (execution id,
@@ -24,6 +26,7 @@ import mmap
 import sqlite3
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -76,6 +79,14 @@ class DeliveredCounts:
         self._free.extend(range(2 * slots - 1, slots - 1, -1))
 
 
+class HeldKey(NamedTuple):
+    """An idempotency key that an execution of this gateway claimed and has not settled yet."""
+
+    execution_id: str
+    organization_id: str
+    key: str
+
+
 class UsageJournal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +105,10 @@ class UsageJournal:
             "CREATE TABLE IF NOT EXISTS outbox ("
             " id INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL, phase TEXT NOT NULL,"
             " body TEXT NOT NULL, UNIQUE (request_id, phase))"
+        )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS idempotency_keys ("
+            " execution_id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, key TEXT NOT NULL)"
         )
         # Trace contexts of the requests whose events wait in the outbox, for their usage.ingest spans
         # (kept in memory: a restarted gateway sends what it recovered untraced).
@@ -172,6 +187,18 @@ class UsageJournal:
 
     def unfinished(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
+
+    # ---- idempotency keys held ---------------------------------------------------------------------
+
+    def hold_idempotency_key(self, held: HeldKey) -> None:
+        self._db.execute("INSERT OR IGNORE INTO idempotency_keys VALUES (?, ?, ?)", held)
+
+    def drop_idempotency_key(self, execution_id: str) -> None:
+        self._db.execute("DELETE FROM idempotency_keys WHERE execution_id = ?", (execution_id,))
+
+    def held_idempotency_keys(self) -> list[HeldKey]:
+        rows = self._db.execute("SELECT execution_id, organization_id, key FROM idempotency_keys").fetchall()
+        return [HeldKey(*row) for row in rows]
 
     def close(self) -> None:
         self._db.close()

@@ -101,7 +101,12 @@ async def in_process_gateway(
     path = CountingRequestPath(registry, channels, mode)
     journal = UsageJournal(state_dir / "usage-journal.sqlite3")
     pipeline = Pipeline(
-        Authenticator(control_plane), registry, limiter or RateLimiter(), path, journal, IdempotencyKeys(control_plane)
+        Authenticator(control_plane),
+        registry,
+        limiter or RateLimiter(),
+        path,
+        journal,
+        IdempotencyKeys(control_plane, journal),
     )
     server = grpc.aio.server()
     add_inference_service(server, pipeline)

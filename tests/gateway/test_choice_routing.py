@@ -109,7 +109,7 @@ def _run(index: int, usage: Usage) -> ChoiceRun:
     return run
 
 
-def test_the_request_s_usage_counts_the_prompt_once_and_sums_what_every_choice_ran():
+def test_the_request_s_usage_counts_the_prompt_once_and_sums_every_choice_s_output():
     def usage(completion: int, cached: int, worker: str) -> Usage:
         return Usage(
             prompt_tokens=40,
@@ -121,7 +121,7 @@ def test_the_request_s_usage_counts_the_prompt_once_and_sums_what_every_choice_r
 
     total = request_usage([_run(0, usage(10, 0, "p1")), _run(1, usage(6, 32, "p1")), _run(2, usage(3, 32, "p1"))])
     assert (total.prompt_tokens, total.completion_tokens, total.cached_tokens) == (40, 19, 0)
-    assert total.prefill == PhaseUsage(120, 64, 300, 15, "p1")
+    assert total.prefill == PhaseUsage(40, 0, 100, 5, "p1")  # as billed: the prompt once, by choice 0
     assert total.decode == PhaseUsage(19, 0, 300, 21, "p1")
 
 

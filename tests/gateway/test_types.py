@@ -146,5 +146,7 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
             "finished_at": "2030-01-01T00:00:03+00:00",
         },
     ]
+    later_choice = usage_events(plan, Caller("org_1", "key_1"), trace, completion_tokens=5, bills_prompt=False)
+    assert [event.as_json() for event in later_choice] == [event.as_json() for event in events[1:]]  # output only
     batch_runner = Caller("org_1", "key_2", kind="batch")
     assert {event.tier for event in usage_events(plan, batch_runner, trace, completion_tokens=5)} == {"batch"}

@@ -291,7 +291,21 @@ def test_billing_current_and_spend_limit_alerts_fire_once(
     assert BillingPeriod.objects.get(organization=org_a, start=period_start_of(now)).amount_to_date_micros == 1_000
 
 
-@pytest.mark.parametrize("body", [{"limit_micros": -1}, {"limit_micros": "lots"}, {}, {"limit_micros": 1.5}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"limit_micros": -1},
+        {"limit_micros": "lots"},
+        {},
+        {"limit_micros": 1.5},
+        # As strict as PATCH /limits: a count is a JSON integer, and an unknown field is named, not ignored.
+        {"limit_micros": "1"},
+        {"limit_micros": 1.0},
+        {"limit_micros": " 7 "},
+        {"limit_micros": True},
+        {"limit_micros": 7, "limit": 7},
+    ],
+)
 def test_spend_limit_rejects_bad_values_and_keeps_the_old_one(client_a, org_a, body):
     client_a.put("/api/v1/spend-limit", {"limit_micros": 5}, format="json")
     response = client_a.put("/api/v1/spend-limit", body, format="json")

@@ -18,12 +18,13 @@ FIRST = "exec_" + "1" * 32
 SECOND = "exec_" + "2" * 32
 
 
-def claim(client, organization, execution_id=FIRST, key="k-1", fingerprint="f-1", lease_seconds=60):
+def claim(client, organization, execution_id=FIRST, key="k-1", fingerprint="f-1", lease_seconds=60, caller="key_1"):
     response = client.post(
         CLAIM,
         {
             "organization_id": organization.public_id,
             "key": key,
+            "caller": caller,
             "fingerprint": fingerprint,
             "execution_id": execution_id,
             "lease_seconds": lease_seconds,
@@ -51,6 +52,19 @@ def test_a_completed_key_answers_with_the_stored_response(internal_client, org_a
     stored = {"requestId": FIRST, "text": "hello", "tokenIds": [1, 2]}
     assert settle(internal_client, COMPLETE, org_a, response=stored) == {"stored": True}
     assert claim(internal_client, org_a, SECOND) == {"outcome": "completed", "execution_id": FIRST, "response": stored}
+
+
+def test_another_caller_gets_neither_the_stored_response_nor_news_of_the_execution(internal_client, org_a):
+    claim(internal_client, org_a)
+    assert claim(internal_client, org_a, SECOND, caller="key_2") == {
+        "outcome": "other_caller",
+        "execution_id": "",
+        "response": None,
+    }
+    settle(internal_client, COMPLETE, org_a, response={"requestId": FIRST, "text": "private"})
+    assert claim(internal_client, org_a, SECOND, caller="key_2")["outcome"] == "other_caller"
+    assert claim(internal_client, org_a, SECOND, caller="key_2", fingerprint="f-2")["outcome"] == "other_caller"
+    assert claim(internal_client, org_a, SECOND)["outcome"] == "completed"
 
 
 def test_a_key_used_with_other_parameters_is_a_mismatch(internal_client, org_a):
@@ -98,12 +112,14 @@ def test_records_older_than_the_retention_are_purged_and_their_keys_free(interna
         ("execution_id", "client-chosen"),
         ("lease_seconds", 0),
         ("key", ""),
+        ("caller", ""),
     ],
 )
 def test_bad_claims_are_refused_and_store_nothing(internal_client, org_a, field, value):
     body = {
         "organization_id": org_a.public_id,
         "key": "k",
+        "caller": "key_1",
         "fingerprint": "f",
         "execution_id": FIRST,
         "lease_seconds": 60,

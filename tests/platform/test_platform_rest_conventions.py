@@ -20,7 +20,10 @@ from controlplane.common.idempotency import LEASE, request_fingerprint
 from controlplane.common.openapi import full_schema
 from controlplane.metering.models import IdempotencyRecord
 from controlplane.metering.services import idempotency_key_claim
+from controlplane.tenancy.access import Principal
 from controlplane.tenancy.models import ApiKey, Invitation
+from controlplane.tenancy.services import api_key_create
+from tests.platform.test_platform_roles import member_client
 
 INGEST_URL = "/api/v1/internal/usage-events"
 # POSTs that take no Idempotency-Key: they sign a browser in or out (nothing to replay), or are Stripe's.
@@ -156,14 +159,61 @@ def create_key(client: APIClient, name: str, key: str | None = "key-1", path: st
     return client.post(path, {"name": name}, format="json", **headers)
 
 
-def test_a_retry_with_the_same_key_gets_the_stored_response(client_a, org_a):
+def test_a_retry_with_the_same_key_gets_the_stored_response_with_its_secret_withheld(client_a, org_a):
     before = ApiKey.objects.filter(organization=org_a).count()
     first = create_key(client_a, "ci")
     retry = create_key(client_a, "ci")
     assert first.status_code == retry.status_code == 201
-    assert retry.json() == first.json()  # the one key's secret, shown again to the caller that made it
+    assert first.json()["key"].startswith("dip_")
+    assert retry.json() == {**first.json(), "key": None}  # the one key, its secret shown only once
     assert retry["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert retry["Idempotent-Withheld"] == "key" and "Idempotent-Withheld" not in first
     assert ApiKey.objects.filter(organization=org_a).count() == before + 1
+
+
+def test_a_stored_response_never_holds_a_secret(client_a, org_a):
+    secret = create_key(client_a, "ci").json()["key"]
+    record = IdempotencyRecord.objects.get(organization=org_a, key="key-1")
+    assert secret not in json.dumps(record.response)
+    assert record.response["body"]["key"] is None and record.response["withheld"] == ["key"]
+
+
+def test_another_caller_with_the_same_key_and_request_gets_neither_answer_nor_key(org_a):
+    """A developer may not mint admin keys; replaying the owner's request with the owner's key must not
+    hand the developer the owner's answer (the handler's scope check does not run on a replay)."""
+    owner, _ = member_client(org_a, "owner")
+    developer, _ = member_client(org_a, "developer")
+    body = {"name": "ops", "scopes": ["inference", "admin:read", "admin:write"]}
+    first = owner.post("/api/v1/api-keys", body, format="json", HTTP_IDEMPOTENCY_KEY="K")
+    assert first.status_code == 201
+    keys_before = ApiKey.objects.count()
+    replay = developer.post("/api/v1/api-keys", body, format="json", HTTP_IDEMPOTENCY_KEY="K")
+    assert replay.status_code == 400, replay.json()
+    assert replay.json()["error"]["type"] == "idempotency_key_conflict"
+    assert "another caller" in replay.json()["error"]["message"] and "'K'" in replay.json()["error"]["message"]
+    assert first.json()["id"] not in replay.content.decode() and "Idempotent-Replayed" not in replay
+    assert ApiKey.objects.count() == keys_before
+
+
+def test_another_api_key_of_the_organization_meets_a_conflict_even_while_the_first_runs(
+    org_a, key_a, make_bearer_client
+):
+    other = make_bearer_client(api_key_create(organization=org_a, name="other", scopes=key_a.api_key.scopes).key)
+    claim_in_flight(org_a, caller=Principal.of_api_key(key_a.api_key).authority)
+    response = create_key(other, "ci")
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "idempotency_key_conflict"
+
+
+def test_a_member_whose_role_changed_does_not_get_the_answer_made_under_the_old_role(org_a):
+    owner, membership = member_client(org_a, "owner")
+    member_client(org_a, "owner", email="second-owner@acme.test")  # the last owner cannot be demoted
+    assert owner.post("/api/v1/api-keys", {"name": "ci"}, format="json", HTTP_IDEMPOTENCY_KEY="K").status_code == 201
+    membership.role = "admin"
+    membership.save()
+    replay = owner.post("/api/v1/api-keys", {"name": "ci"}, format="json", HTTP_IDEMPOTENCY_KEY="K")
+    assert replay.status_code == 400
+    assert replay.json()["error"]["type"] == "idempotency_key_conflict"
 
 
 def test_without_a_key_two_posts_create_two(client_a, org_a):
@@ -211,16 +261,21 @@ def test_keys_are_kept_per_organization(client_a, client_b, org_a, org_b):
     assert from_b.json()["id"] != create_key(client_a, "ci").json()["id"]
 
 
-def test_a_key_still_in_flight_answers_409_and_changes_nothing(client_a, org_a):
-    # What the first of two identical requests holds while it runs: the key claimed, nothing stored yet.
+def claim_in_flight(organization, caller: str) -> None:
+    """What the first of two identical requests holds while it runs: the key claimed, nothing stored yet."""
     first = Request(APIRequestFactory().post("/api/v1/api-keys", {"name": "ci"}, format="json"), [JSONParser()])
     idempotency_key_claim(
-        organization_id=org_a.public_id,
+        organization_id=organization.public_id,
         key="key-1",
+        caller=caller,
         fingerprint=request_fingerprint(first),
         execution_id="post_first",
         lease=LEASE,
     )
+
+
+def test_a_key_still_in_flight_answers_409_and_changes_nothing(client_a, org_a, key_a):
+    claim_in_flight(org_a, caller=Principal.of_api_key(key_a.api_key).authority)
     before = ApiKey.objects.count()
     response = create_key(client_a, "ci")
     assert response.status_code == 409
@@ -239,7 +294,7 @@ def test_a_failed_request_frees_its_key(client_a, org_a):
 def test_a_stored_response_is_kept_24_hours(client_a, org_a):
     first = create_key(client_a, "ci")
     record = IdempotencyRecord.objects.get(organization=org_a, key="key-1")
-    assert record.response == {"status": 201, "body": first.json()}
+    assert record.response == {"status": 201, "body": {**first.json(), "key": None}, "withheld": ["key"]}
     record.created_at -= timedelta(hours=24, seconds=1)
     record.save()
     again = create_key(client_a, "ci")

@@ -24,6 +24,7 @@ from controlplane.common.errors import ApplicationError, InvalidInput
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.common.pagination import PaginatedListMixin
+from controlplane.common.strict_input import StrictInputSerializer, WholeNumberField
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
 
@@ -56,8 +57,8 @@ class InvoiceOutputSerializer(serializers.Serializer):
         return data
 
 
-class SpendLimitSerializer(serializers.Serializer):
-    limit_micros = serializers.IntegerField(
+class SpendLimitSerializer(StrictInputSerializer):
+    limit_micros = WholeNumberField(
         min_value=0, max_value=MAX_BIG_INTEGER, allow_null=True, help_text="Micro-dollars per period; null: no cap."
     )
 

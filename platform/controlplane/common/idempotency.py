@@ -1,5 +1,7 @@
 """`Idempotency-Key` on the public API's POSTs: the first successful response is stored per organization and
-key for 24 hours, and a retry with the same key and the same request gets it back instead of acting twice.
+key for 24 hours, and a retry with the same key and the same request, by the same caller with the same
+authority, gets it back instead of acting twice. Secrets in a response (a new API key) are not stored: a
+replay answers with them withheld (null) and names them in `Idempotent-Withheld`.
 
 The keys share one store, and one key space per organization, with the gateway's inference requests; the
 store (claim, complete, release) is named by settings.DIPTYCH_IDEMPOTENCY_STORE, so that this base of every
@@ -26,6 +28,7 @@ from controlplane.common.ids import new_public_id
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
+WITHHELD_HEADER = "Idempotent-Withheld"
 MAX_KEY_LENGTH = 255
 # How long a request holds its key while it runs; a process that died holding one frees it after this.
 LEASE = timedelta(seconds=60)
@@ -39,6 +42,11 @@ class IdempotencyKeyInUse(APIException):
 class IdempotencyKeyReused(APIException):
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "idempotency_key_reused"
+
+
+class IdempotencyKeyOfAnotherCaller(APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "idempotency_key_conflict"
 
 
 class _Replay(Exception):
@@ -81,13 +89,20 @@ def request_fingerprint(request: Request) -> str:
 
 class IdempotentPostMixin(APIView):
     """Gives every POST of an APIView Idempotency-Key semantics. The view's `idempotency_scope()` names whose
-    key space the key belongs to (an organization's public id)."""
+    key space the key belongs to (an organization's public id), `idempotency_caller()` who asks and with what
+    authority: the checks a handler makes for its caller do not run on a replay, so a stored response goes
+    only to the caller that made it, holding the same authority. `idempotency_withheld_fields` names the
+    response's secrets, which are never stored."""
 
     idempotency_claim: tuple[str, str, str] | None = None  # (scope, key, execution id) of a claimed key
+    idempotency_withheld_fields: tuple[str, ...] = ()
 
     def idempotency_scope(self) -> str | None:
         organization = getattr(self.request.user, "organization", None)
         return organization.public_id if organization is not None else None
+
+    def idempotency_caller(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must name the caller of an idempotent POST")
 
     def initial(self, request: Request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)
@@ -108,8 +123,19 @@ class IdempotentPostMixin(APIView):
             )
         execution_id = new_public_id("post")
         claim = _store().idempotency_key_claim(
-            organization_id=scope, key=key, fingerprint=fingerprint, execution_id=execution_id, lease=LEASE
+            organization_id=scope,
+            key=key,
+            caller=self.idempotency_caller(),
+            fingerprint=fingerprint,
+            execution_id=execution_id,
+            lease=LEASE,
         )
+        if claim.outcome == "other_caller":
+            raise IdempotencyKeyOfAnotherCaller(
+                f"{HEADER} {key!r} was already used by another caller of this organization (another API key or "
+                "member, or you under another role); a stored response goes only to the caller "
+                "that made it. Use a new key."
+            )
         if claim.outcome == "completed":
             raise _Replay(claim.response)
         if claim.outcome == "in_flight":
@@ -127,6 +153,8 @@ class IdempotentPostMixin(APIView):
         if isinstance(exc, _Replay):
             replayed = Response(exc.stored["body"], status=exc.stored["status"])
             replayed[REPLAYED_HEADER] = "true"
+            if exc.stored.get("withheld"):
+                replayed[WITHHELD_HEADER] = ", ".join(exc.stored["withheld"])
             return replayed
         return super().handle_exception(exc)
 
@@ -144,12 +172,18 @@ class IdempotentPostMixin(APIView):
             return
         scope, key, execution_id = claim
         if status.is_success(response.status_code):
-            body = json.loads(JSONRenderer().render(response.data)) if response.data is not None else None
             _store().idempotency_key_complete(
-                organization_id=scope,
-                key=key,
-                execution_id=execution_id,
-                response={"status": response.status_code, "body": body},
+                organization_id=scope, key=key, execution_id=execution_id, response=self._stored_response(response)
             )
         else:
             _store().idempotency_key_release(organization_id=scope, key=key, execution_id=execution_id)
+
+    def _stored_response(self, response: Response) -> dict:
+        """The response as a replay gives it back, its secrets withheld: the stored copy must not hold them."""
+        body = json.loads(JSONRenderer().render(response.data)) if response.data is not None else None
+        if not isinstance(body, dict):
+            return {"status": response.status_code, "body": body}
+        withheld = [name for name in self.idempotency_withheld_fields if name in body]
+        if not withheld:
+            return {"status": response.status_code, "body": body}
+        return {"status": response.status_code, "body": {**body, **dict.fromkeys(withheld)}, "withheld": withheld}

@@ -199,11 +199,14 @@ class IdempotencyKeyClaimApi(InternalAPIView):
     """The gateway asks before it runs a request that carries an idempotency key."""
 
     class IdempotencyKeyClaimInputSerializer(IdempotencyKeyFields):
+        caller = serializers.CharField(
+            max_length=160, help_text="The API key that sends the request: only it gets the stored response."
+        )
         fingerprint = serializers.CharField(max_length=64)
         lease_seconds = serializers.IntegerField(min_value=1, max_value=24 * 3600)
 
     class IdempotencyKeyClaimOutputSerializer(serializers.Serializer):
-        outcome = serializers.ChoiceField(choices=["claimed", "in_flight", "completed", "mismatch"])
+        outcome = serializers.ChoiceField(choices=["claimed", "in_flight", "completed", "mismatch", "other_caller"])
         execution_id = serializers.CharField()
         response = serializers.JSONField(allow_null=True)
 
@@ -215,6 +218,7 @@ class IdempotencyKeyClaimApi(InternalAPIView):
         claim = idempotency_key_claim(
             organization_id=data["organization_id"],
             key=data["key"],
+            caller=data["caller"],
             fingerprint=data["fingerprint"],
             execution_id=data["execution_id"],
             lease=timedelta(seconds=data["lease_seconds"]),

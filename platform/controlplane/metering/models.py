@@ -78,6 +78,9 @@ class IdempotencyRecord(models.Model):
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="Hash of the request the key was first used with.")
     execution_id = models.CharField(max_length=128)
+    caller = models.CharField(
+        max_length=160, default="", help_text="Who made the request and with what authority; only it gets the answer."
+    )
     state = models.CharField(max_length=16, choices=IdempotencyState.choices)
     response: dict | None = JsonTextField(null=True, blank=True)
     lease_expires_at = models.DateTimeField()

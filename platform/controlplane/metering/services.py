@@ -195,7 +195,8 @@ class IdempotencyClaim:
 
     outcome: `claimed` (run it as `execution_id`), `in_flight` (another execution with this key is
     running: refuse with a conflict), `completed` (return `response`, the stored result of
-    `execution_id`, without running anything) or `mismatch` (the key was used with another request).
+    `execution_id`, without running anything), `mismatch` (the key was used with another request) or
+    `other_caller` (the key was used by another caller: nothing about its request is told).
     """
 
     outcome: str
@@ -205,8 +206,10 @@ class IdempotencyClaim:
 
 @transaction.atomic
 def idempotency_key_claim(
-    *, organization_id: str, key: str, fingerprint: str, execution_id: str, lease: timedelta
+    *, organization_id: str, key: str, caller: str, fingerprint: str, execution_id: str, lease: timedelta
 ) -> IdempotencyClaim:
+    """`caller` names who asks and with what authority (an API key and its scopes, a member and its role):
+    a stored answer, or even the news that the key is taken, goes only to the caller that claimed it."""
     organization = _organization(organization_id)
     now = timezone.now()
     record = _locked_record(organization, key)
@@ -216,6 +219,7 @@ def idempotency_key_claim(
                 IdempotencyRecord.objects.create(
                     organization=organization,
                     key=key,
+                    caller=caller,
                     fingerprint=fingerprint,
                     execution_id=execution_id,
                     state=IdempotencyState.IN_FLIGHT,
@@ -226,8 +230,11 @@ def idempotency_key_claim(
         except IntegrityError:  # a concurrent claim of the same key created it first
             record = IdempotencyRecord.objects.select_for_update().get(organization=organization, key=key)
     if _expired(record, now):
+        record.caller = caller  # an expired record: the key starts over, for whoever claims it now
         _take_over(record, fingerprint=fingerprint, execution_id=execution_id, now=now, lease=lease, fresh=True)
         return IdempotencyClaim("claimed", execution_id)
+    if record.caller != caller:
+        return IdempotencyClaim("other_caller", "")
     if record.fingerprint != fingerprint:
         return IdempotencyClaim("mismatch", record.execution_id)
     if record.state == IdempotencyState.COMPLETED:

@@ -110,6 +110,16 @@ class Principal:
         )
 
     @property
+    def authority(self) -> str:
+        """Who this is and what it may do: equal for two requests only when one caller, holding the same
+        authority, made both. A key's scopes never change, so its id says both (the gateway names a key
+        the same way)."""
+        if self.api_key is not None:
+            return f"api_key:{self.api_key.public_id}"
+        user_id = self.user.pk if self.user is not None else None
+        return f"user:{user_id} role:{self.role} staff:{self.is_staff}"
+
+    @property
     def is_staff(self) -> bool:
         return bool(self.user is not None and self.user.is_staff)
 

@@ -146,6 +146,7 @@ class OrganizationDetailApi(TenantAPIView):
 
 class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
     required_permissions = {"GET": Permission.KEYS_READ, "POST": Permission.KEYS_WRITE}
+    idempotency_withheld_fields = ("key",)
 
     class ApiKeyCreateInputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100)
@@ -155,7 +156,11 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
         expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
     class ApiKeyCreatedOutputSerializer(ApiKeyOutputSerializer):
-        key = serializers.CharField(help_text="The full API key. It is shown only in this response.")
+        key = serializers.CharField(
+            allow_null=True,
+            help_text="The full API key. It is shown only in this response: an idempotent replay of the request "
+            "answers null here (header `Idempotent-Withheld: key`).",
+        )
 
     @extend_schema(responses=ApiKeyOutputSerializer(many=True))
     def get(self, request: Request) -> Response:

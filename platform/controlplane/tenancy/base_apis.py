@@ -50,7 +50,12 @@ class IsStaff(BasePermission):
         return principal is not None and principal.is_staff
 
 
-class TenantAPIView(IdempotentPostMixin, APIView):
+class PrincipalIdempotency(IdempotentPostMixin):
+    def idempotency_caller(self) -> str:
+        return self.request.user.authority
+
+
+class TenantAPIView(PrincipalIdempotency, APIView):
     """Base of the public endpoints: every read and write is scoped to `self.organization`, and every POST
     honours Idempotency-Key.
 
@@ -70,7 +75,7 @@ class TenantAPIView(IdempotentPostMixin, APIView):
         return self.request.user.organization
 
 
-class StaffAPIView(IdempotentPostMixin, APIView):
+class StaffAPIView(PrincipalIdempotency, APIView):
     """Base of the endpoints over the platform itself (fleets, workers, prices): staff sessions only."""
 
     authentication_classes = PUBLIC_AUTHENTICATION
