@@ -11,7 +11,8 @@ import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway import validation
-from gateway.http_api import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from gateway.http_api import MAX_BODY_BYTES
+from gateway.json_body import MAX_BODY_DEPTH
 from gateway.tokenization import TOKENIZER_THREAD_PREFIX
 from tests.gateway.harness import (
     API_KEY,
@@ -45,7 +46,7 @@ BAD_BODIES = [  # (raw body, URL, HTTP status, param, part of the message)
         "nests deeper",
     ),
     (
-        b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_JSON_DEPTH + 1).encode() + b"}",
+        b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_BODY_DEPTH + 1).encode() + b"}",
         "/v1/completions",
         400,
         "prompt",
