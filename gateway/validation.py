@@ -5,10 +5,11 @@ import math
 import re
 import uuid
 
+from gateway.json_body import TooDeep
 from gateway.registry import ModelInfo, Registry
 from gateway.structured import MAX_TOOLS, plan_structure
 from gateway.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
-from gateway.tools import template_calls, template_tools
+from gateway.tools import MAX_ARGUMENTS_DEPTH, template_calls, template_tools
 from gateway.types import (
     ChatMessage,
     ErrorKind,
@@ -195,6 +196,11 @@ def _template_message(index: int, message: ChatMessage) -> dict:
             raise _invalid(f"chat.messages[{index}] has tool_calls, which only an assistant message may have")
         try:
             rendered["tool_calls"] = template_calls(message.tool_calls)
+        except TooDeep:
+            raise _invalid(
+                f"chat.messages[{index}].tool_calls holds arguments nesting deeper than {MAX_ARGUMENTS_DEPTH} "
+                "levels; send flatter arguments"
+            ) from None
         except ValueError:
             raise _invalid(
                 f"chat.messages[{index}].tool_calls holds arguments that are not JSON; send each call's "
