@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway import openai_params
 from gateway.batch_api import BatchApiProxy
+from gateway.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.logprobs import CompletionLogprobs, chat_logprobs
 from gateway.openai_tools import BadParam, message_tool_fields, structured_fields, tool_call_deltas, tool_calls_json
 from gateway.pipeline import Admitted, Pipeline
@@ -30,16 +31,16 @@ from gateway.types import (
     Usage,
     as_float32,
 )
-from gateway.validation import MAX_CHOICES, MAX_TOP_LOGPROBS, is_client_label
+from gateway.validation import MAX_CHOICES, MAX_TOP_LOGPROBS, check_counts, is_client_label
 
 log = logging.getLogger(__name__)
 
 # Bounds the body before it is parsed: twice the longest prompt any model takes (validation.py's
 # MAX_PROMPT_BYTES), for JSON's escapes and the rest of the body.
 MAX_BODY_BYTES = 8 << 20
-MAX_JSON_DEPTH = 16  # the deepest legitimate body: messages / a message / content parts / a part
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
+MAX_CONTENT_PARTS = 1024  # text parts of one message
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: the most likely tokens per token, as OpenAI's
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
@@ -83,6 +84,7 @@ _PARAMS = (
     "tool_choice",
     "parallel_tool_calls",
 )
+KNOWN_PARAMS = frozenset(_PARAMS) | frozenset(openai_params.EVERY)  # named in the errors of the body's JSON
 
 
 class HttpError(Exception):
@@ -97,6 +99,7 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     """`batch_api` serves /v1/files and /v1/batches (the control plane keeps them)."""
     api = OpenAiApi(pipeline)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
+    app.on_startup.append(start_parsers)
     if batch_api is not None:
         batch_api.add_routes(app)
     app.router.add_get("/v1/models", api.models)
@@ -347,53 +350,9 @@ async def _json_body(request: web.Request) -> dict:
             f"the request body is larger than {MAX_BODY_BYTES} bytes; send a shorter prompt", status=413
         ) from None
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise HttpError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
-        raise HttpError(f"the request body is not valid JSON: {str(error)[:200]}") from None
-    if not isinstance(body, dict):
-        raise HttpError("the request body must be a JSON object")
-    _check_json_values(body)
-    return body
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number; send a finite number")
-
-
-def _check_json_values(body: dict) -> None:
-    """Refuses what JSON can carry but a request cannot: nesting deeper than any request needs, and
-    strings with lone UTF-16 surrogates (e.g. "\\ud800"), which are not Unicode text."""
-    pending = [(value, 1, key) for key, value in body.items()]
-    _check_text(list(body), None)
-    while pending:
-        value, depth, param = pending.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise HttpError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", _known_param(param))
-        if isinstance(value, str):
-            _check_text([value], param)
-        elif isinstance(value, dict):
-            _check_text(list(value), param)
-            pending.extend((item, depth + 1, param) for item in value.values())
-        elif isinstance(value, list):
-            pending.extend((item, depth + 1, param) for item in value)
-
-
-def _check_text(strings: list[str], param: str | None) -> None:
-    for text in strings:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            where = f"{param} holds" if _known_param(param) else "the request body holds"
-            raise HttpError(
-                f"{where} a lone UTF-16 surrogate, which is not Unicode text; send valid UTF-8 text",
-                _known_param(param),
-            ) from None
-
-
-def _known_param(param: str | None) -> str | None:
-    return param if param in _PARAMS or param in openai_params.EVERY else None
+        return await read_body_off_loop(raw, KNOWN_PARAMS)
+    except JsonRefused as error:
+        raise HttpError(error.message, error.param) from None
 
 
 def _authorization(request: web.Request) -> str | None:
@@ -427,6 +386,7 @@ def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gene
         raise HttpError("model is required: the name of a model from GET /v1/models", "model")
     if not isinstance(model, str):
         raise HttpError("model must be a string: the name of a model from GET /v1/models", "model")
+    check_counts(*(_length(body.get(name)) for name in ("stop", "logit_bias", "tools")))
     fields = {"chat": _chat(body.get("messages"))} if chat else _prompt(body.get("prompt"))
     refused = openai_params.refusal(body, chat)
     if refused is not None:
@@ -454,6 +414,11 @@ def _to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gene
     if not isinstance(priority, str) or priority not in PRIORITIES:
         raise HttpError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
     return GenerationRequest(model=model, idempotency_key=idempotency_key, priority=PRIORITIES[priority], **fields)
+
+
+def _length(value) -> int:
+    """How many entries a list or object holds (0 for anything else: its type is checked where it is read)."""
+    return len(value) if isinstance(value, (list, dict)) else 0
 
 
 def _prompt(prompt) -> dict:
@@ -496,6 +461,12 @@ def _content(content, index: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        if len(content) > MAX_CONTENT_PARTS:
+            raise HttpError(
+                f"messages[{index}].content holds {len(content)} parts; send at most {MAX_CONTENT_PARTS} "
+                "(join the text into fewer parts)",
+                "messages",
+            )
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):

@@ -3,7 +3,6 @@ parallel_tool_calls, and turns them into the grammar the workers make the output
 (`diptych_common.grammar`) and the tools whose calls are read back out of it (`tools.py`). Every schema is
 compiled here, against the model's tokenizer, so a bad one is the client's 400, never a worker's failure."""
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,12 +10,14 @@ from functools import lru_cache
 from llguidance import LLTokenizer
 
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar, grammar_error, llguidance_tokenizer
+from gateway.json_body import TooDeep, loads_nested
 from gateway.tokenization import run_off_loop, tokenizer_for
 from gateway.tools import tool_grammar
 from gateway.types import ErrorKind, GatewayError, GenerationRequest, ResponseFormat, Tool, ToolChoice
 
-MAX_TOOLS = 128
+MAX_TOOLS = 128  # validation.check_counts refuses more
 MAX_SCHEMA_BYTES = 64 << 10  # a schema compiles in time proportional to its size
+MAX_SCHEMA_DEPTH = 64  # how deep a schema's JSON may nest
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("auto", "none", "required", "function")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -83,7 +84,9 @@ def _schema(text: str, where: str) -> dict:
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise _invalid(f"{where} is larger than {MAX_SCHEMA_BYTES} bytes of JSON; send a smaller schema")
     try:
-        schema = json.loads(text)
+        schema = loads_nested(text, MAX_SCHEMA_DEPTH)
+    except TooDeep:
+        raise _invalid(f"{where} nests deeper than {MAX_SCHEMA_DEPTH} levels of JSON; send a flatter schema") from None
     except ValueError as error:
         raise _invalid(f"{where} is not valid JSON ({error}); send a JSON schema object") from None
     if not isinstance(schema, dict):
@@ -101,8 +104,6 @@ def _tools(request: GenerationRequest) -> tuple[Tool, ...]:
         return ()
     if request.chat is None:
         raise _invalid("tools need a chat (messages): the chat template shows the model its tools")
-    if len(tools) > MAX_TOOLS:
-        raise _invalid(f"tools holds {len(tools)} tools; send at most {MAX_TOOLS}")
     names = set()
     for index, tool in enumerate(tools):
         if not _NAME.fullmatch(tool.name):

@@ -13,9 +13,11 @@ import uuid
 from dataclasses import dataclass
 
 from diptych_common.grammar import JSON_OPTIONS, LARK_GRAMMAR, Grammar
+from gateway.json_body import loads_nested
 from gateway.types import Tool, ToolCall
 
 TOOL_CALL_MARKER = "<tool_call>"
+MAX_ARGUMENTS_DEPTH = 64  # how deep a call's arguments may nest
 _ANY_TEXT = r"TEXT: /(.|\n)*/ & ~/<tool_call>(.|\n)*/"
 
 
@@ -64,9 +66,14 @@ def template_tools(tools: tuple[Tool, ...]) -> list[dict]:
 
 
 def template_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
-    """An assistant message's earlier calls as chat templates take them (arguments as an object)."""
+    """An assistant message's earlier calls as chat templates take them (arguments as an object); ValueError
+    (TooDeep when they nest deeper than MAX_ARGUMENTS_DEPTH) when a call's arguments are not JSON."""
     return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": loads_nested(c.arguments, MAX_ARGUMENTS_DEPTH)},
+        }
         for c in calls
     ]
 

@@ -5,10 +5,11 @@ import math
 import re
 import uuid
 
+from gateway.json_body import TooDeep
 from gateway.registry import ModelInfo, Registry
-from gateway.structured import plan_structure
+from gateway.structured import MAX_TOOLS, plan_structure
 from gateway.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
-from gateway.tools import template_calls, template_tools
+from gateway.tools import MAX_ARGUMENTS_DEPTH, template_calls, template_tools
 from gateway.types import (
     ChatMessage,
     ErrorKind,
@@ -45,6 +46,7 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 async def plan_generation(request: GenerationRequest, registry: Registry, organization_id: str) -> GenerationPlan:
+    check_counts(len(request.stop), len(request.logit_bias or {}), len(request.tools))
     client_request_id = _client_request_id(request.client_request_id)
     idempotency_key = _idempotency_key(request.idempotency_key)
     priority = _priority(request.priority)
@@ -83,6 +85,18 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
 def new_execution_id() -> str:
     """Every execution gets its own id from the gateway: the usage ledger's key, never the client's."""
     return f"exec_{uuid.uuid4().hex}"
+
+
+def check_counts(stop: int, logit_bias: int, tools: int) -> None:
+    """Refuses more stop strings, logit_bias entries or tools than a request may hold (OpenAI's bounds). The
+    fronts call it before converting them too: converting costs per entry."""
+    for name, count, limit, unit in (
+        ("stop", stop, MAX_STOP_STRINGS, "strings"),
+        ("logit_bias", logit_bias, MAX_LOGIT_BIAS_ENTRIES, "tokens"),
+        ("tools", tools, MAX_TOOLS, "tools"),
+    ):
+        if count > limit:
+            raise _invalid(f"{name} holds {count} {unit}; send at most {limit}")
 
 
 def is_client_label(text: str) -> bool:
@@ -182,6 +196,11 @@ def _template_message(index: int, message: ChatMessage) -> dict:
             raise _invalid(f"chat.messages[{index}] has tool_calls, which only an assistant message may have")
         try:
             rendered["tool_calls"] = template_calls(message.tool_calls)
+        except TooDeep:
+            raise _invalid(
+                f"chat.messages[{index}].tool_calls holds arguments nesting deeper than {MAX_ARGUMENTS_DEPTH} "
+                "levels; send flatter arguments"
+            ) from None
         except ValueError:
             raise _invalid(
                 f"chat.messages[{index}].tool_calls holds arguments that are not JSON; send each call's "
@@ -276,8 +295,6 @@ def _with_controls(sampling: SamplingSpec, request: GenerationRequest, vocab_siz
 
 
 def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
-    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
-        raise _invalid(f"logit_bias holds {len(bias)} tokens; send at most {MAX_LOGIT_BIAS_ENTRIES}")
     for token_id, value in sorted(bias.items()):
         if not 0 <= token_id < vocab_size:
             raise _invalid(
@@ -324,8 +341,6 @@ def _float32_text(value: float) -> str:
 
 
 def _stop_strings(stop: list[str]) -> list[str]:
-    if len(stop) > MAX_STOP_STRINGS:
-        raise _invalid(f"stop holds {len(stop)} strings; send at most {MAX_STOP_STRINGS}")
     for s in stop:
         if not s or len(s) > MAX_STOP_LENGTH:
             raise _invalid(f"each stop string must be 1 to {MAX_STOP_LENGTH} characters long")

@@ -13,6 +13,7 @@ import grpc
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.auth import Authenticator
+from gateway.batch_api import BatchApiProxy
 from gateway.http_api import build_app
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
@@ -94,7 +95,9 @@ async def in_process_gateway(
     limiter: RateLimiter | None = None,
     channels: Channels | None = None,
     mode: ServingMode = ServingMode.AUTO,
+    batch_api: BatchApiProxy | None = None,
 ):
+    """`batch_api`: the files and batches proxy, to a control plane of the test's own."""
     control_plane = control_plane or ControlPlaneInMemory()
     registry = Registry(control_plane)
     await registry.refresh()
@@ -112,7 +115,7 @@ async def in_process_gateway(
     add_inference_service(server, pipeline)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    http = TestClient(TestServer(build_app(pipeline)))
+    http = TestClient(TestServer(build_app(pipeline, batch_api)))
     await http.start_server()
     target = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(target)

@@ -11,7 +11,8 @@ import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway import validation
-from gateway.http_api import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from gateway.http_api import MAX_BODY_BYTES
+from gateway.json_body import MAX_BODY_DEPTH
 from gateway.tokenization import TOKENIZER_THREAD_PREFIX
 from tests.gateway.harness import (
     API_KEY,
@@ -45,7 +46,7 @@ BAD_BODIES = [  # (raw body, URL, HTTP status, param, part of the message)
         "nests deeper",
     ),
     (
-        b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_JSON_DEPTH + 1).encode() + b"}",
+        b'{"model": "diptych-tiny", "prompt": ' + _nested(MAX_BODY_DEPTH + 1).encode() + b"}",
         "/v1/completions",
         400,
         "prompt",
@@ -331,3 +332,57 @@ async def test_tokenizing_runs_off_the_event_loop_while_the_loop_serves_others(g
 def test_a_long_unknown_model_name_is_quoted_short():
     assert validation._shown("m" * 10_000) == "'" + "m" * 61 + "...'"
     assert validation._shown("no-such-model") == "'no-such-model'"
+
+
+DEEP_JSON = "[" * 1_000 + "]" * 1_000  # a RecursionError once, a 500 / UNKNOWN
+
+
+async def test_json_nested_deep_inside_a_string_field_is_a_400_over_http(gateway):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_JSON}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    status, payload = await post_json(
+        gateway, "/v1/chat/completions", json.dumps({"model": MODEL, "messages": messages}).encode()
+    )
+    assert status == 400, payload
+    assert_openai_error_shape(payload)
+    assert "chat.messages[1].tool_calls holds arguments nesting deeper than 64 levels" in payload["error"]["message"]
+    assert gateway.path.runs == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {
+                "prompt": "hi",
+                "response_format": inference_pb2.ResponseFormat(type="json_schema", json_schema=DEEP_JSON),
+            },
+            "response_format.json_schema.schema nests deeper than 64 levels",
+        ),
+        (
+            {
+                "chat": inference_pb2.ChatMessages(messages=[inference_pb2.ChatMessage(role="user", content="hi")]),
+                "tools": [inference_pb2.Tool(name="f", parameters=DEEP_JSON)],
+            },
+            "tools[0].function.parameters nests deeper than 64 levels",
+        ),
+        (
+            {
+                "chat": inference_pb2.ChatMessages(
+                    messages=[
+                        inference_pb2.ChatMessage(role="user", content="hi"),
+                        inference_pb2.ChatMessage(
+                            role="assistant", tool_calls=[inference_pb2.ToolCall(id="c", name="f", arguments=DEEP_JSON)]
+                        ),
+                    ]
+                )
+            },
+            "chat.messages[1].tool_calls holds arguments nesting deeper than 64 levels",
+        ),
+    ],
+)
+async def test_json_nested_deep_inside_a_string_field_is_invalid_argument_over_grpc(gateway, fields, message):
+    error = await _generate_error(gateway, **fields)
+    assert error is not None and error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+    assert message in error.details()
+    assert gateway.path.runs == 0
