@@ -11,9 +11,11 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.trace import Span
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
+from diptych_common.tracing import grpc_metadata
+from diptych_common.worker_credential import WorkerSecret
 from gateway.metrics import QUEUE_DEPTH
 from gateway.registry import WorkerInfo
 
@@ -35,21 +37,25 @@ RECONNECT_OPTIONS = (
 
 
 class Channels:
-    """One gRPC channel per worker address, shared by load watching and requests; every call on them
-    carries the worker RPC secret."""
+    """One gRPC channel per worker address, shared by load watching and requests. Every call on them
+    passes `metadata()`, which carries the worker RPC secret (a worker refuses a call without it). The
+    secret goes in by hand, not by a client interceptor: an intercepted stream routes every message it
+    reads through the interceptor's task, a cost per token."""
 
     def __init__(self, secret: WorkerSecret | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.secret = secret or WorkerSecret()  # set once the control plane handed it over
-        self._interceptors = attach_worker_secret(self.secret)
 
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=RECONNECT_OPTIONS, interceptors=self._interceptors
-            )
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         return worker_pb2_grpc.WorkerStub(channel)
+
+    def metadata(self, span: Span | None = None) -> tuple[tuple[str, str], ...]:
+        """A worker call's metadata: the secret (read now: it may arrive after the channel was made) and
+        `span`'s trace context."""
+        return self.secret.metadata() + (grpc_metadata(span) if span is not None else ())
 
     async def close(self) -> None:
         for channel in self._channels.values():
@@ -132,7 +138,7 @@ class LoadBoard:
         stub = self._channels.stub(worker.address)
         while True:
             try:
-                call = stub.WatchLoad(worker_pb2.LoadRequest())
+                call = stub.WatchLoad(worker_pb2.LoadRequest(), metadata=self._channels.metadata())
                 try:
                     while True:
                         load = await asyncio.wait_for(call.read(), STALE_AFTER_S)

@@ -29,7 +29,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2
-from diptych_common.tracing import grpc_metadata, start_span
+from diptych_common.tracing import start_span
 from gateway.live_load import Channels, LoadBoard
 from gateway.metrics import (
     KV_TRANSFER_BYTES,
@@ -226,7 +226,7 @@ class RequestPath:
         span: Span,
     ) -> AsyncGenerator[SampledToken, None]:
         prompt = plan.prompt_token_ids + produced
-        metadata = grpc_metadata(span)
+        metadata = self._channels.metadata(span)
         sampling = _worker_sampling(plan.sampling, produced)
         priority = _WORKER_PRIORITY[plan.priority]
         transfer_token = secrets.token_bytes(32)
@@ -367,7 +367,7 @@ class RequestPath:
                 cache_salt=plan.cache_salt,
             ),
             timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
-            metadata=grpc_metadata(span),
+            metadata=self._channels.metadata(span),
         )
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         started = _now()

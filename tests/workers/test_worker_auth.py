@@ -188,13 +188,12 @@ async def test_the_gateways_channels_carry_the_secret_handed_over_after_they_wer
     try:
         stub = channels.stub(decode.address)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await stub.GetLoad(worker_pb2.LoadRequest())
+            await stub.GetLoad(worker_pb2.LoadRequest(), metadata=channels.metadata())
         assert raised.value.code() is grpc.StatusCode.UNAUTHENTICATED
         channels.secret.set(SECRET)
-        assert (await stub.GetLoad(worker_pb2.LoadRequest())).worker_id == "decode-0"
-        events = await _drain(
-            stub.Generate(worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2)))
-        )
+        assert (await stub.GetLoad(worker_pb2.LoadRequest(), metadata=channels.metadata())).worker_id == "decode-0"
+        work = worker_pb2.GenerateWork(request_id="g", prompt_token_ids=PROMPT, sampling=sampling(2))
+        events = await _drain(stub.Generate(work, metadata=channels.metadata()))
         assert events[-1].finished
     finally:
         await channels.close()
