@@ -174,6 +174,37 @@ def test_cancel_stops_a_batch_and_accounts_for_every_line_once(jobs, client):
     assert sorted(r["custom_id"] for r in done + not_run) == sorted(line["custom_id"] for line in lines)
 
 
+def test_cancelling_while_the_runner_is_dead_reports_every_billed_line_with_its_answer(
+    jobs, client, control_plane_shell
+):
+    """Lines on their way when the runner is killed run to their end on the gateway and are billed: the
+    runner started again must report them with their answers, and bill nothing for the lines it never sent."""
+    lines = [chat_line(f"k{i}", f"Keep going about {i}", max_tokens=96) for i in range(6)]
+    batch = run_batch(client, lines)
+    on_their_way = wait_for(lambda: split_workers_busy(jobs), 120, 0.02)
+    assert on_their_way, "no line of the batch reached the workers"
+    client.batches.cancel(batch.id)
+    jobs.stack.kill_process("jobs")
+    jobs.stack.restart_process("jobs")
+    ended = wait_until_ended(client, batch.id)
+    assert ended.status == "cancelled"
+    output, errors = records(client, ended.output_file_id), records(client, ended.error_file_id)
+    assert output, "the lines that were running when the runner died are missing from the output file"
+    assert {r["error"]["code"] for r in errors} <= {"batch_cancelled"}
+    assert sorted(r["custom_id"] for r in output + errors) == sorted(line["custom_id"] for line in lines)
+    assert wait_for(lambda: not split_workers_busy(jobs), 60, 0.1), "the workers kept running batch lines"
+    jobs.wait_until_usage_sent("split")
+    reported = {r["response"]["request_id"] for r in output}
+    billed = runner_usage(control_plane_shell, batch.id)
+    assert sorted(billed) == sorted((r, phase, "batch") for r in reported for phase in ("prefill", "decode"))
+
+
+def split_workers_busy(live) -> bool:
+    """Whether the split gateway's workers hold a sequence (running or queued)."""
+    loads = [live.worker_load(name) for name in ("prefill-0", "decode-0")]
+    return any(load.active_sequences or load.queue_depth for load in loads)
+
+
 def test_bad_input_and_another_organization_are_refused_through_the_gateway(jobs, client, live, other_organization):
     with pytest.raises(openai.BadRequestError, match="line 2: custom_id 'x' repeats line 1"):
         client.files.create(file=("bad.jsonl", (json.dumps(chat_line("x", "a")) + "\n") * 2), purpose="batch")

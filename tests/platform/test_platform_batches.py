@@ -14,7 +14,13 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchLine, File, LineState
 from controlplane.batches.runner import run_slice
-from controlplane.batches.services import LineAnswer, line_answered, runner_key_secret
+from controlplane.batches.services import (
+    LineAnswer,
+    line_answered,
+    line_postponed,
+    line_sending,
+    runner_key_secret,
+)
 from controlplane.tenancy.services import api_key_create, member_add
 from tests.platform.conftest import bearer_client
 
@@ -192,6 +198,35 @@ def test_cancel_before_any_line_ran_ends_with_every_line_in_the_error_file(clien
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(c, "batch_cancelled") for c in "abc"]
     again = client_a.post(f"{BATCHES}/{batch_id}/cancel")  # cancelling a cancelled batch changes nothing
     assert again.status_code == 200 and again.data["status"] == "cancelled"
+
+
+def test_a_cancelled_batch_reports_a_line_it_sent_with_its_answer_once_it_has_it(client_a, input_file):
+    """A line sent before the cancel may have run (and been billed): the batch waits for its answer (here
+    the gateway said the line still runs, 409) instead of reporting it as never run."""
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    Batch.objects.filter(public_id=batch_id).update(status="in_progress")
+    sent = BatchLine.objects.get(batch__public_id=batch_id, custom_id="a")
+    line_sending(line=sent)
+    line_postponed(line=sent, not_before=timezone.now() + timedelta(hours=1), counted=False, may_have_run=True)
+    refused = BatchLine.objects.get(batch__public_id=batch_id, custom_id="b")
+    line_sending(line=refused)  # ... and refused (429): it did not run
+    line_postponed(line=refused, not_before=timezone.now() + timedelta(hours=1), counted=False, may_have_run=False)
+    assert client_a.post(f"{BATCHES}/{batch_id}/cancel").data["status"] == "cancelling"
+    batch = Batch.objects.get(public_id=batch_id)
+    assert run_slice(batch.id).ended is False
+    assert client_a.get(f"{BATCHES}/{batch_id}").data["status"] == "cancelling"
+    answer = {"id": "exec_a", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ran"}}]}
+    line_answered(line=sent, answer=LineAnswer(status_code=200, body=answer, request_id="exec_a"))
+    assert run_slice(batch.id).ended
+    ended = client_a.get(f"{BATCHES}/{batch_id}").data
+    assert ended["status"] == "cancelled"
+    (output,) = [json.loads(r) for r in client_a.get(f"{FILES}/{ended['output_file_id']}/content").content.splitlines()]
+    assert output["custom_id"] == "a" and output["response"]["request_id"] == "exec_a"
+    errors = [json.loads(r) for r in client_a.get(f"{FILES}/{ended['error_file_id']}/content").content.splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("b", "batch_cancelled"),
+        ("c", "batch_cancelled"),
+    ]
 
 
 def test_a_batch_past_its_window_expires_without_running_its_lines(client_a, input_file):

@@ -3,7 +3,9 @@
 A run lasts one slice (DIPTYCH_BATCH_SLICE_SECONDS) under a lease on the batch; a batch that is not done
 runs on in the next slice. Every line is sent with an Idempotency-Key made of the batch and its custom_id:
 a line sent again (its runner died before it recorded the answer) gets the gateway's stored answer back
-instead of running, and is billed once. The line's row is its durable state; nothing else is kept.
+instead of running, and is billed once. The line's row is its durable state; nothing else is kept: it
+is marked sent before it leaves, so that a batch cancelled or expired while its runner was dead still gets
+the answers of the lines the gateway may have run, rather than reporting them as never run.
 """
 
 import hashlib
@@ -29,6 +31,7 @@ from controlplane.batches.services import (
     batch_start,
     line_answered,
     line_postponed,
+    line_sending,
     runner_key_secret,
 )
 
@@ -105,7 +108,7 @@ def run_slice(batch_id: int, holder: str = "") -> SliceOutcome:
     try:
         if batch.status == BatchStatus.VALIDATING:
             batch = batch_start(batch=batch)
-        if batch.status == BatchStatus.IN_PROGRESS:
+        if batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING):
             go_on = _send_lines(batch, holder)
         if batch_finish_if_done(batch=batch, now=timezone.now()):
             return SliceOutcome(ended=True)
@@ -128,10 +131,10 @@ def _send_lines(batch: Batch, holder: str) -> bool:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"batch-{batch.id}") as pool:
             while True:
                 slice_over = time.monotonic() >= slice_end
-                if not slice_over and _still_running(batch):
+                if not slice_over:
                     sending = {line.id for line in in_flight.values()}
-                    room = concurrency - len(in_flight)
-                    for line in lines_ready(batch=batch, now=timezone.now(), exclude=sending, limit=room):
+                    for line in _lines_to_send(batch, exclude=sending, limit=concurrency - len(in_flight)):
+                        line_sending(line=line)
                         in_flight[pool.submit(sender.send, line.custom_id, line.body)] = line
                 if not in_flight:
                     break
@@ -141,7 +144,14 @@ def _send_lines(batch: Batch, holder: str) -> bool:
                 batch_lease_renew(batch=batch, holder=holder)
     finally:
         sender.close()
-    return slice_over and bool(lines_ready(batch=batch, now=timezone.now(), exclude=set(), limit=1))
+    return slice_over and bool(_lines_to_send(batch, exclude=set(), limit=1))
+
+
+def _lines_to_send(batch: Batch, *, exclude: set[int], limit: int) -> list[BatchLine]:
+    """The ready lines of a running batch; once it is cancelled or expired, only the lines it sent before,
+    sent again under their idempotency keys to get the answers of those the gateway ran."""
+    running = _still_running(batch)
+    return lines_ready(batch=batch, now=timezone.now(), exclude=exclude, limit=limit, sent_only=not running)
 
 
 def _still_running(batch: Batch) -> bool:
@@ -156,4 +166,7 @@ def _record(line: BatchLine, answer: LineAnswer) -> None:
         line_answered(line=line, answer=answer)
         return
     wait_s = answer.retry_after_s if answer.retry_after_s is not None else min(MAX_BACKOFF_S, 2.0**line.attempts)
-    line_postponed(line=line, not_before=timezone.now() + timedelta(seconds=wait_s), counted=counted)
+    may_have_run = answer.status_code in (None, 409)  # no answer, or the key's first request still runs
+    line_postponed(
+        line=line, not_before=timezone.now() + timedelta(seconds=wait_s), counted=counted, may_have_run=may_have_run
+    )
