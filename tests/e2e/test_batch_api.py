@@ -199,6 +199,29 @@ def test_cancelling_while_the_runner_is_dead_reports_every_billed_line_with_its_
     assert sorted(billed) == sorted((r, phase, "batch") for r in reported for phase in ("prefill", "decode"))
 
 
+def test_a_line_the_gateway_refuses_fails_alone_and_its_body_stays_out_of_the_log(jobs, client, control_plane_shell):
+    """A line no encoder can send as UTF-8 (a lone surrogate, in a batch created before upload refused
+    such lines) goes to the gateway escaped and is refused there: it fails, the others run, and the jobs
+    log never shows a request body."""
+    jobs.stack.stop_process("jobs")  # so that the line is changed before any runner sees it
+    marker = "secret-prompt-7f3a"
+    batch = run_batch(client, [chat_line("ok-1", "fine"), chat_line("bad", marker), chat_line("ok-2", "fine too")])
+    control_plane_shell(
+        "from controlplane.batches.models import BatchLine\n"
+        f"line = BatchLine.objects.get(batch__public_id='{batch.id}', custom_id='bad')\n"
+        f"line.body['messages'][0]['content'] = '{marker} \\ud800'\n"
+        "line.save(update_fields=['body'])\n"
+    )
+    jobs.stack.restart_process("jobs")
+    ended = wait_until_ended(client, batch.id, seconds=120)
+    assert ended.status == "completed" and ended.request_counts.completed == 2
+    assert [r["custom_id"] for r in records(client, ended.output_file_id)] == ["ok-1", "ok-2"]
+    (refused,) = records(client, ended.error_file_id)
+    assert refused["custom_id"] == "bad" and refused["response"]["status_code"] == 400
+    assert "lone UTF-16 surrogate" in refused["response"]["body"]["error"]["message"]
+    assert marker not in jobs.stack.log_path("jobs").read_text(errors="replace")
+
+
 def split_workers_busy(live) -> bool:
     """Whether the split gateway's workers hold a sequence (running or queued)."""
     loads = [live.worker_load(name) for name in ("prefill-0", "decode-0")]

@@ -65,6 +65,18 @@ def test_upload_returns_the_file_and_its_content(client_a, input_file):
     assert [json.loads(row)["custom_id"] for row in content.content.splitlines()] == ["a", "b", "c"]
 
 
+def surrogate_prompt() -> bytes:
+    row = json.dumps(line("a"))  # ASCII: the escape below stays an escape
+    return row.replace('"Hi"', '"\\ud800"').encode() + b"\n"
+
+
+def nested(depth: int) -> dict:
+    body: dict = {"model": "diptych-tiny"}
+    for _ in range(depth):
+        body = {"x": body}
+    return body
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -80,6 +92,18 @@ def test_upload_returns_the_file_and_its_content(client_a, input_file):
         (jsonl(line("a", extra=1)), "line 1: unknown field 'extra'"),
         (b"\n\n", "the file holds no request"),
         (b"\xff\xfe", "not UTF-8"),
+        (jsonl(line("a"), b'{"custom_id": "\\ud800", "method": "POST"}'), "line 2: Invalid text at 'custom_id'"),
+        (surrogate_prompt(), "line 1: Invalid text at 'body.messages[0].content': \\ud800 is a lone UTF-16"),
+        (
+            jsonl(line("a", body={"model": "diptych-tiny", "\udfff": 1})),
+            "line 1: Invalid text at 'body.\\udfff (a key)'",
+        ),
+        (jsonl(line("a"), b"[" * 10_000 + b"]" * 10_000), "line 2: JSON nested too deeply"),
+        (jsonl(line("a", body=nested(40))), "line 1: JSON nested too deeply"),
+        (
+            jsonl(line("a", body={"model": "diptych-tiny", "temperature": "NaN"}), b'{"custom_id": NaN}'),
+            "line 2: not valid JSON (NaN",
+        ),
     ],
 )
 def test_bad_input_files_are_refused_naming_the_line(client_a, content, expected):
@@ -87,6 +111,41 @@ def test_bad_input_files_are_refused_naming_the_line(client_a, content, expected
     assert response.status_code == 400
     assert expected in response.data["error"]["message"]
     assert not File.objects.exists()
+
+
+def test_lines_end_at_newlines_alone_and_strings_may_hold_any_line_separator(client_a, tiny_model):
+    """JSON Lines: a line ends at "\\n" (a "\\r" before it is JSON whitespace); U+2028, U+2029, U+0085 and
+    the other characters str.splitlines splits at are text inside a string."""
+    separators = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
+    rows = [line("a"), line("b"), line("c")]
+    rows[1]["body"]["messages"][0]["content"] = f"one{separators}two"
+    content = "\r\n".join(json.dumps(row, ensure_ascii=False) for row in rows).encode()
+    assert "\u2028".encode() in content
+    uploaded = upload(client_a, content)
+    assert uploaded.status_code == 200, uploaded.data
+    batch_id = create_batch(client_a, uploaded.data["id"]).data["id"]
+    lines = BatchLine.objects.filter(batch__public_id=batch_id).order_by("line_number")
+    assert [(n.line_number, n.custom_id) for n in lines] == [(1, "a"), (2, "b"), (3, "c")]
+    assert lines[1].body["messages"][0]["content"] == f"one{separators}two"
+
+
+def test_a_file_refused_now_but_stored_before_is_refused_at_create(client_a, tiny_model, org_a):
+    """A file stored before its lines were checked this closely: the batch is refused, not a 500."""
+    stored = File.objects.create(
+        organization=org_a,
+        purpose="batch",
+        filename="old.jsonl",
+        content=jsonl(
+            line("a"), b'{"custom_id": "\\ud800", "method": "POST", "url": "/v1/chat/completions", "body": {}}'
+        ),
+        bytes=1,
+        line_count=2,
+        endpoint=CHAT,
+    )
+    response = create_batch(client_a, stored.public_id)
+    assert response.status_code == 400, response.data
+    assert "line 2: Invalid text at 'custom_id'" in response.data["error"]["message"]
+    assert not Batch.objects.exists()
 
 
 def test_files_are_bounded_in_bytes_and_lines(client_a, settings):

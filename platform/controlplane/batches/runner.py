@@ -9,6 +9,7 @@ the answers of the lines the gateway may have run, rather than reporting them as
 """
 
 import hashlib
+import json
 import logging
 import time
 import uuid
@@ -71,9 +72,12 @@ class LineSender:
 
     def send(self, custom_id: str, body: dict) -> LineAnswer:
         path = self._batch.endpoint.removeprefix("/v1")
-        headers = {"Idempotency-Key": idempotency_key(self._batch, custom_id)}
+        headers = {"Idempotency-Key": idempotency_key(self._batch, custom_id), "Content-Type": "application/json"}
+        # ASCII escapes carry any string a line holds (even a lone surrogate, which UTF-8 cannot): the
+        # gateway judges the line, and a line it refuses fails alone instead of stopping the batch.
+        content = json.dumps({**body, "priority": "batch"}).encode()
         try:
-            response = self._http.post(path, json={**body, "priority": "batch"}, headers=headers)
+            response = self._http.post(path, content=content, headers=headers)
         except httpx.HTTPError as error:
             log.warning("batch %s: line %r not answered: %r", self._batch.public_id, custom_id, error)
             return LineAnswer(status_code=None, body=None)
