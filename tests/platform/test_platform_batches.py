@@ -320,8 +320,46 @@ def test_the_runner_key_is_a_batch_key_and_others_are_standard(internal_client, 
     runner = internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)})
     assert runner.status_code == 200
     assert runner.data["kind"] == "batch" and runner.data["api_key_id"] == batch.runner_key.public_id
-    assert runner.data["scopes"] == ["inference"]
-    assert internal_client.post(verify, {"api_key": key_a.key}).data["kind"] == "standard"
+    assert runner.data["scopes"] == ["inference"] and runner.data["batch_id"] == batch.public_id
+    standard = internal_client.post(verify, {"api_key": key_a.key}).data
+    assert standard["kind"] == "standard" and standard["batch_id"] is None
+
+
+@pytest.mark.parametrize("end", ["completed", "cancelled", "expired"])
+def test_a_runner_key_is_revoked_when_its_batch_ends(internal_client, client_a, input_file, end):
+    batch = Batch.objects.get(public_id=create_batch(client_a, input_file["id"]).data["id"])
+    Batch.objects.filter(id=batch.id).update(status="in_progress")
+    if end == "completed":
+        for line in BatchLine.objects.filter(batch=batch):
+            line_answered(line=line, answer=LineAnswer(status_code=400, body={"error": {"message": "no"}}))
+    elif end == "cancelled":
+        client_a.post(f"{BATCHES}/{batch.public_id}/cancel")
+    else:
+        Batch.objects.filter(id=batch.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    verify = "/api/v1/internal/api-keys/verify"
+    assert internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)}).status_code == 200
+    assert run_slice(batch.id).ended
+    assert client_a.get(f"{BATCHES}/{batch.public_id}").data["status"] == end
+    refused = internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)})
+    assert refused.status_code == 401 and refused.data["error"]["type"] == "api_key_revoked"
+
+
+def test_a_runner_key_reaches_no_file_and_no_batch(client_a, input_file):
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    runner = bearer_client(runner_key_secret(batch_id))
+    calls = [
+        runner.get(FILES),
+        runner.get(f"{FILES}/{input_file['id']}/content"),
+        runner.get(BATCHES),
+        runner.get(f"{BATCHES}/{batch_id}"),
+        runner.post(f"{BATCHES}/{batch_id}/cancel"),
+        upload(runner, jsonl(line("x"))),
+    ]
+    for response in calls:
+        assert response.status_code == 403, response.data
+        assert "runner key" in response.data["error"]["message"]
+    assert client_a.get(f"{BATCHES}/{batch_id}").data["status"] == "validating"
+    assert File.objects.count() == 1
 
 
 def test_deleted_input_file_keeps_its_batch_running(client_a, input_file):

@@ -28,7 +28,7 @@ from controlplane.common.errors import InvalidInput
 from controlplane.common.tokens import token_from_secret
 from controlplane.tenancy.api_keys import API_KEY_PREFIX
 from controlplane.tenancy.models import Organization, Scope
-from controlplane.tenancy.services import api_key_create
+from controlplane.tenancy.services import api_key_create, api_key_revoke
 
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 MAX_METADATA_PAIRS = 16
@@ -272,6 +272,7 @@ def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
         Batch.objects.filter(id=batch.id).update(status=BatchStatus.FINALIZING, finalizing_at=now)
     with transaction.atomic():
         BatchLine.objects.filter(batch=batch, state=LineState.PENDING).update(state=LineState.NOT_RUN, finished_at=now)
+        api_key_revoke(api_key=batch.runner_key)  # every line has its answer: the key has nothing left to send
         output, errors = _result_files(batch, reason)
         Batch.objects.filter(id=batch.id).update(
             status=final,
