@@ -222,6 +222,36 @@ def test_a_line_the_gateway_refuses_fails_alone_and_its_body_stays_out_of_the_lo
     assert marker not in jobs.stack.log_path("jobs").read_text(errors="replace")
 
 
+def test_a_batch_of_an_organization_over_its_spend_limit_fails_its_lines_and_bills_nothing(
+    jobs, client, live, control_plane_shell
+):
+    with live.rest() as rest:
+        assert rest.put("/spend-limit", json={"limit_micros": 0}).status_code == 200
+    try:
+        batch = run_batch(client, [chat_line("s1", "over"), chat_line("s2", "the limit")])
+        ended = wait_until_ended(client, batch.id, seconds=60)
+    finally:
+        with live.rest() as rest:
+            assert rest.put("/spend-limit", json={"limit_micros": None}).status_code == 200
+    assert ended.status == "completed" and ended.request_counts.failed == 2 and ended.output_file_id is None
+    for record in records(client, ended.error_file_id):
+        assert record["response"]["status_code"] == 429
+        assert record["response"]["body"]["error"]["code"] == "insufficient_quota"
+    jobs.wait_until_usage_sent("split")
+    assert runner_usage(control_plane_shell, batch.id) == []
+    # The demo key may spend again once the gateway's key cache (5 s) has forgotten the limit.
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "again"}], "max_tokens": 2}
+    assert wait_for(lambda: spends_again(client, ask), 15, 0.5), "still refused after the limit was lifted"
+
+
+def spends_again(client: openai.OpenAI, ask: dict) -> bool:
+    try:
+        client.chat.completions.create(**ask)
+    except openai.RateLimitError:
+        return False
+    return True
+
+
 def split_workers_busy(live) -> bool:
     """Whether the split gateway's workers hold a sequence (running or queued)."""
     loads = [live.worker_load(name) for name in ("prefill-0", "decode-0")]

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 # limits (429), the gateway or its workers unavailable (5xx). 409 and 429 are waits, not failures.
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 UNCOUNTED = {409, 429}
+# A 429 for the organization's spend limit is final: the limit holds until it is raised or the billing
+# period ends, and a batch retrying until then would sit in progress, to no end the user could see.
+SPEND_LIMIT_CODE = "insufficient_quota"
 MAX_ATTEMPTS = 5
 MAX_BACKOFF_S = 60.0
 
@@ -164,7 +167,7 @@ def _still_running(batch: Batch) -> bool:
 
 
 def _record(line: BatchLine, answer: LineAnswer) -> None:
-    retryable = answer.status_code is None or answer.status_code in RETRYABLE
+    retryable = answer.status_code is None or (answer.status_code in RETRYABLE and not _over_spend_limit(answer))
     counted = answer.status_code not in UNCOUNTED
     if not retryable or (counted and line.attempts + 1 >= MAX_ATTEMPTS):
         line_answered(line=line, answer=answer)
@@ -174,3 +177,8 @@ def _record(line: BatchLine, answer: LineAnswer) -> None:
     line_postponed(
         line=line, not_before=timezone.now() + timedelta(seconds=wait_s), counted=counted, may_have_run=may_have_run
     )
+
+
+def _over_spend_limit(answer: LineAnswer) -> bool:
+    error = (answer.body or {}).get("error")
+    return answer.status_code == 429 and isinstance(error, dict) and error.get("code") == SPEND_LIMIT_CODE
