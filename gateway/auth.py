@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gateway.auth_cache import FailedAuthLimiter, LruCache, key_digest, peer_address, whole_seconds
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.types import ErrorKind, GatewayError
+from gateway.types import ErrorKind, GatewayError, GenerationRequest, Priority
 
 INFERENCE_SCOPE = "inference"
 STALE_GRACE_S = 300.0
@@ -56,6 +56,7 @@ class Caller:
     key_limits: RateLimits = field(default_factory=RateLimits)
     spend: Spend = field(default_factory=Spend)
     kind: str = "standard"  # "batch": a batch's runner key, whose usage is billed at the batch tier
+    batch_id: str = ""  # the batch whose lines a runner key sends
 
 
 class Authenticator:
@@ -145,6 +146,7 @@ def caller_from_identity(identity: dict) -> Caller:
         api_key_id=identity["api_key_id"],
         scopes=tuple(scopes) if isinstance(scopes, list) else None,
         kind="batch" if identity.get("kind") == "batch" else "standard",
+        batch_id=str(identity.get("batch_id") or ""),
         organization_limits=_rate_limits(limits.get("organization")),
         key_limits=_rate_limits(limits.get("api_key")),
         spend=Spend(
@@ -155,8 +157,14 @@ def caller_from_identity(identity: dict) -> Caller:
     )
 
 
-def check_allowed(caller: Caller) -> None:
-    """Refuses a caller whose key lacks the inference scope or whose organization is over its spend limit."""
+def check_allowed(caller: Caller, request: GenerationRequest | None = None) -> None:
+    """Refuses a caller whose key lacks the inference scope or whose organization is over its spend limit,
+    and a batch's runner key for anything but `request` being a line of its batch."""
+    if caller.kind == "batch" and not _is_line_of_batch(request, caller.batch_id):
+        raise GatewayError(
+            ErrorKind.PERMISSION_DENIED,
+            "this API key is a batch's runner key: it only sends the lines of its batch, at batch priority",
+        )
     if caller.scopes is not None and INFERENCE_SCOPE not in caller.scopes:
         raise GatewayError(
             ErrorKind.PERMISSION_DENIED,
@@ -170,6 +178,17 @@ def check_allowed(caller: Caller) -> None:
             f"spend limit of {amount} reached for this billing period; raise it (PUT /api/v1/spend-limit) "
             "or wait for the next billing period",
         )
+
+
+def _is_line_of_batch(request: GenerationRequest | None, batch_id: str) -> bool:
+    """The control plane's runner sends each line at batch priority under the Idempotency-Key
+    `batch-<batch id>-<digest of its custom_id>` (controlplane/batches/runner.py)."""
+    return (
+        request is not None
+        and bool(batch_id)
+        and request.priority == Priority.BATCH
+        and request.idempotency_key.startswith(f"batch-{batch_id}-")
+    )
 
 
 def _rate_limits(entry) -> RateLimits:

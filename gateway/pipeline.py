@@ -107,7 +107,7 @@ class Pipeline:
             caller = await self.auth.identify(authorization, peer)
             reservation: Reservation | None = None
             try:
-                check_allowed(caller)
+                check_allowed(caller, request)
                 plan = await plan_generation(request, self.registry, caller.organization_id)
                 reservation = await self._limiter.admit(
                     caller, len(plan.prompt_token_ids), reserved_output_tokens(plan, request)

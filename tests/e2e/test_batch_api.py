@@ -174,6 +174,90 @@ def test_cancel_stops_a_batch_and_accounts_for_every_line_once(jobs, client):
     assert sorted(r["custom_id"] for r in done + not_run) == sorted(line["custom_id"] for line in lines)
 
 
+def test_cancelling_while_the_runner_is_dead_reports_every_billed_line_with_its_answer(
+    jobs, client, control_plane_shell
+):
+    """Lines on their way when the runner is killed run to their end on the gateway and are billed: the
+    runner started again must report them with their answers, and bill nothing for the lines it never sent."""
+    lines = [chat_line(f"k{i}", f"Keep going about {i}", max_tokens=96) for i in range(6)]
+    batch = run_batch(client, lines)
+    on_their_way = wait_for(lambda: split_workers_busy(jobs), 120, 0.02)
+    assert on_their_way, "no line of the batch reached the workers"
+    client.batches.cancel(batch.id)
+    jobs.stack.kill_process("jobs")
+    jobs.stack.restart_process("jobs")
+    ended = wait_until_ended(client, batch.id)
+    assert ended.status == "cancelled"
+    output, errors = records(client, ended.output_file_id), records(client, ended.error_file_id)
+    assert output, "the lines that were running when the runner died are missing from the output file"
+    assert {r["error"]["code"] for r in errors} <= {"batch_cancelled"}
+    assert sorted(r["custom_id"] for r in output + errors) == sorted(line["custom_id"] for line in lines)
+    assert wait_for(lambda: not split_workers_busy(jobs), 60, 0.1), "the workers kept running batch lines"
+    jobs.wait_until_usage_sent("split")
+    reported = {r["response"]["request_id"] for r in output}
+    billed = runner_usage(control_plane_shell, batch.id)
+    assert sorted(billed) == sorted((r, phase, "batch") for r in reported for phase in ("prefill", "decode"))
+
+
+def test_a_line_the_gateway_refuses_fails_alone_and_its_body_stays_out_of_the_log(jobs, client, control_plane_shell):
+    """A line no encoder can send as UTF-8 (a lone surrogate, in a batch created before upload refused
+    such lines) goes to the gateway escaped and is refused there: it fails, the others run, and the jobs
+    log never shows a request body."""
+    jobs.stack.stop_process("jobs")  # so that the line is changed before any runner sees it
+    marker = "secret-prompt-7f3a"
+    batch = run_batch(client, [chat_line("ok-1", "fine"), chat_line("bad", marker), chat_line("ok-2", "fine too")])
+    control_plane_shell(
+        "from controlplane.batches.models import BatchLine\n"
+        f"line = BatchLine.objects.get(batch__public_id='{batch.id}', custom_id='bad')\n"
+        f"line.body['messages'][0]['content'] = '{marker} \\ud800'\n"
+        "line.save(update_fields=['body'])\n"
+    )
+    jobs.stack.restart_process("jobs")
+    ended = wait_until_ended(client, batch.id, seconds=120)
+    assert ended.status == "completed" and ended.request_counts.completed == 2
+    assert [r["custom_id"] for r in records(client, ended.output_file_id)] == ["ok-1", "ok-2"]
+    (refused,) = records(client, ended.error_file_id)
+    assert refused["custom_id"] == "bad" and refused["response"]["status_code"] == 400
+    assert "lone UTF-16 surrogate" in refused["response"]["body"]["error"]["message"]
+    assert marker not in jobs.stack.log_path("jobs").read_text(errors="replace")
+
+
+def test_a_batch_of_an_organization_over_its_spend_limit_fails_its_lines_and_bills_nothing(
+    jobs, client, live, control_plane_shell
+):
+    with live.rest() as rest:
+        assert rest.put("/spend-limit", json={"limit_micros": 0}).status_code == 200
+    try:
+        batch = run_batch(client, [chat_line("s1", "over"), chat_line("s2", "the limit")])
+        ended = wait_until_ended(client, batch.id, seconds=60)
+    finally:
+        with live.rest() as rest:
+            assert rest.put("/spend-limit", json={"limit_micros": None}).status_code == 200
+    assert ended.status == "completed" and ended.request_counts.failed == 2 and ended.output_file_id is None
+    for record in records(client, ended.error_file_id):
+        assert record["response"]["status_code"] == 429
+        assert record["response"]["body"]["error"]["code"] == "insufficient_quota"
+    jobs.wait_until_usage_sent("split")
+    assert runner_usage(control_plane_shell, batch.id) == []
+    # The demo key may spend again once the gateway's key cache (5 s) has forgotten the limit.
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "again"}], "max_tokens": 2}
+    assert wait_for(lambda: spends_again(client, ask), 15, 0.5), "still refused after the limit was lifted"
+
+
+def spends_again(client: openai.OpenAI, ask: dict) -> bool:
+    try:
+        client.chat.completions.create(**ask)
+    except openai.RateLimitError:
+        return False
+    return True
+
+
+def split_workers_busy(live) -> bool:
+    """Whether the split gateway's workers hold a sequence (running or queued)."""
+    loads = [live.worker_load(name) for name in ("prefill-0", "decode-0")]
+    return any(load.active_sequences or load.queue_depth for load in loads)
+
+
 def test_bad_input_and_another_organization_are_refused_through_the_gateway(jobs, client, live, other_organization):
     with pytest.raises(openai.BadRequestError, match="line 2: custom_id 'x' repeats line 1"):
         client.files.create(file=("bad.jsonl", (json.dumps(chat_line("x", "a")) + "\n") * 2), purpose="batch")

@@ -2,6 +2,8 @@
 cache, bounded and least-recently-used, with refused keys apart; the per-peer failed-authentication
 budget."""
 
+import json
+
 import pytest
 
 from gateway.auth import (
@@ -16,7 +18,8 @@ from gateway.auth import (
 )
 from gateway.auth_cache import peer_address
 from gateway.control_plane import ControlPlaneUnavailable
-from gateway.types import ErrorKind, GatewayError
+from gateway.types import ErrorKind, GatewayError, GenerationRequest, Priority
+from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_process_gateway, post_json
 
 BASE = {"api_key_id": "key_1", "organization_id": "org_1"}
 
@@ -31,6 +34,45 @@ def test_only_the_control_planes_word_makes_a_caller_a_batch_runner():
     assert caller_from_identity(BASE).kind == "standard"
     assert caller_from_identity({**BASE, "kind": "batch"}).kind == "batch"
     assert caller_from_identity({**BASE, "kind": "something-else"}).kind == "standard"
+
+
+RUNNER = {**BASE, "scopes": ["inference"], "kind": "batch", "batch_id": "batch_7"}
+
+
+def batch_line(idempotency_key: str, priority: Priority = Priority.BATCH) -> GenerationRequest:
+    return GenerationRequest(model="diptych-tiny", prompt="hi", idempotency_key=idempotency_key, priority=priority)
+
+
+def test_a_batch_runner_key_sends_the_lines_of_its_batch_and_nothing_else():
+    runner = caller_from_identity(RUNNER)
+    assert runner.batch_id == "batch_7"
+    check_allowed(runner, batch_line("batch-batch_7-0123abcd"))
+    refused = [
+        None,  # a call that sends no request: listing models
+        batch_line(""),  # an ordinary request
+        batch_line("batch-batch_7-0123abcd", Priority.INTERACTIVE),
+        batch_line("batch-batch_8-0123abcd"),  # another batch's line
+        batch_line("batch-batch_70-0123abcd"),
+    ]
+    for request in refused:
+        with pytest.raises(GatewayError) as raised:
+            check_allowed(runner, request)
+        assert raised.value.kind is ErrorKind.PERMISSION_DENIED and "runner key" in raised.value.message
+    with pytest.raises(GatewayError):  # a runner key the control plane names no batch for
+        check_allowed(caller_from_identity({**RUNNER, "batch_id": None}), batch_line("batch--0123abcd"))
+    check_allowed(caller_from_identity({**BASE, "batch_id": "batch_7"}), batch_line(""))  # a standard key
+
+
+async def test_a_batch_runner_key_gets_a_json_403_for_an_interactive_chat_and_the_model_list(tmp_path):
+    runner = ControlPlaneInMemory({"kind": "batch", "batch_id": "batch_7", "scopes": ["inference"]})
+    async with in_process_gateway(tmp_path, runner) as gateway:
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        status, answer = await post_json(gateway, "/v1/chat/completions", json.dumps(chat).encode())
+        assert status == 403 and "runner key" in answer["error"]["message"]
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with gateway.http.get("/v1/models", headers=headers) as response:
+            assert response.status == 403 and "runner key" in (await response.json())["error"]["message"]
+    assert gateway.path.runs == 0
 
 
 def test_limits_and_spend_are_read():

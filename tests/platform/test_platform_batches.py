@@ -14,7 +14,13 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchLine, File, LineState
 from controlplane.batches.runner import run_slice
-from controlplane.batches.services import LineAnswer, line_answered, runner_key_secret
+from controlplane.batches.services import (
+    LineAnswer,
+    line_answered,
+    line_postponed,
+    line_sending,
+    runner_key_secret,
+)
 from controlplane.tenancy.services import api_key_create, member_add
 from tests.platform.conftest import bearer_client
 
@@ -59,6 +65,18 @@ def test_upload_returns_the_file_and_its_content(client_a, input_file):
     assert [json.loads(row)["custom_id"] for row in content.content.splitlines()] == ["a", "b", "c"]
 
 
+def surrogate_prompt() -> bytes:
+    row = json.dumps(line("a"))  # ASCII: the escape below stays an escape
+    return row.replace('"Hi"', '"\\ud800"').encode() + b"\n"
+
+
+def nested(depth: int) -> dict:
+    body: dict = {"model": "diptych-tiny"}
+    for _ in range(depth):
+        body = {"x": body}
+    return body
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -74,6 +92,18 @@ def test_upload_returns_the_file_and_its_content(client_a, input_file):
         (jsonl(line("a", extra=1)), "line 1: unknown field 'extra'"),
         (b"\n\n", "the file holds no request"),
         (b"\xff\xfe", "not UTF-8"),
+        (jsonl(line("a"), b'{"custom_id": "\\ud800", "method": "POST"}'), "line 2: Invalid text at 'custom_id'"),
+        (surrogate_prompt(), "line 1: Invalid text at 'body.messages[0].content': \\ud800 is a lone UTF-16"),
+        (
+            jsonl(line("a", body={"model": "diptych-tiny", "\udfff": 1})),
+            "line 1: Invalid text at 'body.\\udfff (a key)'",
+        ),
+        (jsonl(line("a"), b"[" * 10_000 + b"]" * 10_000), "line 2: JSON nested too deeply"),
+        (jsonl(line("a", body=nested(40))), "line 1: JSON nested too deeply"),
+        (
+            jsonl(line("a", body={"model": "diptych-tiny", "temperature": "NaN"}), b'{"custom_id": NaN}'),
+            "line 2: not valid JSON (NaN",
+        ),
     ],
 )
 def test_bad_input_files_are_refused_naming_the_line(client_a, content, expected):
@@ -81,6 +111,41 @@ def test_bad_input_files_are_refused_naming_the_line(client_a, content, expected
     assert response.status_code == 400
     assert expected in response.data["error"]["message"]
     assert not File.objects.exists()
+
+
+def test_lines_end_at_newlines_alone_and_strings_may_hold_any_line_separator(client_a, tiny_model):
+    """JSON Lines: a line ends at "\\n" (a "\\r" before it is JSON whitespace); U+2028, U+2029, U+0085 and
+    the other characters str.splitlines splits at are text inside a string."""
+    separators = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
+    rows = [line("a"), line("b"), line("c")]
+    rows[1]["body"]["messages"][0]["content"] = f"one{separators}two"
+    content = "\r\n".join(json.dumps(row, ensure_ascii=False) for row in rows).encode()
+    assert "\u2028".encode() in content
+    uploaded = upload(client_a, content)
+    assert uploaded.status_code == 200, uploaded.data
+    batch_id = create_batch(client_a, uploaded.data["id"]).data["id"]
+    lines = BatchLine.objects.filter(batch__public_id=batch_id).order_by("line_number")
+    assert [(n.line_number, n.custom_id) for n in lines] == [(1, "a"), (2, "b"), (3, "c")]
+    assert lines[1].body["messages"][0]["content"] == f"one{separators}two"
+
+
+def test_a_file_refused_now_but_stored_before_is_refused_at_create(client_a, tiny_model, org_a):
+    """A file stored before its lines were checked this closely: the batch is refused, not a 500."""
+    stored = File.objects.create(
+        organization=org_a,
+        purpose="batch",
+        filename="old.jsonl",
+        content=jsonl(
+            line("a"), b'{"custom_id": "\\ud800", "method": "POST", "url": "/v1/chat/completions", "body": {}}'
+        ),
+        bytes=1,
+        line_count=2,
+        endpoint=CHAT,
+    )
+    response = create_batch(client_a, stored.public_id)
+    assert response.status_code == 400, response.data
+    assert "line 2: Invalid text at 'custom_id'" in response.data["error"]["message"]
+    assert not Batch.objects.exists()
 
 
 def test_files_are_bounded_in_bytes_and_lines(client_a, settings):
@@ -194,6 +259,35 @@ def test_cancel_before_any_line_ran_ends_with_every_line_in_the_error_file(clien
     assert again.status_code == 200 and again.data["status"] == "cancelled"
 
 
+def test_a_cancelled_batch_reports_a_line_it_sent_with_its_answer_once_it_has_it(client_a, input_file):
+    """A line sent before the cancel may have run (and been billed): the batch waits for its answer (here
+    the gateway said the line still runs, 409) instead of reporting it as never run."""
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    Batch.objects.filter(public_id=batch_id).update(status="in_progress")
+    sent = BatchLine.objects.get(batch__public_id=batch_id, custom_id="a")
+    line_sending(line=sent)
+    line_postponed(line=sent, not_before=timezone.now() + timedelta(hours=1), counted=False, may_have_run=True)
+    refused = BatchLine.objects.get(batch__public_id=batch_id, custom_id="b")
+    line_sending(line=refused)  # ... and refused (429): it did not run
+    line_postponed(line=refused, not_before=timezone.now() + timedelta(hours=1), counted=False, may_have_run=False)
+    assert client_a.post(f"{BATCHES}/{batch_id}/cancel").data["status"] == "cancelling"
+    batch = Batch.objects.get(public_id=batch_id)
+    assert run_slice(batch.id).ended is False
+    assert client_a.get(f"{BATCHES}/{batch_id}").data["status"] == "cancelling"
+    answer = {"id": "exec_a", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ran"}}]}
+    line_answered(line=sent, answer=LineAnswer(status_code=200, body=answer, request_id="exec_a"))
+    assert run_slice(batch.id).ended
+    ended = client_a.get(f"{BATCHES}/{batch_id}").data
+    assert ended["status"] == "cancelled"
+    (output,) = [json.loads(r) for r in client_a.get(f"{FILES}/{ended['output_file_id']}/content").content.splitlines()]
+    assert output["custom_id"] == "a" and output["response"]["request_id"] == "exec_a"
+    errors = [json.loads(r) for r in client_a.get(f"{FILES}/{ended['error_file_id']}/content").content.splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("b", "batch_cancelled"),
+        ("c", "batch_cancelled"),
+    ]
+
+
 def test_a_batch_past_its_window_expires_without_running_its_lines(client_a, input_file):
     batch_id = create_batch(client_a, input_file["id"]).data["id"]
     Batch.objects.filter(public_id=batch_id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -226,8 +320,46 @@ def test_the_runner_key_is_a_batch_key_and_others_are_standard(internal_client, 
     runner = internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)})
     assert runner.status_code == 200
     assert runner.data["kind"] == "batch" and runner.data["api_key_id"] == batch.runner_key.public_id
-    assert runner.data["scopes"] == ["inference"]
-    assert internal_client.post(verify, {"api_key": key_a.key}).data["kind"] == "standard"
+    assert runner.data["scopes"] == ["inference"] and runner.data["batch_id"] == batch.public_id
+    standard = internal_client.post(verify, {"api_key": key_a.key}).data
+    assert standard["kind"] == "standard" and standard["batch_id"] is None
+
+
+@pytest.mark.parametrize("end", ["completed", "cancelled", "expired"])
+def test_a_runner_key_is_revoked_when_its_batch_ends(internal_client, client_a, input_file, end):
+    batch = Batch.objects.get(public_id=create_batch(client_a, input_file["id"]).data["id"])
+    Batch.objects.filter(id=batch.id).update(status="in_progress")
+    if end == "completed":
+        for line in BatchLine.objects.filter(batch=batch):
+            line_answered(line=line, answer=LineAnswer(status_code=400, body={"error": {"message": "no"}}))
+    elif end == "cancelled":
+        client_a.post(f"{BATCHES}/{batch.public_id}/cancel")
+    else:
+        Batch.objects.filter(id=batch.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    verify = "/api/v1/internal/api-keys/verify"
+    assert internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)}).status_code == 200
+    assert run_slice(batch.id).ended
+    assert client_a.get(f"{BATCHES}/{batch.public_id}").data["status"] == end
+    refused = internal_client.post(verify, {"api_key": runner_key_secret(batch.public_id)})
+    assert refused.status_code == 401 and refused.data["error"]["type"] == "api_key_revoked"
+
+
+def test_a_runner_key_reaches_no_file_and_no_batch(client_a, input_file):
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    runner = bearer_client(runner_key_secret(batch_id))
+    calls = [
+        runner.get(FILES),
+        runner.get(f"{FILES}/{input_file['id']}/content"),
+        runner.get(BATCHES),
+        runner.get(f"{BATCHES}/{batch_id}"),
+        runner.post(f"{BATCHES}/{batch_id}/cancel"),
+        upload(runner, jsonl(line("x"))),
+    ]
+    for response in calls:
+        assert response.status_code == 403, response.data
+        assert "runner key" in response.data["error"]["message"]
+    assert client_a.get(f"{BATCHES}/{batch_id}").data["status"] == "validating"
+    assert File.objects.count() == 1
 
 
 def test_deleted_input_file_keeps_its_batch_running(client_a, input_file):

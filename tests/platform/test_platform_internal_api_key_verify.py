@@ -18,6 +18,7 @@ def test_verify_returns_the_ids_and_records_use(internal_client, key_a, org_a):
         "api_key_id": key_a.api_key.public_id,
         "organization_id": org_a.public_id,
         "kind": "standard",
+        "batch_id": None,
         "scopes": ["inference", "admin:read", "admin:write"],
         "expires_at": None,
         "limits": {"organization": unlimited, "api_key": unlimited},

@@ -8,14 +8,17 @@ from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from controlplane.batches.models import Batch, File
 from controlplane.batches.selectors import (
     MAX_PAGE,
     batch_get,
     batch_list,
+    batch_of_runner_key,
     cursor_page,
     file_get,
     file_list,
@@ -125,6 +128,21 @@ class CursorQuerySerializer(QueryFilterSerializer):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PAGE, default=20)
 
 
+class NotABatchRunner(BasePermission):
+    """A batch's runner key sends that batch's lines through the gateway, and nothing else: not even its
+    organization's files and batches (the only part of this API its inference scope would reach)."""
+
+    message = "This API key is a batch's runner key: it only sends the lines of its batch, through the gateway."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        api_key = getattr(request.user, "api_key", None)
+        return api_key is None or batch_of_runner_key(api_key=api_key) is None
+
+
+class BatchApiView(TenantAPIView):
+    permission_classes = [*TenantAPIView.permission_classes, NotABatchRunner]
+
+
 def list_response(queryset, serializer_class, request: Request) -> Response:
     query = CursorQuerySerializer(data=request.query_params)
     query.is_valid(raise_exception=True)
@@ -141,7 +159,7 @@ def list_response(queryset, serializer_class, request: Request) -> Response:
     )
 
 
-class FileListCreateApi(TenantAPIView):
+class FileListCreateApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ, "POST": Permission.BATCHES_WRITE}
     parser_classes = [MultiPartParser, FormParser]
 
@@ -173,7 +191,7 @@ class FileListCreateApi(TenantAPIView):
         return Response(FileOutputSerializer(file).data)
 
 
-class FileDetailApi(TenantAPIView):
+class FileDetailApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ, "DELETE": Permission.BATCHES_WRITE}
 
     @extend_schema(responses=FileOutputSerializer)
@@ -186,7 +204,7 @@ class FileDetailApi(TenantAPIView):
         return Response({"id": file_id, "object": "file", "deleted": True})
 
 
-class FileContentApi(TenantAPIView):
+class FileContentApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ}
 
     @extend_schema(responses={(200, "application/jsonl"): bytes})
@@ -195,7 +213,7 @@ class FileContentApi(TenantAPIView):
         return HttpResponse(bytes(file.content), content_type="application/jsonl")
 
 
-class BatchListCreateApi(TenantAPIView):
+class BatchListCreateApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ, "POST": Permission.BATCHES_WRITE}
 
     class BatchCreateInputSerializer(serializers.Serializer):
@@ -218,7 +236,7 @@ class BatchListCreateApi(TenantAPIView):
         )
 
 
-class BatchDetailApi(TenantAPIView):
+class BatchDetailApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ}
 
     @extend_schema(responses=BatchOutputSerializer)
@@ -226,7 +244,7 @@ class BatchDetailApi(TenantAPIView):
         return Response(BatchOutputSerializer(batch_get(organization=self.organization, public_id=batch_id)).data)
 
 
-class BatchCancelApi(TenantAPIView):
+class BatchCancelApi(BatchApiView):
     required_permissions = {"POST": Permission.BATCHES_WRITE}
 
     @extend_schema(request=None, responses=BatchOutputSerializer)

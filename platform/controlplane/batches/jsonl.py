@@ -2,12 +2,18 @@
 
 A line is `{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions", "body": {...}}`. Every
 line names the same url, and no two lines share a custom_id. The first bad line is refused, by number.
+Each line is held to what the API's parser holds a request body to: bounded nesting, finite numbers and
+text without lone surrogates. Lines end at "\n" alone (JSON Lines): JSON strings may hold U+2028 and the
+other characters that `str.splitlines` would split at.
 """
 
 import json
 from dataclasses import dataclass
 
+from rest_framework.exceptions import ParseError
+
 from controlplane.common.errors import InvalidInput
+from controlplane.common.parsers import check_depth_and_text, too_deep_message
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID_LENGTH = 512
@@ -32,7 +38,7 @@ def parse_input_file(content: bytes, *, max_lines: int) -> InputFile:
         text = content.decode("utf-8")
     except UnicodeDecodeError as error:
         raise _refused(f"the file is not UTF-8 text (byte {error.start})") from None
-    rows = [(number, row) for number, row in enumerate(text.splitlines(), start=1) if row.strip()]
+    rows = [(number, row) for number, row in enumerate(text.split("\n"), start=1) if row.strip()]
     if not rows:
         raise _refused("the file holds no request; put one JSON object per line")
     if len(rows) > max_lines:
@@ -63,6 +69,11 @@ def parse_input_file(content: bytes, *, max_lines: int) -> InputFile:
 def _parse_line(number: int, row: str) -> tuple[InputLine, str]:
     try:
         value = json.loads(row, parse_constant=_refuse_constant)
+        check_depth_and_text(value)
+    except RecursionError:
+        raise _line_refused(number, too_deep_message().rstrip(".")) from None
+    except ParseError as error:
+        raise _line_refused(number, str(error.detail).rstrip(".")) from None
     except ValueError as error:
         raise _line_refused(number, f"not valid JSON ({str(error)[:120]})") from None
     if not isinstance(value, dict):

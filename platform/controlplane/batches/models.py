@@ -94,7 +94,7 @@ class Batch(models.Model):
 
 
 class LineState(models.TextChoices):
-    PENDING = "pending"  # not answered yet (sent or not: a line sent again replays its stored answer)
+    PENDING = "pending"  # not answered yet (sent or not: `sent_at` tells; a line sent again replays its answer)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     NOT_RUN = "not_run"  # the batch was cancelled or expired before the line was answered
@@ -110,6 +110,9 @@ class BatchLine(models.Model):
     state = models.CharField(max_length=16, choices=LineState.choices, default=LineState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Retry no earlier than this.")
+    sent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Sent, and the gateway may have run it: its answer is still to be had."
+    )
     status_code = models.PositiveIntegerField(null=True, blank=True)
     request_id = models.CharField(max_length=128, blank=True, default="")
     response: dict | None = JsonTextField(null=True, blank=True)

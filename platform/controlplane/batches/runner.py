@@ -3,10 +3,13 @@
 A run lasts one slice (DIPTYCH_BATCH_SLICE_SECONDS) under a lease on the batch; a batch that is not done
 runs on in the next slice. Every line is sent with an Idempotency-Key made of the batch and its custom_id:
 a line sent again (its runner died before it recorded the answer) gets the gateway's stored answer back
-instead of running, and is billed once. The line's row is its durable state; nothing else is kept.
+instead of running, and is billed once. The line's row is its durable state; nothing else is kept: it
+is marked sent before it leaves, so that a batch cancelled or expired while its runner was dead still gets
+the answers of the lines the gateway may have run, rather than reporting them as never run.
 """
 
 import hashlib
+import json
 import logging
 import time
 import uuid
@@ -29,6 +32,7 @@ from controlplane.batches.services import (
     batch_start,
     line_answered,
     line_postponed,
+    line_sending,
     runner_key_secret,
 )
 
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 # limits (429), the gateway or its workers unavailable (5xx). 409 and 429 are waits, not failures.
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 UNCOUNTED = {409, 429}
+# A 429 for the organization's spend limit is final: the limit holds until it is raised or the billing
+# period ends, and a batch retrying until then would sit in progress, to no end the user could see.
+SPEND_LIMIT_CODE = "insufficient_quota"
 MAX_ATTEMPTS = 5
 MAX_BACKOFF_S = 60.0
 
@@ -68,9 +75,12 @@ class LineSender:
 
     def send(self, custom_id: str, body: dict) -> LineAnswer:
         path = self._batch.endpoint.removeprefix("/v1")
-        headers = {"Idempotency-Key": idempotency_key(self._batch, custom_id)}
+        headers = {"Idempotency-Key": idempotency_key(self._batch, custom_id), "Content-Type": "application/json"}
+        # ASCII escapes carry any string a line holds (even a lone surrogate, which UTF-8 cannot): the
+        # gateway judges the line, and a line it refuses fails alone instead of stopping the batch.
+        content = json.dumps({**body, "priority": "batch"}).encode()
         try:
-            response = self._http.post(path, json={**body, "priority": "batch"}, headers=headers)
+            response = self._http.post(path, content=content, headers=headers)
         except httpx.HTTPError as error:
             log.warning("batch %s: line %r not answered: %r", self._batch.public_id, custom_id, error)
             return LineAnswer(status_code=None, body=None)
@@ -105,7 +115,7 @@ def run_slice(batch_id: int, holder: str = "") -> SliceOutcome:
     try:
         if batch.status == BatchStatus.VALIDATING:
             batch = batch_start(batch=batch)
-        if batch.status == BatchStatus.IN_PROGRESS:
+        if batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING):
             go_on = _send_lines(batch, holder)
         if batch_finish_if_done(batch=batch, now=timezone.now()):
             return SliceOutcome(ended=True)
@@ -128,10 +138,10 @@ def _send_lines(batch: Batch, holder: str) -> bool:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"batch-{batch.id}") as pool:
             while True:
                 slice_over = time.monotonic() >= slice_end
-                if not slice_over and _still_running(batch):
+                if not slice_over:
                     sending = {line.id for line in in_flight.values()}
-                    room = concurrency - len(in_flight)
-                    for line in lines_ready(batch=batch, now=timezone.now(), exclude=sending, limit=room):
+                    for line in _lines_to_send(batch, exclude=sending, limit=concurrency - len(in_flight)):
+                        line_sending(line=line)
                         in_flight[pool.submit(sender.send, line.custom_id, line.body)] = line
                 if not in_flight:
                     break
@@ -141,7 +151,14 @@ def _send_lines(batch: Batch, holder: str) -> bool:
                 batch_lease_renew(batch=batch, holder=holder)
     finally:
         sender.close()
-    return slice_over and bool(lines_ready(batch=batch, now=timezone.now(), exclude=set(), limit=1))
+    return slice_over and bool(_lines_to_send(batch, exclude=set(), limit=1))
+
+
+def _lines_to_send(batch: Batch, *, exclude: set[int], limit: int) -> list[BatchLine]:
+    """The ready lines of a running batch; once it is cancelled or expired, only the lines it sent before,
+    sent again under their idempotency keys to get the answers of those the gateway ran."""
+    running = _still_running(batch)
+    return lines_ready(batch=batch, now=timezone.now(), exclude=exclude, limit=limit, sent_only=not running)
 
 
 def _still_running(batch: Batch) -> bool:
@@ -150,10 +167,18 @@ def _still_running(batch: Batch) -> bool:
 
 
 def _record(line: BatchLine, answer: LineAnswer) -> None:
-    retryable = answer.status_code is None or answer.status_code in RETRYABLE
+    retryable = answer.status_code is None or (answer.status_code in RETRYABLE and not _over_spend_limit(answer))
     counted = answer.status_code not in UNCOUNTED
     if not retryable or (counted and line.attempts + 1 >= MAX_ATTEMPTS):
         line_answered(line=line, answer=answer)
         return
     wait_s = answer.retry_after_s if answer.retry_after_s is not None else min(MAX_BACKOFF_S, 2.0**line.attempts)
-    line_postponed(line=line, not_before=timezone.now() + timedelta(seconds=wait_s), counted=counted)
+    may_have_run = answer.status_code in (None, 409)  # no answer, or the key's first request still runs
+    line_postponed(
+        line=line, not_before=timezone.now() + timedelta(seconds=wait_s), counted=counted, may_have_run=may_have_run
+    )
+
+
+def _over_spend_limit(answer: LineAnswer) -> bool:
+    error = (answer.body or {}).get("error")
+    return answer.status_code == 429 and isinstance(error, dict) and error.get("code") == SPEND_LIMIT_CODE

@@ -73,15 +73,25 @@ def request_counts(*, batch: Batch) -> RequestCounts:
     return RequestCounts(**counts)
 
 
-def lines_ready(*, batch: Batch, now: datetime, exclude: set[int], limit: int) -> list[BatchLine]:
-    """Unanswered lines that may be sent now, in file order, other than those already on their way."""
+def lines_ready(
+    *, batch: Batch, now: datetime, exclude: set[int], limit: int, sent_only: bool = False
+) -> list[BatchLine]:
+    """Unanswered lines that may be sent now, in file order, other than those already on their way;
+    `sent_only`: only those sent before, whose answers are still to be had."""
     lines = BatchLine.objects.filter(batch=batch, state=LineState.PENDING).exclude(id__in=exclude)
+    if sent_only:
+        lines = lines.filter(sent_at__isnull=False)
     lines = lines.filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
     return list(lines.order_by("line_number")[:limit])
 
 
 def lines_pending_count(*, batch: Batch) -> int:
     return BatchLine.objects.filter(batch=batch, state=LineState.PENDING).count()
+
+
+def lines_sent_unanswered_count(*, batch: Batch) -> int:
+    """Lines the gateway may have run whose answers the batch does not have yet."""
+    return BatchLine.objects.filter(batch=batch, state=LineState.PENDING, sent_at__isnull=False).count()
 
 
 def next_retry_at(*, batch: Batch) -> datetime | None:

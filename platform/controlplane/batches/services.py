@@ -22,13 +22,13 @@ from controlplane.batches.models import (
     LineState,
     new_batch_id,
 )
-from controlplane.batches.selectors import file_get, lines_pending_count
+from controlplane.batches.selectors import file_get, lines_pending_count, lines_sent_unanswered_count
 from controlplane.catalog.models import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.common.tokens import token_from_secret
 from controlplane.tenancy.api_keys import API_KEY_PREFIX
 from controlplane.tenancy.models import Organization, Scope
-from controlplane.tenancy.services import api_key_create
+from controlplane.tenancy.services import api_key_create, api_key_revoke
 
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 MAX_METADATA_PAIRS = 16
@@ -236,17 +236,30 @@ def line_answered(*, line: BatchLine, answer: LineAnswer) -> None:
     line.save(update_fields=["state", "status_code", "response", "request_id", "finished_at"])
 
 
-def line_postponed(*, line: BatchLine, not_before: datetime, counted: bool) -> None:
-    """The line gets sent again after `not_before`; `counted` retries count towards its limit."""
+def line_sending(*, line: BatchLine) -> None:
+    """Recorded before the line leaves, so that a runner started after a crash knows the gateway may have
+    run it (and billed it) and fetches its answer instead of reporting it as never run."""
+    line.sent_at = timezone.now()
+    line.save(update_fields=["sent_at"])
+
+
+def line_postponed(*, line: BatchLine, not_before: datetime, counted: bool, may_have_run: bool) -> None:
+    """The line gets sent again after `not_before`; `counted` retries count towards its limit. Unless it
+    `may_have_run` (no answer came, or it still runs), the gateway refused it: it counts as not sent."""
     line.not_before = not_before
     line.attempts += 1 if counted else 0
-    line.save(update_fields=["not_before", "attempts"])
+    line.sent_at = line.sent_at if may_have_run else None
+    line.save(update_fields=["not_before", "attempts", "sent_at"])
 
 
 def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
     """Ends the batch when nothing is left to run or it was cancelled or expired: writes the output and
-    error files and the final status. True when the batch has ended."""
+    error files and the final status. True when the batch has ended. A cancelled or expired batch first
+    gets the answers of the lines it sent, so that a line that ran is reported with its answer."""
     batch.refresh_from_db()
+    if batch.status == BatchStatus.CANCELLING or now >= batch.expires_at:
+        if lines_sent_unanswered_count(batch=batch):
+            return False
     if batch.status == BatchStatus.CANCELLING:
         final, reason = BatchStatus.CANCELLED, "batch_cancelled"
     elif now >= batch.expires_at:
@@ -259,6 +272,7 @@ def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
         Batch.objects.filter(id=batch.id).update(status=BatchStatus.FINALIZING, finalizing_at=now)
     with transaction.atomic():
         BatchLine.objects.filter(batch=batch, state=LineState.PENDING).update(state=LineState.NOT_RUN, finished_at=now)
+        api_key_revoke(api_key=batch.runner_key)  # every line has its answer: the key has nothing left to send
         output, errors = _result_files(batch, reason)
         Batch.objects.filter(id=batch.id).update(
             status=final,

@@ -27,7 +27,7 @@ class BoundedJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         text = _decoded(_read_bounded(stream))
         data = _loaded(text)
-        _check_depth_and_text(data)
+        check_depth_and_text(data)
         return data
 
 
@@ -57,7 +57,7 @@ def _loaded(text: str):
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise ParseError(_too_deep_message()) from None
+        raise ParseError(too_deep_message()) from None
     except ValueError as error:
         raise ParseError(f"JSON parse error - {error}") from None
 
@@ -66,11 +66,11 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON: send numbers that are finite")
 
 
-def _too_deep_message() -> str:
+def too_deep_message() -> str:
     return f"JSON nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects are accepted."
 
 
-def _check_depth_and_text(data) -> None:
+def check_depth_and_text(data) -> None:
     """Walks the parsed body without recursion, refusing deep nesting and lone surrogates."""
     pending = [(data, 0, "")]
     while pending:
@@ -79,7 +79,7 @@ def _check_depth_and_text(data) -> None:
             _check_text(value, path)
         elif isinstance(value, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
-                raise ParseError(_too_deep_message())
+                raise ParseError(too_deep_message())
             pending.extend(_children(value, depth + 1, path))
 
 

@@ -110,6 +110,9 @@ class ApiKeyVerifyApi(InternalAPIView):
         kind = serializers.ChoiceField(
             choices=["standard", "batch"], help_text="batch: a batch's runner key; its usage is billed at batch prices."
         )
+        batch_id = serializers.CharField(
+            allow_null=True, help_text="The batch of a runner key: the key sends that batch's lines and nothing else."
+        )
         scopes = serializers.ListField(child=serializers.CharField())
         expires_at = serializers.DateTimeField(allow_null=True)
         limits = VerifyLimitsSerializer()
@@ -121,10 +124,12 @@ class ApiKeyVerifyApi(InternalAPIView):
         serializer.is_valid(raise_exception=True)
         api_key = api_key_authenticate(key=serializer.validated_data["api_key"])
         organization = api_key.organization
+        batch = batch_of_runner_key(api_key=api_key)
         verified = {
             "api_key_id": api_key.public_id,
             "organization_id": organization.public_id,
-            "kind": "standard" if batch_of_runner_key(api_key=api_key) is None else "batch",
+            "kind": "standard" if batch is None else "batch",
+            "batch_id": None if batch is None else batch.public_id,
             "scopes": api_key.scopes,
             "expires_at": api_key.expires_at,
             "limits": {"organization": organization, "api_key": api_key},
