@@ -283,6 +283,8 @@ async def profiled_loop(loaded: LoadedModel, args) -> tuple[DeviceShare, LoopRun
 
 def render_share(share: DeviceShare, plain: LoopRun | None) -> str:
     steps = share.steps
+    if share.busy_s == 0:
+        return f"under torch.profiler: {steps} steps in {share.wall_s:.2f} s; no device activity recorded"
     lines = [
         f"under torch.profiler: {steps} steps in {share.wall_s:.2f} s; device kernels {share.kernel_s:.3f} s = "
         f"{share.kernel_s / share.wall_s:.1%} of the wall time; device busy (kernels, copies, fills) "

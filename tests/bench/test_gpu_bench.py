@@ -112,3 +112,10 @@ def test_device_share_counts_overlaps_once_and_copies_by_direction():
     assert share.top_kernels[0][1] == pytest.approx(800e-9)
     text = gpu_busy.render_share(share, plain=None)
     assert "copies DtoH: 2 (1.00 a step)" in text and "device kernels 0.000 s = 20.0% of the wall time" in text
+
+
+def test_a_run_with_no_device_activity_says_so():
+    share = device_share([Activity("aten::mm", "host", 0, 1000)], wall_s=1.0, steps=3)
+    assert gpu_busy.render_share(share, plain=None) == (
+        "under torch.profiler: 3 steps in 1.00 s; no device activity recorded"
+    )
