@@ -270,8 +270,8 @@ async def profiled_loop(loaded: LoadedModel, args) -> tuple[DeviceShare, LoopRun
         task = asyncio.create_task(engine.run())
         try:
             vocab_size = loaded.model.config.vocab_size
-            warmup = requests_for(args, concurrency, vocab_size, seed=2)[:concurrency]
-            await engine_closed_loop(engine, warmup, concurrency)
+            # the unprofiled loop ran these shapes already (kernel plans are per process): a short warm-up
+            await engine_closed_loop(engine, requests_for(args, 1, vocab_size, seed=2)[:2], 2)
             log(f"closed loop of {concurrency} streams under torch.profiler")
             with profile(activities=activities) as prof:  # the requests of the unprofiled loop
                 run = await timed_loop(engine, requests_for(args, concurrency, vocab_size, 11), concurrency)

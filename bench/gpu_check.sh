@@ -63,7 +63,7 @@ gpu)
     serving_args=(--requests 128 --concurrency 64)
     split_args=(--requests 128 --concurrency 32 --prompt-tokens 512 --output-tokens 64)
     parity_args=(--dtype float32 --requests 32 --concurrency 16 --prompt-tokens 256 --output-tokens 32)
-    busy_args=(--concurrency 64 --requests-per-stream 2)
+    busy_args=(--concurrency 64 --requests-per-stream 2 --output-tokens 128 --kv-cache-mib 8192)
     ;;
 --smoke)
     py=.venv/bin/python
