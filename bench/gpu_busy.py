@@ -198,7 +198,7 @@ def activities_of(prof: profile) -> list[Activity]:
             str(activity()) if activity is not None else "",
             event.name(),
             str(event.device_type()).endswith("CUDA"),
-            bool(event.is_user_annotation()),
+            bool(getattr(event, "is_user_annotation", lambda: False)()),
         )
         if kind is None:
             continue
