@@ -10,6 +10,9 @@ of different shapes may round differently, so a few may part ways late).
 
     .venv/bin/python -m bench.gpu_serving --device cuda              # diptych-1b in bfloat16, 64 streams
     .venv/bin/python -m bench.gpu_serving --device cpu --model diptych-tiny --concurrency 8 --requests 16
+
+With `--split`, the rest of the options go to `bench.gpu_split`: split serving (a prefill and a decode worker
+over the real data path) against one colocated worker on the same device, with greedy parity between them.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
+from bench import gpu_split
 from bench.engine_only import engine_closed_loop
 from bench.progress import log
 from bench.workload import BenchRequest, WorkloadSpec, make_requests
@@ -151,7 +155,11 @@ def render(runs: list[Run], baseline: Run, args, loaded) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--split" in argv:
+        return gpu_split.main([arg for arg in argv if arg != "--split"])
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_serving", description=__doc__.splitlines()[0])
+    parser.add_argument("--split", action="store_true", help="run bench.gpu_split with the other options instead")
     parser.add_argument("--model", default="diptych-1b", choices=sorted(BUILTIN_MODELS))
     parser.add_argument("--device", default="cuda", help="cuda[:n] (bfloat16), or cpu (float32) for a smoke run")
     parser.add_argument("--concurrency", type=int, default=64)

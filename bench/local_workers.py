@@ -24,7 +24,9 @@ SECRET = "local-worker-rpc-secret"
 class Worker:
     """A worker of `role` on `model`: engine (unless told, 128 blocks of 16 tokens, 64 tokens a step,
     context 1024), its KV connector (a prefill worker sends, a decode worker receives), its grammar
-    compiler when given (structured outputs) and its gRPC service on loopback."""
+    compiler when given (structured outputs) and its gRPC service on loopback. `runner`: the engine's
+    model runner when the caller built it (on a device, with CUDA graphs); by default one on the CPU with
+    the config's blocks."""
 
     def __init__(
         self,
@@ -36,10 +38,11 @@ class Worker:
         config: EngineConfig | None = None,
         context_length: int = 1024,
         grammars: GrammarCompiler | None = None,
+        runner: ModelRunner | None = None,
     ) -> None:
         self.secret = WorkerSecret(secret)
         config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
-        runner = ModelRunner(model, config.num_kv_blocks, config.block_size)
+        runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size)
         self.engine = Engine(runner, config, StopCriteria(frozenset(), context_length), executor)
         self.receiver: KvReceiver | None = None
         self.sender: KvSender | None = None
