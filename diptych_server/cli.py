@@ -2,12 +2,12 @@
 the workers never import Django, and the control plane never imports torch."""
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from pathlib import Path
 
+from diptych_common.event_loop import serve_forever
 from diptych_common.logs import LOG_FORMATS, configure_logging, log_format
 from diptych_common.tracing import configure_tracing
 from diptych_server.supervision import stop_with_supervisor
@@ -267,7 +267,7 @@ def _run_gateway(args) -> None:
         policy = load_policy(args.autoscale_policy) if args.autoscale_policy else ScalingPolicy()
     except ValueError as error:
         raise SystemExit(f"diptych gateway: {error}") from None
-    asyncio.run(
+    serve_forever(
         serve(
             GatewayConfig(
                 host=args.host,
@@ -315,7 +315,7 @@ def _run_worker(args) -> int:
         speculative=speculative,
     )
     try:
-        asyncio.run(
+        serve_forever(
             serve(
                 role=Role(args.role),
                 model=args.model,
