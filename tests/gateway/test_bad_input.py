@@ -189,6 +189,17 @@ async def test_malformed_protobuf_is_invalid_argument(gateway, payload, details)
     assert gateway.path.runs == 0
 
 
+async def test_malformed_protobuf_is_invalid_argument_on_list_models_too(gateway):
+    call = gateway.channel.unary_unary("/diptych.v1.Inference/ListModels")(
+        b"\xff\xff\xff\xff", metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=10
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details()
+    assert "Wire format was corrupt" in details and "send a serialized ListModelsRequest" in details
+
+
 async def test_a_well_formed_request_still_reaches_the_workers_over_grpc(gateway):
     assert (
         await generate_raw(gateway, inference_pb2.GenerateRequest(model=MODEL, prompt="hi").SerializeToString())
