@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.auth import Authenticator
 from gateway.batch_api import BatchApiProxy
 from gateway.http_api import build_app
+from gateway.http_server import JsonErrorAppRunner
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
 from gateway.live_load import Channels, LoadBoard
@@ -77,6 +78,13 @@ class CountingRequestPath(RequestPath):
             yield event
 
 
+class GatewayTestServer(TestServer):
+    """aiohttp's test server, on the runner the gateway serves its HTTP front with."""
+
+    async def _make_runner(self, **kwargs) -> JsonErrorAppRunner:
+        return JsonErrorAppRunner(self.app, **kwargs)
+
+
 @dataclass
 class InProcessGateway:
     pipeline: Pipeline
@@ -115,7 +123,7 @@ async def in_process_gateway(
     add_inference_service(server, pipeline)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    http = TestClient(TestServer(build_app(pipeline, batch_api)))
+    http = TestClient(GatewayTestServer(build_app(pipeline, batch_api)))
     await http.start_server()
     target = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(target)

@@ -170,6 +170,42 @@ async def test_aiohttp_s_own_errors_have_the_json_shape(gateway):
         assert_openai_error_shape(await response.json())
 
 
+async def _raw_http(gateway, head: bytes) -> tuple[bytes, bytes]:
+    """Status line and body of the answer to `head`, sent as it is: an HTTP client refuses to send such heads."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http.server.port)
+    try:
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"Connection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    status_and_headers, _, body = answer.partition(b"\r\n\r\n")
+    return status_and_headers, body
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (b"X-Trace: a\x01b\r\n", "malformed (Invalid header value char)"),
+        (b"X-Trace: a\x7fb\r\n", "malformed (Invalid header value char)"),
+        (b"X-Trace: " + b"a" * 9000 + b"\r\n", "over 8190 bytes"),
+        (b"X-" + b"a" * 9000 + b": 1\r\n", "over 8190 bytes"),
+        (b"".join(b"X-%d: 1\r\n" % i for i in range(200)), "malformed (Too many headers received)"),
+    ],
+)
+async def test_heads_aiohttp_refuses_get_the_json_error_shape(gateway, head, message):
+    status_and_headers, body = await _raw_http(gateway, head)
+    assert status_and_headers.startswith(b"HTTP/1.0 400 ") and b"application/json" in status_and_headers, body
+    payload = json.loads(body)
+    assert_openai_error_shape(payload)
+    assert payload["error"]["type"] == "invalid_request_error" and message in payload["error"]["message"]
+
+
+async def test_a_header_within_aiohttp_s_limit_still_reaches_the_gateway(gateway):
+    status_and_headers, body = await _raw_http(gateway, b"X-Trace: " + b"a" * 8000 + b"\r\n")
+    assert status_and_headers.startswith(b"HTTP/1.1 401 "), status_and_headers  # past the parser, no API key
+    assert json.loads(body)["error"]["type"] == "authentication_error"
+
+
 @pytest.mark.parametrize(
     ("payload", "details"),
     [
