@@ -22,6 +22,7 @@ from tests.gateway.harness import (
     generate_raw,
     in_process_gateway,
     post_json,
+    raw_http,
 )
 
 PROMPT_LIMIT = validation.PROMPT_BYTES_PER_TOKEN * CONTEXT_LENGTH
@@ -171,15 +172,7 @@ async def test_aiohttp_s_own_errors_have_the_json_shape(gateway):
 
 
 async def _raw_http(gateway, head: bytes) -> tuple[bytes, bytes]:
-    """Status line and body of the answer to `head`, sent as it is: an HTTP client refuses to send such heads."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http.server.port)
-    try:
-        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"Connection: close\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    status_and_headers, _, body = answer.partition(b"\r\n\r\n")
-    return status_and_headers, body
+    return await raw_http(gateway, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head)
 
 
 @pytest.mark.parametrize(
