@@ -62,8 +62,9 @@ def read_body(raw: bytes, params: frozenset[str]) -> dict:
 
 
 def loads_nested(text: str, max_depth: int):
-    """A JSON text from a string field, nesting at most `max_depth` levels: ValueError when it is not JSON,
-    TooDeep (a ValueError) when it nests deeper, before anything recurses through it."""
+    """A JSON text from a string field, nesting at most `max_depth` levels: ValueError when it is not JSON or
+    escapes a lone UTF-16 surrogate ("\\ud800", which no tokenizer or encoder takes), TooDeep (a ValueError)
+    when it nests deeper, before anything recurses through it."""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -73,11 +74,22 @@ def loads_nested(text: str, max_depth: int):
         item, depth = pending.pop()
         if depth > max_depth:
             raise TooDeep(max_depth)
-        if isinstance(item, dict):
+        if isinstance(item, str):
+            _check_unicode(item)
+        elif isinstance(item, dict):
+            for key in item:
+                _check_unicode(key)
             pending.extend((inner, depth + 1) for inner in item.values())
         elif isinstance(item, list):
             pending.extend((inner, depth + 1) for inner in item)
     return value
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone UTF-16 surrogate, which is not Unicode text") from None
 
 
 def _refuse_constant(name: str):

@@ -24,6 +24,7 @@ from gateway.autoscale_signals import AutoscaleSignals, SloTargets
 from gateway.batch_api import BatchApiProxy
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.http_api import build_app
+from gateway.http_server import JsonErrorAppRunner
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
 from gateway.live_load import Channels, LoadBoard
@@ -100,7 +101,7 @@ async def serve(config: GatewayConfig) -> None:
     bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     batch_api = BatchApiProxy(config.control_plane_url)
-    http_runner = web.AppRunner(build_app(pipeline, batch_api), handler_cancellation=True, access_log=None)
+    http_runner = JsonErrorAppRunner(build_app(pipeline, batch_api), handler_cancellation=True, access_log=None)
     await http_runner.setup()
     http_site = web.TCPSite(http_runner, config.host, config.http_port)
     await http_site.start()

@@ -9,8 +9,9 @@ buckets (its organization's and its API key's) and up to four token buckets (inp
 each): each pair of headers reports the most constraining bucket of its family, the one with the fewest
 units left (on a tie, the smaller limit), with that bucket's limit and the time until it is full again
 ("1s", "120ms", "6m0s"). Remaining values are right after this request's own take, its max_tokens
-reserved as output tokens (the unused part is given back when it ends). A family with no limit at all is
-left out, and so are its three headers.
+reserved as output tokens (the unused part is given back when it ends), and never below 0: a bucket that a
+request overdrew (more output than its estimate, taken when it ended) says 0 until it has refilled. A family
+with no limit at all is left out, and so are its three headers.
 """
 
 from gateway.limits import BucketState
@@ -29,7 +30,7 @@ def rate_limit_metadata(states: list[BucketState]) -> Metadata:
         tightest = min(candidates, key=lambda state: (state.remaining, state.capacity))
         metadata += [
             (f"x-ratelimit-limit-{family}", str(tightest.capacity)),
-            (f"x-ratelimit-remaining-{family}", str(tightest.remaining)),
+            (f"x-ratelimit-remaining-{family}", str(max(0, tightest.remaining))),
             (f"x-ratelimit-reset-{family}", duration_text(tightest.reset_ms)),
         ]
     return tuple(metadata)

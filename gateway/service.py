@@ -1,15 +1,16 @@
 """The public Inference service over gRPC: maps the contract's messages into the pipeline's types and its
 outputs and errors back, nothing more.
 
-Generate parses its own request (`add_inference_service`): grpc.aio answers a request its deserializer
+Each RPC parses its own request (`add_inference_service`): grpc.aio answers a request its deserializer
 cannot parse with UNKNOWN, while malformed protobuf (corrupt wire format, invalid UTF-8 in a string
 field) is the client's error and gets INVALID_ARGUMENT saying so.
 """
 
+from collections.abc import Callable
 from contextlib import aclosing
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway.pipeline import Pipeline
@@ -41,31 +42,41 @@ _FINISH_REASON = {
 
 
 class MalformedRequest:
-    """What the Generate deserializer returns for bytes that are not a GenerateRequest."""
+    """What a request deserializer returns for bytes that are not the message it expects."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, message_name: str, reason: str) -> None:
+        self.message_name = message_name
         self.reason = reason
 
+    def description(self) -> str:
+        return (
+            f"the request is not a valid {self.message_name} ({self.reason}); "
+            f"send a serialized {self.message_name.rsplit('.', 1)[-1]} whose strings are valid UTF-8"
+        )
 
-def parse_generate_request(raw: bytes) -> inference_pb2.GenerateRequest | MalformedRequest:
-    try:
-        return inference_pb2.GenerateRequest.FromString(raw)
-    except DecodeError as error:
-        return MalformedRequest(str(error))
+
+def request_parser(message_class: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+    def parse(raw: bytes) -> Message | MalformedRequest:
+        try:
+            return message_class.FromString(raw)
+        except DecodeError as error:
+            return MalformedRequest(message_class.DESCRIPTOR.full_name, str(error))
+
+    return parse
 
 
 def add_inference_service(server: grpc.aio.Server, pipeline: Pipeline) -> None:
-    """Registers the Inference service as the generated helper does, with Generate's own parser."""
+    """Registers the Inference service as the generated helper does, with each RPC's own parser."""
     service = InferenceService(pipeline)
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             service.Generate,
-            request_deserializer=parse_generate_request,
+            request_deserializer=request_parser(inference_pb2.GenerateRequest),
             response_serializer=inference_pb2.GenerateResponse.SerializeToString,
         ),
         "ListModels": grpc.unary_unary_rpc_method_handler(
             service.ListModels,
-            request_deserializer=inference_pb2.ListModelsRequest.FromString,
+            request_deserializer=request_parser(inference_pb2.ListModelsRequest),
             response_serializer=inference_pb2.ListModelsResponse.SerializeToString,
         ),
     }
@@ -79,11 +90,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def Generate(self, request, context):
         if isinstance(request, MalformedRequest):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the request is not a valid diptych.v1.GenerateRequest ({request.reason}); "
-                "send a serialized GenerateRequest whose strings are valid UTF-8",
-            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
         request_id = request.request_id
         try:
             admitted = await self._pipeline.admit(
@@ -98,6 +105,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             await _abort(context, error, request_id)
 
     async def ListModels(self, request, context):
+        if isinstance(request, MalformedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
         try:
             _, limits = await self._pipeline.authenticate(_authorization(context), context.peer())
         except GatewayError as error:

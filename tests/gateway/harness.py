@@ -4,6 +4,7 @@ the fleet has no workers, so a request that passes every check at the door ends 
 for everything that is decided before a request reaches a worker: parsing, validation, tokenization,
 error shapes."""
 
+import asyncio
 import json
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.auth import Authenticator
 from gateway.batch_api import BatchApiProxy
 from gateway.http_api import build_app
+from gateway.http_server import JsonErrorAppRunner
 from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
 from gateway.live_load import Channels, LoadBoard
@@ -77,6 +79,13 @@ class CountingRequestPath(RequestPath):
             yield event
 
 
+class GatewayTestServer(TestServer):
+    """aiohttp's test server, on the runner the gateway serves its HTTP front with."""
+
+    async def _make_runner(self, **kwargs) -> JsonErrorAppRunner:
+        return JsonErrorAppRunner(self.app, **kwargs)
+
+
 @dataclass
 class InProcessGateway:
     pipeline: Pipeline
@@ -115,7 +124,7 @@ async def in_process_gateway(
     add_inference_service(server, pipeline)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    http = TestClient(TestServer(build_app(pipeline, batch_api)))
+    http = TestClient(GatewayTestServer(build_app(pipeline, batch_api)))
     await http.start_server()
     target = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(target)
@@ -138,6 +147,20 @@ async def post_json(gateway: InProcessGateway, url: str, body: bytes, headers: d
         return response.status, json.loads(raw)
     except ValueError:
         return response.status, None
+
+
+async def raw_http(gateway: InProcessGateway, head: bytes, body: bytes = b"") -> tuple[bytes, bytes]:
+    """Status line with headers, and body, of the answer to `head` (a request line and headers, without the
+    blank line) and `body`, sent byte for byte: HTTP clients normalize or refuse the paths and headers sent
+    this way."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http.server.port)
+    try:
+        writer.write(head + b"Connection: close\r\n\r\n" + body)
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    status_and_headers, _, body = answer.partition(b"\r\n\r\n")
+    return status_and_headers, body
 
 
 async def generate_raw(gateway: InProcessGateway, payload: bytes, timeout: float = 10.0) -> grpc.StatusCode:

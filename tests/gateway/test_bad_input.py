@@ -22,6 +22,7 @@ from tests.gateway.harness import (
     generate_raw,
     in_process_gateway,
     post_json,
+    raw_http,
 )
 
 PROMPT_LIMIT = validation.PROMPT_BYTES_PER_TOKEN * CONTEXT_LENGTH
@@ -170,6 +171,34 @@ async def test_aiohttp_s_own_errors_have_the_json_shape(gateway):
         assert_openai_error_shape(await response.json())
 
 
+async def _raw_http(gateway, head: bytes) -> tuple[bytes, bytes]:
+    return await raw_http(gateway, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head)
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (b"X-Trace: a\x01b\r\n", "malformed (Invalid header value char)"),
+        (b"X-Trace: a\x7fb\r\n", "malformed (Invalid header value char)"),
+        (b"X-Trace: " + b"a" * 9000 + b"\r\n", "over 8190 bytes"),
+        (b"X-" + b"a" * 9000 + b": 1\r\n", "over 8190 bytes"),
+        (b"".join(b"X-%d: 1\r\n" % i for i in range(200)), "malformed (Too many headers received)"),
+    ],
+)
+async def test_heads_aiohttp_refuses_get_the_json_error_shape(gateway, head, message):
+    status_and_headers, body = await _raw_http(gateway, head)
+    assert status_and_headers.startswith(b"HTTP/1.0 400 ") and b"application/json" in status_and_headers, body
+    payload = json.loads(body)
+    assert_openai_error_shape(payload)
+    assert payload["error"]["type"] == "invalid_request_error" and message in payload["error"]["message"]
+
+
+async def test_a_header_within_aiohttp_s_limit_still_reaches_the_gateway(gateway):
+    status_and_headers, body = await _raw_http(gateway, b"X-Trace: " + b"a" * 8000 + b"\r\n")
+    assert status_and_headers.startswith(b"HTTP/1.1 401 "), status_and_headers  # past the parser, no API key
+    assert json.loads(body)["error"]["type"] == "authentication_error"
+
+
 @pytest.mark.parametrize(
     ("payload", "details"),
     [
@@ -187,6 +216,17 @@ async def test_malformed_protobuf_is_invalid_argument(gateway, payload, details)
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert details in raised.value.details() and "GenerateRequest" in raised.value.details()
     assert gateway.path.runs == 0
+
+
+async def test_malformed_protobuf_is_invalid_argument_on_list_models_too(gateway):
+    call = gateway.channel.unary_unary("/diptych.v1.Inference/ListModels")(
+        b"\xff\xff\xff\xff", metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=10
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details()
+    assert "Wire format was corrupt" in details and "send a serialized ListModelsRequest" in details
 
 
 async def test_a_well_formed_request_still_reaches_the_workers_over_grpc(gateway):

@@ -178,6 +178,27 @@ async def limited_gateway(request, tmp_path):
         await limiter.close()
 
 
+async def test_an_overdrawn_bucket_reports_0_remaining_never_a_negative_count(limiter, tmp_path):
+    identity = {
+        "api_key_id": f"key_{uuid.uuid4().hex}",
+        "organization_id": f"org_{uuid.uuid4().hex}",
+        "limits": {"organization": {"output_tokens_per_minute": 100}},
+    }
+    async with in_process_gateway(tmp_path, ControlPlaneInMemory(identity), limiter) as gateway:
+        who, _ = await gateway.pipeline.authenticate(f"Bearer {API_KEY}")
+        # An estimate of 10 output tokens that produced 160: the excess is taken at the end, 60 below zero.
+        await limiter.settle(await limiter.admit(who, input_tokens=1, max_output_tokens=10), output_tokens=160)
+        assert [state.remaining for state in await limiter.current(who)] == [-60]
+        async with gateway.http.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}) as listed:
+            assert listed.status == 200
+            assert limit_headers(listed.headers)["x-ratelimit-remaining-tokens"] == "0"
+        refused = await http_post(gateway, {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+        assert refused.status == 429 and limit_headers(refused.headers)["x-ratelimit-remaining-tokens"] == "0"
+        code, _, trailing = await generate_over_grpc(gateway, model=MODEL, max_tokens=1)
+        assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert limit_headers(trailing)["x-ratelimit-remaining-tokens"] == "0"
+
+
 @pytest.fixture
 async def unlimited_gateway(tmp_path):
     async with in_process_gateway(tmp_path) as gateway:
