@@ -140,15 +140,18 @@ def test_a_line_sent_again_gets_its_stored_answer_and_is_not_billed_again(jobs, 
     first = answers(records(client, ended.output_file_id))
     jobs.wait_until_usage_sent("split")
     billed = wait_for(lambda: len(u := runner_usage(control_plane_shell, batch.id)) == 4 and u, 30)
-    # As if the runner had died after sending both lines and before recording either answer.
+    # As if the runner had died after sending both lines and before recording either answer: the batch
+    # has not ended, so neither has its runner key.
     control_plane_shell(
         "from django.conf import settings\n"
         "from controlplane.batches.models import Batch, BatchLine\n"
         "from controlplane.batches.runner import run_slice\n"
+        "from controlplane.tenancy.models import ApiKey\n"
         f"settings.DIPTYCH_GATEWAY_URL = '{jobs.http_urls['split']}'\n"
         f"batch = Batch.objects.get(public_id='{batch.id}')\n"
         "BatchLine.objects.filter(batch=batch).update(state='pending', response=None, request_id='')\n"
         "Batch.objects.filter(id=batch.id).update(status='in_progress', output_file=None)\n"
+        "ApiKey.objects.filter(pk=batch.runner_key_id).update(revoked_at=None)\n"
         "assert run_slice(batch.id).ended\n"
     )
     again = client.batches.retrieve(batch.id)
