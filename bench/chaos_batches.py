@@ -17,6 +17,7 @@ the files report. It is a label only; the server-issued execution id is what is 
 import asyncio
 import json
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +33,7 @@ CALL_TIMEOUT_S = 30.0
 RETRY_PAUSE_S = 0.5
 CALL_DEADLINE_S = 120.0  # a call unanswered this long (every victim is back well before) stops the run
 PAGE = 100
+ID = re.compile(r"(file|batch)_[A-Za-z0-9]+")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
 
@@ -154,7 +156,7 @@ class BatchTraffic:
                 reason = str(response.status_code)
             except httpx.TransportError as error:
                 reason = type(error).__name__
-            self.retried_calls[f"{method} {path.split('/')[1]}: {reason}"] += 1
+            self.retried_calls[f"{method} {ID.sub('{id}', path)}: {reason}"] += 1
             if time.monotonic() > deadline:
                 raise BatchCallError(f"{method} {path} unanswered for {CALL_DEADLINE_S:.0f} s; last: {reason}")
             await asyncio.sleep(RETRY_PAUSE_S)
