@@ -1,13 +1,16 @@
 """A bounded chaos run: `python -m bench.chaos --duration 60` (see docs/benchmarks.md, "Chaos run").
 
-Starts the control plane, 2 prefill + 2 decode workers of `diptych-tiny` and one split gateway on
-loopback, with two organizations that each stream completions from a few concurrent clients. Every few
-seconds a random victim (a prefill worker, a decode worker, the gateway or the control plane) is killed
-with SIGKILL and restarted after a short random pause; the gateway keeps its state directory (its usage
-spool) across restarts. When the load has stopped, every process is back and the gateway's usage has
-drained to the control plane, the ledger is read and compared, request id by request id, with what the
-clients received (`bench.chaos_ledger`). Exits with status 1 when usage was lost, doubled or billed to
-the wrong organization.
+Starts the control plane, its jobs process (the Celery worker that runs batches), 2 prefill + 2 decode
+workers of `diptych-tiny` and one split gateway on loopback, with two organizations that each stream
+completions from a few concurrent clients and submit Batch API work now and then, cancelling some of it
+(`bench.chaos_batches`). Every few seconds a random victim (a prefill worker, a decode worker, the
+gateway, the control plane or the jobs process) is killed with SIGKILL and restarted after a short random
+pause; the gateway keeps its state directory (its usage spool) across restarts. When the load has
+stopped, every process is back, every batch has ended and the gateway's usage has drained to the control
+plane, the ledger is read and compared, request id by request id, with what the clients received
+(`bench.chaos_ledger`), and line by line with what the batches' output and error files report
+(`bench.chaos_ledger_batches`). Exits with status 1 when usage was lost, doubled, billed to the wrong
+organization, key or tier, or billed for a batch line reported as not run.
 """
 
 import argparse
@@ -32,14 +35,26 @@ import grpc.aio
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import chaos_batches
+from bench.chaos_batches import BatchSettings, BatchTraffic
 from bench.chaos_ledger import LedgerEvent, Reconciliation, RequestRecord, reconcile
+from bench.chaos_ledger_batches import BatchReconciliation, reconcile_batches
 from bench.workload import FIRST_ORDINARY_TOKEN
 from diptych_common.builtin import DIPTYCH_TINY
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import REPO_ROOT, Stack, StackError, free_port
 
-VICTIM_KINDS = ("prefill", "decode", "gateway", "control-plane")
-GATEWAY, CONTROL_PLANE = "gateway", "control-plane"
+VICTIM_KINDS = ("prefill", "decode", "gateway", "control-plane", "jobs")
+GATEWAY, CONTROL_PLANE, JOBS = "gateway", "control-plane", "jobs"
+# The jobs process's batch runner: two lines of a batch at a time, and a lease short enough that a batch
+# whose runner was killed resumes within seconds (the defaults, 30 s and 10 s, would outlast the run).
+JOBS_ENV = {
+    "DIPTYCH_BATCH_MAX_CONCURRENT_LINES": "2",
+    "DIPTYCH_BATCH_LEASE_SECONDS": "3",
+    "DIPTYCH_BATCH_RESUME_SECONDS": "1",
+    "DIPTYCH_BATCH_SLICE_SECONDS": "5",
+}
+JOBS_READY = " ready."  # Celery's worker logs "celery@<host> ready." once it consumes tasks
 MODEL = "diptych-tiny"
 SECOND_ORGANIZATION = ("Chaos B", "chaos-b")
 READY_TIMEOUT_S = 180.0
@@ -73,7 +88,13 @@ class ChaosPlatform:
     gateway_port: int
     metrics_url: str
     workers: dict[str, list[str]]  # role -> worker names
+    http_port: int = 0
     _replaced_ids: dict[str, str] = field(default_factory=dict)  # killed worker -> its registry id
+    _jobs_log_offset: int = 0  # the jobs log's size when the jobs process was last killed
+
+    @property
+    def gateway_http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v1"
 
     @property
     def gateway_address(self) -> str:
@@ -83,18 +104,23 @@ class ChaosPlatform:
         return self.workers.get(kind) or [kind]
 
     def all_names(self) -> list[str]:
-        return [CONTROL_PLANE, *(n for names in self.workers.values() for n in names), GATEWAY]
+        jobs = [JOBS] if JOBS in self.stack.launches else []
+        return [CONTROL_PLANE, *(n for names in self.workers.values() for n in names), GATEWAY, *jobs]
 
     def kill(self, name: str) -> None:
         if self._is_worker(name):
             self._replaced_ids[name] = self._registered_id(name)
+        if name == JOBS:
+            self._jobs_log_offset = self._jobs_log_size()
         self.stack.kill_process(name)
 
     def restart(self, name: str) -> None:
         """Starts the process again as it was started and waits until it serves."""
         self.stack.restart_process(name)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        ready = {CONTROL_PLANE: self._control_plane_ready, GATEWAY: self._gateway_ready}.get(name)
+        ready = {CONTROL_PLANE: self._control_plane_ready, GATEWAY: self._gateway_ready, JOBS: self._jobs_ready}.get(
+            name
+        )
         while time.monotonic() < deadline:
             self._check_running(name)
             if ready() if ready else self._worker_registered_anew(name):
@@ -111,6 +137,8 @@ class ChaosPlatform:
                 exited.append(f"{name} (status {process.returncode})")
                 log(f"{name} exited by itself with status {process.returncode}; restarting it")
                 self.stack.processes.pop(name)
+                if name == JOBS:
+                    self._jobs_log_offset = self._jobs_log_size()
                 self.restart(name)
         return exited
 
@@ -124,8 +152,26 @@ class ChaosPlatform:
             list(pool.map(self.stack.stop_process, workers))
         self.stack.stop()
 
+    def wait_for_jobs(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._jobs_ready():
+            self._check_running(JOBS)
+            if time.monotonic() > deadline:
+                raise StackError(f"the jobs process did not start; see {self.stack.log_path(JOBS)}")
+            time.sleep(POLL_S)
+
     def _is_worker(self, name: str) -> bool:
-        return name not in (GATEWAY, CONTROL_PLANE)
+        return name not in (GATEWAY, CONTROL_PLANE, JOBS)
+
+    def _jobs_log_size(self) -> int:
+        path = self.stack.log_path(JOBS)
+        return path.stat().st_size if path.exists() else 0
+
+    def _jobs_ready(self) -> bool:
+        """The restarted jobs process's Celery worker consumes tasks (its log since the kill says so)."""
+        with open(self.stack.log_path(JOBS), "rb") as jobs_log:
+            jobs_log.seek(self._jobs_log_offset)
+            return JOBS_READY.encode() in jobs_log.read()
 
     def _check_running(self, name: str) -> None:
         code = self.stack.processes[name].poll()
@@ -162,7 +208,7 @@ class ChaosPlatform:
         return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int) -> ChaosPlatform:
+def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool) -> ChaosPlatform:
     stack = Stack(state_dir, control_plane_port=free_port(), database_url=f"sqlite:///{state_dir / 'cp.sqlite3'}")
     try:
         log("migrating the control plane's database; issuing the first organization's key")
@@ -178,7 +224,7 @@ def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int) -
         for role, names in workers.items():
             for name in names:
                 stack.start_worker(name, role, credentials.fleet_tokens[role], free_port())
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port, http_port = free_port(), free_port(), free_port()
         log(
             f"starting the gateway on 127.0.0.1:{port} (its usage spool under {state_dir / 'gateway'}) while "
             f"{prefill_workers} prefill and {decode_workers} decode workers load the model"
@@ -189,7 +235,7 @@ def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int) -
             port,
             metrics_port,
             "split",
-            http_port=free_port(),
+            http_port=http_port,
             timeout=READY_TIMEOUT_S,
             extra=(
                 "--state-dir",
@@ -200,11 +246,17 @@ def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int) -
                 "0",
             ),
         )
+        platform = ChaosPlatform(stack, api_keys, port, f"http://127.0.0.1:{metrics_port}/metrics", workers, http_port)
+        if jobs:
+            log("starting the jobs process (batches run through the gateway's HTTP API)")
+            stack.start_jobs(DIPTYCH_GATEWAY_URL=platform.gateway_http_url, **JOBS_ENV)
         stack.wait_for_workers([n for names in workers.values() for n in names], timeout=READY_TIMEOUT_S)
+        if jobs:
+            platform.wait_for_jobs()
     except BaseException:
         stack.stop()
         raise
-    return ChaosPlatform(stack, api_keys, port, f"http://127.0.0.1:{metrics_port}/metrics", workers)
+    return platform
 
 
 CREATE_ORGANIZATION = """
@@ -219,8 +271,16 @@ print(json.dumps({{"organization_id": organization.public_id, "api_key": issued.
 READ_LEDGER = """
 import json
 from controlplane.metering.models import UsageEvent
-rows = UsageEvent.objects.values_list("request_id", "phase", "organization__public_id", "tokens")
+rows = UsageEvent.objects.values_list(
+    "request_id", "phase", "organization__public_id", "tokens", "api_key__public_id", "tier", "client_request_id"
+)
 print(json.dumps([list(row) for row in rows]))
+"""
+
+READ_RUNNER_KEYS = """
+import json
+from controlplane.batches.models import Batch
+print(json.dumps(dict(Batch.objects.values_list("public_id", "runner_key__public_id"))))
 """
 
 
@@ -233,6 +293,11 @@ def create_organization(stack: Stack, name: str, slug: str) -> tuple[str, str]:
 def read_ledger(stack: Stack) -> list[LedgerEvent]:
     """Every usage event in the control plane's database, whichever organization it is billed to."""
     return [LedgerEvent(*row) for row in json.loads(django_shell(stack, READ_LEDGER))]
+
+
+def read_runner_keys(stack: Stack) -> dict[str, str]:
+    """Batch id -> the public id of its runner key, for every batch."""
+    return json.loads(django_shell(stack, READ_RUNNER_KEYS))
 
 
 def django_shell(stack: Stack, code: str) -> str:
@@ -421,7 +486,7 @@ async def report_progress(load: Load, chaos: Chaos, every_s: float) -> None:
         )
 
 
-async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Chaos]:
+async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Chaos, BatchTraffic | None]:
     load = Load(
         platform,
         LoadSettings(args.clients_per_org, tuple(args.prompt_tokens), tuple(args.max_tokens), args.request_timeout),
@@ -438,18 +503,41 @@ async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Cha
         f"load for {args.duration:g} s: {args.clients_per_org} streaming client(s) per organization; "
         f"victims {', '.join(args.victims)}"
     )
+    traffic = None
+    if args.batches:
+        settings = BatchSettings(
+            tuple(args.batch_every),
+            tuple(args.batch_lines),
+            tuple(args.batch_max_tokens),
+            args.cancel_share,
+            (1.0, 6.0),
+        )
+        traffic = BatchTraffic(platform.gateway_http_url, platform.api_keys, settings, args.seed)
+        log(
+            f"and a batch of {args.batch_lines[0]}-{args.batch_lines[1]} lines per organization every "
+            f"{args.batch_every[0]:g}-{args.batch_every[1]:g} s"
+        )
     progress = asyncio.create_task(report_progress(load, chaos, args.progress_every))
     load_task = asyncio.create_task(load.run(args.duration))
     await asyncio.sleep(0)  # lets the load stamp its start before the chaos reads it
+    tasks = [load_task, chaos.run(load, args.duration, args.tail)]
+    if traffic is not None:
+        tasks.append(traffic.run(lambda: time.monotonic() < load.until))
     try:
-        await asyncio.gather(load_task, chaos.run(load, args.duration, args.tail))
+        await asyncio.gather(*tasks)
     finally:
         progress.cancel()
     log("load stopped; every victim is back")
+    if traffic is not None:
+        cancelled = sum(bool(b.cancel) for b in traffic.submitted)
+        log(
+            f"{len(traffic.submitted)} batch(es) submitted, {cancelled} cancelled; "
+            f"calls retried: {dict(traffic.retried_calls)}"
+        )
     for message, count in load.error_messages.most_common(TOP_ERROR_MESSAGES):
         log(f"{count} x {message}")
     chaos.exited_by_themselves += await asyncio.to_thread(platform.revive_exited)
-    return load, chaos
+    return load, chaos, traffic
 
 
 # --- after the load -----------------------------------------------------------------------------------
@@ -510,9 +598,27 @@ class ChaosReport:
     drained: bool
     completed_after_last_restart: int | None
     ledger: Reconciliation
+    batches: BatchReconciliation | None = None
+    batches_submitted: int = 0  # create calls that were answered or retried (a lost answer may still create one)
+    batches_cancelled: dict[str, int] = field(default_factory=dict)  # the cancel call's outcome -> batches
+    batch_calls_retried: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.ledger.failed or (self.batches is not None and self.batches.failed)
 
 
-def build_report(args, load: Load, chaos: Chaos, drained: bool, events: list[LedgerEvent]) -> ChaosReport:
+def build_report(
+    args,
+    load: Load,
+    chaos: Chaos,
+    drained: bool,
+    events: list[LedgerEvent],
+    traffic: BatchTraffic | None = None,
+    batches: list[chaos_batches.BatchRecord] | None = None,
+) -> ChaosReport:
+    batch_ledger, batch_ids = reconcile_batches(batches, events) if batches is not None else (None, set())
+    interactive_events = [e for e in events if e.request_id not in batch_ids]
     last_back = max((k.back_at_s for k in chaos.kills), default=None)
     after = None if last_back is None else sum(r.completed and r.sent_at_s >= last_back for r in load.records)
     return ChaosReport(
@@ -525,7 +631,13 @@ def build_report(args, load: Load, chaos: Chaos, drained: bool, events: list[Led
         error_messages=dict(load.error_messages.most_common(TOP_ERROR_MESSAGES)),
         drained=drained,
         completed_after_last_restart=after,
-        ledger=reconcile(load.records, events),
+        ledger=reconcile(load.records, interactive_events),
+        batches=batch_ledger,
+        batches_submitted=len(traffic.submitted) if traffic else 0,
+        batches_cancelled=dict(Counter(b.cancel.split(":")[0] for b in traffic.submitted if b.cancel))
+        if traffic
+        else {},
+        batch_calls_retried=dict(traffic.retried_calls) if traffic else {},
     )
 
 
@@ -565,21 +677,73 @@ def render(report: ChaosReport) -> str:
     )
     lines = [title, "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {value} |" for name, value in rows]
-    verdict = "FAILED: usage lost, doubled or misattributed" if ledger.failed else "every delivered token billed once"
+    if report.batches is not None:
+        lines += ["", "Batch API traffic:", "", "| figure | value |", "| --- | --- |"]
+        lines += [f"| {name} | {value} |" for name, value in _batch_rows(report)]
+    if report.failed:
+        verdict = "FAILED: usage lost, doubled, misattributed or billed but not reported"
+    else:
+        verdict = "every delivered token billed once"
+        verdict += "" if report.batches is None else ", every answered batch line billed once and no other"
     return "\n".join(lines + ["", f"Verdict: {verdict}."])
+
+
+def _batch_rows(report: ChaosReport) -> list[tuple[str, object]]:
+    batches = report.batches
+    assert batches is not None
+    not_run = ", ".join(f"{code} {n}" for code, n in sorted(batches.not_run.items())) or "none"
+    return [
+        ("batches submitted / on the control plane", f"{report.batches_submitted} / {batches.batches}"),
+        ("batches by status", ", ".join(f"{status} {n}" for status, n in batches.batches_by_status.items()) or "none"),
+        (
+            "cancel calls (the batch's status after)",
+            ", ".join(f"{s} {n}" for s, n in report.batches_cancelled.items()) or "none",
+        ),
+        ("Batch API calls retried", ", ".join(f"{c} x{n}" for c, n in report.batch_calls_retried.items()) or "none"),
+        ("lines", batches.lines),
+        ("answered (output file)", batches.answered),
+        ("refused (error file, with an answer)", batches.refused),
+        ("not run (error file, by code)", not_run),
+        ("billed executions (ledger events)", f"{batches.billed_executions} ({batches.ledger_events})"),
+        ("billed input / output tokens", f"{batches.billed_input_tokens} / {batches.billed_output_tokens}"),
+        ("**lost**", batches.lost),
+        ("**doubled**", batches.doubled),
+        ("**misattributed** (organization, key or tier)", batches.misattributed),
+        (
+            "**billed but not reported** (executions no line names)",
+            f"{batches.billed_not_reported} ({batches.unclaimed_executions})",
+        ),
+        ("**batches not ended**", batches.unended),
+        ("lines in neither file; reported twice", f"{batches.absent}; {batches.reported_twice}"),
+        ("batches whose request_counts disagree with their files", batches.counts_disagree),
+        ("answered lines billed more output than answered", batches.overbilled),
+    ]
 
 
 def run(args) -> int:
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="diptych-chaos-"))
     state_dir.mkdir(parents=True, exist_ok=True)
     keep_state = args.state_dir is not None
-    platform = start_platform(state_dir, args.prefill_workers, args.decode_workers)
+    platform = start_platform(
+        state_dir, args.prefill_workers, args.decode_workers, jobs=args.batches or JOBS in args.victims
+    )
     try:
-        load, chaos = asyncio.run(run_load_under_chaos(platform, args))
+        load, chaos, traffic = asyncio.run(run_load_under_chaos(platform, args))
+        if traffic is not None:
+            log(f"waiting up to {args.batch_timeout:g} s for every batch to end")
+            unended = chaos_batches.wait_until_ended(
+                platform.stack.control_plane_url, platform.api_keys, args.batch_timeout
+            )
+            log(f"batches still running: {', '.join(unended)}" if unended else "every batch has ended")
         log(f"waiting up to {args.drain_timeout:g} s for the gateway's usage to reach the ledger")
         drained = wait_for_usage_drained(platform, args.drain_timeout)
-        log("reading the ledger")
-        report = build_report(args, load, chaos, drained, read_ledger(platform.stack))
+        log("reading the ledger" + (" and every batch's files" if traffic is not None else ""))
+        events = read_ledger(platform.stack)
+        batches = None
+        if traffic is not None:
+            runner_keys = read_runner_keys(platform.stack)
+            batches = chaos_batches.collect(platform.stack.control_plane_url, platform.api_keys, runner_keys)
+        report = build_report(args, load, chaos, drained, events, traffic, batches)
     except BaseException:
         keep_state = True
         raise
@@ -595,7 +759,7 @@ def run(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(dataclasses.asdict(report), indent=1))
         log(f"results written to {args.json}")
-    return 1 if report.ledger.failed else 0
+    return 1 if report.failed else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -607,7 +771,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=VICTIM_KINDS,
         default=list(VICTIM_KINDS),
-        help="the kinds of process to kill (default: all four)",
+        help="the kinds of process to kill (default: all five)",
     )
     parser.add_argument(
         "--kill-interval",
@@ -643,6 +807,29 @@ def _parser() -> argparse.ArgumentParser:
         metavar=("MIN", "MAX"),
         help="output tokens per request (end of sequence ignored)",
     )
+    parser.add_argument(
+        "--no-batches",
+        dest="batches",
+        action="store_false",
+        help="no Batch API traffic (the jobs process then runs only if it is a victim)",
+    )
+    parser.add_argument(
+        "--batch-every",
+        type=float,
+        nargs=2,
+        default=[6.0, 14.0],
+        metavar=("MIN", "MAX"),
+        help="seconds between one organization's batches (default 6 14)",
+    )
+    parser.add_argument("--batch-lines", type=int, nargs=2, default=[3, 10], metavar=("MIN", "MAX"))
+    parser.add_argument("--batch-max-tokens", type=int, nargs=2, default=[8, 32], metavar=("MIN", "MAX"))
+    parser.add_argument("--cancel-share", type=float, default=0.3, help="the share of batches cancelled (default 0.3)")
+    parser.add_argument(
+        "--batch-timeout",
+        type=float,
+        default=240.0,
+        help="seconds to wait for every batch to end after the load",
+    )
     parser.add_argument("--request-timeout", type=float, default=60.0, help="each request's gRPC deadline in seconds")
     parser.add_argument(
         "--drain-timeout",
@@ -664,12 +851,22 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("kill_interval", "down_time", "prompt_tokens", "max_tokens"):
+    for name in (
+        "kill_interval",
+        "down_time",
+        "prompt_tokens",
+        "max_tokens",
+        "batch_every",
+        "batch_lines",
+        "batch_max_tokens",
+    ):
         low, high = getattr(args, name)
         if low < 0 or high < low:
             parser.error(f"--{name.replace('_', '-')} takes MIN MAX with 0 <= MIN <= MAX, not {low} {high}")
-    if args.prompt_tokens[0] < 1 or args.max_tokens[0] < 1:
-        parser.error("--prompt-tokens and --max-tokens need MIN of at least 1")
+    if min(args.prompt_tokens[0], args.max_tokens[0], args.batch_lines[0], args.batch_max_tokens[0]) < 1:
+        parser.error("--prompt-tokens, --max-tokens, --batch-lines and --batch-max-tokens need MIN of at least 1")
+    if not 0 <= args.cancel_share <= 1:
+        parser.error(f"--cancel-share must be between 0 and 1, not {args.cancel_share}")
     for name in (
         "duration",
         "clients_per_org",

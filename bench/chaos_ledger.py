@@ -31,6 +31,9 @@ class LedgerEvent:
     phase: str
     organization_id: str
     tokens: int
+    api_key_id: str = ""  # the public id of the key it is billed to
+    tier: str = "standard"
+    client_request_id: str = ""  # the client's label for the request, if it gave one
 
 
 @dataclass

@@ -112,7 +112,9 @@ def test_a_request_that_produced_nothing_and_was_billed_nothing_is_fine():
     [
         (["--kill-interval", "5", "2"], "--kill-interval takes MIN MAX with 0 <= MIN <= MAX, not 5.0 2.0"),
         (["--down-time", "-1", "2"], "--down-time takes MIN MAX with 0 <= MIN <= MAX"),
-        (["--max-tokens", "0", "4"], "--prompt-tokens and --max-tokens need MIN of at least 1"),
+        (["--max-tokens", "0", "4"], "--max-tokens, --batch-lines and --batch-max-tokens need MIN of at least 1"),
+        (["--batch-lines", "0", "4"], "--max-tokens, --batch-lines and --batch-max-tokens need MIN of at least 1"),
+        (["--cancel-share", "1.5"], "--cancel-share must be between 0 and 1, not 1.5"),
         (["--duration", "0"], "--duration must be positive, not 0.0"),
         (["--max-kills", "-1"], "--max-kills must be 0 or more, not -1"),
     ],

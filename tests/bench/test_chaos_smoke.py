@@ -34,6 +34,7 @@ def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_
         "1",
         "--victims",
         "gateway",
+        "--no-batches",
         "--max-kills",
         "1",
         "--kill-interval",
@@ -59,7 +60,8 @@ def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_
     report = json.loads(report_path.read_text())
     ledger = report["ledger"]
 
-    assert report["kills"] == {"prefill": 0, "decode": 0, "gateway": 1, "control-plane": 0}
+    assert report["kills"] == {"prefill": 0, "decode": 0, "gateway": 1, "control-plane": 0, "jobs": 0}
+    assert report["batches"] is None
     kill = report["timeline"][0]
     assert kill["name"] == "gateway" and kill["back_at_s"] > kill["killed_at_s"]
     assert report["organizations"] == 2 and report["drained"]
@@ -69,7 +71,40 @@ def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_
     failed = ledger["lost"] or ledger["doubled"] or ledger["misattributed"]
     assert result.returncode == (1 if failed else 0)
     assert "| requests sent |" in result.stdout
-    assert "| kills per victim kind | prefill 0, decode 0, gateway 1, control-plane 0 |" in result.stdout
+    assert "| kills per victim kind | prefill 0, decode 0, gateway 1, control-plane 0, jobs 0 |" in result.stdout
+    _assert_every_process_stopped(state_dir)
+
+
+def test_a_brief_chaos_run_with_batches_kills_the_jobs_process_and_reconciles_every_batch_line(tmp_path):
+    """Batches submitted (some cancelled) while the jobs process that runs them is killed and restarted:
+    every batch ends, every line is reported once, and the verdict follows the batch figures too."""
+    report_path, state_dir = tmp_path / "chaos.json", tmp_path / "state"
+    command = [
+        *(sys.executable, "-m", "bench.chaos", "--duration", "8", "--clients-per-org", "1"),
+        *("--prefill-workers", "1", "--decode-workers", "1", "--victims", "jobs", "--max-kills", "1"),
+        *("--kill-interval", "4", "4", "--down-time", "0.5", "0.5", "--max-tokens", "8", "16"),
+        *("--batch-every", "1", "2", "--batch-lines", "4", "6", "--batch-max-tokens", "8", "16"),
+        *("--cancel-share", "0.5", "--batch-timeout", "120", "--progress-every", "2", "--drain-timeout", "60"),
+        *("--state-dir", str(state_dir), "--json", str(report_path)),
+    ]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert result.returncode in (0, 1), result.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    batches = report["batches"]
+
+    assert report["kills"] == {"prefill": 0, "decode": 0, "gateway": 0, "control-plane": 0, "jobs": 1}
+    kill = report["timeline"][0]
+    assert kill["name"] == "jobs" and kill["back_at_s"] > kill["killed_at_s"]
+    assert report["drained"] and report["batches_submitted"] >= 2
+    assert batches["batches"] >= report["batches_submitted"] and batches["lines"] >= 8
+    assert batches["answered"] > 0 and batches["billed_executions"] > 0
+    not_run = sum(batches["not_run"].values())
+    assert batches["answered"] + batches["refused"] + not_run + batches["absent"] == batches["lines"]
+    failed = any(batches[figure] for figure in ("lost", "doubled", "misattributed", "billed_not_reported", "unended"))
+    failed = failed or any(report["ledger"][figure] for figure in ("lost", "doubled", "misattributed"))
+    assert result.returncode == (1 if failed else 0), result.stdout
+    assert "| **billed but not reported** (executions no line names) |" in result.stdout
+    assert "| kills per victim kind | prefill 0, decode 0, gateway 0, control-plane 0, jobs 1 |" in result.stdout
     _assert_every_process_stopped(state_dir)
 
 
