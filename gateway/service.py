@@ -30,7 +30,6 @@ from gateway.types import (
     ToolChoice,
     Usage,
 )
-from gateway.validation import check_counts
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 _STATUS = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}  # each kind is the status of its name
@@ -126,7 +125,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
 def generation_request(message: inference_pb2.GenerateRequest) -> GenerationRequest:
     """The contract's request as the gateway's own: an optional field the client left unset is None."""
-    check_counts(len(message.stop), len(message.logit_bias), len(message.tools))
     given = message.WhichOneof("input")
     return GenerationRequest(
         model=message.model,
