@@ -21,13 +21,21 @@ from gateway.usage import UsageJournal, with_delivered
 
 class Delivery:
     def __init__(
-        self, journal: UsageJournal, plan: GenerationPlan, caller: Caller, trace: RequestTrace, bills_prompt: bool
+        self,
+        journal: UsageJournal,
+        plan: GenerationPlan,
+        caller: Caller,
+        trace: RequestTrace,
+        bills_prompt: bool,
+        whole: bool = False,
     ) -> None:
         self._journal = journal
         self._bills_prompt = bills_prompt
         self._plan = plan
         self._caller = caller
         self._trace = trace
+        self._in_one_piece = whole  # the answer is handed over in one piece, once complete (`hand_over_whole`)
+        self._produced = 0
         self.delivered = 0
         self._workers: tuple[str, ...] = ()  # the workers the journal's events name
         self._text: list[str] = []
@@ -35,19 +43,31 @@ class Delivery:
         self._logprobs: list[TokenLogprob] | None = None  # when the request asked for them
 
     def counting(self, output: GenerationOutput) -> None:
-        """The output is about to be handed to the protocol: it counts from now on."""
-        self.delivered += 1
+        """The output is about to be handed to the protocol: it counts from now on (for an answer handed
+        over whole, from `hand_over_whole`)."""
+        self._produced += 1
+        if not self._in_one_piece:
+            self._count_delivered()
+        if self._plan.idempotency_key:
+            self._text.append(output.text)
+            self._token_ids.extend(output.token_ids)
+            if output.logprobs is not None:
+                self._logprobs = (self._logprobs or []) + output.logprobs
+
+    def hand_over_whole(self) -> None:
+        """Every choice of an answer handed over whole ended: all its outputs count from now on. Until
+        then a gateway that dies, or a client that leaves, bills nothing of it: nothing was handed over."""
+        if self._in_one_piece and self._produced:
+            self._count_delivered()
+
+    def _count_delivered(self) -> None:
+        self.delivered = self._produced
         workers = self._workers_on_record()
         if workers != self._workers:
             self._journal.track(self._plan.request_id, self._events(), self.delivered)
             self._workers = workers
         else:
             self._journal.count_delivered(self._plan.request_id, self.delivered)
-        if self._plan.idempotency_key:
-            self._text.append(output.text)
-            self._token_ids.extend(output.token_ids)
-            if output.logprobs is not None:
-                self._logprobs = (self._logprobs or []) + output.logprobs
 
     def finish(self) -> None:
         """The stream ended: its events, final compute times and KV bytes included, go to the outbox."""

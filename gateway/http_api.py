@@ -181,7 +181,7 @@ class OpenAiApi:
         lasts: dict[int, GenerationOutput] = {}
         logprobs: dict[int, list[TokenLogprob]] = {}
         try:
-            async with aclosing(self._pipeline.generate(admitted)) as outputs:
+            async with aclosing(self._pipeline.generate(admitted, whole=True)) as outputs:
                 async for output in outputs:
                     texts.setdefault(output.index, []).append(output.text)
                     lasts[output.index] = output

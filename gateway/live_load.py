@@ -18,6 +18,7 @@ from diptych_common.tracing import grpc_metadata
 from diptych_common.worker_credential import WorkerSecret
 from gateway.metrics import QUEUE_DEPTH
 from gateway.registry import WorkerInfo
+from gateway.token_streams import WorkerTokenStream
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Channels:
     def __init__(self, secret: WorkerSecret | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.secret = secret or WorkerSecret()  # set once the control plane handed it over
+        self._token_streams: dict[str, asyncio.Task[WorkerTokenStream | None]] = {}
 
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         channel = self._channels.get(address)
@@ -57,10 +59,40 @@ class Channels:
         `span`'s trace context."""
         return self.secret.metadata() + (grpc_metadata(span) if span is not None else ())
 
+    async def token_stream(self, address: str, timeout_s: float) -> WorkerTokenStream | None:
+        """The worker's token stream for this gateway's calls, opened once (again after it ended); None
+        when the worker serves none. Raises as `WorkerTokenStream.open` does."""
+        opening = self._token_streams.get(address)
+        if opening is None or _ended(opening):
+            opening = asyncio.create_task(WorkerTokenStream.open(self.stub(address), self.metadata(), timeout_s))
+            self._token_streams[address] = opening
+        try:
+            return await asyncio.shield(opening)
+        except BaseException:
+            if opening.done() and self._token_streams.get(address) is opening:
+                del self._token_streams[address]  # a failed opening is tried afresh by the next call
+            raise
+
     async def close(self) -> None:
+        for opening in self._token_streams.values():
+            if opening.done() and not opening.cancelled() and opening.exception() is None:
+                stream = opening.result()
+                if stream is not None:
+                    stream.close()
+            else:
+                opening.cancel()
+        self._token_streams.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _ended(opening: "asyncio.Task[WorkerTokenStream | None]") -> bool:
+    """Whether an opened token stream ended (a worker's restart, a broken connection): open it again."""
+    if not opening.done() or opening.cancelled() or opening.exception() is not None:
+        return opening.done()
+    stream = opening.result()
+    return stream is not None and stream.ended
 
 
 @dataclass

@@ -164,11 +164,13 @@ class Pipeline:
             await self._settle(reservation, 0)
         return replay
 
-    async def generate(self, admitted: Admitted) -> AsyncGenerator[GenerationOutput, None]:
+    async def generate(self, admitted: Admitted, *, whole: bool = False) -> AsyncGenerator[GenerationOutput, None]:
         """Text deltas of every choice (`index`), interleaved as they come; each choice's last one carries
         its finish reason, and the very last one also the request's usage. Raises GatewayError.
 
-        Each output is counted as delivered, durably, just before it is handed to the protocol."""
+        Each output is counted as delivered, durably, just before it is handed to the protocol; with
+        `whole` (the protocol hands the answer over only once it is complete: a non-streaming HTTP
+        answer), all of them once the last choice ended, before its answer is stored or handed over."""
         if admitted.replay is not None:
             admitted.span.set_attribute("idempotent_replay", True)
             admitted.span.end()
@@ -176,7 +178,7 @@ class Pipeline:
                 yield output
             return
         plan = admitted.plan
-        runs = [self._choice_run(admitted, index) for index in range(plan.n)]
+        runs = [self._choice_run(admitted, index, whole) for index in range(plan.n)]
         outcome = "CANCELLED"
         complete = False
         self.in_flight += 1
@@ -212,9 +214,9 @@ class Pipeline:
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
             await self._settle(admitted.reservation, delivered)
 
-    def _choice_run(self, admitted: Admitted, index: int) -> ChoiceRun:
+    def _choice_run(self, admitted: Admitted, index: int, whole: bool) -> ChoiceRun:
         plan, trace = choice_plan(admitted.plan, index), RequestTrace(span=admitted.span)
-        delivery = Delivery(self._journal, plan, admitted.caller, trace, bills_prompt=index == 0)
+        delivery = Delivery(self._journal, plan, admitted.caller, trace, bills_prompt=index == 0, whole=whole)
         return ChoiceRun(index, plan, delivery, trace)
 
     def _choice_outputs(
@@ -282,6 +284,8 @@ class Pipeline:
         (none on the others); the whole answer is stored under the idempotency key before it goes out."""
         if any(run.final is None for run in runs):
             return dataclasses.replace(output, usage=None)
+        for run in runs:
+            run.delivery.hand_over_whole()
         usage = request_usage(runs)
         if plan.idempotency_key:
             await self._complete_idempotency_key(plan, whole_answers(runs, usage))

@@ -42,6 +42,7 @@ from gateway.metrics import (
 )
 from gateway.registry import WorkerInfo
 from gateway.routing import Decision, Lease, Pin, Route, Router, RouteRequest
+from gateway.token_streams import CallTokens, WorkerTokenStream
 from gateway.types import (
     ErrorKind,
     GatewayError,
@@ -231,6 +232,7 @@ class RequestPath:
         priority = _WORKER_PRIORITY[plan.priority]
         transfer_token = secrets.token_bytes(32)
         deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
+        stream = await self._token_stream(decode, "decode")
         decode_call = self._channels.stub(decode.address).Decode(
             worker_pb2.DecodeRequest(
                 request_id=trace.attempt_id(plan.request_id),
@@ -240,10 +242,12 @@ class RequestPath:
                 priority=priority,
                 cache_salt=plan.cache_salt,
                 prompt_token_ids=prompt,  # the decode worker keeps what it holds of it; the rest is sent
+                token_stream=stream.stream_id if stream is not None else "",
             ),
             timeout=deadline,
             metadata=metadata,
         )
+        decode_tokens = CallTokens(decode_call, stream, trace.attempt_id(plan.request_id))
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
             worker_pb2.PrefillRequest(
                 request_id=trace.attempt_id(plan.request_id),
@@ -272,7 +276,7 @@ class RequestPath:
             decode_record = _start_decode(trace, decode)
             kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
             while True:
-                event = await self._next_decode_event(decode_call, route, decode, kv_task)
+                event = await self._next_decode_event(decode_tokens, route, decode, kv_task)
                 trace.prompt_shared.set()  # a decode token: the decode worker admitted the prompt's blocks
                 if event.finished:
                     decode_record.compute_ms += event.stats.compute_ms
@@ -285,20 +289,20 @@ class RequestPath:
                 kv_task.cancel()
                 if kv_task.done() and not kv_task.cancelled():
                     kv_task.exception()  # retrieved: a failed hand-off was already handled or moot
-            decode_call.cancel()
+            decode_tokens.close()
             prefill_call.cancel()
 
     async def _next_decode_event(
-        self, decode_call, route: Route, decode: WorkerInfo, kv_task: asyncio.Task
+        self, decode_tokens: CallTokens, route: Route, decode: WorkerInfo, kv_task: asyncio.Task
     ) -> worker_pb2.TokenEvent:
         """The next decode token from `decode`; fails when the KV hand-off failed before it or no token came
         in time."""
         try:
             if kv_task.done():  # the hand-off is settled: no need to race the read against it
                 async with asyncio.timeout(self._timeouts.next_token_s):  # a timer, where a race costs tasks
-                    message = await decode_call.read()
+                    message = await decode_tokens.read()
             else:
-                message = await self._read_racing_kv(decode_call, decode, kv_task)
+                message = await self._read_racing_kv(decode_tokens, decode, kv_task)
         except TimeoutError:
             raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False) from None
         except grpc.aio.AioRpcError as error:
@@ -308,9 +312,9 @@ class RequestPath:
         WORKER_BYTES_RECEIVED.inc(message.ByteSize())
         return message
 
-    async def _read_racing_kv(self, decode_call, decode: WorkerInfo, kv_task: asyncio.Task):
-        """The decode stream's next message, unless the KV hand-off fails before it comes."""
-        read = asyncio.ensure_future(decode_call.read())
+    async def _read_racing_kv(self, decode_tokens: CallTokens, decode: WorkerInfo, kv_task: asyncio.Task):
+        """The decode call's next token event, unless the KV hand-off fails before it comes."""
+        read = asyncio.ensure_future(decode_tokens.read())
         try:
             while not read.done():
                 waiting = {read} if kv_task.done() else {read, kv_task}
@@ -358,6 +362,8 @@ class RequestPath:
     async def _colocated(
         self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
     ) -> AsyncGenerator[SampledToken, None]:
+        phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
+        stream = await self._token_stream(route.prefill, phase)
         call = self._channels.stub(route.prefill.address).Generate(
             worker_pb2.GenerateWork(
                 request_id=trace.attempt_id(plan.request_id),
@@ -365,14 +371,15 @@ class RequestPath:
                 sampling=_worker_sampling(plan.sampling, produced),
                 priority=_WORKER_PRIORITY[plan.priority],
                 cache_salt=plan.cache_salt,
+                token_stream=stream.stream_id if stream is not None else "",
             ),
             timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
             metadata=self._channels.metadata(span),
         )
-        phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
+        tokens = CallTokens(call, stream, trace.attempt_id(plan.request_id))
         started = _now()
         try:
-            first = await self._read(call, route.prefill, phase, self._timeouts.first_token_s)
+            first = await self._read(tokens, route.prefill, phase, self._timeouts.first_token_s)
             lease.prompt_done()
             _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
             decode_record = _start_decode(trace, route.prefill)
@@ -384,9 +391,21 @@ class RequestPath:
                 yield _sampled(event)
                 if event.finished:
                     return
-                event = await self._read(call, route.prefill, phase, self._timeouts.next_token_s)
+                event = await self._read(tokens, route.prefill, phase, self._timeouts.next_token_s)
         finally:
-            call.cancel()
+            tokens.close()
+
+    async def _token_stream(self, worker: WorkerInfo, phase: str) -> WorkerTokenStream | None:
+        """The worker's token stream for the call about to go to it (None: the call carries its tokens)."""
+        try:
+            return await self._channels.token_stream(worker.address, self._timeouts.first_token_s)
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (worker,), phase) from None
+        except ConnectionError as error:
+            unavailable = GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id}: {error}")
+            raise WorkerFailure(unavailable, (worker,), dead=False) from None
 
     async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
         try:

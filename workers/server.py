@@ -40,6 +40,7 @@ from workers.load import RateMeter, WorkerLoad
 from workers.request import BATCH, INTERACTIVE, EngineRequest
 from workers.sampling import SamplingParams, TokenLogprobs
 from workers.structured.compiler import GrammarCompiler, GrammarRejected
+from workers.token_streams import TokenStream, TokenStreamClosed, TokenStreams
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._engine = engine
         self._rate = RateMeter()
         self._grammars = grammars  # structured outputs: None refuses requests with a grammar
+        self.token_streams = TokenStreams()
 
     # ---- serving ------------------------------------------------------------------------------
 
@@ -228,6 +230,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 kv_transfer=KvTransferParams(load_tokens=received.num_tokens),
             )
             await self._constrain(engine_request, request.sampling, context)
+            stream = await self._token_stream(request.token_stream, context)
             handle = await self._add(engine_request, context)
         finally:
             assert self._receiver is not None  # a decode worker's (checked when the service was made)
@@ -235,7 +238,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             async for output in self._outputs(handle, context):
                 stats = worker_pb2.PhaseStats(compute_ms=round(handle.compute_ms)) if output.finished else None
-                yield _token_event(output, stats)
+                event = _token_event(output, stats)
+                if stream is None:
+                    yield event
+                else:
+                    await self._put(stream, request.request_id, event, context)
         finally:
             _record_queue_and_compute(engine_request, "decode.compute", span, now_ns())
 
@@ -254,6 +261,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             cache_salt=request.cache_salt,
         )
         await self._constrain(engine_request, request.sampling, context)
+        stream = await self._token_stream(request.token_stream, context)
         await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first_ns = 0
@@ -267,10 +275,46 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if not first_ns:
                     first_ns = now_ns()
                     _record_queue_and_compute(engine_request, "prefill.compute", span, first_ns)
-                yield _token_event(output, stats)
+                event = _token_event(output, stats)
+                if stream is None:
+                    yield event
+                else:
+                    await self._put(stream, request.request_id, event, context)
         finally:
             if first_ns:
                 record_span("decode.compute", span, first_ns, now_ns())
+
+    async def StreamTokens(self, request, context):
+        await self._require_role(context, Role.COLOCATED, Role.DECODE)
+        if not request.stream_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "TokenStreamRequest.stream_id is empty")
+        stream = self.token_streams.open(request.stream_id)
+        if stream is None:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "a token stream with this id is open already")
+            return
+        try:
+            async for batch in stream.batches():
+                yield batch
+        finally:
+            self.token_streams.close(request.stream_id, stream)
+
+    async def _token_stream(self, stream_id: str, context) -> TokenStream | None:
+        """The open token stream a call names; None when it names none (its tokens go on its own stream)."""
+        if not stream_id:
+            return None
+        stream = self.token_streams.get(stream_id)
+        if stream is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the call names a token stream that is not open on this worker: open it with StreamTokens first",
+            )
+        return stream
+
+    async def _put(self, stream: TokenStream, request_id: str, event: worker_pb2.TokenEvent, context) -> None:
+        try:
+            stream.put(request_id, event)
+        except TokenStreamClosed:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the token stream this call names was closed")
 
     async def GetKvEndpoint(self, request, context):
         await self._require_role(context, Role.DECODE)

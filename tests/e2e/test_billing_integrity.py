@@ -7,6 +7,7 @@ import uuid
 from contextlib import asynccontextmanager
 
 import grpc
+import httpx
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
@@ -226,3 +227,52 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
             assert tokens <= billed_output(live, live.api_key, execution_id) < 1000
     finally:
         live.stack.stop_process(name)
+
+
+def test_a_gateway_killed_before_a_whole_answer_went_out_bills_nothing_of_it(live, other_organization):
+    """A non-streaming answer is handed over in one piece: until it is, nothing of it was delivered, and
+    a gateway killed while it runs bills none of it (a streamed answer beside it bills what it delivered)."""
+    api_key = other_organization["api_key"]
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    name = f"gateway-killed-whole-{port}"
+    live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)
+    body = {"model": MODEL, "prompt": "whole", "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+
+    async def whole_answers_until_killed() -> int:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
+            headers = {"Authorization": f"Bearer {api_key}"}
+            waiting = [
+                asyncio.create_task(client.post("/v1/completions", json=body, headers=headers)) for _ in range(2)
+            ]
+            deadline = time.monotonic() + 60
+            while _tokens_produced(metrics_port) < 40:  # both run, far from their ends
+                assert time.monotonic() < deadline and not any(t.done() for t in waiting), "the requests did not run"
+                await asyncio.sleep(0.05)
+            live.stack.kill_process(name)
+            failed = await asyncio.gather(*waiting, return_exceptions=True)
+            assert all(isinstance(outcome, httpx.TransportError) for outcome in failed), failed
+        streamed = [0]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # a gateway on the same journal
+            live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)
+            request = inference_pb2.GenerateRequest(model=MODEL, prompt="streamed", max_tokens=5, temperature=0)
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            async for response in stub.Generate(request, metadata=(("authorization", f"Bearer {api_key}"),)):
+                streamed[0] += len(response.token_ids)
+        return streamed[0]
+
+    try:
+        streamed = asyncio.run(whole_answers_until_killed())
+        decode_billed = lambda: [e["tokens"] for e in ledger(live, api_key, phase="decode")]  # noqa: E731
+        assert wait_for(lambda: streamed in decode_billed(), 30), "the streamed request was not billed"
+        time.sleep(1)  # the gateway's outbox flushes every 100 ms: anything recovered would be there by now
+        billed = ledger(live, api_key)
+        assert len(billed) == 2, f"an answer that never went out was billed: {billed}"
+    finally:
+        live.stack.stop_process(name)
+
+
+def _tokens_produced(metrics_port: int) -> float:
+    """Inter-token gaps the gateway observed: one per output token after each request's first."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    lines = [line for line in text.splitlines() if line.startswith("diptych_gateway_inter_token_latency_seconds_count")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)

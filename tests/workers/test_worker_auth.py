@@ -33,6 +33,9 @@ CALLS = {
     "GetKvEndpoint": lambda stub, metadata: stub.GetKvEndpoint(worker_pb2.KvEndpointRequest(), metadata=metadata),
     "GetLoad": lambda stub, metadata: stub.GetLoad(worker_pb2.LoadRequest(), metadata=metadata),
     "WatchLoad": lambda stub, metadata: _first(stub.WatchLoad(worker_pb2.LoadRequest(), metadata=metadata)),
+    "StreamTokens": lambda stub, metadata: _first(
+        stub.StreamTokens(worker_pb2.TokenStreamRequest(stream_id="s"), metadata=metadata)
+    ),
 }
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$diptych_common/proto/v1/worker.proto\x12\x13\x64iptych.internal.v1\"\xb9\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x10\n\x08has_seed\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12 \n\x18tokens_already_generated\x18\x08 \x01(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x46\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x32.diptych.internal.v1.SamplingParams.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\x12\x33\n\nconstraint\x18\x0e \x01(\x0b\x32\x1f.diptych.internal.v1.Constraint\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\xea\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\x12\x16\n\x0etransfer_token\x18\x05 \x01(\x0c\x12/\n\x08priority\x18\x06 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x07 \x01(\t\"\x89\x01\n\x0cPrefillEvent\x12\x36\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x1f.diptych.internal.v1.FirstTokenH\x00\x12\x38\n\x0ckv_delivered\x18\x02 \x01(\x0b\x32 .diptych.internal.v1.KvDeliveredH\x00\x42\x07\n\x05\x65vent\"\xbb\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x12\n\ncompute_ms\x18\x03 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x17\n\x0f\x66inished_by_eos\x18\x06 \x01(\x08\x12\x34\n\x08logprobs\x18\x07 \x01(\x0b\x32\".diptych.internal.v1.TokenLogprobsJ\x04\x08\x04\x10\x05R\tworker_id\"G\n\x0bKvDelivered\x12\x10\n\x08kv_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btransfer_ms\x18\x02 \x01(\r\x12\x11\n\tdata_path\x18\x03 \x01(\t\"\xe8\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0etransfer_token\x18\x02 \x01(\x0c\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12/\n\x08priority\x18\x05 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\"\xb8\x01\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12/\n\x08priority\x18\x04 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x05 \x01(\t\"\xaf\x01\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x17\n\x0f\x66inished_by_eos\x18\x03 \x01(\x08\x12.\n\x05stats\x18\x04 \x01(\x0b\x32\x1f.diptych.internal.v1.PhaseStats\x12\x34\n\x08logprobs\x18\x05 \x01(\x0b\x32\".diptych.internal.v1.TokenLogprobs\"X\n\nPhaseStats\x12\x12\n\ncompute_ms\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\rJ\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\tworker_idR\x08kv_bytes\"\r\n\x0bLoadRequest\"\xab\x04\n\x04Load\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\r\x12\x18\n\x10\x61\x63tive_sequences\x18\x03 \x01(\r\x12\x19\n\x11kv_bytes_received\x18\x04 \x01(\x04\x12\x15\n\rkv_bytes_sent\x18\x05 \x01(\x04\x12\x19\n\x11tokens_per_second\x18\x06 \x01(\x02\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x08 \x01(\r\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x1b\n\x13waiting_interactive\x18\n \x01(\r\x12\x15\n\rwaiting_batch\x18\x0b \x01(\r\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12=\n\x0cprefix_cache\x18\r \x01(\x0b\x32\'.diptych.internal.v1.PrefixCacheSummary\x12\x1d\n\x15prompt_tokens_pending\x18\x0e \x01(\r\x12<\n\x0bspeculative\x18\x0f \x01(\x0b\x32\'.diptych.internal.v1.SpeculativeSummary\x12\x33\n\x07kv_tier\x18\x10 \x01(\x0b\x32\".diptych.internal.v1.KvTierSummary\x12\x1e\n\x16prompt_tokens_computed\x18\x11 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x12 \x01(\x04\"R\n\x12SpeculativeSummary\x12\x1d\n\x15\x64raft_tokens_proposed\x18\x01 \x01(\x04\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x02 \x01(\x04\"w\n\rKvTierSummary\x12\x12\n\nhit_tokens\x18\x01 \x01(\x04\x12\x16\n\x0equeried_tokens\x18\x02 \x01(\x04\x12\x12\n\nblocks_put\x18\x03 \x01(\x04\x12\x16\n\x0e\x62locks_dropped\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x04\"h\n\x12PrefixCacheSummary\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x13\n\x0bhits_tokens\x18\x03 \x01(\x04\x12\x16\n\x0equeried_tokens\x18\x04 \x01(\x04\"&\n\x11KvEndpointRequest\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\"\x95\x01\n\nKvEndpoint\x12\x11\n\tdata_host\x18\x01 \x01(\t\x12\x11\n\tdata_port\x18\x02 \x01(\r\x12\x16\n\x0eshm_probe_name\x18\x03 \x01(\t\x12\x17\n\x0fshm_probe_nonce\x18\x04 \x01(\x0c\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05proof\x18\x07 \x01(\x0c\"N\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12,\n\x03top\x18\x02 \x03(\x0b\x32\x1f.diptych.internal.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x16\n\x0clark_grammar\x18\x03 \x01(\tH\x00\x42\t\n\x07grammar*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01\x32\xee\x03\n\x06Worker\x12S\n\x07Prefill\x12#.diptych.internal.v1.PrefillRequest\x1a!.diptych.internal.v1.PrefillEvent0\x01\x12O\n\x06\x44\x65\x63ode\x12\".diptych.internal.v1.DecodeRequest\x1a\x1f.diptych.internal.v1.TokenEvent0\x01\x12P\n\x08Generate\x12!.diptych.internal.v1.GenerateWork\x1a\x1f.diptych.internal.v1.TokenEvent0\x01\x12X\n\rGetKvEndpoint\x12&.diptych.internal.v1.KvEndpointRequest\x1a\x1f.diptych.internal.v1.KvEndpoint\x12\x46\n\x07GetLoad\x12 .diptych.internal.v1.LoadRequest\x1a\x19.diptych.internal.v1.Load\x12J\n\tWatchLoad\x12 .diptych.internal.v1.LoadRequest\x1a\x19.diptych.internal.v1.Load0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$diptych_common/proto/v1/worker.proto\x12\x13\x64iptych.internal.v1\"\xb9\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x10\n\x08has_seed\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12 \n\x18tokens_already_generated\x18\x08 \x01(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x46\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x32.diptych.internal.v1.SamplingParams.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\x12\x33\n\nconstraint\x18\x0e \x01(\x0b\x32\x1f.diptych.internal.v1.Constraint\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\xea\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\x12\x16\n\x0etransfer_token\x18\x05 \x01(\x0c\x12/\n\x08priority\x18\x06 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x07 \x01(\t\"\x89\x01\n\x0cPrefillEvent\x12\x36\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x1f.diptych.internal.v1.FirstTokenH\x00\x12\x38\n\x0ckv_delivered\x18\x02 \x01(\x0b\x32 .diptych.internal.v1.KvDeliveredH\x00\x42\x07\n\x05\x65vent\"\xbb\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x12\n\ncompute_ms\x18\x03 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x17\n\x0f\x66inished_by_eos\x18\x06 \x01(\x08\x12\x34\n\x08logprobs\x18\x07 \x01(\x0b\x32\".diptych.internal.v1.TokenLogprobsJ\x04\x08\x04\x10\x05R\tworker_id\"G\n\x0bKvDelivered\x12\x10\n\x08kv_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btransfer_ms\x18\x02 \x01(\r\x12\x11\n\tdata_path\x18\x03 \x01(\t\"\xfe\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0etransfer_token\x18\x02 \x01(\x0c\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12/\n\x08priority\x18\x05 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12\x14\n\x0ctoken_stream\x18\x08 \x01(\t\"\xce\x01\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.diptych.internal.v1.SamplingParams\x12/\n\x08priority\x18\x04 \x01(\x0e\x32\x1d.diptych.internal.v1.Priority\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12\x14\n\x0ctoken_stream\x18\x06 \x01(\t\"\'\n\x12TokenStreamRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\"@\n\nTokenBatch\x12\x32\n\x06tokens\x18\x01 \x03(\x0b\x32\".diptych.internal.v1.StreamedToken\"S\n\rStreamedToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1f.diptych.internal.v1.TokenEvent\"\xaf\x01\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x17\n\x0f\x66inished_by_eos\x18\x03 \x01(\x08\x12.\n\x05stats\x18\x04 \x01(\x0b\x32\x1f.diptych.internal.v1.PhaseStats\x12\x34\n\x08logprobs\x18\x05 \x01(\x0b\x32\".diptych.internal.v1.TokenLogprobs\"X\n\nPhaseStats\x12\x12\n\ncompute_ms\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\rJ\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\tworker_idR\x08kv_bytes\"\r\n\x0bLoadRequest\"\xab\x04\n\x04Load\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\r\x12\x18\n\x10\x61\x63tive_sequences\x18\x03 \x01(\r\x12\x19\n\x11kv_bytes_received\x18\x04 \x01(\x04\x12\x15\n\rkv_bytes_sent\x18\x05 \x01(\x04\x12\x19\n\x11tokens_per_second\x18\x06 \x01(\x02\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x08 \x01(\r\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x1b\n\x13waiting_interactive\x18\n \x01(\r\x12\x15\n\rwaiting_batch\x18\x0b \x01(\r\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12=\n\x0cprefix_cache\x18\r \x01(\x0b\x32\'.diptych.internal.v1.PrefixCacheSummary\x12\x1d\n\x15prompt_tokens_pending\x18\x0e \x01(\r\x12<\n\x0bspeculative\x18\x0f \x01(\x0b\x32\'.diptych.internal.v1.SpeculativeSummary\x12\x33\n\x07kv_tier\x18\x10 \x01(\x0b\x32\".diptych.internal.v1.KvTierSummary\x12\x1e\n\x16prompt_tokens_computed\x18\x11 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x12 \x01(\x04\"R\n\x12SpeculativeSummary\x12\x1d\n\x15\x64raft_tokens_proposed\x18\x01 \x01(\x04\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x02 \x01(\x04\"w\n\rKvTierSummary\x12\x12\n\nhit_tokens\x18\x01 \x01(\x04\x12\x16\n\x0equeried_tokens\x18\x02 \x01(\x04\x12\x12\n\nblocks_put\x18\x03 \x01(\x04\x12\x16\n\x0e\x62locks_dropped\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x04\"h\n\x12PrefixCacheSummary\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x13\n\x0bhits_tokens\x18\x03 \x01(\x04\x12\x16\n\x0equeried_tokens\x18\x04 \x01(\x04\"&\n\x11KvEndpointRequest\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\"\x95\x01\n\nKvEndpoint\x12\x11\n\tdata_host\x18\x01 \x01(\t\x12\x11\n\tdata_port\x18\x02 \x01(\r\x12\x16\n\x0eshm_probe_name\x18\x03 \x01(\t\x12\x17\n\x0fshm_probe_nonce\x18\x04 \x01(\x0c\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05proof\x18\x07 \x01(\x0c\"N\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12,\n\x03top\x18\x02 \x03(\x0b\x32\x1f.diptych.internal.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x16\n\x0clark_grammar\x18\x03 \x01(\tH\x00\x42\t\n\x07grammar*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01\x32\xca\x04\n\x06Worker\x12S\n\x07Prefill\x12#.diptych.internal.v1.PrefillRequest\x1a!.diptych.internal.v1.PrefillEvent0\x01\x12O\n\x06\x44\x65\x63ode\x12\".diptych.internal.v1.DecodeRequest\x1a\x1f.diptych.internal.v1.TokenEvent0\x01\x12P\n\x08Generate\x12!.diptych.internal.v1.GenerateWork\x1a\x1f.diptych.internal.v1.TokenEvent0\x01\x12X\n\rGetKvEndpoint\x12&.diptych.internal.v1.KvEndpointRequest\x1a\x1f.diptych.internal.v1.KvEndpoint\x12\x46\n\x07GetLoad\x12 .diptych.internal.v1.LoadRequest\x1a\x19.diptych.internal.v1.Load\x12J\n\tWatchLoad\x12 .diptych.internal.v1.LoadRequest\x1a\x19.diptych.internal.v1.Load0\x01\x12Z\n\x0cStreamTokens\x12\'.diptych.internal.v1.TokenStreamRequest\x1a\x1f.diptych.internal.v1.TokenBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_PRIORITY']._serialized_start=3135
-  _globals['_PRIORITY']._serialized_end=3191
+  _globals['_PRIORITY']._serialized_start=3371
+  _globals['_PRIORITY']._serialized_end=3427
   _globals['_SAMPLINGPARAMS']._serialized_start=62
   _globals['_SAMPLINGPARAMS']._serialized_end=503
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=455
@@ -48,33 +48,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVDELIVERED']._serialized_start=1072
   _globals['_KVDELIVERED']._serialized_end=1143
   _globals['_DECODEREQUEST']._serialized_start=1146
-  _globals['_DECODEREQUEST']._serialized_end=1378
-  _globals['_GENERATEWORK']._serialized_start=1381
-  _globals['_GENERATEWORK']._serialized_end=1565
-  _globals['_TOKENEVENT']._serialized_start=1568
-  _globals['_TOKENEVENT']._serialized_end=1743
-  _globals['_PHASESTATS']._serialized_start=1745
-  _globals['_PHASESTATS']._serialized_end=1833
-  _globals['_LOADREQUEST']._serialized_start=1835
-  _globals['_LOADREQUEST']._serialized_end=1848
-  _globals['_LOAD']._serialized_start=1851
-  _globals['_LOAD']._serialized_end=2406
-  _globals['_SPECULATIVESUMMARY']._serialized_start=2408
-  _globals['_SPECULATIVESUMMARY']._serialized_end=2490
-  _globals['_KVTIERSUMMARY']._serialized_start=2492
-  _globals['_KVTIERSUMMARY']._serialized_end=2611
-  _globals['_PREFIXCACHESUMMARY']._serialized_start=2613
-  _globals['_PREFIXCACHESUMMARY']._serialized_end=2717
-  _globals['_KVENDPOINTREQUEST']._serialized_start=2719
-  _globals['_KVENDPOINTREQUEST']._serialized_end=2757
-  _globals['_KVENDPOINT']._serialized_start=2760
-  _globals['_KVENDPOINT']._serialized_end=2909
-  _globals['_TOKENLOGPROBS']._serialized_start=2911
-  _globals['_TOKENLOGPROBS']._serialized_end=2989
-  _globals['_TOPLOGPROB']._serialized_start=2991
-  _globals['_TOPLOGPROB']._serialized_end=3038
-  _globals['_CONSTRAINT']._serialized_start=3040
-  _globals['_CONSTRAINT']._serialized_end=3133
-  _globals['_WORKER']._serialized_start=3194
-  _globals['_WORKER']._serialized_end=3688
+  _globals['_DECODEREQUEST']._serialized_end=1400
+  _globals['_GENERATEWORK']._serialized_start=1403
+  _globals['_GENERATEWORK']._serialized_end=1609
+  _globals['_TOKENSTREAMREQUEST']._serialized_start=1611
+  _globals['_TOKENSTREAMREQUEST']._serialized_end=1650
+  _globals['_TOKENBATCH']._serialized_start=1652
+  _globals['_TOKENBATCH']._serialized_end=1716
+  _globals['_STREAMEDTOKEN']._serialized_start=1718
+  _globals['_STREAMEDTOKEN']._serialized_end=1801
+  _globals['_TOKENEVENT']._serialized_start=1804
+  _globals['_TOKENEVENT']._serialized_end=1979
+  _globals['_PHASESTATS']._serialized_start=1981
+  _globals['_PHASESTATS']._serialized_end=2069
+  _globals['_LOADREQUEST']._serialized_start=2071
+  _globals['_LOADREQUEST']._serialized_end=2084
+  _globals['_LOAD']._serialized_start=2087
+  _globals['_LOAD']._serialized_end=2642
+  _globals['_SPECULATIVESUMMARY']._serialized_start=2644
+  _globals['_SPECULATIVESUMMARY']._serialized_end=2726
+  _globals['_KVTIERSUMMARY']._serialized_start=2728
+  _globals['_KVTIERSUMMARY']._serialized_end=2847
+  _globals['_PREFIXCACHESUMMARY']._serialized_start=2849
+  _globals['_PREFIXCACHESUMMARY']._serialized_end=2953
+  _globals['_KVENDPOINTREQUEST']._serialized_start=2955
+  _globals['_KVENDPOINTREQUEST']._serialized_end=2993
+  _globals['_KVENDPOINT']._serialized_start=2996
+  _globals['_KVENDPOINT']._serialized_end=3145
+  _globals['_TOKENLOGPROBS']._serialized_start=3147
+  _globals['_TOKENLOGPROBS']._serialized_end=3225
+  _globals['_TOPLOGPROB']._serialized_start=3227
+  _globals['_TOPLOGPROB']._serialized_end=3274
+  _globals['_CONSTRAINT']._serialized_start=3276
+  _globals['_CONSTRAINT']._serialized_end=3369
+  _globals['_WORKER']._serialized_start=3430
+  _globals['_WORKER']._serialized_end=4016
 # @@protoc_insertion_point(module_scope)

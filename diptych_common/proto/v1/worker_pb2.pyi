@@ -106,7 +106,7 @@ class KvDelivered(_message.Message):
     def __init__(self, kv_bytes: _Optional[int] = ..., transfer_ms: _Optional[int] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority", "cache_salt", "prompt_token_ids")
+    __slots__ = ("request_id", "transfer_token", "sampling", "prompt_tokens", "priority", "cache_salt", "prompt_token_ids", "token_stream")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class DecodeRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STREAM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_token: bytes
     sampling: SamplingParams
@@ -121,21 +122,44 @@ class DecodeRequest(_message.Message):
     priority: Priority
     cache_salt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    token_stream: str
+    def __init__(self, request_id: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_stream: _Optional[str] = ...) -> None: ...
 
 class GenerateWork(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "cache_salt")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "cache_salt", "token_stream")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STREAM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     priority: Priority
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    token_stream: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., cache_salt: _Optional[str] = ..., token_stream: _Optional[str] = ...) -> None: ...
+
+class TokenStreamRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    def __init__(self, stream_id: _Optional[str] = ...) -> None: ...
+
+class TokenBatch(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[StreamedToken]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[StreamedToken, _Mapping]]] = ...) -> None: ...
+
+class StreamedToken(_message.Message):
+    __slots__ = ("request_id", "event")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    event: TokenEvent
+    def __init__(self, request_id: _Optional[str] = ..., event: _Optional[_Union[TokenEvent, _Mapping]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "finished", "finished_by_eos", "stats", "logprobs")

@@ -64,6 +64,11 @@ class WorkerStub:
                 request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
                 response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
                 _registered_method=True)
+        self.StreamTokens = channel.unary_stream(
+                '/diptych.internal.v1.Worker/StreamTokens',
+                request_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenStreamRequest.SerializeToString,
+                response_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenBatch.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -116,6 +121,17 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamTokens(self, request, context):
+        """The tokens of every Decode and Generate call that names this stream (their token_stream field): one
+        TokenBatch per engine step holds the step's new tokens of all of them, where a call's own stream
+        would carry a message per token. It opens with an empty TokenBatch once calls may name it; a stream
+        id already open is refused with ALREADY_EXISTS. A call that names a stream that is not open fails
+        with FAILED_PRECONDITION; one whose stream closes while it runs fails with UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +164,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.WatchLoad,
                     request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.FromString,
                     response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.SerializeToString,
+            ),
+            'StreamTokens': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamTokens,
+                    request_deserializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenStreamRequest.FromString,
+                    response_serializer=diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +333,33 @@ class Worker:
             '/diptych.internal.v1.Worker/WatchLoad',
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
             diptych__common_dot_proto_dot_v1_dot_worker__pb2.Load.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/diptych.internal.v1.Worker/StreamTokens',
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenStreamRequest.SerializeToString,
+            diptych__common_dot_proto_dot_v1_dot_worker__pb2.TokenBatch.FromString,
             options,
             channel_credentials,
             insecure,
