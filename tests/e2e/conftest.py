@@ -214,6 +214,11 @@ def control_plane_shell(live):
 @pytest.fixture(scope="session")
 def other_organization(control_plane_shell) -> dict:
     """A second organization with its own API key."""
+    return new_organization(control_plane_shell)
+
+
+def new_organization(control_plane_shell) -> dict:
+    """A fresh organization with its own API key: its ledger holds only what a test sends with it."""
     slug = f"other-{uuid.uuid4().hex[:8]}"
     output = control_plane_shell(
         "import json\n"

@@ -12,6 +12,7 @@ import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import free_port
+from tests.e2e.conftest import new_organization
 from tests.e2e.waiting import wait_for
 
 MODEL = "diptych-tiny"
@@ -229,10 +230,10 @@ def test_a_gateway_killed_mid_stream_bills_every_delivered_token_when_it_restart
         live.stack.stop_process(name)
 
 
-def test_a_gateway_killed_before_a_whole_answer_went_out_bills_nothing_of_it(live, other_organization):
+def test_a_gateway_killed_before_a_whole_answer_went_out_bills_nothing_of_it(live, control_plane_shell):
     """A non-streaming answer is handed over in one piece: until it is, nothing of it was delivered, and
     a gateway killed while it runs bills none of it (a streamed answer beside it bills what it delivered)."""
-    api_key = other_organization["api_key"]
+    api_key = new_organization(control_plane_shell)["api_key"]
     port, metrics_port, http_port = free_port(), free_port(), free_port()
     name = f"gateway-killed-whole-{port}"
     live.stack.start_gateway(name, port, metrics_port, "split", http_port=http_port)

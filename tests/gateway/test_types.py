@@ -21,11 +21,12 @@ from gateway.types import FinishReason, GenerationOutput, GenerationPlan, PhaseU
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # Where each protocol is spoken: the public contract by the gRPC front (and its wiring in main.py), the
-# worker contract where workers are called (request_path.py) and their load reports read (live_load.py).
+# worker contract where workers are called (request_path.py), their tokens read (token_streams.py) and
+# their load reports read (live_load.py).
 PROTOBUF_ALLOWED = {
     "diptych_proto": {"service.py"},
     "google.protobuf": {"service.py"},
-    "diptych_common.proto": {"request_path.py", "live_load.py"},
+    "diptych_common.proto": {"request_path.py", "token_streams.py", "live_load.py"},
     "grpc_health": {"main.py"},
 }
 
