@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diptych_server.stack import REPO_ROOT, Stack, free_port
@@ -25,6 +25,7 @@ class LivePlatform:
     fleet_tokens: dict[str, str]  # role -> fleet token
     threads: dict[str, int]  # role -> torch threads of its worker
     log: Callable[[str], None]
+    http_urls: dict[str, str] = field(default_factory=dict)  # mode -> its gateway's OpenAI API, while it serves
 
     @contextmanager
     def serving(self, mode: str) -> Iterator[str]:
@@ -51,12 +52,14 @@ class LivePlatform:
                 )
                 names.append(name)
             self.stack.wait_for_workers(names, timeout=300)
-            port = free_port()
-            self.log(f"starting the {mode} gateway on 127.0.0.1:{port}")
+            port, http_port = free_port(), free_port()
+            self.log(f"starting the {mode} gateway on 127.0.0.1:{port} (HTTP {http_port})")
             names.append(f"gateway-{mode}")
-            self.stack.start_gateway(names[-1], port, free_port(), mode, http_port=free_port())
+            self.stack.start_gateway(names[-1], port, free_port(), mode, http_port=http_port)
+            self.http_urls[mode] = f"http://127.0.0.1:{http_port}/v1"
             yield f"127.0.0.1:{port}"
         finally:
+            self.http_urls.pop(mode, None)
             self.log(f"stopping the {mode} workers and gateway")
             self._stop_in_parallel([name for name in names if name in self.stack.processes])
 
