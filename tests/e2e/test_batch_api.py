@@ -357,7 +357,8 @@ def test_the_sdk_uploads_runs_lists_and_reads_a_batch(jobs, live):
     assert asyncio.run(retrieve_async()) == ended
 
 
-@pytest.mark.skipif(not (CHROMIUM.exists() and DIST.exists()), reason="needs chromium and the dashboard bundle")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
+@pytest.mark.skipif(not DIST.exists(), reason="needs the dashboard bundle: make install")
 def test_the_dashboard_lists_batches_with_their_files_and_cancels_one(jobs, client, page, passwords):  # noqa: F811
     done = wait_until_ended(client, run_batch(client, [chat_line("d", "dashboard")]).id)
     jobs.stack.stop_process("jobs")  # the next batch waits, so that it is still running when it is cancelled

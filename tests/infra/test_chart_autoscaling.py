@@ -3,6 +3,7 @@ and region (an HPA on the External metric through prometheus-adapter, or a KEDA 
 get the SLO targets and the policy the chart derives from the fleets, and bad autoscaling values fail."""
 
 import json
+import re
 
 import helm_python as helm
 import kubernetes_validate
@@ -12,7 +13,7 @@ import yaml
 from diptych_server.cli import _parser
 from planner.autoscale import FleetKey, FleetLimits
 from planner.autoscale_policy import policy_from_json
-from tests.infra.chart import RELEASE, REPO, default_objects, install_values, render
+from tests.infra.chart import CHART, RELEASE, REPO, default_objects, install_values, render
 
 METRIC = "diptych_autoscale_desired_replicas"
 ADAPTER_RULES = REPO / "infra" / "prometheus" / "adapter-rules.yaml"
@@ -50,6 +51,38 @@ def test_each_autoscaled_fleet_s_hpa_follows_the_desired_replicas_of_its_model_r
         assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
         assert (spec["minReplicas"], spec["maxReplicas"]) == (fleet["replicas"], fleet["maxReplicas"])
         assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 60
+
+
+def test_prometheus_adapter_is_an_optional_dependency_whose_rules_serve_every_metric_the_hpas_read():
+    """Chart.yaml names prometheus-adapter, off by default behind a condition whose values key exists; its
+    values' external rules are infra's, and each serves one External metric an HPA reads, grouped by every
+    label the HPA selects on. The chart renders without the dependency fetched (no charts/ directory)."""
+    chart_yaml = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    declared = [d for d in chart_yaml.get("dependencies", []) if d["name"] == "prometheus-adapter"]
+    assert len(declared) == 1, "Chart.yaml must declare prometheus-adapter once"
+    (dependency,) = declared
+    assert dependency["repository"] == "https://prometheus-community.github.io/helm-charts"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", dependency["version"]), "pin the dependency's version"
+    key = dependency.get("alias", dependency["name"])
+    assert dependency["condition"] == f"{key}.enabled"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    adapter = values[key]
+    assert adapter["enabled"] is False  # optional: an install that wants it turns it on
+    rules = adapter["rules"]["external"]
+    assert {"externalRules": rules} == yaml.safe_load(ADAPTER_RULES.read_text())
+    served = {rule["name"]["as"]: rule for rule in rules}
+    autoscalers = _by_kind(default_objects(), "HorizontalPodAutoscaler")
+    assert autoscalers
+    for name, hpa in autoscalers.items():
+        for metric in hpa["spec"]["metrics"]:
+            assert metric["type"] == "External", name
+            read = metric["external"]["metric"]
+            rule = served.get(read["name"])
+            assert rule is not None, f"{name} reads {read['name']}, which no adapter rule serves"
+            assert rule["seriesQuery"].startswith(read["name"] + "{")
+            (grouped,) = re.findall(r"by \(([^)]*)\)", rule["metricsQuery"])
+            assert set(read["selector"]["matchLabels"]) <= {label.strip() for label in grouped.split(",")}, name
+    assert [d["status"] for d in helm.dependency_list(CHART)] == ["missing"]  # rendered above without it
 
 
 def test_the_adapter_rule_in_the_chart_is_infra_s_and_takes_the_highest_desired_count_over_the_gateways():
@@ -129,6 +162,13 @@ def _same_key_twice() -> dict:
         (lambda: _values_with_autoscaling(kind="vpa"), "autoscaling.kind must be hpa or keda"),
         (lambda: _values_with_autoscaling(kind="keda"), "set autoscaling.prometheusUrl"),
         (_same_key_twice, r"fleets\[tiny-prefill\] and fleets\[tiny-prefill-b\] are both autoscaled"),
+        (
+            lambda: install_values(
+                autoscaling={**install_values()["autoscaling"], "kind": "keda", "prometheusUrl": "http://p:9090"},
+                prometheusAdapter={**install_values()["prometheusAdapter"], "enabled": True},
+            ),
+            "prometheusAdapter.enabled is for autoscaling.kind hpa",
+        ),
     ],
 )
 def test_bad_autoscaling_values_fail_naming_them(values, message):

@@ -34,7 +34,7 @@ def _compose_binary() -> list[str] | None:
 
 @pytest.mark.skipif(
     _compose_binary() is None,
-    reason="neither `docker compose` nor `docker-compose` is installed (apt-get install docker-compose)",
+    reason="needs `docker compose` or `docker-compose`: apt-get install -y docker-compose",
 )
 def test_docker_compose_config_passes_with_nothing_set_in_the_environment():
     # Only PATH: a first `up` must need no variable set by hand (no ${VAR:?...} left to fill in).

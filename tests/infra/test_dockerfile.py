@@ -5,6 +5,7 @@ and that .dockerignore keeps environments, state and build outputs out of the bu
 
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "infra" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 VARIANTS = ["cpu", "cuda"]
+IMAGE_UID = IMAGE_GID = 10001  # the Helm chart runs every pod as this user and group
 CONTEXT_LIMIT_BYTES = 100 * 1024 * 1024  # the sources are a few MB; an environment or a cache is far more
 
 
@@ -31,16 +33,33 @@ def _instructions() -> list[tuple[str, str]]:
     return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]  # type: ignore[misc]
 
 
-def _stages(variant: str) -> list[Stage]:
-    """The stages as the builder sees them with --build-arg VARIANT=<variant>."""
+def _expand(word: str, args: dict[str, str]) -> str:
+    """A FROM's words with the build arguments in `args` substituted as builders do: $X, ${X}, ${X:-default}
+    (the default when X is unset or empty); an argument not in `args` is empty."""
+
+    def value(match: re.Match) -> str:
+        name, default = match.group("braced") or match.group("bare"), match.group("default")
+        given = args.get(name, "")
+        return given if given or default is None else default
+
+    return re.sub(r"\$(?:\{(?P<braced>\w+)(?::-(?P<default>[^}]*))?\}|(?P<bare>\w+))", value, word)
+
+
+def _stages(variant: str | None, header_defaults: bool = True) -> list[Stage]:
+    """The stages as the builder sees them with --build-arg VARIANT=<variant> (None: no --build-arg), reading
+    the defaults of the ARGs before the first FROM (`header_defaults`) as Docker does, or not, as buildah before
+    1.29 does when it matches a FROM against the stages' names."""
     global_args: dict[str, str] = {}
     stages: list[Stage] = []
     for keyword, arguments in _instructions():
         if keyword == "ARG" and not stages:
             name, _, default = arguments.partition("=")
-            global_args[name] = variant if name == "VARIANT" else default
+            if variant is not None and name == "VARIANT":
+                global_args[name] = variant
+            elif header_defaults:
+                global_args[name] = default
         elif keyword == "FROM":
-            base, _, name = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], arguments).partition(" AS ")
+            base, _, name = _expand(arguments, global_args).partition(" AS ")
             stages.append(Stage(name.strip(), base.strip()))
         else:
             stages[-1].instructions.append((keyword, arguments))
@@ -193,3 +212,84 @@ def test_every_package_the_project_installs_is_copied_into_the_image():
     for package in packages:
         where = next((root for root in roots if (REPO / root / package).is_dir()), package)
         assert where in copied, f"the image does not copy {where}/ (package {package})"
+
+
+def test_without_build_arguments_every_builder_builds_the_cpu_runtime():
+    """No --build-arg: Docker reads the default of `ARG VARIANT=cpu`; buildah before 1.29 (Debian 12's 1.28.2,
+    which then tries to pull `base-cpu` from a registry) matches a FROM against the stages' names without it, so
+    the FROM must name base-cpu either way."""
+    for header_defaults in (True, False):
+        stages = _stages(None, header_defaults=header_defaults)
+        runtime = stages[-1]
+        assert runtime.base == "base-cpu", f"reading header defaults: {header_defaults}: FROM {runtime.base}"
+        assert runtime.base in [stage.name for stage in stages[:-1]]
+
+
+def _runtime_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, arguments in _stages("cpu")[-1].instructions:
+        if keyword == "ENV":
+            env.update(word.partition("=")[::2] for word in shlex.split(arguments))
+    return env
+
+
+@dataclass
+class ImageUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+    state_dir: str
+
+
+def image_user() -> ImageUser:
+    """The user the image runs as (its USER, as `useradd` creates it), its HOME and DIPTYCH_STATE_DIR."""
+    runtime = _stages("cpu")[-1]
+    (user,) = [a for k, a in runtime.instructions if k == "USER"]
+    (useradd,) = [words for words in _commands(runtime, "useradd") if words[-1] == user]
+    env = _runtime_env()
+    return ImageUser(
+        name=user,
+        uid=int(_option(useradd, "--uid", "-u") or 0),
+        gid=int(_option(useradd, "--gid", "-g") or 0),
+        home=env.get("HOME", ""),
+        state_dir=env["DIPTYCH_STATE_DIR"],
+    )
+
+
+def _commands(stage: Stage, program: str) -> list[list[str]]:
+    """Every `program ...` command of the stage's RUN instructions, split into words."""
+    found = []
+    for keyword, arguments in stage.instructions:
+        if keyword == "RUN":
+            for command in re.split(r"&&|;", arguments):
+                words = shlex.split(command)
+                if words and words[0] == program:
+                    found.append(words)
+    return found
+
+
+def _option(words: list[str], *names: str) -> str | None:
+    for index, word in enumerate(words):
+        if word in names:
+            return words[index + 1]
+        for name in names:
+            if name.startswith("--") and word.startswith(name + "="):
+                return word.split("=", 1)[1]
+    return None
+
+
+def test_the_image_s_user_has_a_home_directory_it_owns_and_home_names_it():
+    """Without a home directory gunicorn fails with "Permission denied: '/home/diptych'"; HOME is set as well,
+    so that a runtime giving the uid without reading /etc/passwd still finds it."""
+    runtime = _stages("cpu")[-1]
+    (user,) = [a for k, a in runtime.instructions if k == "USER"]
+    (useradd,) = _commands(runtime, "useradd")
+    assert useradd[-1] == user
+    assert "--create-home" in useradd or "-m" in useradd, f"the user is created without its home: {useradd}"
+    home = _option(useradd, "--home-dir", "-d") or f"/home/{user}"
+    assert _runtime_env().get("HOME") == home
+    assert _option(useradd, "--uid", "-u") == str(IMAGE_UID)
+    (groupadd,) = _commands(runtime, "groupadd")
+    assert _option(groupadd, "--gid", "-g") == _option(useradd, "--gid", "-g") == str(IMAGE_GID)
+    assert groupadd[-1] == user

@@ -148,7 +148,7 @@ def test_the_usage_spool_is_on_a_persistent_volume_claim_per_gateway_replica():
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == state_dir]
     claims = {claim["metadata"]["name"] for claim in gateway["spec"]["volumeClaimTemplates"]}
     assert mount["name"] in claims
-    assert not any(v.get("emptyDir") is not None for v in gateway["spec"]["template"]["spec"].get("volumes", []))
+    assert mount["name"] not in {v["name"] for v in gateway["spec"]["template"]["spec"].get("volumes", [])}
     # The image's user (uid 10001) must be able to write to the claimed volume.
     assert gateway["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
 

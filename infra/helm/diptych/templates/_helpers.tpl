@@ -34,3 +34,35 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "diptych.required" -}}
 {{- required (printf "set %s (see values.yaml)" (index . 1)) (index . 0) -}}
 {{- end -}}
+
+{{/* Every pod runs as the image's user and group (uid and gid 10001, infra/Dockerfile), never as root, under the
+runtime's seccomp profile; fsGroup lets that user write to the volumes it is given. */}}
+{{- define "diptych.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* Every container: a read-only root filesystem, no privilege escalation, no capabilities. What a process
+writes goes to the volumes of "diptych.writableVolumes" (and, for some, a state or cache volume of its own). */}}
+{{- define "diptych.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* The writable directories every process needs on a read-only root filesystem: /tmp (gunicorn's heartbeat
+files, torch's compile caches) and the image user's HOME (the caches libraries keep under ~/.cache). */}}
+{{- define "diptych.writableMounts" -}}
+- {name: tmp, mountPath: /tmp}
+- {name: home, mountPath: /home/diptych}
+{{- end -}}
+
+{{- define "diptych.writableVolumes" -}}
+- {name: tmp, emptyDir: {}}
+- {name: home, emptyDir: {}}
+{{- end -}}

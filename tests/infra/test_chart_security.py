@@ -1,0 +1,71 @@
+"""Every pod the chart makes runs as the image's user, never as root, with the runtime's seccomp profile, and
+every container on a read-only root filesystem without privilege escalation or capabilities, given volumes
+for what its process writes: /tmp, the user's HOME and, where the process keeps state, DIPTYCH_STATE_DIR."""
+
+from tests.infra.chart import RELEASE, default_objects, install_values, render
+from tests.infra.test_dockerfile import image_user
+
+WORKLOADS = {"Deployment", "StatefulSet", "Job"}
+# The processes that write under DIPTYCH_STATE_DIR: published model files without an S3 store, Celery beat's
+# schedule, the gateway's usage spool.
+KEEP_STATE = {"control-plane", "jobs", "gateway"}
+
+
+def _pods(objects) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in objects if d["kind"] in WORKLOADS}
+
+
+def _writable_mounts(pod: dict, container: dict) -> set[str]:
+    """The paths mounted writable from an emptyDir or a PersistentVolumeClaim (the StatefulSet's claims are not
+    among the pod's volumes)."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    writable = set()
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"])
+        if not mount.get("readOnly") and (volume is None or "emptyDir" in volume):
+            writable.add(mount["mountPath"])
+    return writable
+
+
+def _check(objects) -> set[str]:
+    user = image_user()
+    pods = _pods(objects)
+    for name, pod in pods.items():
+        assert pod.get("securityContext", {}) == {
+            "runAsNonRoot": True,
+            "runAsUser": user.uid,
+            "runAsGroup": user.gid,
+            "fsGroup": user.gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }, name
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), name
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            where = f"{name}/{container['name']}"
+            context = container.get("securityContext", {})
+            assert context.get("readOnlyRootFilesystem") is True, where
+            assert context.get("allowPrivilegeEscalation") is False, where
+            assert context.get("capabilities") == {"drop": ["ALL"]}, where
+            assert context.get("runAsNonRoot", True) is True and context.get("runAsUser", user.uid) == user.uid, where
+            assert not context.get("privileged"), where
+            assert context.get("seccompProfile", {"type": "RuntimeDefault"}) == {"type": "RuntimeDefault"}, where
+            writable = _writable_mounts(pod, container)
+            assert {"/tmp", user.home} <= writable, f"{where}: writable {sorted(writable)}"
+            if container["name"] in KEEP_STATE:
+                assert user.state_dir in writable, f"{where}: {user.state_dir} is not writable"
+    return set(pods)
+
+
+def test_every_container_runs_as_the_image_s_user_on_a_read_only_root_with_what_it_writes_on_volumes():
+    checked = _check(default_objects())
+    fleets = {f"{RELEASE}-{fleet['name']}" for fleet in install_values()["fleets"]}
+    parts = {f"{RELEASE}-{part}" for part in ("control-plane", "jobs", "gateway", "kv-tier", "migrate")}
+    assert checked == parts | fleets
+
+
+def test_a_cpu_colocated_fleet_and_an_s3_store_keep_the_same_restrictions():
+    values = install_values()
+    values["artifacts"] |= {"store": "s3://models/published", "s3Region": "eu-west-1"}
+    values["secrets"].update(awsAccessKeyId="AKIA", awsSecretAccessKey="secret")
+    values["fleets"].append({**values["fleets"][0], "name": "cpu-colocated", "role": "colocated", "hardware": "cpu"})
+    values["fleets"][-1]["region"] = "eu-west-1"
+    assert f"{RELEASE}-cpu-colocated" in _check(render(values))
