@@ -2,6 +2,7 @@
 
 import asyncio
 import datetime
+import json
 import uuid
 
 import pytest
@@ -112,6 +113,32 @@ def test_a_repeated_idempotency_key_is_one_request_billed_once(live):
     events = wait_for(lambda: len(usage_events(live, first.id)) >= 2 and usage_events(live, first.id))
     assert sorted(event["phase"] for event in events) == ["decode", "prefill"]
     assert sum(event["tokens"] for event in events if event["phase"] == "decode") == 4
+
+
+def test_openai_extras_against_the_live_gateway_and_control_plane(live):
+    with client_for(live) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello there"}],
+            max_tokens=4,
+            extra_headers={"x-trace-id": "sdk-live"},
+            extra_body={"seed": 7},
+        )
+        chat = raw.parse()
+        assert raw.request_id == raw.headers["request-id"] == chat.id
+        (choice,) = chat.choices
+        assert choice.message is not None and (choice.message.role, choice.message.content) == ("assistant", chat.text)
+        assert json.loads(chat.to_json())["usage"]["prompt_tokens"] == chat.usage.prompt_tokens > 0
+        models = client.models.with_raw_response.list()
+        assert MODEL in [model.id for model in models.parse()]
+
+        created = [client.admin.api_keys.create(name=f"sdk-page-{n}", scopes=["inference"]) for n in range(3)]
+        walked = [key.id for key in client.admin.api_keys.list(limit=2)]
+        assert {key.id for key in created} <= set(walked) and len(walked) == len(set(walked))
+        raw_keys = client.admin.api_keys.with_raw_response.list(limit=1)
+        assert raw_keys.headers["content-type"].startswith("application/json") and len(raw_keys.parse().data) == 1
+        for key in created:
+            client.admin.api_keys.revoke(key.id)
 
 
 def test_admin_sub_client_against_the_control_plane(live, control_plane_shell):

@@ -34,10 +34,17 @@ def final_usage() -> pb.Usage:
     )
 
 
-def tokens(*deltas: tuple[str, list[int]], finish: int = pb.FINISH_REASON_STOP) -> Handler:
-    """Streams the deltas; the last one carries finish_reason and usage."""
+def tokens(
+    *deltas: tuple[str, list[int]],
+    finish: int = pb.FINISH_REASON_STOP,
+    initial_metadata: tuple[tuple[str, str], ...] | None = None,
+) -> Handler:
+    """Streams the deltas; the last one carries finish_reason and usage. With `initial_metadata`, the call
+    first sends it after the request id, as the gateway sends the request id and the rate limits."""
 
     def handler(request, context):
+        if initial_metadata is not None:
+            context.send_initial_metadata((("request-id", request_id_of(request)), *initial_metadata))
         for index, (text, ids) in enumerate(deltas):
             message = pb.GenerateResponse(request_id=request_id_of(request), text=text, token_ids=ids)
             if index == len(deltas) - 1:
@@ -93,6 +100,7 @@ class ScriptedInference(pb_grpc.InferenceServicer):
     metadata: list[dict[str, str]] = field(default_factory=list)
     call_ended: threading.Event = field(default_factory=threading.Event)
     models: list[pb.Model] = field(default_factory=list)
+    models_metadata: tuple[tuple[str, str], ...] = ()  # ListModels' initial metadata
 
     def Generate(self, request, context):
         self.requests.append(request)
@@ -103,6 +111,8 @@ class ScriptedInference(pb_grpc.InferenceServicer):
 
     def ListModels(self, request, context):
         self.metadata.append(dict(context.invocation_metadata()))
+        if self.models_metadata:
+            context.send_initial_metadata(self.models_metadata)
         return pb.ListModelsResponse(models=self.models)
 
 

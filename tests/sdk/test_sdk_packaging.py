@@ -220,3 +220,11 @@ def test_wheels_work_in_a_clean_virtual_environment_without_the_server(wheels, t
     )
     text, *locations = subprocess.check_output([python, "-c", script], text=True, cwd=tmp_path).split()
     assert text == "Hi" and all(Path(location).is_relative_to(site_packages) for location in locations)
+
+
+def test_the_sdk_is_clean_under_mypy_strict():
+    """The package ships py.typed: its own code must type-check strictly, or users' strict checks inherit Any."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "sdk/src/diptych"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -17,15 +17,19 @@ from ._errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
+from ._response import APIResponse
 from ._streaming import AsyncStream, Stream
 from ._version import __version__
 from .types import (
     NOT_GIVEN,
     ApiKey,
     ApiKeyLimits,
+    AsyncCursorPage,
+    AsyncPage,
     Batch,
     BatchRequestCounts,
     BillingSummary,
+    ChatCompletionMessage,
     ChatMessageParam,
     Completion,
     CompletionChunk,
@@ -47,18 +51,22 @@ from .types import (
 
 __all__ = [
     "APIConnectionError",
+    "APIResponse",
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
     "ApiKey",
     "ApiKeyLimits",
     "AsyncClient",
+    "AsyncCursorPage",
+    "AsyncPage",
     "AsyncStream",
     "AuthenticationError",
     "BadRequestError",
     "Batch",
     "BatchRequestCounts",
     "BillingSummary",
+    "ChatCompletionMessage",
     "ChatMessageParam",
     "Client",
     "Completion",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import TypeVar, get_args
+from typing import TypeVar, cast, get_args
 
 from ._errors import APIResponseValidationError
 from .types import (
@@ -127,9 +127,8 @@ def invoice_from_json(body: object) -> Invoice:
 
 
 def _invoice_status(value: str) -> InvoiceStatus:
-    for status in get_args(InvoiceStatus):
-        if value == status:
-            return status
+    if value in get_args(InvoiceStatus):
+        return cast(InvoiceStatus, value)
     raise APIResponseValidationError(f"The admin API's invoice status {value!r} is none of {get_args(InvoiceStatus)}")
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from google.protobuf import json_format
 
 from diptych_proto.v1 import inference_pb2 as pb
 
 from ._errors import APIResponseValidationError
 from .types import (
+    ChatCompletionMessage,
     ChatMessageParam,
     Choice,
     Completion,
@@ -37,6 +42,8 @@ _FINISH_REASONS: dict[int, FinishReason] = {
 
 
 _PRIORITIES: dict[str, pb.Priority] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
+
+_METADATA_NAME = re.compile(r"[0-9a-z_.-]+")
 
 
 def new_idempotency_key() -> str:
@@ -129,6 +136,7 @@ def generate_request(
     logprobs: bool = False,
     top_logprobs: int | None = None,
     structured: dict[str, Any] | None = None,
+    extra_body: Mapping[str, object] | None = None,
 ) -> pb.GenerateRequest:
     if priority not in _PRIORITIES:
         raise ValueError(f"priority must be 'interactive' or 'batch', not {priority!r}")
@@ -146,7 +154,7 @@ def generate_request(
         "frequency_penalty": frequency_penalty,
         "top_logprobs": top_logprobs,
     }
-    return pb.GenerateRequest(
+    request = pb.GenerateRequest(
         model=model,
         idempotency_key=idempotency_key,
         priority=_PRIORITIES[priority],
@@ -158,6 +166,43 @@ def generate_request(
         **(structured or {}),
         **{name: value for name, value in sampling.items() if value is not None},
     )
+    if extra_body:
+        _merge_extra_body(request, extra_body)
+    return request
+
+
+def _merge_extra_body(request: pb.GenerateRequest, extra_body: Mapping[str, object]) -> None:
+    """Sets the GenerateRequest fields `extra_body` names (over the arguments' values). gRPC carries only the
+    fields of the contract, so a name it does not have is refused here rather than silently dropped."""
+    known = [field.name for field in pb.GenerateRequest.DESCRIPTOR.fields]
+    unknown = [name for name in extra_body if name not in known]
+    if unknown:
+        raise ValueError(
+            f"extra_body: the API's GenerateRequest has no field {', '.join(unknown)} (it has {', '.join(known)})"
+        )
+    try:
+        json_format.ParseDict(dict(extra_body), request)
+    except json_format.ParseError as error:
+        raise ValueError(f"extra_body: {str(error).splitlines()[0]}") from None
+
+
+def call_metadata(
+    metadata: tuple[tuple[str, str], ...], extra_headers: Mapping[str, str] | None
+) -> tuple[tuple[str, str], ...]:
+    """The client's metadata with the caller's `extra_headers` added; a name in both takes the caller's value.
+
+    gRPC metadata names are lower case (HTTP/2), so names are lowered; a name gRPC cannot carry is refused."""
+    if not extra_headers:
+        return metadata
+    extra: dict[str, str] = {}
+    for name, value in extra_headers.items():
+        key = name.lower() if isinstance(name, str) else ""
+        if not _METADATA_NAME.fullmatch(key) or key.startswith("grpc-") or key.endswith("-bin"):
+            raise ValueError(f"extra_headers: {name!r} is not a name gRPC metadata can carry as text")
+        if not isinstance(value, str) or not value.isprintable() or not value.isascii():
+            raise ValueError(f"extra_headers: the value of {name!r} must be printable ASCII text, not {value!r}")
+        extra[key] = value
+    return tuple((key, value) for key, value in metadata if key not in extra) + tuple(extra.items())
 
 
 def _logit_bias(bias: Mapping[int | str, float] | None) -> dict[int, float]:
@@ -207,8 +252,9 @@ def chunk_from_proto(message: pb.GenerateResponse) -> CompletionChunk:
     )
 
 
-def completion_from_chunks(chunks: Sequence[CompletionChunk], *, model: str) -> Completion:
-    """The whole answer: every choice's chunks joined; the last chunk carries the request's usage."""
+def completion_from_chunks(chunks: Sequence[CompletionChunk], *, model: str, chat: bool = False) -> Completion:
+    """The whole answer: every choice's chunks joined; the last chunk carries the request's usage. A chat
+    answer's choices also carry it as a `message`."""
     last = chunks[-1] if chunks else None
     if last is None or last.finish_reason is None or last.usage is None:
         raise APIResponseValidationError(
@@ -216,6 +262,8 @@ def completion_from_chunks(chunks: Sequence[CompletionChunk], *, model: str) -> 
             request_id=last.id if last else None,
         )
     choices = [_choice(index, [c for c in chunks if c.index == index], last.id) for index in _indexes(chunks)]
+    if chat:
+        choices = [dataclasses.replace(choice, message=_message(choice)) for choice in choices]
     first = choices[0]
     return Completion(
         id=last.id,
@@ -251,6 +299,11 @@ def _choice(index: int, chunks: list[CompletionChunk], request_id: str) -> Choic
         logprobs=_joined_logprobs(chunks),
         tool_calls=chunks[-1].tool_calls,
     )
+
+
+def _message(choice: Choice) -> ChatCompletionMessage:
+    content = None if choice.tool_calls and not choice.text else choice.text
+    return ChatCompletionMessage(role="assistant", content=content, tool_calls=choice.tool_calls)
 
 
 def _joined_logprobs(chunks: list[CompletionChunk]) -> list[TokenLogprob] | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from email.message import Message
+from typing import Any
 
 import grpc
 
@@ -225,13 +226,13 @@ _HTTP_ERRORS: dict[int, type[APIStatusError]] = {
 }
 
 
-def _call_attribute(error: grpc.RpcError, name: str):
+def _call_attribute(error: grpc.RpcError, name: str) -> Any:
     # A bare grpc.RpcError (not a grpc.Call) carries no status; treat it as UNKNOWN.
     method = getattr(error, name, None)
     return method() if callable(method) else None
 
 
-def _metadata_dict(metadata) -> dict[str, str]:
+def _metadata_dict(metadata: Iterable[tuple[str, str]] | None) -> dict[str, str]:
     return {str(key).lower(): value for key, value in metadata or ()}
 
 
@@ -240,19 +241,19 @@ def _is_transport_failure(details: str) -> bool:
     return any(phrase in lowered for phrase in _TRANSPORT_FAILURE_PHRASES)
 
 
-def _retry_after_ms(value) -> float | None:
+def _retry_after_ms(value: object) -> float | None:
     seconds = _non_negative_number(value)
     return None if seconds is None else seconds / 1000
 
 
-def _retry_after_seconds(value) -> float | None:
+def _retry_after_seconds(value: object) -> float | None:
     # An HTTP date in Retry-After is not supported: the control plane sends seconds.
     return _non_negative_number(value)
 
 
-def _non_negative_number(value) -> float | None:
+def _non_negative_number(value: object) -> float | None:
     try:
-        number = float(value)
+        number = float(value)  # type: ignore[arg-type]  # anything else is None below
     except (TypeError, ValueError):
         return None
     return number if number >= 0 and number != float("inf") else None

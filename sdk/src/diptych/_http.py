@@ -15,6 +15,7 @@ from http.client import HTTPException
 from urllib.parse import urlencode, urlsplit
 
 from ._errors import APIConnectionError, APIResponseValidationError, APITimeoutError, error_from_http
+from ._response import record_headers
 from ._retry import with_retries
 from ._version import __version__
 
@@ -83,7 +84,9 @@ class AdminTransport:
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
             try:
                 with self._opener.open(request, timeout=timeout) as response:
-                    return response.read() if raw else _decode(response.read(), response.status)
+                    answer = response.read() if raw else _decode(response.read(), response.status)
+                    record_headers(response.headers.items())
+                    return answer
             except urllib.error.HTTPError as failure:
                 raise error_from_http(
                     failure.code,

@@ -40,7 +40,7 @@ log = logging.getLogger("diptych")
 
 def backoff_delay(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
     """Full-jitter delay before retry number `attempt + 1`: uniform in [0, min(8, 0.5 * 2**attempt))."""
-    return rng() * min(MAX_BACKOFF, INITIAL_BACKOFF * 2**attempt)
+    return rng() * min(MAX_BACKOFF, INITIAL_BACKOFF * 2.0**attempt)
 
 
 def retry_delay(error: DiptychError, attempt: int, max_retries: int) -> float | None:

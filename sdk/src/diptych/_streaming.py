@@ -43,6 +43,7 @@ class _StreamState:
         self._idle_timeout = idle_timeout
         self._closed = False
         self._first: pb.GenerateResponse | None = None
+        self._initial_metadata: tuple[tuple[str, str | bytes], ...] = ()
 
     def _chunk(self, message: pb.GenerateResponse) -> CompletionChunk:
         chunk = chunk_from_proto(message)
@@ -129,7 +130,8 @@ class Stream(_StreamState):
     def _wait_first_message(self) -> None:
         """Reads the first message now, so that a failure to start the call can still be retried."""
         self._first = self._read()
-        self.rate_limits = rate_limit_status(self._call.initial_metadata())
+        self._initial_metadata = tuple(self._call.initial_metadata() or ())
+        self.rate_limits = rate_limit_status(self._initial_metadata)
 
     def __next__(self) -> CompletionChunk:
         return next(self._chunks)
@@ -159,7 +161,7 @@ class Stream(_StreamState):
     def _read(self) -> pb.GenerateResponse | None:
         self._watchdog.waiting()
         try:
-            message = next(self._call)
+            message: pb.GenerateResponse = next(self._call)
         except StopIteration:
             return None
         except grpc.RpcError as rpc_error:
@@ -198,7 +200,8 @@ class AsyncStream(_StreamState):
 
     async def _wait_first_message(self) -> None:
         self._first = await self._read()
-        self.rate_limits = rate_limit_status(await self._call.initial_metadata())
+        self._initial_metadata = tuple(await self._call.initial_metadata() or ())
+        self.rate_limits = rate_limit_status(self._initial_metadata)
 
     async def __anext__(self) -> CompletionChunk:
         return await anext(self._chunks)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any, Final, Generic, Literal, NotRequired, TypedDict, TypeVar
+from typing import Any, Final, Generic, Literal, NotRequired, Self, TypedDict, TypeVar
+
+from ._models import BaseModel
 
 __all__ = [
+    "AsyncCursorPage",
+    "AsyncPage",
     "Batch",
     "BatchRequestCounts",
     "CursorPage",
@@ -26,6 +31,7 @@ __all__ = [
     "SpendAlert",
     "SpendLimit",
     "UsageGroupBy",
+    "ChatCompletionMessage",
     "ChatMessageParam",
     "Choice",
     "Completion",
@@ -120,20 +126,20 @@ class ResponseFormatParam(TypedDict):
 
 
 @dataclass(frozen=True, slots=True)
-class FunctionCall:
+class FunctionCall(BaseModel):
     name: str
     arguments: str  # a JSON object, as text; it follows the tool's parameters schema
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(BaseModel):
     id: str
     function: FunctionCall
     type: Literal["function"] = "function"
 
 
 @dataclass(frozen=True, slots=True)
-class PhaseUsage:
+class PhaseUsage(BaseModel):
     """What one phase (prefill or decode) of the request cost, and where it ran."""
 
     tokens: int
@@ -144,7 +150,7 @@ class PhaseUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -154,7 +160,7 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(BaseModel):
     """A finished generation; `id` is the gateway's request id. `text`, `token_ids` and `finish_reason`
     are the first choice's; `choices` holds every choice (n of them, in order). `usage` covers the whole
     request: the prompt once, every choice's output. `rate_limits`: where the caller stands with its rate
@@ -173,8 +179,18 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
-    """One of a completion's choices: its own sampled sequence of the prompt."""
+class ChatCompletionMessage(BaseModel):
+    """A chat choice's answer in OpenAI's shape: `content` is None when the answer is tool calls only."""
+
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(BaseModel):
+    """One of a completion's choices: its own sampled sequence of the prompt. `message` is set on chat
+    completions only (None for a prompt's completion); `text` is its content either way."""
 
     index: int
     text: str
@@ -182,10 +198,11 @@ class Choice:
     finish_reason: FinishReason
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
     tool_calls: list[ToolCall] | None = None  # when the answer is tool calls (finish_reason "tool_calls")
+    message: ChatCompletionMessage | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class TopLogprob:
+class TopLogprob(BaseModel):
     """One of the most likely tokens where an output token was sampled."""
 
     token: str
@@ -194,7 +211,7 @@ class TopLogprob:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenLogprob:
+class TokenLogprob(BaseModel):
     """An output token's logprob, under the distribution it was sampled from after logit_bias and the
     penalties, before temperature, top_k and top_p; `top_logprobs`: the most likely tokens there, most
     likely first. `token` is its text as the model's tokenizer decodes it alone."""
@@ -206,7 +223,7 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
-class RateLimitStatus:
+class RateLimitStatus(BaseModel):
     """Where the caller stands with its rate limits, as the gateway told it (`x-ratelimit-*`): for
     requests and for tokens, the most constraining limit per minute, what is left of it after this
     request, and the seconds until it is full again. None where that family has no limit."""
@@ -220,7 +237,7 @@ class RateLimitStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class CompletionChunk:
+class CompletionChunk(BaseModel):
     """One streamed delta of choice `index`; `id` is the request id. `finish_reason` is set on each
     choice's last chunk, `usage` (the whole request's) on the stream's last chunk only."""
 
@@ -235,7 +252,7 @@ class CompletionChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class Model:
+class Model(BaseModel):
     id: str
     context_length: int
     has_chat_template: bool
@@ -250,17 +267,87 @@ UsageGroupBy = Literal["phase", "model", "api_key"]
 InvoiceStatus = Literal["draft", "open", "paid", "void", "uncollectible"]
 
 
+class _SyncPages(BaseModel, Generic[T]):
+    """Auto-pagination, as openai-python's `SyncPage`: iterating a page yields its items and those of every
+    page after it, each fetched when reached; `iter_pages()` yields the pages."""
+
+    __slots__ = ()
+    data: list[T]
+    has_more: bool
+    _next_page: Callable[[], Self] | None
+
+    def has_next_page(self) -> bool:
+        # an empty page that claims more would be fetched forever
+        return self.has_more and bool(self.data) and self._next_page is not None
+
+    def get_next_page(self) -> Self:
+        if self._next_page is None or not self.has_next_page():
+            raise RuntimeError("No next page; check has_next_page() first")
+        return self._next_page()
+
+    def iter_pages(self) -> Iterator[Self]:
+        page = self
+        yield page
+        while page.has_next_page():
+            page = page.get_next_page()
+            yield page
+
+    def __iter__(self) -> Iterator[T]:
+        for page in self.iter_pages():
+            yield from page.data
+
+
+class _AsyncPages(BaseModel, Generic[T]):
+    """The asyncio twin of `_SyncPages` (openai-python's `AsyncPage`): `async for` walks every page."""
+
+    __slots__ = ()
+    data: list[T]
+    has_more: bool
+    _next_page: Callable[[], Awaitable[Self]] | None
+
+    def has_next_page(self) -> bool:
+        return self.has_more and bool(self.data) and self._next_page is not None
+
+    async def get_next_page(self) -> Self:
+        if self._next_page is None or not self.has_next_page():
+            raise RuntimeError("No next page; check has_next_page() first")
+        return await self._next_page()
+
+    async def iter_pages(self) -> AsyncIterator[Self]:
+        page = self
+        yield page
+        while page.has_next_page():
+            page = await page.get_next_page()
+            yield page
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        async for page in self.iter_pages():
+            for item in page.data:
+                yield item
+
+
 @dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    """One page of a list: `data`, whether more follows (`has_more`) and the `total` count."""
+class Page(_SyncPages[T]):
+    """One page of an offset list: `data`, whether more follows (`has_more`) and the `total` count."""
 
     data: list[T]
     has_more: bool
     total: int
+    _next_page: Callable[[], Self] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
-class ApiKey:
+class AsyncPage(_AsyncPages[T]):
+    """`Page` of the asyncio client."""
+
+    data: list[T]
+    has_more: bool
+    total: int
+    _next_page: Callable[[], Awaitable[Self]] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey(BaseModel):
     """An API key. `key`, the secret itself, is set only on the object `api_keys.create()` returns."""
 
     id: str
@@ -275,7 +362,7 @@ class ApiKey:
 
 
 @dataclass(frozen=True, slots=True)
-class DailyUsage:
+class DailyUsage(BaseModel):
     """Tokens and their price for one day and one group: a phase ("prefill", "cached_prefill",
     "decode"), a model name or an API key id, as asked by `group_by`."""
 
@@ -286,13 +373,13 @@ class DailyUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class SpendAlert:
+class SpendAlert(BaseModel):
     threshold_percent: int
     triggered_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
-class BillingSummary:
+class BillingSummary(BaseModel):
     """The current billing period: spend to date, its projection to the period's end, the limit."""
 
     period_start: date
@@ -305,12 +392,12 @@ class BillingSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class SpendLimit:
+class SpendLimit(BaseModel):
     limit_micros: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class OrganizationLimits:
+class OrganizationLimits(BaseModel):
     """The organization's per-minute rate limits (None: unlimited) and its spend limit per billing period
     (micro-dollars; set it with `admin.spend_limit.update`)."""
 
@@ -322,7 +409,7 @@ class OrganizationLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class ApiKeyLimits:
+class ApiKeyLimits(BaseModel):
     """One API key's per-minute rate limits (None: unlimited); the organization's apply on top."""
 
     api_key_id: str
@@ -332,7 +419,7 @@ class ApiKeyLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class InvoiceLine:
+class InvoiceLine(BaseModel):
     model: str
     phase: str
     tokens: int
@@ -342,7 +429,7 @@ class InvoiceLine:
 
 
 @dataclass(frozen=True, slots=True)
-class Invoice:
+class Invoice(BaseModel):
     id: str
     period_start: date
     period_end: date
@@ -357,16 +444,28 @@ class Invoice:
 
 
 @dataclass(frozen=True, slots=True)
-class CursorPage(Generic[T]):
-    """One page of a list, newest first: pass `last_id` as `after` for the next page while `has_more`."""
+class CursorPage(_SyncPages[T]):
+    """One page of a list, newest first: pass `last_id` as `after` for the next page while `has_more` (or
+    iterate the page, which does it)."""
 
     data: list[T]
     has_more: bool
     last_id: str | None
+    _next_page: Callable[[], Self] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
-class FileObject:
+class AsyncCursorPage(_AsyncPages[T]):
+    """`CursorPage` of the asyncio client."""
+
+    data: list[T]
+    has_more: bool
+    last_id: str | None
+    _next_page: Callable[[], Awaitable[Self]] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FileObject(BaseModel):
     """A JSON Lines file: a batch's input (purpose "batch") or its output or errors ("batch_output")."""
 
     id: str
@@ -377,14 +476,14 @@ class FileObject:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchRequestCounts:
+class BatchRequestCounts(BaseModel):
     total: int
     completed: int
     failed: int
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(BaseModel):
     """A batch of requests run in the background at batch priority and price. `status` is one of validating,
     in_progress, finalizing, completed, failed, expired, cancelling, cancelled; times are seconds since the
     epoch, None until reached."""

@@ -3,31 +3,39 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import completion_from_chunks
+from .._convert import call_metadata, completion_from_chunks
 from .._errors import error_from_rpc
+from .._response import record_headers
 from .._retry import with_retries, with_retries_async
 from .._streaming import AsyncStream, Stream
-from ..types import Completion
+from ..types import Completion, CompletionChunk
 
 if TYPE_CHECKING:
     from .._client import AsyncClient, Client
 
 
 def generate(
-    client: Client, request: pb.GenerateRequest, *, stream: bool, timeout: float | None
+    client: Client,
+    request: pb.GenerateRequest,
+    *,
+    stream: bool,
+    timeout: float | None,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> Completion | Stream:
     """Opens the call, retrying until its first message arrives, then streams or collects it."""
     deadline = client.timeout if timeout is None else timeout
+    metadata = call_metadata(client._metadata, extra_headers)
 
     def attempt() -> Stream:
         try:
-            call = client._transport.stub.Generate(request, timeout=deadline, metadata=client._metadata)
+            call = client._transport.stub.Generate(request, timeout=deadline, metadata=metadata)
         except grpc.RpcError as rpc_error:
             raise error_from_rpc(rpc_error, idempotency_key=request.idempotency_key) from rpc_error
         chunks = Stream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
@@ -39,21 +47,28 @@ def generate(
         return chunks
 
     chunks = with_retries(attempt, max_retries=client.max_retries)
+    record_headers(chunks._initial_metadata)
     if stream:
         return chunks
     with chunks:
-        completion = completion_from_chunks(list(chunks), model=request.model)
-    return dataclasses.replace(completion, rate_limits=chunks.rate_limits)
+        collected = list(chunks)
+    return _completion(request, collected, chunks)
 
 
 async def generate_async(
-    client: AsyncClient, request: pb.GenerateRequest, *, stream: bool, timeout: float | None
+    client: AsyncClient,
+    request: pb.GenerateRequest,
+    *,
+    stream: bool,
+    timeout: float | None,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> Completion | AsyncStream:
     """The asyncio twin of `generate`."""
     deadline = client.timeout if timeout is None else timeout
+    metadata = call_metadata(client._metadata, extra_headers)
 
     async def attempt() -> AsyncStream:
-        call = client._transport.stub.Generate(request, timeout=deadline, metadata=client._metadata)
+        call = client._transport.stub.Generate(request, timeout=deadline, metadata=metadata)
         chunks = AsyncStream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
         try:
             await chunks._wait_first_message()
@@ -63,8 +78,16 @@ async def generate_async(
         return chunks
 
     chunks = await with_retries_async(attempt, max_retries=client.max_retries)
+    record_headers(chunks._initial_metadata)
     if stream:
         return chunks
     async with chunks:
         collected = [chunk async for chunk in chunks]
-    return dataclasses.replace(completion_from_chunks(collected, model=request.model), rate_limits=chunks.rate_limits)
+    return _completion(request, collected, chunks)
+
+
+def _completion(
+    request: pb.GenerateRequest, chunks: Sequence[CompletionChunk], stream: Stream | AsyncStream
+) -> Completion:
+    completion = completion_from_chunks(chunks, model=request.model, chat=request.WhichOneof("input") == "chat")
+    return dataclasses.replace(completion, rate_limits=stream.rate_limits)

@@ -8,9 +8,11 @@ spend limit). The asyncio twins run each call in a worker thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Generic, TypeVar
 from urllib.parse import quote
 
 from .._admin_convert import (
@@ -23,10 +25,12 @@ from .._admin_convert import (
     page_from_json,
     spend_limit_from_json,
 )
+from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from ..types import (
     NOT_GIVEN,
     ApiKey,
     ApiKeyLimits,
+    AsyncPage,
     BillingSummary,
     DailyUsage,
     Invoice,
@@ -44,12 +48,17 @@ __all__ = ["Admin", "AsyncAdmin"]
 
 _GROUPS = ("phase", "model", "api_key")
 
+R = TypeVar("R")
+T = TypeVar("T")
+
 
 class _Resource:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def _request(self, method: str, path: str, *, query: dict | None = None, body: object = None) -> object:
+    def _request(
+        self, method: str, path: str, *, query: Mapping[str, object] | None = None, body: object = None
+    ) -> object:
         client = self._client
         return client._admin_transport.request(
             method, path, query=query, body=body, timeout=client.timeout, max_retries=client.max_retries
@@ -57,6 +66,10 @@ class _Resource:
 
 
 class Usage(_Resource):
+    @cached_property
+    def with_raw_response(self) -> UsageWithRawResponse:
+        return UsageWithRawResponse(self)
+
     def daily(self, *, start: date | str, end: date | str, group_by: UsageGroupBy = "phase") -> list[DailyUsage]:
         """Tokens and cost per day from `start` to `end` (inclusive), grouped by phase, model or API key."""
         if group_by not in _GROUPS:
@@ -66,12 +79,20 @@ class Usage(_Resource):
 
 
 class Billing(_Resource):
+    @cached_property
+    def with_raw_response(self) -> BillingWithRawResponse:
+        return BillingWithRawResponse(self)
+
     def current(self) -> BillingSummary:
         """The current period: amount to date, projection, spend limit and the alerts it triggered."""
         return billing_summary_from_json(self._request("GET", "/billing/current"))
 
 
 class SpendLimits(_Resource):
+    @cached_property
+    def with_raw_response(self) -> SpendLimitsWithRawResponse:
+        return SpendLimitsWithRawResponse(self)
+
     def retrieve(self) -> SpendLimit:
         return spend_limit_from_json(self._request("GET", "/spend-limit"))
 
@@ -88,6 +109,10 @@ class Limits(_Resource):
     """Per-minute rate limits of the organization and of each API key (None: unlimited). Anyone in the
     organization reads them; setting them needs the admin:write scope. The gateway applies a change
     within its key cache time (5 s)."""
+
+    @cached_property
+    def with_raw_response(self) -> LimitsWithRawResponse:
+        return LimitsWithRawResponse(self)
 
     def retrieve(self) -> OrganizationLimits:
         return organization_limits_from_json(self._request("GET", "/limits"))
@@ -138,9 +163,14 @@ def _limit_changes(requests: object, input_tokens: object, output_tokens: object
 
 
 class ApiKeys(_Resource):
+    @cached_property
+    def with_raw_response(self) -> ApiKeysWithRawResponse:
+        return ApiKeysWithRawResponse(self)
+
     def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[ApiKey]:
+        """A page of keys; iterating it walks all of them, fetching the next pages as it goes."""
         body = self._request("GET", "/api-keys", query={"limit": limit, "offset": offset})
-        return page_from_json(body, api_key_from_json)
+        return _offset_page(page_from_json(body, api_key_from_json), self.list, limit, offset)
 
     def create(self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None) -> ApiKey:
         """Issues a key; the returned object's `key` is the secret, shown this once."""
@@ -158,9 +188,14 @@ class ApiKeys(_Resource):
 
 
 class Invoices(_Resource):
+    @cached_property
+    def with_raw_response(self) -> InvoicesWithRawResponse:
+        return InvoicesWithRawResponse(self)
+
     def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[Invoice]:
+        """A page of invoices; iterating it walks all of them, fetching the next pages as it goes."""
         body = self._request("GET", "/invoices", query={"limit": limit, "offset": offset})
-        return page_from_json(body, invoice_from_json)
+        return _offset_page(page_from_json(body, invoice_from_json), self.list, limit, offset)
 
     def retrieve(self, invoice_id: str) -> Invoice:
         return invoice_from_json(self._request("GET", f"/invoices/{_segment(invoice_id)}"))
@@ -176,37 +211,50 @@ class Admin:
         self.limits = Limits(client)
 
 
-class _AsyncResource:
+class _AsyncResource(Generic[R]):
     """Runs the sync resource's methods in a worker thread."""
 
-    def __init__(self, sync_resource: _Resource) -> None:
+    def __init__(self, sync_resource: R) -> None:
         self._sync = sync_resource
 
-    async def _run(self, method_name: str, *args, **kwargs):
-        return await asyncio.to_thread(getattr(self._sync, method_name), *args, **kwargs)
 
+class AsyncUsage(_AsyncResource[Usage]):
+    @cached_property
+    def with_raw_response(self) -> AsyncUsageWithRawResponse:
+        return AsyncUsageWithRawResponse(self)
 
-class AsyncUsage(_AsyncResource):
     async def daily(self, *, start: date | str, end: date | str, group_by: UsageGroupBy = "phase") -> list[DailyUsage]:
-        return await self._run("daily", start=start, end=end, group_by=group_by)
+        return await asyncio.to_thread(self._sync.daily, start=start, end=end, group_by=group_by)
 
 
-class AsyncBilling(_AsyncResource):
+class AsyncBilling(_AsyncResource[Billing]):
+    @cached_property
+    def with_raw_response(self) -> AsyncBillingWithRawResponse:
+        return AsyncBillingWithRawResponse(self)
+
     async def current(self) -> BillingSummary:
-        return await self._run("current")
+        return await asyncio.to_thread(self._sync.current)
 
 
-class AsyncSpendLimits(_AsyncResource):
+class AsyncSpendLimits(_AsyncResource[SpendLimits]):
+    @cached_property
+    def with_raw_response(self) -> AsyncSpendLimitsWithRawResponse:
+        return AsyncSpendLimitsWithRawResponse(self)
+
     async def retrieve(self) -> SpendLimit:
-        return await self._run("retrieve")
+        return await asyncio.to_thread(self._sync.retrieve)
 
     async def update(self, *, limit_micros: int | None) -> SpendLimit:
-        return await self._run("update", limit_micros=limit_micros)
+        return await asyncio.to_thread(self._sync.update, limit_micros=limit_micros)
 
 
-class AsyncLimits(_AsyncResource):
+class AsyncLimits(_AsyncResource[Limits]):
+    @cached_property
+    def with_raw_response(self) -> AsyncLimitsWithRawResponse:
+        return AsyncLimitsWithRawResponse(self)
+
     async def retrieve(self) -> OrganizationLimits:
-        return await self._run("retrieve")
+        return await asyncio.to_thread(self._sync.retrieve)
 
     async def update(
         self,
@@ -215,15 +263,15 @@ class AsyncLimits(_AsyncResource):
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
     ) -> OrganizationLimits:
-        return await self._run(
-            "update",
+        return await asyncio.to_thread(
+            self._sync.update,
             requests_per_minute=requests_per_minute,
             input_tokens_per_minute=input_tokens_per_minute,
             output_tokens_per_minute=output_tokens_per_minute,
         )
 
     async def retrieve_key(self, key_id: str) -> ApiKeyLimits:
-        return await self._run("retrieve_key", key_id)
+        return await asyncio.to_thread(self._sync.retrieve_key, key_id)
 
     async def update_key(
         self,
@@ -233,8 +281,8 @@ class AsyncLimits(_AsyncResource):
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
     ) -> ApiKeyLimits:
-        return await self._run(
-            "update_key",
+        return await asyncio.to_thread(
+            self._sync.update_key,
             key_id,
             requests_per_minute=requests_per_minute,
             input_tokens_per_minute=input_tokens_per_minute,
@@ -242,28 +290,40 @@ class AsyncLimits(_AsyncResource):
         )
 
 
-class AsyncApiKeys(_AsyncResource):
-    async def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[ApiKey]:
-        return await self._run("list", limit=limit, offset=offset)
+class AsyncApiKeys(_AsyncResource[ApiKeys]):
+    @cached_property
+    def with_raw_response(self) -> AsyncApiKeysWithRawResponse:
+        return AsyncApiKeysWithRawResponse(self)
+
+    async def list(self, *, limit: int | None = None, offset: int | None = None) -> AsyncPage[ApiKey]:
+        """A page of keys; `async for` over it walks all of them, fetching the next pages as it goes."""
+        page = await asyncio.to_thread(self._sync.list, limit=limit, offset=offset)
+        return _async_offset_page(page, self.list, limit, offset)
 
     async def create(
         self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
     ) -> ApiKey:
-        return await self._run("create", name=name, scopes=scopes, expires_at=expires_at)
+        return await asyncio.to_thread(self._sync.create, name=name, scopes=scopes, expires_at=expires_at)
 
     async def retrieve(self, key_id: str) -> ApiKey:
-        return await self._run("retrieve", key_id)
+        return await asyncio.to_thread(self._sync.retrieve, key_id)
 
     async def revoke(self, key_id: str) -> ApiKey:
-        return await self._run("revoke", key_id)
+        return await asyncio.to_thread(self._sync.revoke, key_id)
 
 
-class AsyncInvoices(_AsyncResource):
-    async def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[Invoice]:
-        return await self._run("list", limit=limit, offset=offset)
+class AsyncInvoices(_AsyncResource[Invoices]):
+    @cached_property
+    def with_raw_response(self) -> AsyncInvoicesWithRawResponse:
+        return AsyncInvoicesWithRawResponse(self)
+
+    async def list(self, *, limit: int | None = None, offset: int | None = None) -> AsyncPage[Invoice]:
+        """A page of invoices; `async for` over it walks all of them, fetching the next pages as it goes."""
+        page = await asyncio.to_thread(self._sync.list, limit=limit, offset=offset)
+        return _async_offset_page(page, self.list, limit, offset)
 
     async def retrieve(self, invoice_id: str) -> Invoice:
-        return await self._run("retrieve", invoice_id)
+        return await asyncio.to_thread(self._sync.retrieve, invoice_id)
 
 
 class AsyncAdmin:
@@ -275,6 +335,19 @@ class AsyncAdmin:
         self.api_keys = AsyncApiKeys(sync.api_keys)
         self.invoices = AsyncInvoices(sync.invoices)
         self.limits = AsyncLimits(sync.limits)
+
+
+def _offset_page(page: Page[T], fetch: Callable[..., Page[T]], limit: int | None, offset: int | None) -> Page[T]:
+    """The page, knowing how to fetch the one after it: the same limit, from where this one ended."""
+    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data))
+    return dataclasses.replace(page, _next_page=following)
+
+
+def _async_offset_page(
+    page: Page[T], fetch: Callable[..., Awaitable[AsyncPage[T]]], limit: int | None, offset: int | None
+) -> AsyncPage[T]:
+    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data))
+    return AsyncPage(data=page.data, has_more=page.has_more, total=page.total, _next_page=following)
 
 
 def _day(value: date | str) -> str:
@@ -290,3 +363,79 @@ def _segment(identifier: str) -> str:
     if not isinstance(identifier, str) or not identifier:
         raise ValueError(f"expected a non-empty id, not {identifier!r}")
     return quote(identifier, safe="")
+
+
+class UsageWithRawResponse:
+    def __init__(self, resource: Usage) -> None:
+        self.daily = to_raw_response_wrapper(resource.daily)
+
+
+class BillingWithRawResponse:
+    def __init__(self, resource: Billing) -> None:
+        self.current = to_raw_response_wrapper(resource.current)
+
+
+class SpendLimitsWithRawResponse:
+    def __init__(self, resource: SpendLimits) -> None:
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+        self.update = to_raw_response_wrapper(resource.update)
+
+
+class LimitsWithRawResponse:
+    def __init__(self, resource: Limits) -> None:
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+        self.update = to_raw_response_wrapper(resource.update)
+        self.retrieve_key = to_raw_response_wrapper(resource.retrieve_key)
+        self.update_key = to_raw_response_wrapper(resource.update_key)
+
+
+class ApiKeysWithRawResponse:
+    def __init__(self, resource: ApiKeys) -> None:
+        self.list = to_raw_response_wrapper(resource.list)
+        self.create = to_raw_response_wrapper(resource.create)
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+        self.revoke = to_raw_response_wrapper(resource.revoke)
+
+
+class InvoicesWithRawResponse:
+    def __init__(self, resource: Invoices) -> None:
+        self.list = to_raw_response_wrapper(resource.list)
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+
+
+class AsyncUsageWithRawResponse:
+    def __init__(self, resource: AsyncUsage) -> None:
+        self.daily = async_to_raw_response_wrapper(resource.daily)
+
+
+class AsyncBillingWithRawResponse:
+    def __init__(self, resource: AsyncBilling) -> None:
+        self.current = async_to_raw_response_wrapper(resource.current)
+
+
+class AsyncSpendLimitsWithRawResponse:
+    def __init__(self, resource: AsyncSpendLimits) -> None:
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+        self.update = async_to_raw_response_wrapper(resource.update)
+
+
+class AsyncLimitsWithRawResponse:
+    def __init__(self, resource: AsyncLimits) -> None:
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+        self.update = async_to_raw_response_wrapper(resource.update)
+        self.retrieve_key = async_to_raw_response_wrapper(resource.retrieve_key)
+        self.update_key = async_to_raw_response_wrapper(resource.update_key)
+
+
+class AsyncApiKeysWithRawResponse:
+    def __init__(self, resource: AsyncApiKeys) -> None:
+        self.list = async_to_raw_response_wrapper(resource.list)
+        self.create = async_to_raw_response_wrapper(resource.create)
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+        self.revoke = async_to_raw_response_wrapper(resource.revoke)
+
+
+class AsyncInvoicesWithRawResponse:
+    def __init__(self, resource: AsyncInvoices) -> None:
+        self.list = async_to_raw_response_wrapper(resource.list)
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)

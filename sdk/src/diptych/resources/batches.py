@@ -7,14 +7,18 @@ Any key with the inference scope may use them. The asyncio twins run each call i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
+from collections.abc import Mapping
+from functools import cached_property, partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 from urllib.parse import quote
 
 from .._batch_convert import batch_from_json, cursor_page_from_json, file_from_json
-from ..types import Batch, CursorPage, FileObject
+from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
+from ..types import AsyncCursorPage, Batch, CursorPage, FileObject
 
 if TYPE_CHECKING:
     from .._client import AsyncClient, Client
@@ -22,21 +26,41 @@ if TYPE_CHECKING:
 __all__ = ["Files", "AsyncFiles", "Batches", "AsyncBatches", "FileInput"]
 
 # bytes, a path, an open binary file, or (filename, bytes)
-FileInput = bytes | str | os.PathLike | IO[bytes] | tuple[str, bytes]
+FileInput = bytes | str | os.PathLike[str] | IO[bytes] | tuple[str, bytes]
 
 
 class _Resource:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def _request(self, method: str, path: str, **options) -> object:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, object] | None = None,
+        body: object = None,
+        content: tuple[bytes, str] | None = None,
+        raw: bool = False,
+    ) -> object:
         client = self._client
         return client._admin_transport.request(
-            method, path, timeout=client.timeout, max_retries=client.max_retries, **options
+            method,
+            path,
+            query=query,
+            body=body,
+            content=content,
+            raw=raw,
+            timeout=client.timeout,
+            max_retries=client.max_retries,
         )
 
 
 class Files(_Resource):
+    @cached_property
+    def with_raw_response(self) -> FilesWithRawResponse:
+        return FilesWithRawResponse(self)
+
     def create(self, *, file: FileInput, purpose: str = "batch") -> FileObject:
         """Uploads a JSON Lines file of requests; each line is checked, and a bad one is refused by number."""
         name, content = _read(file)
@@ -46,8 +70,12 @@ class Files(_Resource):
         return file_from_json(self._request("GET", f"/files/{_segment(file_id)}"))
 
     def list(self, *, purpose: str | None = None, limit: int = 20, after: str | None = None) -> CursorPage[FileObject]:
+        """A page of files, newest first; iterating it walks all of them, fetching the next pages as it goes."""
         query = {"purpose": purpose, "limit": limit, "after": after}
-        return cursor_page_from_json(self._request("GET", "/files", query=query), file_from_json)
+        page = cursor_page_from_json(self._request("GET", "/files", query=query), file_from_json)
+        return dataclasses.replace(
+            page, _next_page=partial(self.list, purpose=purpose, limit=limit, after=page.last_id)
+        )
 
     def content(self, file_id: str) -> bytes:
         """The file's bytes: JSON Lines."""
@@ -60,6 +88,10 @@ class Files(_Resource):
 
 
 class Batches(_Resource):
+    @cached_property
+    def with_raw_response(self) -> BatchesWithRawResponse:
+        return BatchesWithRawResponse(self)
+
     def create(
         self,
         *,
@@ -80,49 +112,56 @@ class Batches(_Resource):
         return batch_from_json(self._request("GET", f"/batches/{_segment(batch_id)}"))
 
     def list(self, *, limit: int = 20, after: str | None = None) -> CursorPage[Batch]:
+        """A page of batches, newest first; iterating it walks all of them, fetching the next pages as it goes."""
         body = self._request("GET", "/batches", query={"limit": limit, "after": after})
-        return cursor_page_from_json(body, batch_from_json)
+        page = cursor_page_from_json(body, batch_from_json)
+        return dataclasses.replace(page, _next_page=partial(self.list, limit=limit, after=page.last_id))
 
     def cancel(self, batch_id: str) -> Batch:
         """Stops sending the batch's requests; those already answered stay in its output file."""
         return batch_from_json(self._request("POST", f"/batches/{_segment(batch_id)}/cancel"))
 
 
-class _AsyncResource:
-    """Runs the sync resource's methods in a worker thread."""
+class AsyncFiles:
+    """The asyncio twin of `Files`; each call runs in a worker thread."""
 
-    def __init__(self, sync_resource: _Resource) -> None:
-        self._sync = sync_resource
-
-    async def _run(self, method_name: str, *args, **kwargs):
-        return await asyncio.to_thread(getattr(self._sync, method_name), *args, **kwargs)
-
-
-class AsyncFiles(_AsyncResource):
     def __init__(self, client: AsyncClient) -> None:
-        super().__init__(Files(client))  # type: ignore[arg-type]  # only the options and the HTTP transport
+        self._sync = Files(client)  # type: ignore[arg-type]  # only the options and the HTTP transport
+
+    @cached_property
+    def with_raw_response(self) -> AsyncFilesWithRawResponse:
+        return AsyncFilesWithRawResponse(self)
 
     async def create(self, *, file: FileInput, purpose: str = "batch") -> FileObject:
-        return await self._run("create", file=file, purpose=purpose)
+        return await asyncio.to_thread(self._sync.create, file=file, purpose=purpose)
 
     async def retrieve(self, file_id: str) -> FileObject:
-        return await self._run("retrieve", file_id)
+        return await asyncio.to_thread(self._sync.retrieve, file_id)
 
     async def list(
         self, *, purpose: str | None = None, limit: int = 20, after: str | None = None
-    ) -> CursorPage[FileObject]:
-        return await self._run("list", purpose=purpose, limit=limit, after=after)
+    ) -> AsyncCursorPage[FileObject]:
+        """A page of files; `async for` over it walks all of them, fetching the next pages as it goes."""
+        page = await asyncio.to_thread(self._sync.list, purpose=purpose, limit=limit, after=after)
+        following = partial(self.list, purpose=purpose, limit=limit, after=page.last_id)
+        return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
 
     async def content(self, file_id: str) -> bytes:
-        return await self._run("content", file_id)
+        return await asyncio.to_thread(self._sync.content, file_id)
 
     async def delete(self, file_id: str) -> bool:
-        return await self._run("delete", file_id)
+        return await asyncio.to_thread(self._sync.delete, file_id)
 
 
-class AsyncBatches(_AsyncResource):
+class AsyncBatches:
+    """The asyncio twin of `Batches`; each call runs in a worker thread."""
+
     def __init__(self, client: AsyncClient) -> None:
-        super().__init__(Batches(client))  # type: ignore[arg-type]  # only the options and the HTTP transport
+        self._sync = Batches(client)  # type: ignore[arg-type]  # only the options and the HTTP transport
+
+    @cached_property
+    def with_raw_response(self) -> AsyncBatchesWithRawResponse:
+        return AsyncBatchesWithRawResponse(self)
 
     async def create(
         self,
@@ -132,8 +171,8 @@ class AsyncBatches(_AsyncResource):
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
     ) -> Batch:
-        return await self._run(
-            "create",
+        return await asyncio.to_thread(
+            self._sync.create,
             input_file_id=input_file_id,
             endpoint=endpoint,
             completion_window=completion_window,
@@ -141,13 +180,16 @@ class AsyncBatches(_AsyncResource):
         )
 
     async def retrieve(self, batch_id: str) -> Batch:
-        return await self._run("retrieve", batch_id)
+        return await asyncio.to_thread(self._sync.retrieve, batch_id)
 
-    async def list(self, *, limit: int = 20, after: str | None = None) -> CursorPage[Batch]:
-        return await self._run("list", limit=limit, after=after)
+    async def list(self, *, limit: int = 20, after: str | None = None) -> AsyncCursorPage[Batch]:
+        """A page of batches; `async for` over it walks all of them, fetching the next pages as it goes."""
+        page = await asyncio.to_thread(self._sync.list, limit=limit, after=after)
+        following = partial(self.list, limit=limit, after=page.last_id)
+        return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
 
     async def cancel(self, batch_id: str) -> Batch:
-        return await self._run("cancel", batch_id)
+        return await asyncio.to_thread(self._sync.cancel, batch_id)
 
 
 def _read(file: FileInput) -> tuple[str, bytes]:
@@ -181,3 +223,37 @@ def _multipart(fields: dict[str, str], filename: str, content: bytes) -> tuple[b
 
 def _segment(identifier: str) -> str:
     return quote(identifier, safe="")
+
+
+class FilesWithRawResponse:
+    def __init__(self, resource: Files) -> None:
+        self.create = to_raw_response_wrapper(resource.create)
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+        self.list = to_raw_response_wrapper(resource.list)
+        self.content = to_raw_response_wrapper(resource.content)
+        self.delete = to_raw_response_wrapper(resource.delete)
+
+
+class BatchesWithRawResponse:
+    def __init__(self, resource: Batches) -> None:
+        self.create = to_raw_response_wrapper(resource.create)
+        self.retrieve = to_raw_response_wrapper(resource.retrieve)
+        self.list = to_raw_response_wrapper(resource.list)
+        self.cancel = to_raw_response_wrapper(resource.cancel)
+
+
+class AsyncFilesWithRawResponse:
+    def __init__(self, resource: AsyncFiles) -> None:
+        self.create = async_to_raw_response_wrapper(resource.create)
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+        self.list = async_to_raw_response_wrapper(resource.list)
+        self.content = async_to_raw_response_wrapper(resource.content)
+        self.delete = async_to_raw_response_wrapper(resource.delete)
+
+
+class AsyncBatchesWithRawResponse:
+    def __init__(self, resource: AsyncBatches) -> None:
+        self.create = async_to_raw_response_wrapper(resource.create)
+        self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+        self.list = async_to_raw_response_wrapper(resource.list)
+        self.cancel = async_to_raw_response_wrapper(resource.cancel)

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal, overload
 
 from .._convert import chat_input, generate_request, new_idempotency_key, structured_input
+from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
 from ..types import ChatMessageParam, Completion, Priority, ResponseFormatParam, ToolChoiceParam, ToolParam
 from ._generate import generate, generate_async
@@ -17,6 +19,12 @@ __all__ = ["Chat", "AsyncChat", "ChatCompletions", "AsyncChatCompletions"]
 class ChatCompletions:
     def __init__(self, client: Client) -> None:
         self._client = client
+
+    @cached_property
+    def with_raw_response(self) -> ChatCompletionsWithRawResponse:
+        """`create` answering an `APIResponse`: the gateway's metadata (`headers`, `request_id`, `rate_limits`)
+        and `parse()`, the usual result."""
+        return ChatCompletionsWithRawResponse(self)
 
     @overload
     def create(
@@ -46,6 +54,8 @@ class ChatCompletions:
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion: ...
 
     @overload
@@ -76,6 +86,8 @@ class ChatCompletions:
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Stream: ...
 
     def create(
@@ -105,6 +117,8 @@ class ChatCompletions:
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion | Stream:
         """Answers the conversation in `messages`, rendered with the model's chat template.
 
@@ -130,11 +144,17 @@ class ChatCompletions:
         {"type": "function", "function": {"name": ...}} makes it call, "none" answer; calls come back as
         `Choice.tool_calls` (finish_reason "tool_calls"), their arguments following the tool's
         parameters schema. `parallel_tool_calls=False` allows one call per answer.
+
+        `extra_headers` go as extra gRPC metadata (names in lower case; a name the client sends too, such
+        as authorization, takes this value). `extra_body` sets fields of the API's GenerateRequest by
+        name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
+        refused with ValueError before sending, never dropped.
         """
         request = generate_request(
             model=model,
             input_field=chat_input(messages),
             idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+            extra_body=extra_body,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -152,12 +172,16 @@ class ChatCompletions:
             top_logprobs=top_logprobs,
             structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
         )
-        return generate(self._client, request, stream=stream, timeout=timeout)
+        return generate(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
 
 
 class AsyncChatCompletions:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
+
+    @cached_property
+    def with_raw_response(self) -> AsyncChatCompletionsWithRawResponse:
+        return AsyncChatCompletionsWithRawResponse(self)
 
     @overload
     async def create(
@@ -187,6 +211,8 @@ class AsyncChatCompletions:
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion: ...
 
     @overload
@@ -217,6 +243,8 @@ class AsyncChatCompletions:
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> AsyncStream: ...
 
     async def create(
@@ -246,12 +274,15 @@ class AsyncChatCompletions:
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion | AsyncStream:
         """The asyncio twin of `ChatCompletions.create`."""
         request = generate_request(
             model=model,
             input_field=chat_input(messages),
             idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+            extra_body=extra_body,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -269,7 +300,17 @@ class AsyncChatCompletions:
             top_logprobs=top_logprobs,
             structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
         )
-        return await generate_async(self._client, request, stream=stream, timeout=timeout)
+        return await generate_async(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
+
+
+class ChatCompletionsWithRawResponse:
+    def __init__(self, completions: ChatCompletions) -> None:
+        self.create = to_raw_response_wrapper(completions.create)
+
+
+class AsyncChatCompletionsWithRawResponse:
+    def __init__(self, completions: AsyncChatCompletions) -> None:
+        self.create = async_to_raw_response_wrapper(completions.create)
 
 
 class Chat:

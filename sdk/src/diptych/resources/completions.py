@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal, overload
 
 from .._convert import generate_request, new_idempotency_key, prompt_input
+from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
 from ..types import Completion, Priority
 from ._generate import generate, generate_async
@@ -17,6 +19,12 @@ __all__ = ["Completions", "AsyncCompletions"]
 class Completions:
     def __init__(self, client: Client) -> None:
         self._client = client
+
+    @cached_property
+    def with_raw_response(self) -> CompletionsWithRawResponse:
+        """`create` answering an `APIResponse`: the gateway's metadata (`headers`, `request_id`, `rate_limits`)
+        and `parse()`, the usual result."""
+        return CompletionsWithRawResponse(self)
 
     @overload
     def create(
@@ -41,6 +49,8 @@ class Completions:
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion: ...
 
     @overload
@@ -66,6 +76,8 @@ class Completions:
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Stream: ...
 
     def create(
@@ -90,6 +102,8 @@ class Completions:
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion | Stream:
         """Completes `prompt`, given as text or as token ids.
 
@@ -107,11 +121,17 @@ class Completions:
         to 100}) adds to tokens' logits. `logprobs` (0 to 5) returns each output token's logprob
         (`Choice.logprobs`, `CompletionChunk.logprobs`) with that many of the most likely tokens; both
         are taken after logit_bias and the penalties, before temperature, top_k and top_p.
+
+        `extra_headers` go as extra gRPC metadata (names in lower case; a name the client sends too, such
+        as authorization, takes this value). `extra_body` sets fields of the API's GenerateRequest by
+        name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
+        refused with ValueError before sending, never dropped.
         """
         request = generate_request(
             model=model,
             input_field=prompt_input(prompt),
             idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+            extra_body=extra_body,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -128,12 +148,16 @@ class Completions:
             logprobs=logprobs is not None,
             top_logprobs=logprobs,
         )
-        return generate(self._client, request, stream=stream, timeout=timeout)
+        return generate(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
 
 
 class AsyncCompletions:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
+
+    @cached_property
+    def with_raw_response(self) -> AsyncCompletionsWithRawResponse:
+        return AsyncCompletionsWithRawResponse(self)
 
     @overload
     async def create(
@@ -158,6 +182,8 @@ class AsyncCompletions:
         stream: Literal[False] = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion: ...
 
     @overload
@@ -183,6 +209,8 @@ class AsyncCompletions:
         stream: Literal[True],
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> AsyncStream: ...
 
     async def create(
@@ -207,12 +235,15 @@ class AsyncCompletions:
         stream: bool = False,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ) -> Completion | AsyncStream:
         """The asyncio twin of `Completions.create`."""
         request = generate_request(
             model=model,
             input_field=prompt_input(prompt),
             idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+            extra_body=extra_body,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -229,4 +260,14 @@ class AsyncCompletions:
             logprobs=logprobs is not None,
             top_logprobs=logprobs,
         )
-        return await generate_async(self._client, request, stream=stream, timeout=timeout)
+        return await generate_async(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
+
+
+class CompletionsWithRawResponse:
+    def __init__(self, completions: Completions) -> None:
+        self.create = to_raw_response_wrapper(completions.create)
+
+
+class AsyncCompletionsWithRawResponse:
+    def __init__(self, completions: AsyncCompletions) -> None:
+        self.create = async_to_raw_response_wrapper(completions.create)
