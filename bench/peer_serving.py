@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.model_dir / "config.json").exists():
             log(f"saving {args.model} to {args.model_dir} with `diptych model save`")
             save_model(args.model, args.model_dir)
-        platform = start_platform(Path(scratch), args.model, 2048, args.threads, args.threads, log)
+        platform = start_platform(Path(scratch), args.model, args.context_length, args.threads, args.threads, log)
         stack.callback(platform.stop)
         for mode in MODES:
             stack.enter_context(platform.serving(mode))
@@ -204,6 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--aiperf", default="aiperf", help="aiperf's executable")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--requests", type=int, default=96, help="requests per aiperf run")
+    parser.add_argument("--context-length", type=int, default=1024, help="as the model allows (1024 for the built-ins)")
     parser.add_argument("--isl", type=int, default=128)
     parser.add_argument("--osl", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
