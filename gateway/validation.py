@@ -77,6 +77,7 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
             _with_controls(_sampling(request, model, len(prompt)), request, len(tokenizer)), grammar=structure.grammar
         ),
         tools=structure.tools,
+        tool_named=structure.tool_named,
         stop=_stop_strings(request.stop),
         priority=priority,
     )

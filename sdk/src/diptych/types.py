@@ -60,7 +60,8 @@ Priority = Literal["interactive", "batch"]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 """"stop": end of sequence or a stop string; "length": max_tokens or the context length reached;
-"tool_calls": the answer is tool calls (`Choice.tool_calls`)."""
+"tool_calls": the answer is tool calls (`Choice.tool_calls`); calls of a function `tool_choice` named
+finish as "stop", as OpenAI's do."""
 
 
 class FunctionCallParam(TypedDict):
