@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway import openai_params
 from gateway.batch_api import BatchApiProxy
+from gateway.http_server import REQUEST_ID_HEADER, name_answer
 from gateway.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.logprobs import CompletionLogprobs, chat_logprobs
 from gateway.openai_tools import BadParam, message_tool_fields, structured_fields, tool_call_deltas, tool_calls_json
@@ -100,6 +101,7 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     api = OpenAiApi(pipeline)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app.on_startup.append(start_parsers)
+    app.on_response_prepare.append(_name_answer)
     if batch_api is not None:
         batch_api.add_routes(app)
     app.router.add_get("/v1/models", api.models)
@@ -187,9 +189,10 @@ class OpenAiApi:
                     lasts[output.index] = output
                     logprobs.setdefault(output.index, []).extend(output.logprobs or ())
         except GatewayError as error:
-            return _error_response(error)
+            return _execution_error(error, admitted)
         if not lasts:  # the pipeline ends every execution with an output or an error
-            return _error_response(GatewayError(ErrorKind.INTERNAL, "the generation ended without a response"))
+            missing = GatewayError(ErrorKind.INTERNAL, "the generation ended without a response")
+            return _execution_error(missing, admitted)
         usage = next((last.usage for last in lasts.values() if last.usage is not None), None)
         parts = [("".join(texts[index]), lasts[index]) for index in sorted(lasts)]
         asked = logprobs if admitted.plan.sampling.logprobs else None
@@ -325,6 +328,10 @@ def _model(name: str) -> dict:
 
 async def _send(response: web.StreamResponse, payload: dict) -> None:
     await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _name_answer(request: web.Request, response: web.StreamResponse) -> None:
+    name_answer(response)
 
 
 @web.middleware
@@ -605,11 +612,18 @@ def _error_response(error: GatewayError) -> web.Response:
     return web.json_response({"error": _error_body(error)}, status=status, headers=headers)
 
 
+def _execution_error(error: GatewayError, admitted: Admitted) -> web.Response:
+    """The error that ended an execution, named by its id."""
+    response = _error_response(error)
+    response.headers[REQUEST_ID_HEADER] = admitted.execution_id
+    return response
+
+
 def _json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status)
 
 
 def _response_headers(admitted: Admitted) -> dict[str, str]:
     """The gRPC API's initial metadata as headers; the rate-limit names are the same in both."""
-    names = {"request-id": "X-Request-Id", "idempotent-replayed": "Idempotent-Replayed"}
+    names = {"request-id": REQUEST_ID_HEADER, "idempotent-replayed": "Idempotent-Replayed"}
     return {names.get(key, key): value for key, value in admitted.response_metadata}
