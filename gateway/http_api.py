@@ -21,6 +21,7 @@ from gateway.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.logprobs import CompletionLogprobs, chat_logprobs
 from gateway.openai_tools import BadParam, message_tool_fields, structured_fields, tool_call_deltas, tool_calls_json
 from gateway.pipeline import Admitted, Pipeline
+from gateway.registry import ModelInfo
 from gateway.types import (
     ChatMessage,
     ErrorKind,
@@ -129,7 +130,8 @@ class OpenAiApi:
             _, limits = await self._pipeline.authenticate(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
-        models = [_model(name) for name in sorted(self._pipeline.registry.models)]
+        registry = self._pipeline.registry.models
+        models = [_model(registry[name]) for name in sorted(registry)]
         return web.json_response({"object": "list", "data": models}, headers=dict(limits))
 
     async def model(self, request: web.Request) -> web.Response:
@@ -142,7 +144,7 @@ class OpenAiApi:
             missing = GatewayError(ErrorKind.NOT_FOUND, f"model '{name}' does not exist")
             missing.rate_limit_metadata = limits
             return _error_response(missing)
-        return web.json_response(_model(name), headers=dict(limits))
+        return web.json_response(_model(self._pipeline.registry.models[name]), headers=dict(limits))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -322,8 +324,8 @@ def _usage(usage: Usage | None) -> dict | None:
     }
 
 
-def _model(name: str) -> dict:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "diptych"}
+def _model(model: ModelInfo) -> dict:
+    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "diptych"}
 
 
 async def _send(response: web.StreamResponse, payload: dict) -> None:
