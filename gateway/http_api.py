@@ -33,7 +33,7 @@ from gateway.types import (
     Usage,
     as_float32,
 )
-from gateway.validation import MAX_CHOICES, MAX_TOP_LOGPROBS, check_counts, is_client_label
+from gateway.validation import CHAT_ROLES, MAX_CHOICES, MAX_TOP_LOGPROBS, check_counts, is_client_label
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 MAX_CONTENT_PARTS = 1024  # text parts of one message
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: the most likely tokens per token, as OpenAI's
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 _STATUS = {
     ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -462,7 +461,7 @@ def _chat(messages) -> list[ChatMessage]:
         content = message.get("content")
         if content is None and tool_fields.get("tool_calls"):  # an assistant's turn of calls alone
             content = ""
-        chat.append(ChatMessage(CHAT_ROLES[role], _content(content, index), **tool_fields))
+        chat.append(ChatMessage(role, _content(content, index), **tool_fields))
     return chat
 
 

@@ -78,7 +78,7 @@ class ToolCallParam(TypedDict):
 
 
 class ChatMessageParam(TypedDict):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # "developer" is read as "system"
     content: str | None
     tool_calls: NotRequired[list[ToolCallParam]]  # an assistant's calls
     tool_call_id: NotRequired[str]  # a tool message: the call it answers
