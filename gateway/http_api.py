@@ -16,10 +16,12 @@ from aiohttp import web
 
 from gateway import openai_params
 from gateway.batch_api import BatchApiProxy
+from gateway.http_server import REQUEST_ID_HEADER, name_answer
 from gateway.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.logprobs import CompletionLogprobs, chat_logprobs
 from gateway.openai_tools import BadParam, message_tool_fields, structured_fields, tool_call_deltas, tool_calls_json
 from gateway.pipeline import Admitted, Pipeline
+from gateway.registry import ModelInfo
 from gateway.types import (
     ChatMessage,
     ErrorKind,
@@ -31,7 +33,7 @@ from gateway.types import (
     Usage,
     as_float32,
 )
-from gateway.validation import MAX_CHOICES, MAX_TOP_LOGPROBS, check_counts, is_client_label
+from gateway.validation import CHAT_ROLES, MAX_CHOICES, MAX_TOP_LOGPROBS, check_counts, is_client_label
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,6 @@ UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 MAX_CONTENT_PARTS = 1024  # text parts of one message
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: the most likely tokens per token, as OpenAI's
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 _STATUS = {
     ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -100,6 +101,7 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     api = OpenAiApi(pipeline)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app.on_startup.append(start_parsers)
+    app.on_response_prepare.append(_name_answer)
     if batch_api is not None:
         batch_api.add_routes(app)
     app.router.add_get("/v1/models", api.models)
@@ -127,7 +129,8 @@ class OpenAiApi:
             _, limits = await self._pipeline.authenticate(_authorization(request), request.remote or "")
         except GatewayError as error:
             return _error_response(error)
-        models = [_model(name) for name in sorted(self._pipeline.registry.models)]
+        registry = self._pipeline.registry.models
+        models = [_model(registry[name]) for name in sorted(registry)]
         return web.json_response({"object": "list", "data": models}, headers=dict(limits))
 
     async def model(self, request: web.Request) -> web.Response:
@@ -140,7 +143,7 @@ class OpenAiApi:
             missing = GatewayError(ErrorKind.NOT_FOUND, f"model '{name}' does not exist")
             missing.rate_limit_metadata = limits
             return _error_response(missing)
-        return web.json_response(_model(name), headers=dict(limits))
+        return web.json_response(_model(self._pipeline.registry.models[name]), headers=dict(limits))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -187,9 +190,10 @@ class OpenAiApi:
                     lasts[output.index] = output
                     logprobs.setdefault(output.index, []).extend(output.logprobs or ())
         except GatewayError as error:
-            return _error_response(error)
+            return _execution_error(error, admitted)
         if not lasts:  # the pipeline ends every execution with an output or an error
-            return _error_response(GatewayError(ErrorKind.INTERNAL, "the generation ended without a response"))
+            missing = GatewayError(ErrorKind.INTERNAL, "the generation ended without a response")
+            return _execution_error(missing, admitted)
         usage = next((last.usage for last in lasts.values() if last.usage is not None), None)
         parts = [("".join(texts[index]), lasts[index]) for index in sorted(lasts)]
         asked = logprobs if admitted.plan.sampling.logprobs else None
@@ -319,12 +323,16 @@ def _usage(usage: Usage | None) -> dict | None:
     }
 
 
-def _model(name: str) -> dict:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "diptych"}
+def _model(model: ModelInfo) -> dict:
+    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "diptych"}
 
 
 async def _send(response: web.StreamResponse, payload: dict) -> None:
     await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _name_answer(request: web.Request, response: web.StreamResponse) -> None:
+    name_answer(response)
 
 
 @web.middleware
@@ -453,7 +461,7 @@ def _chat(messages) -> list[ChatMessage]:
         content = message.get("content")
         if content is None and tool_fields.get("tool_calls"):  # an assistant's turn of calls alone
             content = ""
-        chat.append(ChatMessage(CHAT_ROLES[role], _content(content, index), **tool_fields))
+        chat.append(ChatMessage(role, _content(content, index), **tool_fields))
     return chat
 
 
@@ -605,11 +613,18 @@ def _error_response(error: GatewayError) -> web.Response:
     return web.json_response({"error": _error_body(error)}, status=status, headers=headers)
 
 
+def _execution_error(error: GatewayError, admitted: Admitted) -> web.Response:
+    """The error that ended an execution, named by its id."""
+    response = _error_response(error)
+    response.headers[REQUEST_ID_HEADER] = admitted.execution_id
+    return response
+
+
 def _json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status)
 
 
 def _response_headers(admitted: Admitted) -> dict[str, str]:
     """The gRPC API's initial metadata as headers; the rate-limit names are the same in both."""
-    names = {"request-id": "X-Request-Id", "idempotent-replayed": "Idempotent-Replayed"}
+    names = {"request-id": REQUEST_ID_HEADER, "idempotent-replayed": "Idempotent-Replayed"}
     return {names.get(key, key): value for key, value in admitted.response_metadata}

@@ -6,11 +6,20 @@ aiohttp answers those before any route or middleware runs, from its connection h
 text/plain 400; `JsonErrorAppRunner` serves the application through a handler whose `handle_error` writes JSON.
 """
 
+import uuid
+
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 MAX_HEAD_LINE_BYTES = 8190  # aiohttp's default max_line_size and max_field_size, kept
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def name_answer(response: web.StreamResponse) -> None:
+    """Gives an answer no execution names an id of its own (`req_` and 32 hex digits): every answer carries
+    one, as OpenAI's do, for a client to quote."""
+    response.headers.setdefault(REQUEST_ID_HEADER, f"req_{uuid.uuid4().hex}")
 
 
 class JsonErrorAppRunner(web.AppRunner):
@@ -41,6 +50,7 @@ class _JsonErrorRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs it; raises if an answer had started
         response = web.json_response({"error": _error_fields(status, exc)}, status=status)
+        name_answer(response)
         response.force_close()
         return response
 

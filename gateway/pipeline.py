@@ -37,6 +37,7 @@ from gateway.types import (
     PhaseUsage,
     SampledToken,
     TokenLogprob,
+    ToolCall,
     Usage,
 )
 from gateway.usage import UsageJournal
@@ -260,13 +261,13 @@ class Pipeline:
                     if produced > 1:  # the stream's mean time per output token after its first
                         RECENT_LATENCIES.record_tpot(trace, (now - first_token_at) / (produced - 1))
                     stopped = text.stopped or event.finished_by_eos
-                    content, tool_calls = calls.end(delta + text.flush()) if calls else (delta + text.flush(), ())
-                    finish = FinishReason.STOP if stopped else FinishReason.LENGTH
+                    last = delta + text.flush()
+                    content, tool_calls = calls.end(last, cut=not stopped) if calls else (last, ())
                     yield GenerationOutput(
                         request_id,
                         content,
                         [event.token_id],
-                        FinishReason.TOOL_CALLS if tool_calls else finish,
+                        _finish_reason(plan, stopped, tool_calls),
                         _usage(plan, trace, produced),
                         index=run.index,
                         logprobs=logprobs,
@@ -311,6 +312,14 @@ def reserved_output_tokens(plan: GenerationPlan, request: GenerationRequest) -> 
     if request.max_tokens is None:
         per_choice = min(per_choice, ESTIMATED_OUTPUT_TOKENS)
     return per_choice * plan.n
+
+
+def _finish_reason(plan: GenerationPlan, stopped: bool, tool_calls: tuple[ToolCall, ...]) -> FinishReason:
+    """`tool_calls` when the model chose to call; calls of a function tool_choice named end as "stop", as
+    OpenAI's do."""
+    if tool_calls and not plan.tool_named:
+        return FinishReason.TOOL_CALLS
+    return FinishReason.STOP if stopped else FinishReason.LENGTH
 
 
 def _logprobs(plan: GenerationPlan, event: SampledToken) -> list[TokenLogprob] | None:

@@ -14,8 +14,10 @@ whose files cannot be fetched keeps its last known revision, or stays out of the
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from diptych_common.logs import describe_error
 from gateway.control_plane import ControlPlaneClient
@@ -32,6 +34,7 @@ class ModelInfo:
     source: str  # where the tokenizer loads from: builtin:<name> or a local directory
     context_length: int
     revision: str = ""  # the published revision ("" unless the model is published as artifacts)
+    created: int = 0  # when the catalog added it, in seconds since the epoch (`GET /v1/models`' `created`)
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ class Registry:
 
     async def _model_info(self, listed: dict) -> ModelInfo | None:
         name, source, revision = listed["name"], listed["source"], listed.get("revision", "")
+        created = self._created(listed)
         if source != ARTIFACTS_SOURCE:
-            return ModelInfo(name, source, int(listed["context_length"]))
+            return ModelInfo(name, source, int(listed["context_length"]), created=created)
         known = self.models.get(name)
         if known is not None and known.revision == revision:
             return known
@@ -99,7 +103,15 @@ class Registry:
         except Exception as error:  # a store or network fault, or a checksum refused: keep what we had
             log.warning("cannot fetch the tokenizer of %s@%s: %s", name, revision, describe_error(error))
             return known
-        return ModelInfo(name, directory, int(listed["context_length"]), revision)
+        return ModelInfo(name, directory, int(listed["context_length"]), revision, created)
+
+    def _created(self, listed: dict) -> int:
+        """When the catalog added the model; where the control plane does not say (an earlier version of
+        it), when this gateway first listed the model."""
+        if listed.get("created_at"):
+            return int(datetime.fromisoformat(listed["created_at"]).timestamp())
+        known = self.models.get(listed["name"])
+        return known.created if known is not None else int(time.time())
 
     async def refresh_forever(self) -> None:
         while True:

@@ -27,6 +27,7 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 class Structure:
     grammar: Grammar | None = None  # None: free text
     tools: tuple[Tool, ...] = ()  # the tools whose calls the output may hold
+    tool_named: bool = False  # tool_choice named the one function to call
 
 
 async def plan_structure(request: GenerationRequest, model_source: str) -> Structure:
@@ -52,7 +53,8 @@ def _structure(request: GenerationRequest) -> Structure:
         return Structure(_json_grammar(request.response_format), ())
     parallel = request.parallel_tool_calls is not False
     called = tuple(t for t in tools if choice.mode != "function" or t.name == choice.function)
-    return Structure(tool_grammar(called, choice.mode != "auto", parallel, text), tools)
+    named = choice.mode == "function"
+    return Structure(tool_grammar(called, choice.mode != "auto", parallel, text), tools, named)
 
 
 def _text_schema(response_format: ResponseFormat | None) -> dict | None:

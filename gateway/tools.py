@@ -119,10 +119,13 @@ class ToolCallStream:
             return delta
         return ""
 
-    def end(self, delta: str) -> tuple[str, tuple[ToolCall, ...]]:
-        """The last delta: the content still to send (all of a block that is not a valid one), and the calls."""
+    def end(self, delta: str, cut: bool) -> tuple[str, tuple[ToolCall, ...]]:
+        """The last delta: the content still to send, and the calls. Held text that is no valid block is
+        content when the output ended of itself (the grammar let it end there as text); when max_tokens `cut`
+        it short it may be a call cut off, which is not shown as text (OpenAI's way)."""
         content = self.push(delta)
         calls = parse_calls(self._held, self.tools)
-        content += "" if calls else self._held
+        if not calls and not cut:
+            content += self._held
         self._held = ""
         return content, calls

@@ -176,6 +176,7 @@ class GenerationPlan:
     n: int = 1  # choices, each its own sequence on the shared prompt
     prompt_cache_key: str = ""
     tools: tuple[Tool, ...] = ()  # the tools whose calls are read out of the output (none: it is text)
+    tool_named: bool = False  # tool_choice named the function: its calls finish as "stop", as OpenAI's do
 
     @property
     def cache_salt(self) -> str:

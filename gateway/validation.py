@@ -26,7 +26,9 @@ MAX_CHOICES = 16
 MAX_PROMPT_CACHE_KEY_LENGTH = 255
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 64
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+# A message's role as a client sends it -> as the chat template takes it: OpenAI's `developer` messages
+# are the system's.
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # Prompts are refused by size before tokenizing: a model takes at most PROMPT_BYTES_PER_TOKEN bytes of
 # text per token of its context (real text averages about 4 bytes a token), and never more than
 # MAX_PROMPT_BYTES, however long its context.
@@ -77,6 +79,7 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
             _with_controls(_sampling(request, model, len(prompt)), request, len(tokenizer)), grammar=structure.grammar
         ),
         tools=structure.tools,
+        tool_named=structure.tool_named,
         stop=_stop_strings(request.stop),
         priority=priority,
     )
@@ -190,7 +193,7 @@ def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> 
 
 def _template_message(index: int, message: ChatMessage) -> dict:
     """A message as the chat template takes it: an assistant's tool calls, a tool's answer with its call id."""
-    rendered: dict = {"role": message.role, "content": message.content}
+    rendered: dict = {"role": CHAT_ROLES[message.role], "content": message.content}
     if message.tool_calls:
         if message.role != "assistant":
             raise _invalid(f"chat.messages[{index}] has tool_calls, which only an assistant message may have")

@@ -106,6 +106,12 @@ def test_the_openai_client_runs_a_batch_with_the_answers_of_interactive_requests
         assert answer["choices"][0]["message"]["content"] == interactive.choices[0].message.content
         assert answer["usage"]["completion_tokens"] == interactive.usage.completion_tokens
         assert record["response"]["request_id"] == answer["id"]
+    lines_usage = [record["response"]["body"]["usage"] for record in output]
+    assert ended.usage.input_tokens == sum(usage["prompt_tokens"] for usage in lines_usage)
+    assert ended.usage.output_tokens == sum(usage["completion_tokens"] for usage in lines_usage)
+    cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in lines_usage)
+    assert ended.usage.input_tokens_details.cached_tokens == cached
+    assert ended.usage.total_tokens == ended.usage.input_tokens + ended.usage.output_tokens
     jobs.wait_until_usage_sent("split")
     billed = wait_for(lambda: len(u := runner_usage(control_plane_shell, batch.id)) == 8 and u, 30)
     assert {request_id for request_id, _, _ in billed} == {r["response"]["request_id"] for r in output}

@@ -20,9 +20,12 @@ def client(live, request):
 
 
 def test_models_lists_the_catalog(client):
-    models = client.models.list()
+    listed = client.models.with_raw_response.list()
+    models = listed.parse()
     assert [m.id for m in models.data] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    assert 0 < models.data[0].created <= time.time()  # when the catalog added it
+    assert listed.headers["x-request-id"].startswith("req_")
+    assert client.models.retrieve(MODEL).created == models.data[0].created
 
 
 def test_completion_equals_transformers_generate_and_reports_usage(client, reference):

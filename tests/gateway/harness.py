@@ -30,6 +30,7 @@ from gateway.usage import UsageJournal
 API_KEY = "dip_test_key"
 MODEL = "diptych-tiny"
 CONTEXT_LENGTH = 1024
+MODEL_CREATED_AT = "2026-01-02T03:04:05.678901Z"  # when the catalog added MODEL
 GENERATE_METHOD = "/diptych.v1.Inference/Generate"
 
 
@@ -50,7 +51,14 @@ class ControlPlaneInMemory:
 
     async def registry(self) -> dict:
         return {
-            "models": [{"name": MODEL, "source": f"builtin:{MODEL}", "context_length": CONTEXT_LENGTH}],
+            "models": [
+                {
+                    "name": MODEL,
+                    "source": f"builtin:{MODEL}",
+                    "context_length": CONTEXT_LENGTH,
+                    "created_at": MODEL_CREATED_AT,
+                }
+            ],
             "workers": list(self.workers),
         }
 

@@ -6,8 +6,11 @@ import pytest
 from diptych_proto.v1 import inference_pb2
 from gateway.http_api import HttpError, _to_generation_request
 from gateway.idempotency import fingerprint
+from gateway.registry import Registry
 from gateway.service import generation_request
 from gateway.types import ChatMessage, GenerationRequest, Priority
+from gateway.validation import plan_generation
+from tests.gateway.harness import MODEL, ControlPlaneInMemory
 
 
 def test_a_completion_body_becomes_a_generation_request():
@@ -68,7 +71,7 @@ def test_chat_messages_with_text_parts_and_max_completion_tokens():
         chat=True,
         idempotency_key="",
     )
-    assert request.chat == [ChatMessage("system", "be brief"), ChatMessage("user", "ab")]
+    assert request.chat == [ChatMessage("developer", "be brief"), ChatMessage("user", "ab")]
     assert request.max_tokens == 5 and request.prompt is None and request.prompt_token_ids is None
 
 
@@ -168,3 +171,25 @@ def test_bad_bodies_are_refused_naming_the_parameter(body, chat, message, param)
         _to_generation_request(body, chat, "")
     assert message in raised.value.message
     assert raised.value.param == param
+
+
+async def test_a_developer_message_is_a_system_message_over_either_front():
+    registry = Registry(ControlPlaneInMemory())
+    await registry.refresh()
+
+    def messages(role: str) -> list[dict]:
+        return [{"role": role, "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+    def over_http(role: str) -> GenerationRequest:
+        return _to_generation_request({"model": MODEL, "messages": messages(role)}, chat=True, idempotency_key="")
+
+    grpc_chat = inference_pb2.ChatMessages(messages=[inference_pb2.ChatMessage(**m) for m in messages("developer")])
+    over_grpc = generation_request(inference_pb2.GenerateRequest(model=MODEL, chat=grpc_chat))
+    assert over_grpc == over_http("developer")
+
+    async def prompt(request: GenerationRequest) -> list[int]:
+        return (await plan_generation(request, registry, "org_1")).prompt_token_ids
+
+    system = await prompt(over_http("system"))
+    assert await prompt(over_grpc) == await prompt(over_http("developer")) == system
+    assert system != await prompt(over_http("user"))

@@ -1,10 +1,16 @@
 """The gateway's registry view through control-plane outages: workers it sees alive itself stay
-routable while the control plane cannot be reached or has not heard from them yet; drains are honoured."""
+routable while the control plane cannot be reached or has not heard from them yet; drains are honoured.
+Models carry when the catalog added them, which `GET /v1/models` answers as `created`."""
+
+import dataclasses
+import time
+from datetime import UTC, datetime
 
 import pytest
 
 from gateway.control_plane import ControlPlaneUnavailable
 from gateway.registry import Registry
+from tests.gateway.harness import API_KEY, MODEL_CREATED_AT, in_process_gateway
 
 MODEL = {"name": "m", "source": "builtin:m", "context_length": 64}
 
@@ -22,13 +28,14 @@ def listed(worker_id: str, state: str = "ready") -> dict:
 
 class ControlPlaneStandIn:
     def __init__(self) -> None:
+        self.model = MODEL
         self.workers: list[dict] = []
         self.down = False
 
     async def registry(self) -> dict:
         if self.down:
             raise ControlPlaneUnavailable("control plane unreachable")
-        return {"models": [MODEL], "workers": self.workers}
+        return {"models": [self.model], "workers": self.workers}
 
 
 @pytest.fixture
@@ -142,3 +149,31 @@ async def test_a_published_model_whose_files_were_never_fetched_stays_out_of_the
     registry = Registry(PublishedModel(), tokenizer_files=unreachable)
     await registry.refresh()
     assert registry.models == {}
+
+
+async def test_a_model_is_created_when_the_catalog_added_it(control_plane):
+    registry = Registry(control_plane)
+    control_plane.model = {**MODEL, "created_at": "2025-03-04T05:06:07.890000Z"}
+    await registry.refresh()
+    assert registry.models["m"].created == int(datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC).timestamp())
+
+
+async def test_a_control_plane_that_does_not_say_gives_the_time_this_gateway_first_listed_it(control_plane):
+    registry = Registry(control_plane)
+    before = int(time.time())
+    await registry.refresh()
+    first = registry.models["m"].created
+    assert before <= first <= time.time()
+    registry.models["m"] = dataclasses.replace(registry.models["m"], created=first - 100)  # listed long ago
+    await registry.refresh()
+    assert registry.models["m"].created == first - 100
+
+
+async def test_the_models_list_answers_when_the_catalog_added_each_model(tmp_path):
+    created = int(datetime.fromisoformat(MODEL_CREATED_AT).timestamp())
+    async with in_process_gateway(tmp_path) as gateway:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with gateway.http.get("/v1/models", headers=headers) as response:
+            (model,) = (await response.json())["data"]
+        async with gateway.http.get(f"/v1/models/{model['id']}", headers=headers) as response:
+            assert (await response.json())["created"] == model["created"] == created

@@ -27,13 +27,24 @@ def test_what_is_not_a_whole_valid_block_is_no_call():
 def test_a_stream_holds_back_text_only_while_it_may_be_a_block():
     stream = ToolCallStream(TOOLS)
     assert [stream.push(d) for d in ("<tool", "_call>[")] == ["", ""]
-    content, calls = stream.end(BLOCK[len("<tool_call>[") :])
+    content, calls = stream.end(BLOCK[len("<tool_call>[") :], cut=False)
     assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
     text = ToolCallStream(TOOLS)
     assert [text.push(d) for d in ("<to", "day", " it rains")] == ["", "<today", " it rains"]
-    assert text.end(".") == (".", ())
-    cut = ToolCallStream(TOOLS)  # max_tokens cut the block: it comes back as content, unparsed
-    assert cut.push(BLOCK[:20]) == "" and cut.end(BLOCK[20:40]) == (BLOCK[:40], ())
+    assert text.end(".", cut=False) == (".", ())
+    short = ToolCallStream(TOOLS)  # an answer that ended of itself on what may start a block is text
+    assert short.push("<to") == "" and short.end("", cut=False) == ("<to", ())
+
+
+def test_a_call_cut_off_by_max_tokens_is_not_shown_as_text():
+    for held in ("<to", BLOCK[:20], BLOCK[:40]):
+        cut = ToolCallStream(TOOLS)
+        assert cut.push(held[:2]) == "" and cut.end(held[2:], cut=True) == ("", ())
+    whole = ToolCallStream(TOOLS)  # a block complete on the last token allowed is still its calls
+    content, calls = whole.end(BLOCK, cut=True)
+    assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
+    text = ToolCallStream(TOOLS)  # text already known to be text is kept
+    assert text.push("it rains") == "it rains" and text.end(" <to", cut=True) == (" <to", ())
 
 
 def test_a_stored_answer_replays_its_tool_calls():

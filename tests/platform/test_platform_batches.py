@@ -5,10 +5,12 @@ Running lines needs a gateway and workers: tests/e2e/test_batch_api.py runs batc
 batch is cancelled or expired before any line is sent, which the runner ends without a gateway.
 """
 
+import importlib
 import json
 from datetime import timedelta
 
 import pytest
+from django.apps import apps as django_apps
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
@@ -426,3 +428,48 @@ def test_lines_and_answers_holding_any_character_are_kept_whole(client_a, tiny_m
     output_id = client_a.get(f"{BATCHES}/{batch_id}").data["output_file_id"]
     (record,) = [json.loads(r) for r in client_a.get(f"{FILES}/{output_id}/content").content.splitlines()]
     assert record["response"]["body"] == answer
+
+
+def answered(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict:
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+    return {"id": "exec_1", "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}], "usage": usage}
+
+
+def test_a_batch_s_usage_sums_the_usage_of_its_answered_lines(client_a, input_file):
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    created = client_a.get(f"{BATCHES}/{batch_id}").data["usage"]
+    assert created["total_tokens"] == 0 and created["input_tokens_details"] == {"cached_tokens": 0}
+    Batch.objects.filter(public_id=batch_id).update(status="in_progress")
+    lines = {line.custom_id: line for line in BatchLine.objects.filter(batch__public_id=batch_id)}
+    line_answered(line=lines["a"], answer=LineAnswer(status_code=200, body=answered(10, 4, 3), request_id="exec_a"))
+    line_answered(line=lines["b"], answer=LineAnswer(status_code=200, body=answered(12, 0, 5), request_id="exec_b"))
+    refused = {"error": {"message": "no"}, "usage": {"prompt_tokens": 99}}  # not a succeeded line's: not summed
+    line_answered(line=lines["c"], answer=LineAnswer(status_code=400, body=refused))
+    assert run_slice(Batch.objects.get(public_id=batch_id).id).ended
+    completed = client_a.get(f"{BATCHES}/{batch_id}").data
+    assert completed["status"] == "completed"
+    assert completed["usage"] == {
+        "input_tokens": 22,
+        "input_tokens_details": {"cached_tokens": 4},
+        "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 30,
+    }
+    assert client_a.get(BATCHES).data["data"][0]["usage"] == completed["usage"]
+
+
+def test_lines_answered_before_their_usage_was_kept_get_it_from_their_answers(client_a, input_file):
+    migration = importlib.import_module("controlplane.batches.migrations.0004_line_usage")
+    batch_id = create_batch(client_a, input_file["id"]).data["id"]
+    lines = BatchLine.objects.filter(batch__public_id=batch_id).order_by("line_number")
+    first = lines.get(custom_id="a")
+    first.state, first.status_code, first.response = LineState.SUCCEEDED, 200, answered(7, 2, 5)
+    first.save()
+    migration.usage_of_lines_answered_before(django_apps, None)
+    tokens = lines.values_list("input_tokens", "cached_tokens", "output_tokens")
+    assert list(tokens) == [(7, 2, 5), (0, 0, 0), (0, 0, 0)]

@@ -1,4 +1,4 @@
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -201,9 +201,9 @@ def test_registry_lists_models_and_only_live_workers(
 
     response = internal_client.get(REGISTRY_URL)
     assert response.status_code == 200
-    assert response.data["models"] == [
-        {"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024, "revision": ""}
-    ]
+    (model,) = response.data["models"]
+    assert datetime.fromisoformat(model.pop("created_at")) == tiny_model.created_at  # GET /v1/models' `created`
+    assert model == {"name": "diptych-tiny", "source": "builtin:diptych-tiny", "context_length": 1024, "revision": ""}
     workers = {worker["id"]: worker for worker in response.data["workers"]}
     assert set(workers) == {ready_id, draining_id}
     draining = workers[draining_id]

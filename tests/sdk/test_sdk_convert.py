@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import get_args, get_type_hints
 
 import pytest
 
@@ -15,7 +16,7 @@ from diptych._convert import (
     new_idempotency_key,
     prompt_input,
 )
-from diptych.types import PhaseUsage, Usage
+from diptych.types import ChatMessageParam, PhaseUsage, Usage
 from diptych_proto.v1 import inference_pb2 as pb
 
 
@@ -60,6 +61,14 @@ def test_chat_request():
     request = generate_request(model="m", input_field=chat_input(messages), idempotency_key="k")
     assert request.WhichOneof("input") == "chat"
     assert [(m.role, m.content) for m in request.chat.messages] == [("system", "Be brief."), ("user", "Hi")]
+
+
+def test_a_developer_message_is_one_of_the_sdk_s_roles_and_goes_as_it_is():
+    """The gateway reads it as a system message (tests/gateway/test_http_translation.py)."""
+    assert "developer" in get_args(get_type_hints(ChatMessageParam)["role"])
+    messages: list[ChatMessageParam] = [{"role": "developer", "content": "Be brief."}]
+    request = generate_request(model="m", input_field=chat_input(messages), idempotency_key="k")
+    assert [(m.role, m.content) for m in request.chat.messages] == [("developer", "Be brief.")]
 
 
 def test_idempotency_keys_are_unique_uuids():

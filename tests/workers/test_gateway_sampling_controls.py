@@ -21,6 +21,7 @@ from tests.workers.conftest import prompts, wait_until
 from tests.workers.serving import SECRET, Worker
 from tests.workers.test_sampling_controls import LOGPROB_TOLERANCE, controlled_reference, controls
 from workers.server import Role
+from workers.structured.compiler import GrammarCompiler
 
 AUTH = (("authorization", f"Bearer {API_KEY}"),)
 BIAS = {"17": 3.0, "40": -100.0}
@@ -54,9 +55,15 @@ def params(count: int, top: int):
 
 
 @asynccontextmanager
-async def gateway_over(tmp_path, tiny_model, executor, roles: dict[str, Role], mode: ServingMode):
-    """An in-process gateway in `mode` over fresh workers of the tiny model (id -> role)."""
-    workers = {worker_id: Worker(role, tiny_model, executor, allow_shm=False) for worker_id, role in roles.items()}
+async def gateway_over(
+    tmp_path, tiny_model, executor, roles: dict[str, Role], mode: ServingMode, grammars: GrammarCompiler | None = None
+):
+    """An in-process gateway in `mode` over fresh workers of the tiny model (id -> role); `grammars`: the
+    workers' grammar compiler (structured outputs and tools)."""
+    workers = {
+        worker_id: Worker(role, tiny_model, executor, allow_shm=False, grammars=grammars)
+        for worker_id, role in roles.items()
+    }
     for worker in workers.values():
         await worker.start()
     entries = [

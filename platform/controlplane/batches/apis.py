@@ -5,7 +5,7 @@ import calendar
 from datetime import datetime
 
 from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import BasePermission
@@ -19,6 +19,7 @@ from controlplane.batches.selectors import (
     batch_get,
     batch_list,
     batch_of_runner_key,
+    batch_usage,
     cursor_page,
     file_get,
     file_list,
@@ -70,6 +71,22 @@ class UnixTimeField(serializers.Field):
         return getattr(instance, self.source)
 
 
+class BatchUsageSerializer(serializers.Serializer):
+    """OpenAI's batch `usage`."""
+
+    class InputTokensDetailsSerializer(serializers.Serializer):
+        cached_tokens = serializers.IntegerField()
+
+    class OutputTokensDetailsSerializer(serializers.Serializer):
+        reasoning_tokens = serializers.IntegerField()
+
+    input_tokens = serializers.IntegerField()
+    input_tokens_details = InputTokensDetailsSerializer(source="*")
+    output_tokens = serializers.IntegerField()
+    output_tokens_details = OutputTokensDetailsSerializer(source="*")
+    total_tokens = serializers.IntegerField()
+
+
 class BatchOutputSerializer(serializers.Serializer):
     id = serializers.CharField(source="public_id")
     object = serializers.SerializerMethodField()
@@ -90,6 +107,7 @@ class BatchOutputSerializer(serializers.Serializer):
     cancelling_at = UnixTimeField()
     cancelled_at = UnixTimeField()
     request_counts = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
     metadata = serializers.JSONField()
 
     def get_object(self, batch: Batch) -> str:
@@ -98,6 +116,10 @@ class BatchOutputSerializer(serializers.Serializer):
     def get_request_counts(self, batch: Batch) -> dict:
         counts = request_counts(batch=batch)
         return {"total": counts.total, "completed": counts.completed, "failed": counts.failed}
+
+    @extend_schema_field(BatchUsageSerializer)
+    def get_usage(self, batch: Batch) -> dict:
+        return BatchUsageSerializer(batch_usage(batch=batch)).data
 
 
 class CursorListSerializer(serializers.Serializer):

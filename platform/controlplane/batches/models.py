@@ -117,6 +117,10 @@ class BatchLine(models.Model):
     request_id = models.CharField(max_length=128, blank=True, default="")
     response: dict | None = JsonTextField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The usage of a succeeded line's answer, summed into its batch's usage.
+    input_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0, help_text="Of the input tokens, those cached.")
+    output_tokens = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -127,3 +131,13 @@ class BatchLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch.public_id}/{self.custom_id}"
+
+
+def answer_usage(response: dict | None) -> dict[str, int]:
+    """BatchLine's token counts of a gateway's answer: its OpenAI `usage` (none in an error's answer)."""
+    usage = (response or {}).get("usage") or {}
+    return {
+        "input_tokens": usage.get("prompt_tokens", 0),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        "output_tokens": usage.get("completion_tokens", 0),
+    }

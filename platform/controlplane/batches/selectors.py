@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 
 from controlplane.batches.models import ACTIVE_BATCH_STATUSES, Batch, BatchLine, File, LineState
 from controlplane.common.errors import InvalidInput, ObjectNotFound
@@ -16,6 +16,20 @@ class RequestCounts:
     total: int
     completed: int
     failed: int
+
+
+@dataclass(frozen=True)
+class BatchUsage:
+    """The tokens of a batch's answered lines, in the shape of OpenAI's batch usage."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    reasoning_tokens: int = 0  # no model here reasons apart from its answer
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,13 @@ def request_counts(*, batch: Batch) -> RequestCounts:
         failed=Count("id", filter=Q(state__in=[LineState.FAILED, LineState.NOT_RUN])),
     )
     return RequestCounts(**counts)
+
+
+def batch_usage(*, batch: Batch) -> BatchUsage:
+    """The sum of the usage of the batch's lines answered so far."""
+    names = ("input_tokens", "cached_tokens", "output_tokens")
+    sums = BatchLine.objects.filter(batch=batch).aggregate(**{name: Sum(name, default=0) for name in names})
+    return BatchUsage(**sums)
 
 
 def lines_ready(

@@ -20,6 +20,7 @@ from controlplane.batches.models import (
     File,
     FilePurpose,
     LineState,
+    answer_usage,
     new_batch_id,
 )
 from controlplane.batches.selectors import file_get, lines_pending_count, lines_sent_unanswered_count
@@ -233,7 +234,10 @@ def line_answered(*, line: BatchLine, answer: LineAnswer) -> None:
     line.response = answer.body
     line.request_id = answer.request_id
     line.finished_at = timezone.now()
-    line.save(update_fields=["state", "status_code", "response", "request_id", "finished_at"])
+    usage = answer_usage(answer.body if line.state == LineState.SUCCEEDED else None)
+    for name, tokens in usage.items():
+        setattr(line, name, tokens)
+    line.save(update_fields=["state", "status_code", "response", "request_id", "finished_at", *usage])
 
 
 def line_sending(*, line: BatchLine) -> None:

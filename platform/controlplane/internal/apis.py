@@ -145,6 +145,7 @@ class RegistryApi(InternalAPIView):
             source = serializers.CharField()
             context_length = serializers.IntegerField()
             revision = serializers.CharField(source="published_revision")  # "" unless published as artifacts
+            created_at = serializers.DateTimeField()
 
         class RegistryWorkerSerializer(serializers.Serializer):
             id = serializers.CharField(source="public_id")

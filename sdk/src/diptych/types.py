@@ -66,7 +66,8 @@ Priority = Literal["interactive", "batch"]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 """"stop": end of sequence or a stop string; "length": max_tokens or the context length reached;
-"tool_calls": the answer is tool calls (`Choice.tool_calls`)."""
+"tool_calls": the answer is tool calls (`Choice.tool_calls`); calls of a function `tool_choice` named
+finish as "stop", as OpenAI's do."""
 
 
 class FunctionCallParam(TypedDict):
@@ -83,7 +84,7 @@ class ToolCallParam(TypedDict):
 
 
 class ChatMessageParam(TypedDict):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # "developer" is read as "system"
     content: str | None
     tool_calls: NotRequired[list[ToolCallParam]]  # an assistant's calls
     tool_call_id: NotRequired[str]  # a tool message: the call it answers

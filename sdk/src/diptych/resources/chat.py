@@ -142,8 +142,8 @@ class ChatCompletions:
         "schema"}}) makes the answer JSON that follows it, always. `tools` (OpenAI's shape) are shown to
         the model; `tool_choice` "auto" (the default) lets it answer or call them, "required" or
         {"type": "function", "function": {"name": ...}} makes it call, "none" answer; calls come back as
-        `Choice.tool_calls` (finish_reason "tool_calls"), their arguments following the tool's
-        parameters schema. `parallel_tool_calls=False` allows one call per answer.
+        `Choice.tool_calls` (finish_reason "tool_calls"; "stop" for a named function, as OpenAI's), their
+        arguments following the tool's parameters schema. `parallel_tool_calls=False` allows one call per answer.
 
         `extra_headers` go as extra gRPC metadata (names in lower case; a name the client sends too, such
         as authorization, takes this value). `extra_body` sets fields of the API's GenerateRequest by
