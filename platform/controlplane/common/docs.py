@@ -16,6 +16,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.common.openapi import SCHEMA_GENERATION
+
 SWAGGER_UI_DIST = (
     Path(drf_spectacular_sidecar.__file__).parent / "static" / "drf_spectacular_sidecar" / "swagger-ui-dist"
 )
@@ -27,6 +29,10 @@ class SchemaView(SpectacularAPIView):
     authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
     query_parameters = ("format", "lang", "version")
+
+    def _get_schema_response(self, request):
+        with SCHEMA_GENERATION:
+            return super()._get_schema_response(request)
 
 
 class DocsView(SpectacularSwaggerView):

@@ -1,6 +1,7 @@
 """The OpenAPI schema: every operation documents the one error shape as its default response, and every POST
 that honours Idempotency-Key documents the header."""
 
+import threading
 from functools import cache
 
 from drf_spectacular import openapi
@@ -68,7 +69,18 @@ IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
 )
 
 
-@cache
+# drf-spectacular loads its extensions' target classes lazily and not thread-safely: two schemas built at
+# once in a fresh process (the dashboard's first sections, loading side by side) can fail one with an
+# AttributeError. Every schema is built under this lock.
+SCHEMA_GENERATION = threading.Lock()
+
+
 def full_schema() -> dict:
     """The schema of every endpoint, the internal ones included, as the public schema view would build it."""
+    with SCHEMA_GENERATION:
+        return _full_schema()
+
+
+@cache
+def _full_schema() -> dict:
     return SchemaGenerator().get_schema(request=None, public=True)
