@@ -166,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="on CUDA, replay decode steps from graphs captured at start-up",
     )
+    worker.add_argument(
+        "--attention",
+        choices=["auto", "gather", "flash-varlen"],
+        default="auto",
+        help="the attention backend: flash-varlen (CUDA, half precision, --block-size 256) reads the paged KV in "
+        "place in one kernel call per layer; gather runs anywhere; auto: flash-varlen where it can run",
+    )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     worker.add_argument(
         "--tensor-parallel",
@@ -312,6 +319,7 @@ def _run_worker(args) -> int:
         max_running=args.max_running,
         device=args.device,
         cuda_graphs=args.cuda_graphs,
+        attention=args.attention,
         speculative=speculative,
     )
     try:

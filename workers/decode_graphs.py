@@ -3,8 +3,8 @@
 On a GPU a decode step of a small model is shorter than the time Python takes to launch its few hundred
 kernels one by one. So a step in which every input decodes one token is padded to the next captured
 batch size and block-table width, and its whole forward pass (`ModelRunner.decode_padded`) is replayed
-from a graph captured at start-up: one host-to-device copy of the step's indices, one replay, one copy
-of the logits back. Padding rows write their keys and values into the runner's `padding_block` and
+from a graph captured at start-up: one host-to-device copy of the step's indices, one replay; the logits stay on the
+device for sampling. Padding rows write their keys and values into the runner's `padding_block` and
 attend to it alone. Steps with prompt chunks, or with more rows or longer block tables than were
 captured, run eagerly.
 
@@ -99,7 +99,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(self, inputs: list[StepInput]) -> torch.Tensor:
-        """Runs a covered step; returns float32 logits [len(inputs), vocab] on the host."""
+        """Runs a covered step; returns float32 logits [len(inputs), vocab] on the device (a copy: the
+        next replay overwrites the graph's own)."""
         count, size = len(inputs), self._runner.layout.block_size
         batch = _smallest_at_least(self.batch_sizes, count)
         width = _smallest_at_least(self.widths, max(s.start // size + 1 for s in inputs))
@@ -120,7 +121,7 @@ class DecodeGraphs:
             self._graphs[batch, width].replay()
         else:
             self._step(batch, width)
-        return self._logits[:count].to("cpu", copy=True)
+        return self._logits[:count].clone()
 
     def _step(self, batch: int, width: int) -> None:
         self._logits[:batch].copy_(self._runner.decode_padded(self._batch[:batch, : PADDED_COLUMNS + width]))

@@ -21,7 +21,16 @@ from workers.kv_tier.blocks import write_tier_loads
 from workers.kv_tier.link import EngineTier
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
-from workers.sampling import StopCriteria, TokenLogprobs, adjust_logits, finite_rows, sample, token_logprobs
+from workers.sampling import (
+    SamplingParams,
+    StopCriteria,
+    TokenLogprobs,
+    adjust_logits,
+    draw,
+    finite_rows,
+    sample,
+    token_logprobs,
+)
 from workers.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from workers.spec_decode.config import SpecConfig
 from workers.spec_decode.proposer import DraftRequest, build_proposer
@@ -54,6 +63,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     device: str = "cpu"
     cuda_graphs: bool = True  # on CUDA devices, replay decode steps from captured graphs
+    attention: str = "auto"  # the attention backend (workers.models.backends)
     speculative: SpecConfig | None = None  # draft tokens on decoding requests and verify them (off: None)
 
 
@@ -490,6 +500,9 @@ class Engine:
             event.set()
 
 
+_GREEDY = SamplingParams(temperature=0.0)
+
+
 def _positions(chunk: ScheduledChunk) -> range:
     """The positions of a sampling chunk that get logits: its last token's, then each draft's."""
     return range(len(chunk.draft_token_ids) + 1)
@@ -517,27 +530,35 @@ def _mask_by_grammar(row: torch.Tensor, request: EngineRequest) -> None:
 def _sample_each(
     logits, requests: list[EngineRequest], token_indices: list[int]
 ) -> tuple[list[int | RequestFailed], list[TokenLogprobs | None]]:
-    """Samples every row of logits that is finite (row i: token `token_indices[i]` of `requests[i]`),
-    after the request's own changes to its logits (`_controls_logits`); a row that is not finite, or
-    whose changes or sampling raise, fails its request alone. Also each row's logprobs, where asked for.
+    """Samples every row of logits (row i: token `token_indices[i]` of `requests[i]`) after the request's
+    own changes to its logits (`_controlled`); a row that is not finite, or whose changes or sampling
+    raise, fails its request alone. Also each row's logprobs, where asked for. The rows stay on the
+    logits' device until their picks and whether they were finite cross to the host in one copy.
     A request whose logits change has one row (it gets no drafts: `_draftable`)."""
+    rows = list(range(len(requests)))
     finite = finite_rows(logits)  # before the changes: a grammar's mask is -inf by design
-    results: list[int | RequestFailed] = [
-        RequestFailed(f"the model's logits for its output token {index} hold NaN or infinite values")
-        for index in token_indices
-    ]
-    usable = [row for row, ok in enumerate(finite) if ok]
-    logits, failed = _controlled(logits, requests, token_indices, usable)
+    logits, failed = _controlled(logits, requests, token_indices, rows)
+    usable = [row for row in rows if row not in failed]
+    picks = _sample_rows(logits, requests, token_indices, usable)
+    if isinstance(picks, torch.Tensor):
+        host = torch.cat([picks, finite.to(picks.dtype)]).tolist()
+        results: list[int | RequestFailed] = list(host[: len(rows)])
+        is_finite = host[len(rows) :]
+    else:
+        results, is_finite = list(picks), finite.tolist()
     for row, failure in failed.items():
         results[row] = failure
-    usable = [row for row in usable if row not in failed]
-    for row, result in zip(usable, _sample_rows(logits, requests, token_indices, usable), strict=True):
-        results[row] = result
+    for row, ok in enumerate(is_finite):
+        if not ok:
+            message = f"the model's logits for its output token {token_indices[row]} hold NaN or infinite values"
+            results[row] = RequestFailed(message)
     logprobs: list[TokenLogprobs | None] = [None] * len(requests)
-    for row in usable:
-        sampling, picked = requests[row].sampling, results[row]
-        if sampling.logprobs and not isinstance(picked, RequestFailed):
-            logprobs[row] = token_logprobs(logits[row], picked, sampling.top_logprobs)
+    wanting = [row for row in rows if requests[row].sampling.logprobs and not isinstance(results[row], RequestFailed)]
+    if wanting:
+        ids = torch.tensor([results[row] for row in wanting], device=logits.device)
+        tops = [requests[row].sampling.top_logprobs for row in wanting]
+        for row, entry in zip(wanting, token_logprobs(logits[wanting], ids, tops), strict=True):
+            logprobs[row] = entry
     return results, logprobs
 
 
@@ -565,13 +586,17 @@ def _controlled(
 
 def _sample_rows(
     logits, requests: list[EngineRequest], token_indices: list[int], rows: list[int]
-) -> list[int | RequestFailed]:
-    """One batched call; if it raises, row by row, so that only the rows that raise fail."""
-    usable = logits if len(rows) == len(requests) else logits[rows]
+) -> torch.Tensor | list[int | RequestFailed]:
+    """The picks of all rows, on the logits' device (a row not in `rows` keeps its argmax: it failed
+    already). One batched call; if it raises, row by row, so that only the rows that raise fail."""
+    params = [requests[row].sampling if row in rows else _GREEDY for row in range(len(requests))]
     try:
-        return list(sample(usable, [requests[r].sampling for r in rows], [token_indices[r] for r in rows]))
+        return draw(logits, params, token_indices)
     except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
-        return [_sample_one(logits[row : row + 1], requests[row], token_indices[row]) for row in rows]
+        picks: list[int | RequestFailed] = [0] * len(requests)
+        for row in rows:
+            picks[row] = _sample_one(logits[row : row + 1], requests[row], token_indices[row])
+        return picks
 
 
 def _sample_one(logits, request: EngineRequest, token_index: int) -> int | RequestFailed:

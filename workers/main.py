@@ -95,7 +95,9 @@ def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: Tensor
         model = loaded.model.to(config.device)
         max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
         graphs = DecodeGraphSpec(config.max_running, max_blocks) if config.cuda_graphs else None
-        runner = ModelRunner(model, num_blocks, config.block_size, config.device, decode_graphs=graphs)
+        runner = ModelRunner(
+            model, num_blocks, config.block_size, config.device, decode_graphs=graphs, attention=config.attention
+        )
     stop = StopCriteria(loaded.eos_token_ids, loaded.context_length)
     return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 

@@ -28,7 +28,9 @@ from workers.models.attention import (
     gather_fresh,
     visible,
 )
+from workers.models.backends import StepAttention, choose_backend
 from workers.models.families import decoder_of
+from workers.models.flash_varlen import FlashVarlenPlan
 from workers.models.sharding import Shard, check_sharded, with_all_reduce
 
 
@@ -93,16 +95,19 @@ class ModelRunner:
         device: str = "cpu",
         decode_graphs: DecodeGraphSpec | None = None,
         shard: Shard | None = None,
+        attention: str = "auto",
     ) -> None:
         """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
         (on CUDA devices; elsewhere only with `capture=False`, which runs the padded steps eagerly).
         `shard`: this runner is one rank of a tensor-parallel group (`workers.tensor_parallel`), over a
-        model that `workers.models.sharding.shard_model` cut down to the rank's heads and MLP units."""
+        model that `workers.models.sharding.shard_model` cut down to the rank's heads and MLP units.
+        `attention`: the attention backend (`workers.models.backends`)."""
         self.config = model.config
         self.decoder = decoder_of(model)  # raises UnsupportedModelError for an architecture it cannot run
         self.device = torch.device(device)
         dtype = next(model.parameters()).dtype
         self.layout = kv_layout_of(self.config, block_size, dtype)  # all kv heads: KV as it crosses workers
+        self.attention_backend = choose_backend(attention, self.device, dtype, block_size)
         lay = self.layout
         self.shard = shard
         self.kv_heads = lay.kv_heads  # in this runner's pool: its shard's
@@ -126,14 +131,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
-        """Runs one step; returns float32 logits [sum of the inputs' num_logits, vocab], in input order
-        (a sampling input's rows in position order)."""
+        """Runs one step; returns float32 logits [sum of the inputs' num_logits, vocab] on the device, in
+        input order (a sampling input's rows in position order)."""
         if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
             return self.decode_graphs.run(inputs)
         token_ids = torch.tensor([t for step in inputs for t in step.token_ids], dtype=torch.long)
         positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in inputs])
         slot_blocks, slot_offsets = self._slots(inputs, positions)
-        plan = AttentionPlan(
+        plan = self._plan(inputs)
+        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        hidden = self._forward(token_ids, positions, slot_blocks, slot_offsets, plan.attend)
+        rows = plan.sample_rows
+        if not rows:
+            return torch.empty(0, self.config.vocab_size, device=self.device)
+        return self.decoder.logits(hidden[rows])
+
+    def _plan(self, inputs: list[StepInput]) -> StepAttention:
+        if self.attention_backend == "flash-varlen":
+            return FlashVarlenPlan(inputs, self.layout.block_size, self.device)
+        return AttentionPlan(
             inputs,
             self.layout.block_size,
             self.device,
@@ -141,12 +157,6 @@ class ModelRunner:
             self.decode_group_cost,
             self.decoder.windows,
         )
-        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
-        hidden = self._forward(token_ids, positions, slot_blocks, slot_offsets, plan.attend)
-        rows = plan.sample_rows
-        if not rows:
-            return torch.empty(0, self.config.vocab_size)
-        return self.decoder.logits(hidden[rows]).cpu()
 
     @torch.inference_mode()
     def decode_padded(self, batch: torch.Tensor) -> torch.Tensor:

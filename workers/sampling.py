@@ -11,6 +11,9 @@ token of the vocabulary. Whether a row of logits is fit to sample at all is the 
 Before sampling, a request's own controls change its row (`adjust_logits`: logit_bias, then the
 presence and frequency penalties over its output so far); its logprobs are taken from that row, before
 temperature, top-k and top-p (`token_logprobs`).
+
+All of it runs on the logits' device, the rows together: only the picks and the logprobs asked for cross
+to the host, once a step.
 """
 
 import math
@@ -79,29 +82,58 @@ def adjust_logits(row: torch.Tensor, output_token_ids: list[int], params: Sampli
         row.index_add_(0, ids, -penalty)
 
 
-def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
-    """`token_id`'s logprob under the softmax of one row of logits [vocab], and the `top` most likely."""
-    logprobs = torch.log_softmax(torch.nan_to_num(row.float(), nan=-math.inf), dim=-1)
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, tops: list[int]) -> list[TokenLogprobs]:
+    """Per row of logits [rows, vocab]: the logprob of its token (`token_ids` [rows], on the logits' device)
+    under the row's softmax, and its `tops[row]` most likely tokens'. One copy to the host for all rows."""
+    logprobs = torch.log_softmax(torch.nan_to_num(logits.float(), nan=-math.inf), dim=-1)
     logprobs = torch.nan_to_num(logprobs, nan=MIN_LOGPROB).clamp(min=MIN_LOGPROB)  # NaN: a row ruled out whole
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]))
-        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-    return TokenLogprobs(float(logprobs[token_id]), best)
+    picked = logprobs.gather(1, token_ids.view(-1, 1))
+    widest = min(max(tops, default=0), logprobs.shape[-1])
+    if widest > 0:
+        values, ids = torch.topk(logprobs, widest)
+        host = torch.cat([picked, values, ids.to(values.dtype)], dim=1).tolist()  # ids < 2**24: exact in float32
+    else:
+        host = picked.tolist()
+    return [
+        TokenLogprobs(row[0], tuple(zip(map(int, row[1 + widest : 1 + widest + top]), row[1 : 1 + top], strict=True)))
+        for row, top in zip(host, tops, strict=True)
+    ]
 
 
-def finite_rows(logits: torch.Tensor) -> list[bool]:
-    """Per row of logits [batch, vocab]: whether every value is finite."""
-    return torch.isfinite(logits).all(dim=-1).tolist()
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Per row of logits [batch, vocab], on their device: whether every value is finite."""
+    return torch.isfinite(logits).all(dim=-1)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]) -> list[int]:
     """Picks one token per row of logits [batch, vocab]; token_indices[i] is the index of the token
     being sampled in row i's output (0 for the first)."""
-    greedy_ids = _argmax(logits).tolist()
-    return [
-        greedy_ids[row] if p.greedy else _sample_row(logits[row], p, token_indices[row]) for row, p in enumerate(params)
-    ]
+    return draw(logits, params, token_indices).tolist()
+
+
+def draw(logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]) -> torch.Tensor:
+    """As `sample`, on the logits' device: the picks [batch] stay there, nothing waits for them. The rows
+    that draw are handled together: scaled, cut to their top-k and top-p, then each unseeded row draws
+    from its distribution by one uniform number against its cumulative sum (one number a row, not one a
+    token); a seeded row draws from a generator of its own (`_seeded_draw`)."""
+    picks = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    greedy = [row for row, p in enumerate(params) if p.greedy]
+    if greedy:
+        picks[greedy] = _argmax(logits if len(greedy) == len(params) else logits[greedy])
+    drawing = [row for row, p in enumerate(params) if not p.greedy]
+    if not drawing:
+        return picks
+    chosen = [params[row] for row in drawing]
+    probs = _distributions(logits if len(drawing) == len(params) else logits[drawing], chosen)
+    seeded = [(row, p.seed) for row, p in enumerate(chosen) if p.seed is not None]
+    unseeded = [row for row, p in enumerate(chosen) if p.seed is None]
+    drawn = torch.empty(len(drawing), dtype=torch.long, device=logits.device)
+    if unseeded:
+        drawn[unseeded] = _inverse_cdf_draws(probs if not seeded else probs[unseeded])
+    for row, seed in seeded:
+        drawn[row] = _seeded_draw(probs[row], seed, token_indices[drawing[row]])
+    picks[drawing] = drawn
+    return picks
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -109,35 +141,77 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(logits, nan=-math.inf).argmax(dim=-1)
 
 
-def _sample_row(logits: torch.Tensor, params: SamplingParams, token_index: int) -> int:
-    logits = _sanitized(logits / params.temperature)
-    if params.top_k > 0:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1])).values[-1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        outside = before >= params.top_p
-        outside[0] = False  # the most likely token is always kept, whatever top_p is
-        sorted_probs[outside] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    generator = None
-    if params.seed is not None:
-        generator = torch.Generator().manual_seed(((params.seed * _SEED_MIX) + token_index) & _MASK63)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def _distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Rows of logits, each with its sampling parameters → unnormalized probabilities after temperature,
+    top-k and top-p (a row's mass outside its top-p is zero; the draws normalize)."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    scaled = logits / temperature[:, None]
+    top_ks = [p.top_k for p in params]
+    probs = _softmax_top_k(scaled, top_ks)
+    # A row holding NaN or +inf, or nothing above -inf, is NaN throughout after softmax. Such rows are
+    # made over from sanitized logits: on the host only when there is one (the check is free there); on a
+    # device always, as asking would wait for the step.
+    broken = probs[:, :1].isnan()
+    if probs.device.type != "cpu" or bool(broken.any()):
+        probs = torch.where(broken, _softmax_top_k(_sanitized(scaled), top_ks), probs)
+    cut = [row for row, p in enumerate(params) if p.top_p < 1.0]
+    if cut:
+        probs[cut] = _top_p(probs[cut], [params[row].top_p for row in cut])
+    return probs
+
+
+def _softmax_top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
+    if any(k > 0 for k in top_ks):
+        logits = _top_k(logits, top_ks)
+    return torch.softmax(logits, dim=-1)
+
+
+def _top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
+    """Each row keeps the logits at least its k-th largest (k = 0: all of them)."""
+    vocab = logits.shape[-1]
+    clipped = [min(k, vocab) for k in top_ks]
+    ks = torch.tensor(clipped, device=logits.device)
+    largest = torch.topk(logits, max(clipped)).values
+    kth = largest.gather(1, (ks - 1).clamp(min=0)[:, None])
+    return logits.masked_fill((logits < kth) & (ks > 0)[:, None], -math.inf)
+
+
+def _top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    """Each row keeps its most likely tokens until their mass before the next reaches its top_p; the most
+    likely token is always kept, whatever top_p is."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    outside = before >= torch.tensor(top_ps, dtype=probs.dtype, device=probs.device)[:, None]
+    outside[:, 0] = False
+    sorted_probs[outside] = 0.0
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+def _inverse_cdf_draws(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of unnormalized probabilities: the first token whose cumulative mass exceeds a
+    uniform fraction of the row's total. A token of zero mass adds nothing to the sum, so it is never the
+    first to exceed it; the fraction is kept below the total so that some token always does."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).view(-1)
+
+
+def _seeded_draw(probs: torch.Tensor, seed: int, token_index: int) -> torch.Tensor:
+    """A seeded row's draw from a generator seeded by (seed, token index), on the row's device."""
+    generator = torch.Generator(device=probs.device).manual_seed(((seed * _SEED_MIX) + token_index) & _MASK63)
+    return torch.multinomial(probs, 1, generator=generator)[0]
 
 
 def _sanitized(logits: torch.Tensor) -> torch.Tensor:
-    """Scaled logits that softmax turns into a distribution: NaN never drawn; if any value is +inf, the
-    +inf values alone, equally likely; if none is left, every token equally likely."""
+    """Rows of scaled logits that softmax turns into distributions: NaN never drawn; in a row holding a
+    +inf, the +inf values alone, equally likely; in a row with no value left, every token equally likely."""
     positive_infinite = torch.isposinf(logits)
-    if positive_infinite.any():
-        return torch.zeros_like(logits).masked_fill(~positive_infinite, -math.inf)
-    logits = torch.nan_to_num(logits, nan=-math.inf, neginf=-math.inf)
-    if torch.isneginf(logits).all():
-        return torch.zeros_like(logits)
-    return logits
+    has_positive_infinite = positive_infinite.any(dim=-1, keepdim=True)
+    logits = torch.nan_to_num(logits, nan=-math.inf, neginf=-math.inf, posinf=0.0)
+    logits = torch.where(has_positive_infinite, torch.where(positive_infinite, 0.0, -math.inf), logits)
+    return torch.where(torch.isneginf(logits).all(dim=-1, keepdim=True), 0.0, logits)
 
 
 @dataclass(frozen=True)

@@ -91,4 +91,38 @@ def test_finite_rows_names_the_rows_holding_nan_or_infinity():
     values = logits(rows=4)
     values[1, 0] = float("nan")
     values[3, 5] = float("-inf")
-    assert finite_rows(values) == [True, False, True, False]
+    assert finite_rows(values).tolist() == [True, False, True, False]
+
+
+def test_unseeded_draws_follow_the_distribution_after_top_k_and_top_p():
+    values = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]] * 3))
+    params = [SamplingParams(), SamplingParams(top_k=2), SamplingParams(top_p=0.7)]
+    counts = torch.zeros(3, 5)
+    torch.manual_seed(0)
+    for _ in range(4000):
+        counts[torch.arange(3), torch.tensor(sample(values, params, [0, 0, 0]))] += 1
+    observed = counts / counts.sum(dim=1, keepdim=True)
+    assert torch.allclose(observed[0], torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=0.03)
+    assert torch.allclose(observed[1], torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=0.03)
+    assert torch.allclose(observed[2], torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=0.03)
+    assert counts[:, 4].sum() == 0 and counts[1:, 2:].sum() == 0  # no mass, never drawn
+
+
+def test_rows_draw_together_whatever_mix_of_greedy_seeded_and_unseeded():
+    values = logits(rows=6, vocab=32)
+    params = [SamplingParams(temperature=0.0), SamplingParams(seed=4), SamplingParams(top_k=1)] * 2
+    picks = sample(values, params, [0, 1, 2, 3, 4, 5])
+    greedy = values.argmax(-1).tolist()
+    assert picks[0] == greedy[0] and picks[3] == greedy[3] and picks[2] == greedy[2] and picks[5] == greedy[5]
+    assert picks[1] == sample(values[1:2], [params[1]], [1])[0] and picks[4] == sample(values[4:5], [params[4]], [4])[0]
+
+
+def test_unseeded_rows_with_nan_or_infinite_logits_draw_as_seeded_ones_do():
+    values = logits(rows=3, vocab=64)
+    values[0, :32] = float("nan")
+    values[1, 9] = values[1, 50] = float("inf")
+    values[2] = float("-inf")
+    params = [SamplingParams(temperature=2.0, top_k=40), SamplingParams(top_p=0.9), SamplingParams()]
+    draws = [sample(values, params, [0, 0, 0]) for _ in range(100)]
+    assert all(32 <= first < 64 and second in (9, 50) and 0 <= third < 64 for first, second, third in draws)
+    assert {second for _, second, _ in draws} == {9, 50} and len({third for *_, third in draws}) > 10

@@ -91,12 +91,13 @@ def test_bias_then_penalties_follow_openai_formula():
 
 
 def test_logprobs_are_the_log_softmax_and_a_ruled_out_token_reports_the_floor():
-    row = torch.tensor([1.0, 3.0, 2.0, float("-inf")])
-    got = token_logprobs(row, 3, top=2)
-    expected = torch.log_softmax(row, dim=-1)
+    rows = torch.tensor([[1.0, 3.0, 2.0, float("-inf")], [0.5, 0.0, 0.0, 2.0]])
+    got, other = token_logprobs(rows, torch.tensor([3, 0]), tops=[2, 0])
+    expected = torch.log_softmax(rows, dim=-1)
     assert got.logprob == MIN_LOGPROB
     assert [token_id for token_id, _ in got.top] == [1, 2]
-    assert got.top[0][1] == pytest.approx(float(expected[1]))
+    assert got.top[0][1] == pytest.approx(float(expected[0, 1]))
+    assert other.logprob == pytest.approx(float(expected[1, 0])) and other.top == ()
 
 
 def test_a_batch_of_plain_requests_samples_the_models_logits_without_a_copy():

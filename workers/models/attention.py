@@ -4,6 +4,7 @@ A query at position p sees the keys at positions p - window < position <= p when
 window (`window` keys, its own included: the convention of `transformers`), else every key up to p. Keys a
 window has left behind are not even gathered: an input attends from the first block its window reaches.
 
+This is the `gather` attention backend, the one CPU runners use (`workers.models.backends` chooses).
 Decoding inputs (one token each) attend in a few padded batches of similar lengths (`DecodeGroup`); each
 longer input (a prompt chunk) attends on its own, over the keys and values just computed when it starts
 its prompt, else over its blocks. A plan is built once per step for every window the model's layers use,
@@ -38,6 +39,16 @@ def first_visible_block(position: int, window: Window, block_size: int) -> int:
     return 0 if window is None else max(0, position - window + 1) // block_size
 
 
+def sample_rows_of(inputs: list[StepInput]) -> list[int]:
+    """The packed rows whose logits the step samples: each input's last `num_logits` rows."""
+    rows: list[int] = []
+    row = 0
+    for step in inputs:
+        row += len(step.token_ids)
+        rows.extend(range(row - step.num_logits, row))
+    return rows
+
+
 class AttentionPlan:
     """Where each input of a step sits in the packed rows and which keys its queries attend over."""
 
@@ -51,13 +62,12 @@ class AttentionPlan:
         windows: tuple[Window, ...],
     ) -> None:
         self._buffers = buffers
-        self.sample_rows: list[int] = []
+        self.sample_rows = sample_rows_of(inputs)
         decoding: list[tuple[int, int, list[int]]] = []  # (row, position, its block ids up to the position's)
         chunks: list[tuple[int, int, int, list[int]]] = []  # (row, length, start, block ids up to the last's)
         row = 0
         for step in inputs:
             length = len(step.token_ids)
-            self.sample_rows.extend(range(row + length - step.num_logits, row + length))
             blocks = step.block_ids[: (step.start + length - 1) // block_size + 1]
             if length == 1:
                 decoding.append((row, step.start, blocks))
