@@ -106,7 +106,9 @@ EOF
 
 step "bench.decode_floor" 120 \
     "$py" -m bench.decode_floor --device $device --model $model "${floor_args[@]}"
-step "bench.gpu_serving (transformers continuous batching, graphs off, graphs on)" 200 \
+step "the flash-varlen attention kernel against gather (pytest)" 40 \
+    "$py" -m pytest -q -p no:cacheprovider tests/workers/test_attention_backends.py
+step "bench.gpu_serving (transformers continuous batching; gather with graphs off and on; flash-varlen)" 240 \
     "$py" -m bench.gpu_serving --device $device --model $model "${serving_args[@]}"
 step "bench.gpu_serving --split (default dtype)" 150 \
     "$py" -m bench.gpu_serving --split --device $device --model $model "${split_args[@]}"

@@ -1,7 +1,7 @@
-"""Output tokens/s at a fixed concurrency on a GPU model size: the Diptych engine with CUDA graphs off and
-on, against the continuous-batching engine of `transformers` (the one `transformers serve
---continuous-batching` runs), on the same device and the same closed-loop workload, one after the other
-in one run.
+"""Output tokens/s at a fixed concurrency on a GPU model size: the Diptych engine with CUDA graphs off
+and on (the gather attention backend), and on CUDA with the flash-varlen backend too, against the
+continuous-batching engine of `transformers` (the one `transformers serve --continuous-batching` runs), on
+the same device and the same closed-loop workload, one after the other in one run.
 
 Both engines run in this process and are fed token ids, so neither pays for HTTP or tokenization: what is
 compared is the engines. Every output is greedy and runs to its length (end-of-sequence ignored), so both
@@ -34,6 +34,7 @@ from diptych_common.builtin import BUILTIN_MODELS
 from workers.engine import EngineConfig
 from workers.main import build_engine
 from workers.model_loader import load_model
+from workers.models.flash_varlen import unavailable_reason
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,17 @@ def workload(args, vocab_size: int) -> list[BenchRequest]:
     return make_requests(spec)
 
 
-def run_diptych(loaded, requests: list[BenchRequest], args, cuda_graphs: bool) -> Run:
-    name = f"diptych, CUDA graphs {'on' if cuda_graphs else 'off'}"
+def run_diptych(loaded, requests: list[BenchRequest], args, cuda_graphs: bool, attention: str = "gather") -> Run:
+    """`attention` flash-varlen runs on blocks of 256 tokens (its kernel's pages); gather on 16."""
+    name = f"diptych, {attention}, CUDA graphs {'on' if cuda_graphs else 'off'}"
     config = EngineConfig(
         device=args.device,
         kv_cache_mib=args.kv_cache_mib,
         max_running=args.concurrency,
         token_budget=args.token_budget,
         cuda_graphs=cuda_graphs,
+        attention=attention,
+        block_size=256 if attention == "flash-varlen" else 16,
     )
 
     async def measure() -> Run:
@@ -179,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_diptych(loaded, requests, args, cuda_graphs=False)]
     if cuda:
         runs.append(run_diptych(loaded, requests, args, cuda_graphs=True))
+        reason = unavailable_reason(torch.device(args.device), torch.bfloat16, 256)
+        if reason is None:
+            runs.append(run_diptych(loaded, requests, args, cuda_graphs=True, attention="flash-varlen"))
+        else:
+            log(f"flash-varlen not run: {reason}")
     print(render([baseline, *runs], baseline, args, loaded), flush=True)
     log(f"median output length {statistics.median(map(len, baseline.outputs.values()))} tokens")
     return 0
