@@ -42,7 +42,7 @@ from bench.chaos_ledger_batches import BatchReconciliation, reconcile_batches
 from bench.workload import FIRST_ORDINARY_TOKEN
 from diptych_common.builtin import DIPTYCH_TINY
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from diptych_server.stack import REPO_ROOT, Stack, StackError, free_port
+from diptych_server.stack import REPO_ROOT, UNLIMITED_NEW_ORGANIZATIONS, Stack, StackError, free_port
 
 VICTIM_KINDS = ("prefill", "decode", "gateway", "control-plane", "jobs")
 GATEWAY, CONTROL_PLANE, JOBS = "gateway", "control-plane", "jobs"
@@ -209,7 +209,12 @@ class ChaosPlatform:
 
 
 def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool) -> ChaosPlatform:
-    stack = Stack(state_dir, control_plane_port=free_port(), database_url=f"sqlite:///{state_dir / 'cp.sqlite3'}")
+    stack = Stack(
+        state_dir,
+        control_plane_port=free_port(),
+        database_url=f"sqlite:///{state_dir / 'cp.sqlite3'}",
+        extra_env=UNLIMITED_NEW_ORGANIZATIONS,
+    )
     try:
         log("migrating the control plane's database; issuing the first organization's key")
         credentials = stack.prepare_control_plane(demo=True)

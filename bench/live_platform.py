@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diptych_server.stack import REPO_ROOT, Stack, free_port
+from diptych_server.stack import REPO_ROOT, UNLIMITED_NEW_ORGANIZATIONS, Stack, free_port
 
 MODE_ROLES = {"split": ("prefill", "decode"), "colocated": ("colocated",)}
 MODES = tuple(MODE_ROLES)
@@ -76,7 +76,12 @@ def start_platform(
     state_dir: Path, model: str, context_length: int, split_threads: int, colocated_threads: int, log
 ) -> LivePlatform:
     """The control plane with the model in its catalog and a demo API key; no workers yet."""
-    stack = Stack(state_dir, control_plane_port=free_port(), database_url=f"sqlite:///{state_dir / 'cp.sqlite3'}")
+    stack = Stack(
+        state_dir,
+        control_plane_port=free_port(),
+        database_url=f"sqlite:///{state_dir / 'cp.sqlite3'}",
+        extra_env=UNLIMITED_NEW_ORGANIZATIONS,
+    )
     try:
         log("migrating the control plane's database and issuing a demo key")
         credentials = stack.prepare_control_plane(demo=True)

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.gateway_client import GatewayClient
 from bench.stats import RequestResult
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
-from diptych_server.stack import REPO_ROOT, Stack, free_port
+from diptych_server.stack import REPO_ROOT, UNLIMITED_NEW_ORGANIZATIONS, Stack, free_port
 
 MODEL = "diptych-tiny"
 SAMPLE_INTERVAL_S = 0.25
@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
 
 class Recorder:
     def __init__(self, state_dir: Path, slo_ttft_ms: float, slo_tpot_ms: float) -> None:
-        self.stack = Stack(state_dir, control_plane_port=free_port(), database_url=f"sqlite:///{state_dir / 'cp.db'}")
+        self.stack = Stack(
+            state_dir,
+            control_plane_port=free_port(),
+            database_url=f"sqlite:///{state_dir / 'cp.db'}",
+            extra_env=UNLIMITED_NEW_ORGANIZATIONS,
+        )
         self.slo = {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms}
         self.workers: dict[str, dict] = {}
         self.api_key = ""

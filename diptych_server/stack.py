@@ -41,6 +41,13 @@ def bootstrap_arguments(demo: bool, staff_email: str = "", staff_password: str =
     return arguments
 
 
+# The environment under which every new organization starts without rate limits (the control plane's
+# DIPTYCH_DEFAULT_*_PER_MINUTE): the benchmarks measure serving, not the rate limiter.
+UNLIMITED_NEW_ORGANIZATIONS = {
+    f"DIPTYCH_DEFAULT_{kind}_PER_MINUTE": "unlimited" for kind in ("REQUESTS", "INPUT_TOKENS", "OUTPUT_TOKENS")
+}
+
+
 class StackError(RuntimeError):
     pass
 

@@ -6,6 +6,7 @@ command runs everything.
 """
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}.") from None
+
+
+def rate_limit_from_env(name: str, default: int) -> int | None:
+    """A per-minute limit: a whole number from 0 to 2**31 - 1, or `unlimited` (None)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw == "unlimited":
+        return None
+    if not re.fullmatch(r"[0-9]{1,10}", raw) or int(raw) > 2**31 - 1:
+        raise ImproperlyConfigured(f"{name} must be a whole number up to {2**31 - 1} or 'unlimited', got {raw!r}.")
+    return int(raw)
 
 
 def _env_list(name: str, default: list[str]) -> list[str]:
@@ -69,6 +82,15 @@ ALLOWED_HOSTS = _env_list("DIPTYCH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[
 DIPTYCH_INTERNAL_TOKEN = os.environ.get("DIPTYCH_INTERNAL_TOKEN", "")
 DIPTYCH_WORKER_DEAD_AFTER_SECONDS = _env_int("DIPTYCH_WORKER_DEAD_AFTER_SECONDS", 10)
 DIPTYCH_HEARTBEAT_INTERVAL_SECONDS = _env_int("DIPTYCH_HEARTBEAT_INTERVAL_SECONDS", 2)
+
+# The rate limits a new organization starts with (None: unlimited), like OpenAI's first usage tier for its
+# small models (500 requests and 200,000 tokens a minute), here for input and output tokens each. An
+# organization's admins change them with PATCH /api/v1/limits.
+DIPTYCH_DEFAULT_RATE_LIMITS = {
+    "requests_per_minute": rate_limit_from_env("DIPTYCH_DEFAULT_REQUESTS_PER_MINUTE", 500),
+    "input_tokens_per_minute": rate_limit_from_env("DIPTYCH_DEFAULT_INPUT_TOKENS_PER_MINUTE", 200_000),
+    "output_tokens_per_minute": rate_limit_from_env("DIPTYCH_DEFAULT_OUTPUT_TOKENS_PER_MINUTE", 200_000),
+}
 
 # Model artifacts (`diptych model register`): empty DIPTYCH_ARTIFACT_STORE keeps them in DIPTYCH_ARTIFACT_DIR,
 # served to workers by the control plane; s3://BUCKET/PREFIX keeps them in S3-compatible storage (at

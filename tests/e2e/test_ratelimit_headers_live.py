@@ -54,7 +54,7 @@ def remaining_requests_over_http(http_url: str, key: str) -> list[str]:
             assert response.status_code == 200, body
             assert ("data: [DONE]" in body) is stream
             assert response.headers["x-ratelimit-limit-requests"] == "3"
-            assert "x-ratelimit-limit-tokens" not in response.headers  # no token limit: left out
+            assert "x-ratelimit-limit-tokens" in response.headers  # the organization's default token limits
             seen.append(response.headers["x-ratelimit-remaining-requests"])
     return seen
 
@@ -66,6 +66,19 @@ def assert_refused_with_headers(http_url: str, key: str) -> None:
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert refused.headers["x-ratelimit-limit-requests"] == "3"
     assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+
+
+def test_the_demo_key_without_limits_of_its_own_gets_every_header_from_its_organizations_defaults(live):
+    response = post(live.http_urls["split"], live.api_key)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-ratelimit-limit-requests"] == "500"
+    assert response.headers["x-ratelimit-limit-tokens"] == "200000"
+    for family in ("requests", "tokens"):
+        assert int(response.headers[f"x-ratelimit-remaining-{family}"]) > 0
+        assert response.headers[f"x-ratelimit-reset-{family}"].endswith("s")
+    with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"], max_retries=0) as client:
+        limits = client.completions.create(model=MODEL, prompt="limits", max_tokens=2, temperature=0).rate_limits
+    assert limits is not None and (limits.limit_requests, limits.limit_tokens) == (500, 200_000)
 
 
 def test_http_three_requests_show_2_1_0_then_a_429_with_the_headers(live):
@@ -102,7 +115,8 @@ def test_the_sdk_shows_the_grpc_metadata_on_completions_streams_and_errors(live,
         completion = client.completions.create(model=MODEL, prompt="limits", max_tokens=4, temperature=0)
         assert completion.rate_limits is not None
         assert (completion.rate_limits.limit_requests, completion.rate_limits.remaining_requests) == (3, 2)
-        # The output tokens' bucket is the only token bucket: 4 of 50 reserved by this request.
+        # The key's output tokens' bucket is the tightest (the organization's default limits are far wider):
+        # 4 of 50 reserved by this request.
         assert (completion.rate_limits.limit_tokens, completion.rate_limits.remaining_tokens) == (50, 46)
         assert 0 < completion.rate_limits.reset_requests <= 60
         with client.completions.create(model=MODEL, prompt="limits", max_tokens=4, stream=True) as stream:

@@ -209,7 +209,9 @@ def test_list_pages_newest_first_with_a_cursor(client_a, input_file):
     assert first["object"] == "list" and first["last_id"] == ids[1]
     second = client_a.get(BATCHES, {"limit": 2, "after": first["last_id"]}).data
     assert [b["id"] for b in second["data"]] == [ids[0]] and second["has_more"] is False
-    assert client_a.get(BATCHES, {"after": "batch_unknown"}).status_code == 400
+    unknown = client_a.get(BATCHES, {"after": "batch_unknown"})
+    assert unknown.status_code == 404 and unknown.data["error"]["fields"] == {"after": ["Unknown id."]}
+    assert "no object with id 'batch_unknown'" in unknown.data["error"]["message"]
     assert client_a.get(BATCHES, {"limit": 0}).status_code == 400
 
 

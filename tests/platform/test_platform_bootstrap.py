@@ -113,6 +113,16 @@ def test_demo_key_has_every_scope(db, internal_client):
     assert verified.data["scopes"] == ["inference", "admin:read", "admin:write"]
 
 
+def test_the_demo_organization_has_the_default_rate_limits_for_the_gateway_to_show(db, internal_client):
+    output, _ = bootstrap("--demo")
+    verified = internal_client.post("/api/v1/internal/api-keys/verify", {"api_key": output["api_key"]})
+    assert verified.data["limits"]["organization"] == {
+        "requests_per_minute": 500,
+        "input_tokens_per_minute": 200_000,
+        "output_tokens_per_minute": 200_000,
+    }
+
+
 def test_staff_user_from_bootstrap_sees_fleets(db):
     output, _ = bootstrap("--staff-email", "ops@diptych.local", "--staff-password", "ops-password-123")
     assert output["staff_email"] == "ops@diptych.local"

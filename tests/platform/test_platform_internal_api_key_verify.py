@@ -13,7 +13,8 @@ VERIFY_URL = "/api/v1/internal/api-keys/verify"
 def test_verify_returns_the_ids_and_records_use(internal_client, key_a, org_a):
     response = internal_client.post(VERIFY_URL, {"api_key": key_a.key})
     assert response.status_code == 200
-    unlimited = {"requests_per_minute": None, "input_tokens_per_minute": None, "output_tokens_per_minute": None}
+    defaults = {"requests_per_minute": 500, "input_tokens_per_minute": 200_000, "output_tokens_per_minute": 200_000}
+    unlimited = dict.fromkeys(defaults)
     assert response.data == {
         "api_key_id": key_a.api_key.public_id,
         "organization_id": org_a.public_id,
@@ -21,7 +22,7 @@ def test_verify_returns_the_ids_and_records_use(internal_client, key_a, org_a):
         "batch_id": None,
         "scopes": ["inference", "admin:read", "admin:write"],
         "expires_at": None,
-        "limits": {"organization": unlimited, "api_key": unlimited},
+        "limits": {"organization": defaults, "api_key": unlimited},
         "spend": {"limit_micros": None, "spent_micros": 0, "over_limit": False},
     }
     assert ApiKey.objects.get(pk=key_a.api_key.pk).last_used_at is not None

@@ -2,10 +2,15 @@
 bad input is a 400 naming the field and changes nothing, other organizations' keys are not found, and the
 gateway's key verification carries a change at once."""
 
+import importlib
+
 import pytest
+from django.apps import apps as django_apps
+from django.core.exceptions import ImproperlyConfigured
 from rest_framework.test import APIClient
 
-from controlplane.tenancy.models import ApiKey, AuditEvent
+from controlplane.settings import rate_limit_from_env
+from controlplane.tenancy.models import ApiKey, AuditEvent, Organization
 from controlplane.tenancy.services import api_key_create
 from tests.platform.test_platform_roles import member_client
 
@@ -22,14 +27,29 @@ def key(org_a) -> ApiKey:
     return api_key_create(organization=org_a, name="limited", scopes=["inference"]).api_key
 
 
-def test_reading_the_organization_limits_shows_unlimited_as_null(client_a, org_a):
+DEFAULTS = {"requests_per_minute": 500, "input_tokens_per_minute": 200_000, "output_tokens_per_minute": 200_000}
+
+
+def test_a_new_organization_starts_with_the_default_limits_and_its_keys_unlimited(client_a, org_a, key):
     response = client_a.get("/api/v1/limits")
     assert response.status_code == 200
+    assert response.json() == {"organization_id": org_a.public_id, **DEFAULTS, "spend_limit_micros": None}
+    assert limits_of(key) == dict.fromkeys(LIMIT_FIELDS)
+
+
+def test_the_default_limits_are_a_setting(settings, key_a):
+    settings.DIPTYCH_DEFAULT_RATE_LIMITS = {**DEFAULTS, "requests_per_minute": 60, "output_tokens_per_minute": None}
+    organization = Organization.objects.create(name="Other", slug="other")
+    assert limits_of(organization) == {**DEFAULTS, "requests_per_minute": 60, "output_tokens_per_minute": None}
+    assert limits_of(key_a.api_key.organization) == DEFAULTS  # made before: unchanged
+
+
+def test_reading_unlimited_shows_null(client_a, org_a):
+    assert client_a.patch("/api/v1/limits", dict.fromkeys(LIMIT_FIELDS), format="json").status_code == 200
+    response = client_a.get("/api/v1/limits")
     assert response.json() == {
         "organization_id": org_a.public_id,
-        "requests_per_minute": None,
-        "input_tokens_per_minute": None,
-        "output_tokens_per_minute": None,
+        **dict.fromkeys(LIMIT_FIELDS),
         "spend_limit_micros": None,
     }
 
@@ -132,9 +152,9 @@ def test_members_read_and_only_admins_write(org_a, key, role):
         else:
             assert response.status_code == 403
             assert "limits:write" in response.json()["error"]["message"]
-    expected = 7 if role in ("owner", "admin") else None
-    assert limits_of(org_a)["requests_per_minute"] == expected
-    assert limits_of(own_key)["requests_per_minute"] == expected
+    changed = role in ("owner", "admin")
+    assert limits_of(org_a)["requests_per_minute"] == (7 if changed else DEFAULTS["requests_per_minute"])
+    assert limits_of(own_key)["requests_per_minute"] == (7 if changed else None)
 
 
 def test_a_developer_reads_only_the_limits_of_its_own_keys(org_a, key):
@@ -160,8 +180,8 @@ def test_another_organizations_key_is_not_found_and_unchanged(client_b, key):
 
 def test_each_organization_sees_and_sets_its_own_limits(client_a, client_b, org_a, org_b):
     assert client_b.patch("/api/v1/limits", {"requests_per_minute": 9}, format="json").status_code == 200
-    assert client_a.get("/api/v1/limits").json()["requests_per_minute"] is None
-    assert limits_of(org_b)["requests_per_minute"] == 9 and limits_of(org_a)["requests_per_minute"] is None
+    assert client_a.get("/api/v1/limits").json()["requests_per_minute"] == DEFAULTS["requests_per_minute"]
+    assert limits_of(org_b)["requests_per_minute"] == 9 and limits_of(org_a) == DEFAULTS
 
 
 def test_the_gateways_key_verification_carries_a_change_at_once(client_a, internal_client, key_a, org_a):
@@ -178,4 +198,30 @@ def test_the_gateways_key_verification_carries_a_change_at_once(client_a, intern
 def test_unauthenticated_callers_are_refused(org_a):
     response = APIClient().patch("/api/v1/limits", {"requests_per_minute": 1}, format="json")
     assert response.status_code in (401, 403) and "error" in response.json()
-    assert limits_of(org_a)["requests_per_minute"] is None
+    assert limits_of(org_a) == DEFAULTS
+
+
+@pytest.mark.parametrize(("raw", "limit"), [("", 500), ("  ", 500), ("60", 60), ("0", 0), ("unlimited", None)])
+def test_a_default_limit_in_the_environment(monkeypatch, raw, limit):
+    monkeypatch.setenv("DIPTYCH_DEFAULT_REQUESTS_PER_MINUTE", raw)
+    assert rate_limit_from_env("DIPTYCH_DEFAULT_REQUESTS_PER_MINUTE", 500) == limit
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "Unlimited", "2147483648", "٣"])
+def test_a_bad_default_limit_in_the_environment_is_refused_by_name(monkeypatch, raw):
+    monkeypatch.setenv("DIPTYCH_DEFAULT_INPUT_TOKENS_PER_MINUTE", raw)
+    with pytest.raises(ImproperlyConfigured, match=r"DIPTYCH_DEFAULT_INPUT_TOKENS_PER_MINUTE must be a whole number"):
+        rate_limit_from_env("DIPTYCH_DEFAULT_INPUT_TOKENS_PER_MINUTE", 500)
+
+
+def test_organizations_that_never_set_limits_get_the_defaults_and_the_others_keep_theirs(client_a, org_a, org_b):
+    """The migration that brought the defaults: an organization made before them (all three null, never set)
+    gets them; one that chose unlimited through the API and one with limits of its own keep theirs."""
+    migration = importlib.import_module("controlplane.tenancy.migrations.0004_organization_default_rate_limits")
+    never_set = Organization.objects.create(name="Old", slug="old", **dict.fromkeys(LIMIT_FIELDS))
+    assert client_a.patch("/api/v1/limits", dict.fromkeys(LIMIT_FIELDS), format="json").status_code == 200
+    Organization.objects.filter(pk=org_b.pk).update(requests_per_minute=7, input_tokens_per_minute=None)
+    migration.default_limits_for_organizations_that_never_set_any(django_apps, None)
+    assert limits_of(never_set) == DEFAULTS
+    assert limits_of(org_a) == dict.fromkeys(LIMIT_FIELDS)
+    assert limits_of(org_b) == {**DEFAULTS, "requests_per_minute": 7, "input_tokens_per_minute": None}

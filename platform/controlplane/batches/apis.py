@@ -5,6 +5,7 @@ import calendar
 from datetime import datetime
 
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -13,7 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.batches.models import Batch, File
+from controlplane.batches.jsonl import ENDPOINTS
+from controlplane.batches.models import Batch, File, FilePurpose
 from controlplane.batches.selectors import (
     MAX_PAGE,
     batch_get,
@@ -25,7 +27,16 @@ from controlplane.batches.selectors import (
     file_list,
     request_counts,
 )
-from controlplane.batches.services import batch_cancel, batch_create, file_delete, file_upload
+from controlplane.batches.services import (
+    COMPLETION_WINDOWS,
+    MAX_METADATA_KEY,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+    batch_cancel,
+    batch_create,
+    file_delete,
+    file_upload,
+)
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
@@ -54,12 +65,14 @@ class FileOutputSerializer(serializers.Serializer):
     def get_status(self, file: File) -> str:
         return "processed"
 
+    @extend_schema_field({"type": "string", "nullable": True, "description": "Always null (OpenAI's shape)."})
     def get_status_details(self, file: File) -> None:
         return None
 
 
+@extend_schema_field(OpenApiTypes.INT)
 class UnixTimeField(serializers.Field):
-    """A moment as OpenAI's objects carry it: whole seconds since the epoch, or null."""
+    """A moment as OpenAI's objects carry it: whole seconds since the epoch, or null (allow_null=True)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(read_only=True, **kwargs)
@@ -95,17 +108,17 @@ class BatchOutputSerializer(serializers.Serializer):
     input_file_id = serializers.CharField()
     completion_window = serializers.CharField()
     status = serializers.CharField()
-    output_file_id = serializers.CharField(source="output_file.public_id", default=None)
-    error_file_id = serializers.CharField(source="error_file.public_id", default=None)
+    output_file_id = serializers.CharField(source="output_file.public_id", default=None, allow_null=True)
+    error_file_id = serializers.CharField(source="error_file.public_id", default=None, allow_null=True)
     created_at = UnixTimeField()
-    in_progress_at = UnixTimeField()
+    in_progress_at = UnixTimeField(allow_null=True)
     expires_at = UnixTimeField()
-    finalizing_at = UnixTimeField()
-    completed_at = UnixTimeField()
-    failed_at = UnixTimeField()
-    expired_at = UnixTimeField()
-    cancelling_at = UnixTimeField()
-    cancelled_at = UnixTimeField()
+    finalizing_at = UnixTimeField(allow_null=True)
+    completed_at = UnixTimeField(allow_null=True)
+    failed_at = UnixTimeField(allow_null=True)
+    expired_at = UnixTimeField(allow_null=True)
+    cancelling_at = UnixTimeField(allow_null=True)
+    cancelled_at = UnixTimeField(allow_null=True)
     request_counts = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
     metadata = serializers.JSONField()
@@ -187,7 +200,10 @@ class FileListCreateApi(BatchApiView):
 
     class FileUploadInputSerializer(serializers.Serializer):
         file = serializers.FileField(allow_empty_file=True)
-        purpose = serializers.CharField(max_length=32)
+        purpose = serializers.ChoiceField(
+            choices=[FilePurpose.BATCH],
+            error_messages={"invalid_choice": "purpose is {input!r}; only 'batch' files can be uploaded here."},
+        )
 
     class FileListQuerySerializer(CursorQuerySerializer):
         purpose = serializers.CharField(required=False, max_length=32)
@@ -220,7 +236,7 @@ class FileDetailApi(BatchApiView):
     def get(self, request: Request, file_id: str) -> Response:
         return Response(FileOutputSerializer(file_get(organization=self.organization, public_id=file_id)).data)
 
-    @extend_schema(responses=FileDeletedOutputSerializer)
+    @extend_schema(responses={200: FileDeletedOutputSerializer})
     def delete(self, request: Request, file_id: str) -> Response:
         file_delete(file=file_get(organization=self.organization, public_id=file_id))
         return Response({"id": file_id, "object": "file", "deleted": True})
@@ -235,14 +251,33 @@ class FileContentApi(BatchApiView):
         return HttpResponse(bytes(file.content), content_type="application/jsonl")
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "nullable": True,
+        "maxProperties": MAX_METADATA_PAIRS,
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
+        "description": f"Up to {MAX_METADATA_PAIRS} pairs of strings, keys of at most {MAX_METADATA_KEY} characters.",
+    }
+)
+class MetadataField(serializers.JSONField):
+    """A batch's metadata, checked by `batch_create`."""
+
+
 class BatchListCreateApi(BatchApiView):
     required_permissions = {"GET": Permission.BATCHES_READ, "POST": Permission.BATCHES_WRITE}
 
     class BatchCreateInputSerializer(serializers.Serializer):
         input_file_id = serializers.CharField(max_length=64)
-        endpoint = serializers.CharField(max_length=64)
-        completion_window = serializers.CharField(max_length=16)
-        metadata = serializers.JSONField(required=False, allow_null=True, default=None)
+        endpoint = serializers.ChoiceField(
+            choices=ENDPOINTS,
+            error_messages={"invalid_choice": f"endpoint is {{input!r}}; use one of {', '.join(ENDPOINTS)}."},
+        )
+        completion_window = serializers.ChoiceField(
+            choices=sorted(COMPLETION_WINDOWS),
+            error_messages={"invalid_choice": "completion_window is {input!r}; only '24h' is supported."},
+        )
+        metadata = MetadataField(required=False, allow_null=True, default=None)
 
     @extend_schema(parameters=[CursorQuerySerializer], responses=BatchListOutputSerializer)
     def get(self, request: Request) -> Response:

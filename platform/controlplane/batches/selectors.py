@@ -4,7 +4,7 @@ from datetime import datetime
 from django.db.models import Count, Q, QuerySet, Sum
 
 from controlplane.batches.models import ACTIVE_BATCH_STATUSES, Batch, BatchLine, File, LineState
-from controlplane.common.errors import InvalidInput, ObjectNotFound
+from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import ApiKey, Organization
 from controlplane.tenancy.scoping import organization_rows
 
@@ -72,7 +72,8 @@ def cursor_page(queryset: QuerySet, *, after: str | None, limit: int) -> CursorP
     if after:
         anchor = rows.filter(public_id=after).values_list("id", flat=True).first()
         if anchor is None:
-            raise InvalidInput(f"after: no object with id {after!r} in this list.", fields={"after": ["Unknown id."]})
+            # A cursor the schema allows (any id) that names nothing here: not found, like the object itself.
+            raise ObjectNotFound(f"after: no object with id {after!r} in this list.", fields={"after": ["Unknown id."]})
         rows = rows.filter(id__lt=anchor)
     items = list(rows[: limit + 1])
     return CursorPage(items=items[:limit], has_more=len(items) > limit)

@@ -67,15 +67,18 @@ class UsageDailyApi(TenantAPIView):
     required_permissions = {"GET": Permission.USAGE_READ}
 
     class UsageDailyFilterSerializer(QueryFilterSerializer):
-        start = serializers.DateField()
-        end = serializers.DateField()
+        start = serializers.DateField(help_text="The first day (UTC).")
+        end = serializers.DateField(
+            help_text=f"The last day (UTC), included: not before start, and at most {MAX_DAILY_RANGE.days} days "
+            "after it."
+        )
         group_by = serializers.ChoiceField(choices=sorted(GROUP_BY_FIELDS), default="phase")
 
         def validate(self, attrs: dict) -> dict:
             if attrs["end"] < attrs["start"]:
                 raise serializers.ValidationError({"end": ["Must not be before start."]})
             if attrs["end"] - attrs["start"] > MAX_DAILY_RANGE:
-                raise serializers.ValidationError({"end": ["The range may span at most 366 days."]})
+                raise serializers.ValidationError({"end": [f"The range may span at most {MAX_DAILY_RANGE.days} days."]})
             return attrs
 
     class UsageDailyOutputSerializer(serializers.Serializer):

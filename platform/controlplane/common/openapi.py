@@ -5,6 +5,7 @@ import threading
 from functools import cache
 
 from drf_spectacular import openapi
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import OpenApiParameter
 
@@ -49,13 +50,36 @@ def document_error_responses(result: dict, generator, request, public: bool) -> 
 
 
 class AutoSchema(openapi.AutoSchema):
-    """Documents the Idempotency-Key header on every POST of a view that honours it."""
+    """Documents the Idempotency-Key header on every POST of a view that honours it, and a body that must
+    name a field as required."""
+
+    def _get_request_body(self, direction="request"):
+        """A body that must name a field (StrictInputSerializer.requires_a_field) must be sent at all."""
+        body = super()._get_request_body(direction)
+        if body and getattr(self.get_request_serializer(), "requires_a_field", False):
+            body["required"] = True
+        return body
 
     def get_override_parameters(self) -> list:
         parameters = list(super().get_override_parameters())
         if self.method == "POST" and isinstance(self.view, IdempotentPostMixin):
             parameters.append(IDEMPOTENCY_KEY_PARAMETER)
         return parameters
+
+
+class StrictInputSerializerExtension(OpenApiSerializerExtension):
+    """A StrictInputSerializer refuses fields it does not declare, and one that `requires_a_field` an empty
+    body: its schema says so, so that a body the schema calls valid is never refused for either."""
+
+    target_class = "controlplane.common.strict_input.StrictInputSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction) -> dict:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        schema["additionalProperties"] = False
+        if self.target.requires_a_field:
+            schema["minProperties"] = 1
+        return schema
 
 
 IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(

@@ -33,13 +33,15 @@ from controlplane.catalog.selectors import (
 )
 from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register, worker_rpc_secret
 from controlplane.common.errors import ObjectNotFound
+from controlplane.common.strict_input import TextField
 from controlplane.internal.base_apis import FleetAPIView, InternalAPIView
 from controlplane.internal.serializers import (
+    ADDRESS_MESSAGE,
+    ADDRESS_PATTERN,
     ArtifactManifestSerializer,
     IdempotencyKeyFields,
     LimitsSerializer,
     UsageReportSerializer,
-    validate_address,
 )
 from controlplane.metering.services import (
     MAX_EVENTS_PER_BATCH,
@@ -283,9 +285,9 @@ class ModelArtifactFileApi(InternalAPIView):
 
 class WorkerRegisterApi(FleetAPIView):
     class WorkerRegisterInputSerializer(serializers.Serializer):
-        address = serializers.CharField(max_length=300, validators=[validate_address])
-        name = serializers.CharField(max_length=100)
-        revision = serializers.CharField(
+        address = serializers.RegexField(ADDRESS_PATTERN, max_length=300, error_messages={"invalid": ADDRESS_MESSAGE})
+        name = TextField(max_length=100)
+        revision = TextField(
             max_length=REVISION_MAX_LENGTH,
             required=False,
             default="",

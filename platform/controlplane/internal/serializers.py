@@ -10,11 +10,9 @@ EXECUTION_ID_PATTERN = r"^exec_[0-9a-f]{32}$"
 CLIENT_REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]{0,128}$"
 
 
-def validate_address(address: str) -> str:
-    host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise serializers.ValidationError("Expected 'host:port' with a port between 1 and 65535.")
-    return address
+# host:port with a port from 1 to 65535, as a pattern so that the schema documents it exactly.
+ADDRESS_PATTERN = r"^.+:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$"
+ADDRESS_MESSAGE = "Expected 'host:port' with a port between 1 and 65535."
 
 
 class LimitsSerializer(serializers.Serializer):

@@ -62,6 +62,8 @@ class RateLimitsOutputSerializer(serializers.Serializer):
 class RateLimitsInputSerializer(StrictInputSerializer):
     """Some of the per-minute limits; null makes one unlimited, 0 refuses every request."""
 
+    requires_a_field = True
+
     requests_per_minute = WholeNumberField(
         min_value=0, max_value=MAX_REQUESTS_PER_MINUTE, allow_null=True, required=False
     )

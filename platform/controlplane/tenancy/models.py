@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils.deconstruct import deconstructible
 
 from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
 
@@ -48,7 +49,34 @@ class RateLimits(models.Model):
         abstract = True
 
 
+@deconstructible
+class DefaultRateLimit:
+    """A new organization's limit, read from settings.DIPTYCH_DEFAULT_RATE_LIMITS when it is created."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self) -> int | None:
+        return settings.DIPTYCH_DEFAULT_RATE_LIMITS[self.name]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DefaultRateLimit) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
 class Organization(RateLimits):
+    # An organization starts with the default limits; its API keys start unlimited (the organization's apply).
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, default=DefaultRateLimit("requests_per_minute")
+    )
+    input_tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, default=DefaultRateLimit("input_tokens_per_minute")
+    )
+    output_tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, default=DefaultRateLimit("output_tokens_per_minute")
+    )
     public_id = models.CharField(
         max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_organization_id, editable=False
     )
