@@ -589,7 +589,8 @@ def _sample_rows(
 ) -> torch.Tensor | list[int | RequestFailed]:
     """The picks of all rows, on the logits' device (a row not in `rows` keeps its argmax: it failed
     already). One batched call; if it raises, row by row, so that only the rows that raise fail."""
-    params = [requests[row].sampling if row in rows else _GREEDY for row in range(len(requests))]
+    sampled = set(rows)
+    params = [requests[row].sampling if row in sampled else _GREEDY for row in range(len(requests))]
     try:
         return draw(logits, params, token_indices)
     except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one

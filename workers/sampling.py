@@ -116,10 +116,12 @@ def draw(logits: torch.Tensor, params: list[SamplingParams], token_indices: list
     that draw are handled together: scaled, cut to their top-k and top-p, then each unseeded row draws
     from its distribution by one uniform number against its cumulative sum (one number a row, not one a
     token); a seeded row draws from a generator of its own (`_seeded_draw`)."""
-    picks = torch.empty(len(params), dtype=torch.long, device=logits.device)
     greedy = [row for row, p in enumerate(params) if p.greedy]
+    if len(greedy) == len(params):
+        return _argmax(logits)
+    picks = torch.empty(len(params), dtype=torch.long, device=logits.device)
     if greedy:
-        picks[greedy] = _argmax(logits if len(greedy) == len(params) else logits[greedy])
+        picks[greedy] = _argmax(logits[greedy])
     drawing = [row for row, p in enumerate(params) if not p.greedy]
     if not drawing:
         return picks
