@@ -135,11 +135,8 @@ class ModelRunner:
         input order (a sampling input's rows in position order)."""
         if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
             return self.decode_graphs.run(inputs)
-        token_ids = torch.tensor([t for step in inputs for t in step.token_ids], dtype=torch.long)
-        positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in inputs])
-        slot_blocks, slot_offsets = self._slots(inputs, positions)
+        token_ids, positions, slot_blocks, slot_offsets = self._packed(inputs)
         plan = self._plan(inputs)
-        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
         hidden = self._forward(token_ids, positions, slot_blocks, slot_offsets, plan.attend)
         rows = plan.sample_rows
         if not rows:
@@ -193,15 +190,19 @@ class ModelRunner:
             hidden = layer.forward(hidden, cos, sin, attention)
         return hidden
 
-    def _slots(self, inputs: list[StepInput], positions: torch.Tensor):
+    def _packed(self, inputs: list[StepInput]) -> torch.Tensor:
+        """The step's tokens packed in one row: their ids, positions, and the block and offset of each
+        one's slot in the pool, built as Python lists (a tensor operation per input would cost more than
+        the lists) and moved to the device in one copy; [4, tokens]."""
         size = self.layout.block_size
-        tables = torch.cat(
-            [
-                torch.tensor(s.block_ids, dtype=torch.long)[torch.arange(s.start, s.start + len(s.token_ids)) // size]
-                for s in inputs
-            ]
-        )
-        return tables.to(self.device), (positions % size).to(self.device)
+        token_ids, positions, slot_blocks, slot_offsets = [], [], [], []
+        for step in inputs:
+            span = range(step.start, step.start + len(step.token_ids))
+            token_ids += step.token_ids
+            positions += span
+            slot_blocks += [step.block_ids[position // size] for position in span]
+            slot_offsets += [position % size for position in span]
+        return torch.tensor([token_ids, positions, slot_blocks, slot_offsets]).to(self.device, non_blocking=True)
 
     @property
     def supports_block_views(self) -> bool:
