@@ -195,7 +195,10 @@ class ModelRunner:
         one's slot in the pool, built as Python lists (a tensor operation per input would cost more than
         the lists) and moved to the device in one copy; [4, tokens]."""
         size = self.layout.block_size
-        token_ids, positions, slot_blocks, slot_offsets = [], [], [], []
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        slot_offsets: list[int] = []
         for step in inputs:
             span = range(step.start, step.start + len(step.token_ids))
             token_ids += step.token_ids
