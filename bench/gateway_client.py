@@ -19,8 +19,10 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 class GatewayClient:
-    def __init__(self, address: str, api_key: str, model: str) -> None:
+    def __init__(self, address: str, api_key: str, model: str, temperature: float = 0.0) -> None:
+        """`temperature` 0: greedy requests; above it, every request samples at it."""
         self._address = address.removeprefix("grpc://")
+        self._temperature = temperature
         self._metadata = (("authorization", f"Bearer {api_key}"),)
         self._model = model
         self._channel: grpc.aio.Channel | None = None
@@ -43,13 +45,13 @@ class GatewayClient:
         shares_prefix: bool = False,
         due_at: float | None = None,
     ) -> RequestResult:
-        """One greedy request; never raises for a failed call: the result carries the error. Latencies count
+        """One request (greedy unless the client samples); never raises for a failed call: the result carries the error. Latencies count
         from `due_at` (perf_counter) when given, so that a late send counts against the platform."""
         request = inference_pb2.GenerateRequest(
             model=self._model,
             prompt_token_ids=inference_pb2.TokenIds(ids=prompt_token_ids),
             max_tokens=max_tokens,
-            temperature=0.0,
+            temperature=self._temperature,
             ignore_eos=ignore_eos,
         )
         stub = inference_pb2_grpc.InferenceStub(self._channel)
