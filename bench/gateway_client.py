@@ -45,8 +45,9 @@ class GatewayClient:
         shares_prefix: bool = False,
         due_at: float | None = None,
     ) -> RequestResult:
-        """One request (greedy unless the client samples); never raises for a failed call: the result carries the error. Latencies count
-        from `due_at` (perf_counter) when given, so that a late send counts against the platform."""
+        """One request (greedy unless the client samples); never raises for a failed call: the result
+        carries the error. Latencies count from `due_at` (perf_counter) when given, so that a late send
+        counts against the platform."""
         request = inference_pb2.GenerateRequest(
             model=self._model,
             prompt_token_ids=inference_pb2.TokenIds(ids=prompt_token_ids),
