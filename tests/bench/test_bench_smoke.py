@@ -291,6 +291,15 @@ def test_migration_parity_finds_the_first_difference_and_the_gap_there():
     assert parity.largest_drift([whole], [migrated], cut=1) == pytest.approx(0.5)
 
 
+def test_sampler_cost_prints_a_row_per_shape_and_a_column_per_kind(capsys):
+    from bench.sampler_cost import KINDS, SHAPES, main
+
+    assert main(["--calls", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + len(SHAPES)
+    assert all(len(line.split()) == 3 + len(KINDS) for line in lines[2:])  # "8 x 4096" then a figure per kind
+
+
 def test_gpu_serving_compares_both_engines_on_the_same_tokens(capsys):
     from bench.gpu_serving import main
 
@@ -298,7 +307,7 @@ def test_gpu_serving_compares_both_engines_on_the_same_tokens(capsys):
     assert main([*argv, "--prompt-tokens", "16", "--output-tokens", "8", "--kv-cache-mib", "16", "--threads", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = {line[:36].strip(): line[36:].split() for line in lines[2:]}
-    assert set(rows) == {"transformers continuous batching", "diptych, CUDA graphs off"}
+    assert set(rows) == {"transformers continuous batching", "diptych, gather, CUDA graphs off"}
     assert rows["transformers continuous batching"][1] == "1.00x"
     # both greedy over the same float32 model on the CPU: every output agrees token for token
-    assert rows["diptych, CUDA graphs off"][2] == "6/6"
+    assert rows["diptych, gather, CUDA graphs off"][2] == "6/6"
