@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # The dashboard's bundle, served by the control plane at /dashboard/.
 DASHBOARD := frontend/dist/index.html
 DASHBOARD_SOURCES := $(wildcard frontend/src/*.ts frontend/src/*/*.ts frontend/src/*.css) frontend/index.html \
-	frontend/package.json frontend/package-lock.json frontend/vite.config.ts frontend/tsconfig.json
+	frontend/favicon.svg frontend/package.json frontend/package-lock.json frontend/vite.config.ts frontend/tsconfig.json
 
 .PHONY: up test lint install proto clean bench bench-full
 

@@ -42,6 +42,9 @@ class ControlPlaneClient:
         response.raise_for_status()
         return response.json()
 
+    async def post_rate_limit_refusals(self, refusals: list[dict]) -> dict:
+        return await self._post_json("/api/v1/internal/rate-limit-refusals", {"refusals": refusals})
+
     async def claim_idempotency_key(self, body: dict) -> dict:
         return await self._post_json("/api/v1/internal/idempotency-keys/claim", body)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gateway.auth import Caller
 from gateway.metrics import RATE_LIMITED
+from gateway.refusals import RefusalTally
 from gateway.types import ErrorKind, GatewayError
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,9 @@ class RateLimited(GatewayError):
 
 
 class RateLimiter:
-    def __init__(self, redis_url: str | None = None) -> None:
+    def __init__(self, redis_url: str | None = None, refusals: RefusalTally | None = None) -> None:
         self._local: dict[str, tuple[float, float]] = {}  # key -> (tokens, updated at in ms)
+        self.refusals = refusals or RefusalTally()  # what it refused, for the control plane
         self._redis = None
         if redis_url:
             import redis.asyncio as redis_asyncio
@@ -153,7 +155,7 @@ class RateLimiter:
         buckets = _buckets(caller, input_tokens, max_output_tokens)
         for bucket in buckets:
             if bucket.cost > bucket.capacity:
-                RATE_LIMITED.labels(bucket.scope, bucket.kind).inc()
+                self._count_refusal(caller, bucket)
                 raise RateLimited(
                     f"this request needs {bucket.cost} {bucket.kind} but the {bucket.scope} limit is "
                     f"{bucket.capacity} {bucket.kind} per minute; "
@@ -163,7 +165,7 @@ class RateLimiter:
         wait_ms, blocking_index, states = await self._take(buckets) if buckets else (0, 0, [])
         if wait_ms > 0:
             blocking = buckets[blocking_index]
-            RATE_LIMITED.labels(blocking.scope, blocking.kind).inc()
+            self._count_refusal(caller, blocking)
             raise RateLimited(
                 f"rate limit reached: the {blocking.scope} limit of {blocking.capacity} {blocking.kind} per minute; "
                 f"retry after {wait_ms} ms",
@@ -172,6 +174,11 @@ class RateLimiter:
             )
         output = [b for b in buckets if b.kind == "output tokens"]
         return Reservation(output_buckets=output, reserved_output_tokens=max_output_tokens, states=states)
+
+    def _count_refusal(self, caller: Caller, bucket: Bucket) -> None:
+        """In the metric, and in the tally the control plane receives (by key and limit)."""
+        RATE_LIMITED.labels(bucket.scope, bucket.kind).inc()
+        self.refusals.record(caller.organization_id, caller.api_key_id, bucket.scope, bucket.kind, bucket.capacity)
 
     async def current(self, caller: Caller) -> list[BucketState]:
         """Every bucket that applies to `caller`, as it stands now; nothing is taken."""

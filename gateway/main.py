@@ -29,11 +29,12 @@ from gateway.idempotency import IdempotencyKeys
 from gateway.limits import RateLimiter
 from gateway.live_load import Channels, LoadBoard
 from gateway.pipeline import Pipeline
+from gateway.refusals import RefusalReporter
 from gateway.registry import Registry
 from gateway.request_path import RequestPath, Timeouts
 from gateway.routing import Router, ServingMode
 from gateway.service import SERVICE_NAME, add_inference_service
-from gateway.usage import UsageJournal, UsageReporter
+from gateway.usage import Reporter, UsageJournal, UsageReporter
 from planner.autoscale import ScalingPolicy
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ async def serve(config: GatewayConfig) -> None:
     if held_by_a_killed_run:
         log.warning("freeing %d idempotency keys that a previous run of this gateway held", len(held_by_a_killed_run))
     limiter = RateLimiter(config.redis_url)
+    refusals = RefusalReporter(control_plane, limiter.refusals)
     router = Router(
         registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens
     )
@@ -122,6 +124,7 @@ async def serve(config: GatewayConfig) -> None:
     tasks = [
         asyncio.create_task(registry.refresh_forever()),
         asyncio.create_task(usage.flush_forever()),
+        asyncio.create_task(refusals.flush_forever()),
         asyncio.create_task(autoscale.publish_forever()),
         asyncio.create_task(idempotency.release_held(held_by_a_killed_run)),
     ]
@@ -142,6 +145,7 @@ async def serve(config: GatewayConfig) -> None:
         task.cancel()
     await idempotency.wait_idle(5.0)
     await _last_flush(usage)
+    await _last_flush(refusals)
     board.close()
     await limiter.close()
     await channels.close()
@@ -156,11 +160,11 @@ async def _wait_idle(pipeline: Pipeline, grace_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _last_flush(usage: UsageReporter) -> None:
+async def _last_flush(reporter: Reporter) -> None:
     try:
-        await asyncio.wait_for(usage.flush(), 5.0)
+        await asyncio.wait_for(reporter.flush(), 5.0)
     except Exception as error:
-        log.warning("control plane unreachable at shutdown; %d usage events stay spooled: %r", usage.pending, error)
+        log.warning("control plane unreachable at shutdown; %d reports not sent: %r", reporter.pending, error)
 
 
 async def _fetch_worker_secret(control_plane: ControlPlaneClient, channels: Channels) -> None:

@@ -26,7 +26,7 @@ import mmap
 import sqlite3
 import struct
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -257,12 +257,26 @@ class UsageReporter:
         ]
 
     async def flush_forever(self) -> None:
-        backoff = self._flush_interval_s
-        while True:
-            await asyncio.sleep(backoff)
-            try:
-                await self.flush()
-                backoff = self._flush_interval_s
-            except Exception as error:  # every event stays in the journal; try again later
-                backoff = min(backoff * 2, 2.0)
-                log.warning("cannot send usage events yet (%d waiting): %r", self.pending, error)
+        await flush_forever(self, "usage events", self._flush_interval_s)
+
+
+class Reporter(Protocol):
+    """What goes to the control plane in batches: `flush` sends what waits, or raises and keeps it."""
+
+    @property
+    def pending(self) -> int: ...
+
+    async def flush(self) -> None: ...
+
+
+async def flush_forever(reporter: Reporter, what: str, interval_s: float) -> None:
+    """Flushes every `interval_s`; after a failure, less often (up to every 2 s) until one succeeds."""
+    backoff = interval_s
+    while True:
+        await asyncio.sleep(backoff)
+        try:
+            await reporter.flush()
+            backoff = interval_s
+        except Exception as error:  # everything stays with the reporter; try again later
+            backoff = min(backoff * 2, 2.0)
+            log.warning("cannot send %s yet (%d waiting): %r", what, reporter.pending, error)

@@ -61,7 +61,7 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return element;
 }
 
-// A table in a box of its own width that scrolls sideways when the table is wider (a phone's screen).
+// A table in a box of its own width: its cells wrap, and on a phone's width each row is a card (style.css).
 export function table(headers: string[], rows: Child[][], attributes: Record<string, string> = {}): HTMLElement {
   return h(
     "div",
@@ -70,9 +70,36 @@ export function table(headers: string[], rows: Child[][], attributes: Record<str
       "table",
       attributes,
       h("thead", {}, h("tr", {}, ...headers.map((header) => h("th", {}, header)))),
-      h("tbody", {}, ...rows.map((cells) => h("tr", {}, ...cells.map((cell) => h("td", {}, cell))))),
+      // Each cell names its column: on a phone's width a row shows as a card of "column: value" lines.
+      h("tbody", {}, ...rows.map((cells) => h("tr", {}, ...cells.map((cell, column) => h("td", { "data-label": headers[column] ?? "" }, cell))))),
     ),
   );
+}
+
+// A button that acts on its second click ("Revoke", then "Confirm revoke") rather than through a browser dialog;
+// `data-armed="yes"` between the two. A failed action shows its error on the button.
+export function twoStepButton(
+  label: string,
+  attributes: Record<string, string>,
+  action: () => Promise<unknown>,
+  onDone: () => void,
+): HTMLButtonElement {
+  const button = h("button", { type: "button", class: "danger", ...attributes }, label);
+  button.addEventListener("click", async () => {
+    if (button.dataset.armed !== "yes") {
+      button.dataset.armed = "yes";
+      button.textContent = `Confirm ${label.toLowerCase()}`;
+      return;
+    }
+    button.disabled = true;
+    try {
+      await action();
+      onDone();
+    } catch (error) {
+      button.textContent = errorText(error);
+    }
+  });
+  return button;
 }
 
 export function errorText(error: unknown): string {

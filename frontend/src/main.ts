@@ -1,7 +1,7 @@
 import "./style.css";
-import { api, ApiError, get } from "./api";
+import { api, get } from "./api";
 import { errorText, h } from "./format";
-import type { ApiKey, ListPage, Me } from "./types";
+import type { ApiKey, ListPage, Me, Session } from "./types";
 import { batchesView, canSeeBatches } from "./views/batches";
 import { billingView } from "./views/billing";
 import { costsView } from "./views/costs";
@@ -10,19 +10,23 @@ import { invoicesView } from "./views/invoices";
 import { keysView } from "./views/keys";
 import { limitsView } from "./views/limits";
 import { loginView } from "./views/login";
+import { type DayRange, lastDays, rangePicker, rangeText } from "./views/range";
+import { refusalsView } from "./views/refusals";
 import { usageView } from "./views/usage";
 
 const app = document.getElementById("app")!;
 const FLEET_REFRESH_MS = 3000;
 let fleetTimer: number | undefined;
-let usageDays = 14;
+let usageRange: DayRange = lastDays(14);
 
+// The session answers whether the browser is signed in without an error, so that nothing is logged before sign-in.
 async function start(): Promise<void> {
   try {
-    showDashboard(await get<Me>("/auth/me"));
+    const session = await get<Session>("/auth/session");
+    if (session.user) showDashboard(session.user);
+    else showLogin();
   } catch (error) {
-    if (error instanceof ApiError && (error.status === 401 || error.status === 403)) showLogin();
-    else app.replaceChildren(failure(`The control plane did not answer: ${errorText(error)}`, start));
+    app.replaceChildren(failure(`The control plane did not answer: ${errorText(error)}`, start));
   }
 }
 
@@ -66,27 +70,29 @@ function showDashboard(me: Me): void {
   const sections: [HTMLElement, Promise<void>][] = [];
 
   if (me.organization) {
+    // People's keys: batches' runner keys are listed only when asked for (GET /api-keys?kind=batch_runner).
     const keys = get<ListPage<ApiKey>>("/api-keys?limit=200").then((page) => page.data);
-    const days = h("select", { name: "days", "aria-label": "Days shown" },
-      ...[7, 14, 30].map((value) => h("option", { value: String(value), selected: value === usageDays }, `Last ${value} days`)));
-    days.addEventListener("change", () => { usageDays = Number(days.value); refresh(); });
+    const range = rangePicker(usageRange, (chosen) => { usageRange = chosen; refresh(); });
     sections.push(
       section("billing", "Billing", () => billingView(refresh)),
       section("costs", "Cost this period", costsView),
-      section("usage", "Usage", async () => usageView(usageDays, await keys), days),
+      section("usage", "Usage", async () => usageView(usageRange, await keys), range),
       section("api-keys", "API keys", async () => keysView(await keys, refresh)),
       section("limits", "Rate limits", async () => limitsView(me.role, await keys, refresh)),
+      section("refusals", `Refused by a rate limit, ${rangeText(usageRange)}`, () => refusalsView(usageRange)),
       section("invoices", "Invoices", invoicesView),
     );
     if (canSeeBatches(me.role)) sections.push(section("batches", "Batches", () => batchesView(refresh)));
   }
   if (me.is_staff) {
-    const [fleet, loaded] = section("fleet", "Fleets and workers", fleetView);
-    sections.push([fleet, loaded]);
-    fleetTimer = window.setInterval(async () => {
+    const reload = async () => {
       const body = fleet.querySelector(".section-body")!;
-      try { body.replaceChildren(await fleetView()); } catch (error) { body.replaceChildren(failure(errorText(error), refresh)); }
-    }, FLEET_REFRESH_MS);
+      try { body.replaceChildren(await fleetView(reload)); } catch (error) { body.replaceChildren(failure(errorText(error), refresh)); }
+    };
+    const [fleet, loaded] = section("fleet", "Fleets and workers", () => fleetView(reload));
+    sections.push([fleet, loaded]);
+    // Live state; not while a "Confirm drain" waits for its second click.
+    fleetTimer = window.setInterval(() => { if (!fleet.querySelector("[data-armed=yes]")) reload(); }, FLEET_REFRESH_MS);
   }
   app.replaceChildren(
     h("header", { class: "topbar" },

@@ -71,7 +71,33 @@ export interface ApiKey {
   expires_at: string | null;
   revoked_at: string | null;
   limits: RateLimits;
+  kind: "standard" | "batch_runner";
   key?: string;
+}
+
+// GET /auth/session: whether the browser is signed in, never an error.
+export interface Session {
+  signed_in: boolean;
+  user: Me | null;
+}
+
+// GET /usage/requests: requests per day and key (an API key's id, a model or a tier).
+export interface DailyRequestsRow {
+  day: string;
+  key: string;
+  requests: number;
+}
+
+// GET /rate-limit-refusals: requests refused by one limit for one key on one day.
+export interface RefusalRow {
+  day: string;
+  api_key_id: string;
+  api_key_name: string;
+  scope: "organization" | "api_key";
+  limit: keyof RateLimits;
+  limit_value: number;
+  refusals: number;
+  last_refused_at: string;
 }
 
 // Per-minute rate limits; null is unlimited.

@@ -310,3 +310,33 @@ def test_staff_sees_fleets_and_workers_with_live_state(page, live, passwords):
     signed_out.click()
     expect(page.get_by_role("button", name="Sign in")).to_be_visible()
     assert page.evaluate("fetch('/api/v1/auth/me').then(r => r.status)") in (401, 403)
+
+
+def test_staff_drains_a_worker_from_the_fleet_view(page, passwords, control_plane_shell):
+    """A worker of a fleet of its own, in a region no gateway serves (no request goes to it), drained in two clicks."""
+    worker_id = (
+        control_plane_shell(
+            "from controlplane.catalog.models import Model\n"
+            "from controlplane.catalog.services import fleet_ensure, worker_register\n"
+            "fleet = fleet_ensure(name='drain-demo', role='decode', model=Model.objects.get(name='diptych-tiny'),"
+            " region='drain-demo', hardware_class='cpu')\n"
+            "print(worker_register(fleet=fleet, name='drain-demo-0', address='127.0.0.1:9').public_id)\n"
+        )
+        .strip()
+        .splitlines()[-1]
+    )
+    try:
+        sign_in(page, STAFF_EMAIL, passwords[STAFF_EMAIL])
+        row = page.locator("[data-table=workers] tr", has_text="drain-demo-0")
+        expect(row).to_contain_text("ready")
+        row.get_by_role("button", name="Drain").click()
+        row.get_by_role("button", name="Confirm drain").click()
+        expect(row).to_contain_text("draining")
+        expect(row.get_by_role("button")).to_have_count(0)
+        (worker,) = page.evaluate("fetch('/api/v1/workers?fleet=drain-demo').then(answer => answer.json())")["data"]
+        assert (worker["id"], worker["state"]) == (worker_id, "draining") and worker["drain_requested_at"]
+    finally:
+        control_plane_shell(
+            "from controlplane.catalog.models import Worker\n"
+            f"Worker.objects.filter(public_id={worker_id!r}).update(state='dead')\n"
+        )

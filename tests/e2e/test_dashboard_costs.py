@@ -1,11 +1,12 @@
-"""The dashboard's cost of the open period, its empty states and errors, and every view at a phone's width, in a
-real browser (Playwright driving Debian's Chromium) against the live stack.
+"""The dashboard's cost of the open period, its empty states and errors, every section's width at a desktop's and
+a phone's width, and a page load that logs no error, in a real browser (Playwright driving Debian's Chromium)
+against the live stack.
 
 Each test here signs in to an organization of its own, whose usage the test ingested the way the gateway reports
-it, so the page must show exactly these figures. With DIPTYCH_DASHBOARD_SCREENSHOTS=1 the phone and desktop
-screenshots are written to docs/, otherwise to tests/artifacts/:
+it, so the page must show exactly these figures. With DIPTYCH_DASHBOARD_SCREENSHOTS=1 the screenshots at both
+widths are written to docs/images/, otherwise to tests/artifacts/:
 
-    DIPTYCH_DASHBOARD_SCREENSHOTS=1 .venv/bin/pytest tests/e2e/test_dashboard_costs.py -k phone
+    DIPTYCH_DASHBOARD_SCREENSHOTS=1 .venv/bin/pytest tests/e2e/test_dashboard_costs.py -k widths
 """
 
 import datetime
@@ -26,9 +27,9 @@ passwords = dashboard.passwords
 sign_in = dashboard.sign_in
 chart = dashboard.chart
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1280, "height": 900}
+DESKTOP = {"width": 1440, "height": 900}
 MODEL = "diptych-tiny"
 PRICES = {"prefill": 100_000, "cached_prefill": 25_000, "decode": 400_000}  # bootstrap's, µ$ per million tokens
 BATCH_DECODE_PRICE = PRICES["decode"] // 2
@@ -41,7 +42,8 @@ pytestmark = [
 
 def screenshot_dir() -> Path:
     if os.environ.get("DIPTYCH_DASHBOARD_SCREENSHOTS"):
-        return DOCS
+        DOCS_IMAGES.mkdir(exist_ok=True)
+        return DOCS_IMAGES
     dashboard.ARTIFACTS.mkdir(exist_ok=True)
     return dashboard.ARTIFACTS
 
@@ -53,13 +55,6 @@ def new_page(browser, live, viewport: dict) -> Page:
 @pytest.fixture
 def page(browser, live):
     page = new_page(browser, live, DESKTOP)
-    yield page
-    page.context.close()
-
-
-@pytest.fixture
-def phone(browser, live):
-    page = new_page(browser, live, PHONE)
     yield page
     page.context.close()
 
@@ -219,34 +214,156 @@ def test_a_failed_section_shows_the_error_and_a_retry_that_loads_it(page, spende
     expect(costs.get_by_role("alert")).to_have_count(0)
 
 
-def fits(page: Page) -> None:
-    width = page.evaluate("document.documentElement.scrollWidth")
-    wide = page.evaluate(
-        """() => [...document.querySelectorAll('body *')]
-                 .filter(e => e.getBoundingClientRect().right > innerWidth + 0.5)
-                 .slice(0, 5).map(e => e.tagName + '.' + e.className)"""
+# Every box that must hold its content: a section, its body, a table's box, a form, the charts and cards.
+BOXES = "section, .section-body, .table-scroll, form, fieldset, .charts, .cards, .range, .topbar, details"
+
+
+def overflowing(page: Page) -> list[str]:
+    """Each box (and the page) whose content is wider than itself: hidden columns, or a page that scrolls sideways."""
+    return page.evaluate(
+        """boxes => [document.documentElement, ...document.querySelectorAll(boxes)]
+             .filter(box => box.scrollWidth > box.clientWidth + 1)
+             .map(box => `${box.closest('section')?.id ?? 'page'} ${box.tagName.toLowerCase()}.${box.className}: `
+                         + `${box.scrollWidth} px of content in ${box.clientWidth} px`)""",
+        BOXES,
     )
-    assert width <= PHONE["width"], f"the page is {width} px wide at {PHONE['width']} px; too wide: {wide}"
 
 
-def test_every_view_fits_a_phone_and_is_screenshotted_at_both_widths(phone, page, spender, passwords):
+def fits(page: Page) -> None:
+    """Every section shows all its content at the page's width: no box wider than itself, the page included."""
+    page.evaluate("document.querySelectorAll('details').forEach(details => { details.open = true; })")
+    assert overflowing(page) == [], f"at {page.viewport_size['width']} px"
+    assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+
+
+@pytest.fixture(scope="module")
+def busy(live, control_plane_shell) -> dict:
+    """An organization whose lists are long: keys with long names and every scope, a revoked one, a batch (and its
+    runner key), refusals by a rate limit, usage this period."""
+    organization = new_organization(control_plane_shell, "Busy")
+    output = control_plane_shell(
+        "import json\n"
+        "from controlplane.batches.services import batch_create, file_upload\n"
+        "from controlplane.tenancy.models import Organization, Scope\n"
+        "from controlplane.tenancy.services import api_key_create, api_key_revoke\n"
+        f"organization = Organization.objects.get(public_id={organization['organization_id']!r})\n"
+        "for name in ('nightly-evaluation-pipeline-europe-west-with-a-long-name', 'retired-integration-key'):\n"
+        "    issued = api_key_create(organization=organization, name=name, scopes=Scope.values)\n"
+        "api_key_revoke(api_key=issued.api_key)\n"
+        f"content = {BATCH_LINE!r}.encode()\n"
+        "file = file_upload(organization=organization, filename='in.jsonl', content=content, purpose='batch')\n"
+        "batch = batch_create(organization=organization, input_file_id=file.public_id,"
+        " endpoint='/v1/chat/completions', completion_window='24h')\n"
+        "print(json.dumps({'runner_key_id': batch.runner_key.public_id, 'runner_key_name': batch.runner_key.name}))\n"
+    )
+    organization.update(json.loads(output.strip().splitlines()[-1]))
+    first, now = period_moments()
+    ingest(live, organization, usage_of(first, now))
+    ingest(live, {**organization, "api_key_id": organization["runner_key_id"]}, [(now, "decode", "batch", 1000, 0)])
+    refusals = [
+        {
+            "id": f"busy{secrets.token_hex(8)}",
+            "organization_id": organization["organization_id"],
+            "api_key_id": organization["api_key_id"],
+            "scope": scope,
+            "limit": limit,
+            "limit_value": 3,
+            "minute": now.replace(second=0, microsecond=0).isoformat(),
+            "refusals": 7,
+        }
+        for scope, limit in (("api_key", "requests_per_minute"), ("organization", "output_tokens_per_minute"))
+    ]
+    with live.internal() as internal:
+        assert internal.post("/rate-limit-refusals", json={"refusals": refusals}).status_code == 200
+    control_plane_shell("from controlplane.billing.tasks import roll_up_usage; roll_up_usage()")
+    return organization
+
+
+BATCH_LINE = (
+    '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+    '"body": {"model": "diptych-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}\n'
+)
+
+
+def test_batch_runner_keys_stay_out_of_the_lists_and_batches_show_as_one_key(page, busy):
+    sign_in(page, busy["email"], busy["password"])
+    runner = busy["runner_key_name"]
+    expect(page.locator("[data-table=api-keys]")).to_contain_text("retired-integration-key")
+    expect(page.locator("[data-table=api-keys]")).not_to_contain_text(runner)
+    expect(page.locator("[data-table=limits]")).not_to_contain_text(runner)
+    options = page.get_by_label("Limits of").locator("option").all_inner_texts()
+    assert options and not [option for option in options if runner in option or "batch runner" in option]
+    labels = [dataset["label"] for dataset in chart(page, "api_key")["datasets"]]
+    assert "Batch API (all batches)" in labels and not [label for label in labels if busy["runner_key_id"] in label]
+    totals = page.locator("[data-table=key-totals]")
+    expect(totals.locator("tr", has_text="Batch API (all batches)")).to_contain_text("1,000")
+    listed = page.evaluate("fetch('/api/v1/api-keys?kind=batch_runner').then(answer => answer.json())")
+    assert [key["id"] for key in listed["data"]] == [busy["runner_key_id"]]  # still listed when asked for
+
+
+def test_spend_requests_and_refusals_per_key_over_a_chosen_range(page, busy):
+    sign_in(page, busy["email"], busy["password"])
+    first, now = period_moments()
+    refused = page.locator("#refusals [data-table=refusals]")
+    expect(refused.locator("tr", has_text="Key requests / min: 3")).to_contain_text("7")
+    expect(refused.locator("tr", has_text="Organization output tokens / min: 3")).to_contain_text("production")
+
+    # The range goes back a year, beyond the open period, to the period's first usage.
+    year_ago = (now - datetime.timedelta(days=365)).date()
+    page.get_by_label("From", exact=True).fill(year_ago.isoformat())
+    expect(page.locator("#usage h3")).to_have_text("By API key, the last 366 days")
+    production = page.locator("[data-table=key-totals] tr", has_text="production")
+    expect(production).to_contain_text(f"{sum(row[3] for row in usage_of(first, now)):,}")  # tokens
+    expect(production).to_contain_text(money(sum(row[4] for row in expected_rows(first, now))))  # spend
+    expect(production.locator("td").nth(1)).to_have_text("3")  # requests
+    assert chart(page, "api_key")["labels"][0] == year_ago.isoformat()
+
+    # Two days of last year hold none of it.
+    page.get_by_label("To", exact=True).fill((year_ago + datetime.timedelta(days=1)).isoformat())
+    expect(page.locator("#usage [data-empty=usage]")).to_be_visible()
+    expect(page.locator("#refusals [data-empty=refusals]")).to_be_visible()
+
+
+def console_problems(page: Page) -> list[str]:
+    """Errors the browser logs from now on, and every answer of 400 or more (a 404 favicon, a 401 session check)."""
+    problems: list[str] = []
+    page.on("console", lambda message: message.type == "error" and problems.append(f"console: {message.text}"))
+    page.on("response", lambda answer: answer.status >= 400 and problems.append(f"{answer.status} {answer.url}"))
+    return problems
+
+
+def test_no_error_is_logged_before_or_after_sign_in(page, busy):
+    problems = console_problems(page)
+    page.goto("/dashboard/")
+    expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+    page.wait_for_load_state("networkidle")
+    assert problems == []
+    expect(page.locator("link[rel=icon]")).to_have_count(1)  # headless Chromium fetches no icon: ask for it
+    assert page.request.get(page.locator("link[rel=icon]").get_attribute("href")).status == 200
+    sign_in(page, busy["email"], busy["password"])
+    page.wait_for_load_state("networkidle")
+    assert problems == []
+
+
+def test_every_section_fits_at_both_widths_and_is_screenshotted(browser, live, busy, passwords):
     shots = screenshot_dir()
-    phone.goto("/dashboard/")
-    expect(phone.get_by_role("button", name="Sign in")).to_be_visible()
-    fits(phone)
-    phone.screenshot(path=str(shots / "dashboard-phone-sign-in.png"))
+    for viewport in (DESKTOP, PHONE):
+        width = viewport["width"]
+        page = new_page(browser, live, viewport)
+        page.goto("/dashboard/")
+        expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+        fits(page)
+        page.screenshot(path=str(shots / f"dashboard-{width}-sign-in.png"))
 
-    sign_in(phone, spender["email"], spender["password"])
-    expect(phone.locator("#costs [data-table=phase-costs]")).to_be_visible()
-    fits(phone)
-    phone.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
+        sign_in(page, busy["email"], busy["password"])
+        expect(page.locator("#costs [data-table=phase-costs]")).to_be_visible()
+        page.screenshot(path=str(shots / f"dashboard-{width}.png"), full_page=True)
+        fits(page)
 
-    phone.get_by_role("button", name="Sign out").click()
-    sign_in(phone, dashboard.STAFF_EMAIL, passwords[dashboard.STAFF_EMAIL])
-    expect(phone.locator("[data-table=workers] tr", has_text="decode-0")).to_be_visible()
-    fits(phone)
-    phone.screenshot(path=str(shots / "dashboard-phone-staff.png"), full_page=True)
-
-    sign_in(page, spender["email"], spender["password"])
-    expect(page.locator("#costs [data-table=phase-costs]")).to_be_visible()
-    page.screenshot(path=str(shots / "dashboard-desktop.png"), full_page=True)
+        page.get_by_role("button", name="Sign out").click()
+        expect(page.get_by_role("button", name="Sign in")).to_be_visible()  # signed out before the next page load
+        sign_in(page, dashboard.STAFF_EMAIL, passwords[dashboard.STAFF_EMAIL])
+        expect(page.locator("[data-table=workers] tr", has_text="decode-0")).to_be_visible()
+        page.screenshot(path=str(shots / f"dashboard-{width}-staff.png"), full_page=True)
+        fits(page)
+        page.context.close()

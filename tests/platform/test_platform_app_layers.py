@@ -28,6 +28,7 @@ INTERNAL_ROUTES = {  # what gateway/control_plane.py and workers/registration.py
     "api/v1/internal/registry",
     "api/v1/internal/worker-credential",
     "api/v1/internal/usage-events",
+    "api/v1/internal/rate-limit-refusals",
     "api/v1/internal/idempotency-keys/claim",
     "api/v1/internal/idempotency-keys/complete",
     "api/v1/internal/idempotency-keys/release",

@@ -1,5 +1,5 @@
-import { get } from "../api";
-import { count, h, table } from "../format";
+import { api, get } from "../api";
+import { count, h, table, twoStepButton } from "../format";
 import type { Fleet, ListPage, Worker } from "../types";
 
 function age(iso: string): string {
@@ -7,8 +7,15 @@ function age(iso: string): string {
   return seconds < 120 ? `${seconds} s ago` : `${Math.round(seconds / 60)} min ago`;
 }
 
+// A live worker can be drained: it finishes its work and takes none (POST /workers/{id}/drain).
+function drainButton(worker: Worker, onChanged: () => void): HTMLElement | string {
+  if (worker.state === "draining" || worker.state === "dead") return "";
+  return twoStepButton("Drain", { "data-drain": worker.id },
+    () => api("POST", `/workers/${encodeURIComponent(worker.id)}/drain`), onChanged);
+}
+
 // Staff only: fleets and their workers with live state and load.
-export async function fleetView(): Promise<HTMLElement> {
+export async function fleetView(onChanged: () => void): Promise<HTMLElement> {
   const [fleets, workers] = await Promise.all([
     get<ListPage<Fleet>>("/fleets?limit=200").then((page) => page.data),
     get<ListPage<Worker>>("/workers?limit=500").then((page) => page.data),
@@ -21,13 +28,13 @@ export async function fleetView(): Promise<HTMLElement> {
       { "data-table": "fleets" },
     ),
     table(
-      ["Worker", "Fleet", "Role", "State", "Queue", "Active", "KV blocks free", "Tokens/s", "Last heartbeat"],
+      ["Worker", "Fleet", "Role", "State", "Queue", "Active", "KV blocks free", "Tokens/s", "Last heartbeat", ""],
       workers.map((worker) => [
         worker.name, worker.fleet, worker.role,
         h("span", { class: `badge ${worker.state}` }, worker.state),
         count(worker.queue_depth), count(worker.active_sequences),
         `${count(worker.kv_blocks_free)} / ${count(worker.kv_blocks_total)}`,
-        worker.tokens_per_second.toFixed(1), age(worker.last_heartbeat_at),
+        worker.tokens_per_second.toFixed(1), age(worker.last_heartbeat_at), drainButton(worker, onChanged),
       ]),
       { "data-table": "workers" },
     ),

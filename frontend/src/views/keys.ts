@@ -1,5 +1,5 @@
 import { api } from "../api";
-import { errorText, h, table, when } from "../format";
+import { errorText, h, table, twoStepButton, when } from "../format";
 import type { ApiKey } from "../types";
 
 const SCOPES = ["inference", "admin:read", "admin:write"];
@@ -48,21 +48,7 @@ export function keysView(keys: ApiKey[], onChanged: () => void): HTMLElement {
 }
 
 function revokeButton(key: ApiKey, onChanged: () => void): HTMLElement {
-  // Two steps instead of a browser dialog: "Revoke", then "Confirm revoke".
-  const button = h("button", { type: "button", class: "danger", "data-revoke": key.id }, "Revoke");
-  button.addEventListener("click", async () => {
-    if (button.dataset.armed !== "yes") {
-      button.dataset.armed = "yes";
-      button.textContent = "Confirm revoke";
-      return;
-    }
-    button.disabled = true;
-    try {
-      await api("POST", `/api-keys/${encodeURIComponent(key.id)}/revoke`);
-      onChanged();
-    } catch (error) {
-      button.textContent = errorText(error);
-    }
-  });
+  const button = twoStepButton("Revoke", { "data-revoke": key.id },
+    () => api("POST", `/api-keys/${encodeURIComponent(key.id)}/revoke`), onChanged);
   return h("span", {}, h("span", { class: "badge active" }, "active"), " ", button);
 }

@@ -2,7 +2,7 @@ import { api, get } from "../api";
 import { count, errorText, h, table, usd } from "../format";
 import type { ApiKey, OrganizationLimits, RateLimits } from "../types";
 
-const FIELDS: [keyof RateLimits, string][] = [
+export const FIELDS: [keyof RateLimits, string][] = [
   ["requests_per_minute", "Requests / min"],
   ["input_tokens_per_minute", "Input tokens / min"],
   ["output_tokens_per_minute", "Output tokens / min"],

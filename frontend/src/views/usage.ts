@@ -1,30 +1,67 @@
 import { get } from "../api";
-import { usageChart, pivot } from "../charts";
-import { count, h, isoDay } from "../format";
-import type { ApiKey, DailyUsageRow } from "../types";
+import { pivot, usageChart } from "../charts";
+import { count, h, table, usd } from "../format";
+import type { ApiKey, DailyRequestsRow, DailyUsageRow } from "../types";
 import { PHASES } from "./costs";
+import { type DayRange, daysOf, rangeText } from "./range";
 
-function lastDays(days: number): string[] {
-  const today = new Date();
-  return Array.from({ length: days }, (_, back) => {
-    const day = new Date(Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate() - (days - 1 - back)));
-    return isoDay(day);
-  });
+// Batches' runner keys (one per batch) are left out of the lists and show as one "Batch API" line.
+const BATCHES = "batch";
+const BATCH_LABEL = "Batch API (all batches)";
+
+const daily = <Row>(path: string, range: DayRange, query: string) =>
+  get<{ data: Row[] }>(`${path}?start=${range.start}&end=${range.end}&${query}`).then((body) => body.data);
+
+// The usage of people's keys by key, and that of every batch's runner key as one key named "batch".
+async function usageByKey(range: DayRange): Promise<[DailyUsageRow[], DailyRequestsRow[]]> {
+  const [tokens, batchTokens, requests, batchRequests] = await Promise.all([
+    daily<DailyUsageRow>("/usage/daily", range, "group_by=api_key&api_key_kind=standard"),
+    daily<DailyUsageRow>("/usage/daily", range, "group_by=tier&api_key_kind=batch_runner"),
+    daily<DailyRequestsRow>("/usage/requests", range, "group_by=api_key&api_key_kind=standard"),
+    daily<DailyRequestsRow>("/usage/requests", range, "group_by=tier&api_key_kind=batch_runner"),
+  ]);
+  const asBatches = <Row extends { key: string }>(rows: Row[]) => rows.map((row) => ({ ...row, key: BATCHES }));
+  return [[...tokens, ...asBatches(batchTokens)], [...requests, ...asBatches(batchRequests)]];
 }
 
-// Charts of tokens per day by phase, by model and by API key over the last `days` days.
-export async function usageView(days: number, keys: ApiKey[]): Promise<HTMLElement> {
-  const range = lastDays(days);
-  const query = (groupBy: string) => `/usage/daily?start=${range[0]}&end=${range[range.length - 1]}&group_by=${groupBy}`;
-  const [byPhase, byModel, byKey] = await Promise.all(
-    ["phase", "model", "api_key"].map((groupBy) => get<{ data: DailyUsageRow[] }>(query(groupBy)).then((body) => body.data)),
+const sumBy = <Row extends { key: string }>(rows: Row[], key: string, value: (row: Row) => number) =>
+  rows.filter((row) => row.key === key).reduce((sum, row) => sum + value(row), 0);
+
+// Requests, tokens and spend of each key over the range, the biggest spender first.
+function keyTotals(byKey: DailyUsageRow[], requests: DailyRequestsRow[], label: (key: string) => string): HTMLElement {
+  const keys = [...new Set([...byKey, ...requests].map((row) => row.key))];
+  const totals = keys.map((key) => ({
+    key,
+    requests: sumBy(requests, key, (row) => row.requests),
+    tokens: sumBy(byKey, key, (row) => row.tokens),
+    spend: sumBy(byKey, key, (row) => row.amount_micros),
+  })).sort((a, b) => b.spend - a.spend || b.tokens - a.tokens);
+  const all = (field: "requests" | "tokens" | "spend") => totals.reduce((sum, row) => sum + row[field], 0);
+  return table(
+    ["API key", "Requests", "Tokens", "Spend"],
+    [
+      ...totals.map((row) => [label(row.key), count(row.requests), count(row.tokens), usd(row.spend)]),
+      [h("strong", {}, "Total"), count(all("requests")), count(all("tokens")), usd(all("spend"))],
+    ],
+    { "data-table": "key-totals" },
   );
+}
+
+// Charts of tokens per day by phase, by model and by API key, and each key's requests, tokens and spend.
+export async function usageView(range: DayRange, keys: ApiKey[]): Promise<HTMLElement> {
+  const days = daysOf(range);
+  const [byPhase, byModel, [byKey, requests]] = await Promise.all([
+    daily<DailyUsageRow>("/usage/daily", range, "group_by=phase"),
+    daily<DailyUsageRow>("/usage/daily", range, "group_by=model"),
+    usageByKey(range),
+  ]);
   if (byPhase.length === 0) {
-    return h("p", { class: "empty", "data-empty": "usage" }, h("strong", {}, `No usage in the last ${days} days. `),
+    return h("p", { class: "empty", "data-empty": "usage" }, h("strong", {}, `No usage in ${rangeText(range)}. `),
       "Requests made with this organization's API keys show here by day, phase, model and key.");
   }
-  const keyNames = new Map(keys.map((key) => [key.id, `${key.name} (${key.prefix})`]));
-  const phaseTotal = (phase: string) => byPhase.filter((row) => row.key === phase).reduce((sum, row) => sum + row.tokens, 0);
+  const keyNames = new Map<string, string>([...keys.map((key) => [key.id, `${key.name} (${key.prefix})`] as const), [BATCHES, BATCH_LABEL]]);
+  const keyLabel = (key: string) => keyNames.get(key) ?? key;
+  const phaseTotal = (phase: string) => sumBy(byPhase, phase, (row) => row.tokens);
   return h(
     "div",
     {},
@@ -38,9 +75,11 @@ export async function usageView(days: number, keys: ApiKey[]): Promise<HTMLEleme
     h(
       "div",
       { class: "charts" },
-      usageChart("phase", "Tokens by phase", pivot(byPhase, range, (key) => PHASES[key] ?? key, Object.keys(PHASES))),
-      usageChart("model", "Tokens by model", pivot(byModel, range, (key) => key)),
-      usageChart("api_key", "Tokens by API key", pivot(byKey, range, (key) => keyNames.get(key) ?? key)),
+      usageChart("phase", "Tokens by phase", pivot(byPhase, days, (key) => PHASES[key] ?? key, Object.keys(PHASES))),
+      usageChart("model", "Tokens by model", pivot(byModel, days, (key) => key)),
+      usageChart("api_key", "Tokens by API key", pivot(byKey, days, keyLabel)),
     ),
+    h("h3", {}, `By API key, ${rangeText(range)}`),
+    keyTotals(byKey, requests, keyLabel),
   );
 }

@@ -28,7 +28,7 @@ from controlplane.catalog.models import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.common.tokens import token_from_secret
 from controlplane.tenancy.api_keys import API_KEY_PREFIX
-from controlplane.tenancy.models import Organization, Scope
+from controlplane.tenancy.models import ApiKeyKind, Organization, Scope
 from controlplane.tenancy.services import api_key_create, api_key_revoke
 
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
@@ -120,6 +120,7 @@ def batch_create(
         scopes=[Scope.INFERENCE],
         expires_at=expires_at + timedelta(seconds=settings.DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS),
         key=runner_key_secret(public_id),
+        kind=ApiKeyKind.BATCH_RUNNER,
     ).api_key
     batch = Batch.objects.create(
         public_id=public_id,

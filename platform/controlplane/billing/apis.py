@@ -1,5 +1,3 @@
-from datetime import timedelta
-
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication
@@ -21,14 +19,13 @@ from controlplane.billing.services import spend_limit_set, stripe_event_process
 from controlplane.billing.stripe_gateway import InvalidWebhook, StripeNotConfigured, stripe_gateway
 from controlplane.catalog.models import PricePhase, PriceTier
 from controlplane.common.errors import ApplicationError, InvalidInput
-from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.filters import DayRangeFilterSerializer, QueryFilterSerializer
 from controlplane.common.limits import MAX_BIG_INTEGER
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.common.strict_input import StrictInputSerializer, WholeNumberField
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
-
-MAX_DAILY_RANGE = timedelta(days=366)
+from controlplane.tenancy.models import ApiKeyKind
 
 
 class InvoiceLineOutputSerializer(serializers.Serializer):
@@ -66,20 +63,13 @@ class SpendLimitSerializer(StrictInputSerializer):
 class UsageDailyApi(TenantAPIView):
     required_permissions = {"GET": Permission.USAGE_READ}
 
-    class UsageDailyFilterSerializer(QueryFilterSerializer):
-        start = serializers.DateField(help_text="The first day (UTC).")
-        end = serializers.DateField(
-            help_text=f"The last day (UTC), included: not before start, and at most {MAX_DAILY_RANGE.days} days "
-            "after it."
-        )
+    class UsageDailyFilterSerializer(DayRangeFilterSerializer):
         group_by = serializers.ChoiceField(choices=sorted(GROUP_BY_FIELDS), default="phase")
-
-        def validate(self, attrs: dict) -> dict:
-            if attrs["end"] < attrs["start"]:
-                raise serializers.ValidationError({"end": ["Must not be before start."]})
-            if attrs["end"] - attrs["start"] > MAX_DAILY_RANGE:
-                raise serializers.ValidationError({"end": [f"The range may span at most {MAX_DAILY_RANGE.days} days."]})
-            return attrs
+        api_key_kind = serializers.ChoiceField(
+            choices=ApiKeyKind.choices,
+            required=False,
+            help_text="Only the usage of keys of this kind (standard: people's keys; batch_runner: batches').",
+        )
 
     class UsageDailyOutputSerializer(serializers.Serializer):
         class UsageDailyRowSerializer(serializers.Serializer):

@@ -65,11 +65,16 @@ def period_lines_to_date(*, organization: Organization, period_start: date) -> l
     return rated_lines(rows)
 
 
-def usage_daily(*, organization: Organization, start: date, end: date, group_by: str) -> list[dict]:
-    """Rows of {day, key, tokens, amount_micros} for start <= day <= end, amount rounded once per row."""
+def usage_daily(
+    *, organization: Organization, start: date, end: date, group_by: str, api_key_kind: str | None = None
+) -> list[dict]:
+    """Rows of {day, key, tokens, amount_micros} for start <= day <= end, amount rounded once per row; with
+    `api_key_kind`, of the keys of that kind only."""
+    usage = organization_rows(DailyUsage, organization=organization)
+    if api_key_kind is not None:
+        usage = usage.filter(api_key__kind=api_key_kind)
     rows = (
-        organization_rows(DailyUsage, organization=organization)
-        .filter(day__gte=start, day__lte=end)
+        usage.filter(day__gte=start, day__lte=end)
         .values("day", GROUP_BY_FIELDS[group_by], "unit_price_micros_per_million")
         .annotate(tokens=Sum("tokens"))
         .order_by()

@@ -41,14 +41,17 @@ from controlplane.internal.serializers import (
     ArtifactManifestSerializer,
     IdempotencyKeyFields,
     LimitsSerializer,
+    RefusalReportSerializer,
     UsageReportSerializer,
 )
 from controlplane.metering.services import (
     MAX_EVENTS_PER_BATCH,
+    RefusalReport,
     UsageReport,
     idempotency_key_claim,
     idempotency_key_complete,
     idempotency_key_release,
+    rate_limit_refusals_record,
 )
 from controlplane.tenancy.services import api_key_authenticate
 
@@ -201,6 +204,21 @@ class UsageEventIngestApi(InternalAPIView):
         reports = [UsageReport(**event) for event in serializer.validated_data["events"]]
         result = usage_events_ingest(reports=reports)
         return Response(self.UsageEventBatchOutputSerializer(asdict(result)).data)
+
+
+class RateLimitRefusalIngestApi(InternalAPIView):
+    """The gateway's counts of requests refused by a rate limit, per minute, key and limit, in batches."""
+
+    class RefusalBatchInputSerializer(serializers.Serializer):
+        refusals = RefusalReportSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
+
+    @extend_schema(request=RefusalBatchInputSerializer, responses=UsageEventIngestApi.UsageEventBatchOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.RefusalBatchInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        reports = [RefusalReport(**row) for row in serializer.validated_data["refusals"]]
+        result = rate_limit_refusals_record(reports=reports)
+        return Response(UsageEventIngestApi.UsageEventBatchOutputSerializer(asdict(result)).data)
 
 
 class IdempotencyKeyClaimApi(InternalAPIView):

@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from controlplane.catalog.models import PriceTier
 from controlplane.common.limits import MAX_BIG_INTEGER
-from controlplane.metering.models import Phase
+from controlplane.metering.models import Phase, RefusalScope, RefusedLimit
 
 EXECUTION_ID_PATTERN = r"^exec_[0-9a-f]{32}$"
 CLIENT_REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]{0,128}$"
@@ -48,6 +48,21 @@ class UsageReportSerializer(serializers.Serializer):
         if attrs["started_at"] > attrs["finished_at"]:
             raise serializers.ValidationError({"finished_at": ["Cannot be before started_at."]})
         return attrs
+
+
+class RefusalReportSerializer(serializers.Serializer):
+    """A gateway's count of the requests one limit refused for one API key in one minute."""
+
+    id = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{8,64}$", help_text="The gateway's id for this row: sent again, it counts once."
+    )
+    organization_id = serializers.CharField(max_length=32)
+    api_key_id = serializers.CharField(max_length=32)
+    scope = serializers.ChoiceField(choices=RefusalScope.choices)
+    limit = serializers.ChoiceField(choices=RefusedLimit.choices)
+    limit_value = serializers.IntegerField(min_value=0, max_value=MAX_BIG_INTEGER)
+    minute = serializers.DateTimeField()
+    refusals = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
 
 class IdempotencyKeyFields(serializers.Serializer):

@@ -10,6 +10,7 @@ urlpatterns = [
     path("registry", apis.RegistryApi.as_view(), name="internal-registry"),
     path("worker-credential", apis.WorkerCredentialApi.as_view(), name="internal-worker-credential"),
     path("usage-events", apis.UsageEventIngestApi.as_view(), name="internal-usage-event-ingest"),
+    path("rate-limit-refusals", apis.RateLimitRefusalIngestApi.as_view(), name="internal-rate-limit-refusal-ingest"),
     path("idempotency-keys/claim", apis.IdempotencyKeyClaimApi.as_view(), name="internal-idempotency-claim"),
     path("idempotency-keys/complete", apis.IdempotencyKeyCompleteApi.as_view(), name="internal-idempotency-complete"),
     path("idempotency-keys/release", apis.IdempotencyKeyReleaseApi.as_view(), name="internal-idempotency-release"),

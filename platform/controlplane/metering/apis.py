@@ -4,12 +4,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.catalog.models import PriceTier
-from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.filters import DayRangeFilterSerializer, QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
-from controlplane.metering.models import Phase
-from controlplane.metering.selectors import usage_event_list, usage_summary
+from controlplane.metering.models import Phase, RefusalScope, RefusedLimit
+from controlplane.metering.selectors import (
+    REQUEST_GROUP_BY_FIELDS,
+    rate_limit_refusals_daily,
+    request_counts_daily,
+    usage_event_list,
+    usage_summary,
+)
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
+from controlplane.tenancy.models import ApiKeyKind
 
 
 class UsageEventOutputSerializer(serializers.Serializer):
@@ -74,3 +81,58 @@ class UsageSummaryApi(TenantAPIView):
     def get(self, request: Request) -> Response:
         rows = usage_summary(organization=self.organization)
         return Response(UsageSummaryOutputSerializer({"object": "list", "data": rows}).data)
+
+
+class UsageRequestsApi(TenantAPIView):
+    """Requests per day and API key, model or tier, counted from the ledger."""
+
+    required_permissions = {"GET": Permission.USAGE_READ}
+
+    class UsageRequestsFilterSerializer(DayRangeFilterSerializer):
+        group_by = serializers.ChoiceField(choices=sorted(REQUEST_GROUP_BY_FIELDS), default="api_key")
+        api_key_kind = serializers.ChoiceField(choices=ApiKeyKind.choices, required=False)
+
+    class UsageRequestsOutputSerializer(serializers.Serializer):
+        class UsageRequestsRowSerializer(serializers.Serializer):
+            day = serializers.DateField()
+            key = serializers.CharField(help_text="An API key's id, a model name or a tier.")
+            requests = serializers.IntegerField()
+
+        object = serializers.ChoiceField(choices=["list"])
+        data = UsageRequestsRowSerializer(many=True)
+
+    @extend_schema(parameters=[UsageRequestsFilterSerializer], responses=UsageRequestsOutputSerializer)
+    def get(self, request: Request) -> Response:
+        filters = self.UsageRequestsFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        rows = request_counts_daily(organization=self.organization, **filters.validated_data)
+        return Response(self.UsageRequestsOutputSerializer({"object": "list", "data": rows}).data)
+
+
+class RateLimitRefusalsApi(TenantAPIView):
+    """Requests the gateways refused (HTTP 429, RESOURCE_EXHAUSTED) per day, API key and limit."""
+
+    required_permissions = {"GET": Permission.USAGE_READ}
+
+    class RateLimitRefusalOutputSerializer(serializers.Serializer):
+        class RateLimitRefusalRowSerializer(serializers.Serializer):
+            day = serializers.DateField()
+            api_key_id = serializers.CharField()
+            api_key_name = serializers.CharField()
+            scope = serializers.ChoiceField(
+                choices=RefusalScope.choices, help_text="Whose limit refused: the organization's or the key's."
+            )
+            limit = serializers.ChoiceField(choices=RefusedLimit.choices)
+            limit_value = serializers.IntegerField(help_text="The limit per minute when it refused.")
+            refusals = serializers.IntegerField()
+            last_refused_at = serializers.DateTimeField(help_text="The start of the last minute with a refusal.")
+
+        object = serializers.ChoiceField(choices=["list"])
+        data = RateLimitRefusalRowSerializer(many=True)
+
+    @extend_schema(parameters=[DayRangeFilterSerializer], responses=RateLimitRefusalOutputSerializer)
+    def get(self, request: Request) -> Response:
+        filters = DayRangeFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        rows = rate_limit_refusals_daily(organization=self.organization, **filters.validated_data)
+        return Response(self.RateLimitRefusalOutputSerializer({"object": "list", "data": rows}).data)

@@ -95,3 +95,38 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.organization_id}/{self.key}"
+
+
+class RefusalScope(models.TextChoices):
+    ORGANIZATION = "organization"
+    API_KEY = "api_key"
+
+
+class RefusedLimit(models.TextChoices):
+    REQUESTS_PER_MINUTE = "requests_per_minute"
+    INPUT_TOKENS_PER_MINUTE = "input_tokens_per_minute"
+    OUTPUT_TOKENS_PER_MINUTE = "output_tokens_per_minute"
+
+
+class RateLimitRefusal(models.Model):
+    """Requests a gateway refused (429) in one minute, for one API key, by one limit, as it reported them.
+
+    Each gateway counts its refusals per minute in memory and reports them in batches; `report_id` is the
+    gateway's id for the row, so that a batch sent again after a lost answer counts once.
+    """
+
+    report_id = models.CharField(max_length=64, unique=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    scope = models.CharField(max_length=16, choices=RefusalScope.choices, help_text="Whose limit refused.")
+    limit = models.CharField(max_length=32, choices=RefusedLimit.choices)
+    limit_value = models.PositiveBigIntegerField(help_text="The limit per minute when it refused.")
+    minute = models.DateTimeField(help_text="The minute (UTC) the requests were refused in.")
+    refusals = models.PositiveIntegerField()
+    ingested_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "-minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.scope} {self.limit} at {self.minute:%Y-%m-%d %H:%M}: {self.refusals}"

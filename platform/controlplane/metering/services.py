@@ -2,12 +2,13 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import Protocol
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.common.errors import InvalidInput
-from controlplane.metering.models import IdempotencyRecord, IdempotencyState, UsageEvent
+from controlplane.metering.models import IdempotencyRecord, IdempotencyState, RateLimitRefusal, UsageEvent
 from controlplane.tenancy.models import ApiKey, Organization
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,19 @@ def usage_events_store(*, new: NewUsage, period_starts: Sequence[date], ingested
     return IngestResult(accepted=accepted, duplicates=new.received - accepted)
 
 
-def _resolve_api_keys(reports: Sequence[UsageReport]) -> dict[str, ApiKey]:
-    """The API keys the batch names, by public id; InvalidInput lists every unknown or mismatched reference."""
+class KeyedReport(Protocol):
+    """A gateway's report about an API key of an organization (a usage event, a count of refusals)."""
+
+    @property
+    def organization_id(self) -> str: ...
+
+    @property
+    def api_key_id(self) -> str: ...
+
+
+def _resolve_api_keys(reports: Sequence[KeyedReport], items: str = "events") -> dict[str, ApiKey]:
+    """The API keys the batch names, by public id; InvalidInput lists every unknown or mismatched reference
+    (`items`: the name of the batch's list in the request body)."""
     organization_ids = {report.organization_id for report in reports}
     known_organizations = set(
         Organization.objects.filter(public_id__in=organization_ids).values_list("public_id", flat=True)
@@ -109,11 +121,11 @@ def _resolve_api_keys(reports: Sequence[UsageReport]) -> dict[str, ApiKey]:
     for index, report in enumerate(reports):
         api_key = api_keys.get(report.api_key_id)
         if report.organization_id not in known_organizations:
-            problems[f"events[{index}].organization_id"] = [f"Unknown organization {report.organization_id!r}."]
+            problems[f"{items}[{index}].organization_id"] = [f"Unknown organization {report.organization_id!r}."]
         elif api_key is None:
-            problems[f"events[{index}].api_key_id"] = [f"Unknown API key {report.api_key_id!r}."]
+            problems[f"{items}[{index}].api_key_id"] = [f"Unknown API key {report.api_key_id!r}."]
         elif api_key.organization.public_id != report.organization_id:
-            problems[f"events[{index}].api_key_id"] = [
+            problems[f"{items}[{index}].api_key_id"] = [
                 f"API key {report.api_key_id!r} does not belong to organization {report.organization_id!r}."
             ]
     if problems:
@@ -121,7 +133,7 @@ def _resolve_api_keys(reports: Sequence[UsageReport]) -> dict[str, ApiKey]:
         summary = f"{first_path}: {first_messages[0]}"
         if len(problems) > 1:
             summary += f" (and {len(problems) - 1} more)"
-        raise InvalidInput(f"No event was stored. {summary}", fields=problems)
+        raise InvalidInput(f"Nothing was stored. {summary}", fields=problems)
     return api_keys
 
 
@@ -303,3 +315,47 @@ def _organization(public_id: str) -> Organization:
             f"Unknown organization {public_id!r}.", fields={"organization_id": ["Unknown organization."]}
         )
     return organization
+
+
+# ---- refusals by a rate limit ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefusalReport:
+    """A gateway's count of the requests one limit refused for one API key in one minute."""
+
+    id: str
+    organization_id: str
+    api_key_id: str
+    scope: str
+    limit: str
+    limit_value: int
+    minute: datetime
+    refusals: int
+
+
+def rate_limit_refusals_record(*, reports: Sequence[RefusalReport]) -> IngestResult:
+    """Stores the gateway's counts of refused requests; a report sent again (same id) counts once."""
+    api_keys = _resolve_api_keys(reports, items="refusals")
+    ingested_at = timezone.now()
+    RateLimitRefusal.objects.bulk_create(
+        [
+            RateLimitRefusal(
+                report_id=report.id,
+                organization=api_keys[report.api_key_id].organization,
+                api_key=api_keys[report.api_key_id],
+                scope=report.scope,
+                limit=report.limit,
+                limit_value=report.limit_value,
+                minute=report.minute.replace(second=0, microsecond=0),
+                refusals=report.refusals,
+                ingested_at=ingested_at,
+            )
+            for report in reports
+        ],
+        ignore_conflicts=True,
+    )
+    accepted = RateLimitRefusal.objects.filter(
+        report_id__in={report.id for report in reports}, ingested_at=ingested_at
+    ).count()
+    return IngestResult(accepted=accepted, duplicates=len(reports) - accepted)

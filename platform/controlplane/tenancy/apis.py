@@ -15,7 +15,7 @@ from controlplane.common.strict_input import StrictInputSerializer, WholeNumberF
 from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import MemberSessionAuthentication
 from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
-from controlplane.tenancy.models import Role, Scope
+from controlplane.tenancy.models import ApiKeyKind, Role, Scope
 from controlplane.tenancy.selectors import (
     api_key_get,
     api_key_list,
@@ -85,6 +85,9 @@ class ApiKeyOutputSerializer(serializers.Serializer):
     revoked_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
     limits = RateLimitsOutputSerializer(source="*")
+    kind = serializers.ChoiceField(
+        choices=ApiKeyKind.choices, help_text="batch_runner: a batch's own key, made and revoked by the batch."
+    )
 
 
 class MemberOutputSerializer(serializers.Serializer):
@@ -157,6 +160,13 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
         )
         expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
+    class ApiKeyFilterSerializer(QueryFilterSerializer):
+        kind = serializers.ChoiceField(
+            choices=[*ApiKeyKind.values, "all"],
+            default=ApiKeyKind.STANDARD,
+            help_text="Batches' runner keys are listed with kind=batch_runner (or all), not by default.",
+        )
+
     class ApiKeyCreatedOutputSerializer(ApiKeyOutputSerializer):
         key = serializers.CharField(
             allow_null=True,
@@ -164,10 +174,17 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
             "answers null here (header `Idempotent-Withheld: key`).",
         )
 
-    @extend_schema(responses=ApiKeyOutputSerializer(many=True))
+    @extend_schema(parameters=[ApiKeyFilterSerializer], responses=ApiKeyOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
+        filters = self.ApiKeyFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        kind = filters.validated_data["kind"]
         return self.paginated_response(
-            queryset=api_key_list(organization=self.organization, created_by=_own_keys_of(self.principal)),
+            queryset=api_key_list(
+                organization=self.organization,
+                created_by=_own_keys_of(self.principal),
+                kind=None if kind == "all" else kind,
+            ),
             serializer_class=ApiKeyOutputSerializer,
             request=request,
         )
@@ -416,3 +433,22 @@ class MeApi(APIView):
     def get(self, request: Request) -> Response:
         get_token(request._request)
         return Response(_me(request.user))
+
+
+class SessionApi(APIView):
+    """Whether the browser is signed in, and as whom: never an error, so that a page asking before sign-in
+    logs nothing. Sets the CSRF cookie either way."""
+
+    authentication_classes = [MemberSessionAuthentication]
+    permission_classes = [AllowAny]
+
+    class SessionOutputSerializer(serializers.Serializer):
+        signed_in = serializers.BooleanField()
+        user = MeOutputSerializer(allow_null=True)
+
+    @extend_schema(responses=SessionOutputSerializer)
+    def get(self, request: Request) -> Response:
+        get_token(request._request)
+        principal = request.user if isinstance(request.user, Principal) else None
+        session = {"signed_in": principal is not None, "user": _me(principal) if principal is not None else None}
+        return Response(session)

@@ -38,6 +38,11 @@ class Scope(models.TextChoices):
     ADMIN_WRITE = "admin:write"
 
 
+class ApiKeyKind(models.TextChoices):
+    STANDARD = "standard"
+    BATCH_RUNNER = "batch_runner"  # a batch's own key: it sends that batch's lines, and nothing else
+
+
 class RateLimits(models.Model):
     """Per-minute limits the gateway enforces; null means unlimited."""
 
@@ -139,6 +144,12 @@ class ApiKey(RateLimits):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    kind = models.CharField(
+        max_length=16,
+        choices=ApiKeyKind.choices,
+        default=ApiKeyKind.STANDARD,
+        help_text="batch_runner: created by a batch for its own lines; left out of the key lists unless asked for.",
+    )
 
     class Meta:
         verbose_name = "API key"

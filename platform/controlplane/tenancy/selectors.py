@@ -13,11 +13,14 @@ def organization_get(*, public_id: str) -> Organization:
     return organization
 
 
-def api_key_list(*, organization: Organization, created_by=None) -> QuerySet[ApiKey]:
-    """The organization's keys; with `created_by`, only the keys that user created."""
+def api_key_list(*, organization: Organization, created_by=None, kind: str | None = None) -> QuerySet[ApiKey]:
+    """The organization's keys; with `created_by`, only the keys that user created; with `kind`, only those
+    of that kind."""
     api_keys = organization_rows(ApiKey, organization=organization)
     if created_by is not None:
         api_keys = api_keys.filter(created_by=created_by)
+    if kind is not None:
+        api_keys = api_keys.filter(kind=kind)
     return api_keys.order_by("-created_at", "-id")
 
 

@@ -16,7 +16,16 @@ from controlplane.common.errors import CredentialRejected, InvalidInput, Permiss
 from controlplane.common.tokens import generate_token, hash_token, is_well_formed_token
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.api_keys import display_prefix, generate_api_key, looks_like_api_key
-from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization, Role, Scope
+from controlplane.tenancy.models import (
+    ApiKey,
+    ApiKeyKind,
+    AuditEvent,
+    Invitation,
+    Membership,
+    Organization,
+    Role,
+    Scope,
+)
 from controlplane.tenancy.selectors import api_key_get_by_hash, membership_list, user_get_by_email
 
 INVITATION_TOKEN_PREFIX = "inv"
@@ -91,6 +100,7 @@ def api_key_create(
     expires_at: datetime | None = None,
     actor: Principal = SYSTEM,
     key: str | None = None,
+    kind: str = ApiKeyKind.STANDARD,
 ) -> IssuedApiKey:
     """`key` is for a holder that derives its key again (a batch's runner); by default a random one."""
     if expires_at is not None and expires_at <= timezone.now():
@@ -104,6 +114,7 @@ def api_key_create(
         scopes=_checked_scopes(scopes, actor=actor),
         created_by=actor.user,
         expires_at=expires_at,
+        kind=kind,
     )
     audit_record(
         actor=actor,

@@ -7,6 +7,7 @@ urlpatterns = [
     path("auth/logout", apis.LogoutApi.as_view(), name="auth-logout"),
     path("auth/accept-invitation", apis.AcceptInvitationApi.as_view(), name="auth-accept-invitation"),
     path("auth/me", apis.MeApi.as_view(), name="auth-me"),
+    path("auth/session", apis.SessionApi.as_view(), name="auth-session"),
     path("organization", apis.OrganizationDetailApi.as_view(), name="organization-detail"),
     path("limits", apis.OrganizationLimitsApi.as_view(), name="organization-limits"),
     path("members", apis.MemberListCreateApi.as_view(), name="member-list"),
