@@ -42,6 +42,7 @@ MAX_EXAMPLES = int(os.environ.get("DIPTYCH_SCHEMATHESIS_EXAMPLES", "8"))
 # Refusals of schema-valid requests by rules no OpenAPI schema states.
 REFUSE_SOME_VALID_REQUESTS = {
     "POST /api/v1/internal/usage-events",  # an unknown organization or key in an event
+    "POST /api/v1/internal/rate-limit-refusals",  # the same, in a refusal
     "POST /api/v1/auth/accept-invitation",  # a password that is too common
     "POST /api/v1/internal/workers/{worker_id}/heartbeat",  # kv_blocks_free above kv_blocks_total
     "POST /api/v1/internal/workers/register",  # a revision of the model that was never published
@@ -50,6 +51,8 @@ REFUSE_SOME_VALID_REQUESTS = {
     "POST /api/v1/stripe/webhook",  # a missing or wrong Stripe signature
     "GET /api/v1/usage-events",  # end before start
     "GET /api/v1/usage/daily",  # end before start, or more than 366 days after it (documented in words)
+    "GET /api/v1/usage/requests",  # the same
+    "GET /api/v1/rate-limit-refusals",  # the same
     # an unknown organization (the gateway names only organizations whose keys it verified)
     "POST /api/v1/internal/idempotency-keys/claim",
     "POST /api/v1/internal/idempotency-keys/complete",
