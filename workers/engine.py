@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.device_values import on_device
 from workers.kv_cache_manager import KVCacheManager, NamingMark
 from workers.kv_connector.base import KvConnector, KvSent
 from workers.kv_tier.blocks import write_tier_loads
@@ -555,9 +556,10 @@ def _sample_each(
     logprobs: list[TokenLogprobs | None] = [None] * len(requests)
     wanting = [row for row in rows if requests[row].sampling.logprobs and not isinstance(results[row], RequestFailed)]
     if wanting:
-        ids = torch.tensor([results[row] for row in wanting], device=logits.device)
+        ids = on_device([results[row] for row in wanting], logits.device)
         tops = [requests[row].sampling.top_logprobs for row in wanting]
-        for row, entry in zip(wanting, token_logprobs(logits[wanting], ids, tops), strict=True):
+        wanted = logits[on_device(wanting, logits.device)]
+        for row, entry in zip(wanting, token_logprobs(wanted, ids, tops), strict=True):
             logprobs[row] = entry
     return results, logprobs
 

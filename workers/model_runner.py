@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from workers.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
+from workers.device_values import on_device
 from workers.models.attention import (
     GROUP_COST_IN_BLOCKS,
     AttentionPlan,
@@ -141,7 +142,7 @@ class ModelRunner:
         rows = plan.sample_rows
         if not rows:
             return torch.empty(0, self.config.vocab_size, device=self.device)
-        return self.decoder.logits(hidden[rows])
+        return self.decoder.logits(hidden[on_device(rows, self.device)])
 
     def _plan(self, inputs: list[StepInput]) -> StepAttention:
         if self.attention_backend == "flash-varlen":
@@ -205,7 +206,7 @@ class ModelRunner:
             positions += span
             slot_blocks += [step.block_ids[position // size] for position in span]
             slot_offsets += [position % size for position in span]
-        return torch.tensor([token_ids, positions, slot_blocks, slot_offsets]).to(self.device, non_blocking=True)
+        return on_device([token_ids, positions, slot_blocks, slot_offsets], self.device)
 
     @property
     def supports_block_views(self) -> bool:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.device_values import on_device
+
 _SEED_MIX = 0x9E3779B97F4A7C15
 _MASK63 = (1 << 63) - 1
 
@@ -73,11 +75,11 @@ def adjust_logits(row: torch.Tensor, output_token_ids: list[int], params: Sampli
     defines them, `frequency_penalty * count + presence_penalty * (count > 0)`, where count is how often
     the token occurs in `output_token_ids` (the request's output so far, never its prompt)."""
     if params.logit_bias:
-        ids = torch.tensor([token_id for token_id, _ in params.logit_bias], device=row.device)
-        bias = torch.tensor([value for _, value in params.logit_bias], dtype=row.dtype, device=row.device)
+        ids = on_device([token_id for token_id, _ in params.logit_bias], row.device)
+        bias = on_device([value for _, value in params.logit_bias], row.device, row.dtype)
         row.index_add_(0, ids, bias)
     if output_token_ids and (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0):
-        ids, counts = torch.tensor(output_token_ids, device=row.device).unique(return_counts=True)
+        ids, counts = on_device(output_token_ids, row.device).unique(return_counts=True)
         penalty = params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
         row.index_add_(0, ids, -penalty)
 
@@ -121,20 +123,23 @@ def draw(logits: torch.Tensor, params: list[SamplingParams], token_indices: list
         return _argmax(logits)
     picks = torch.empty(len(params), dtype=torch.long, device=logits.device)
     if greedy:
-        picks[greedy] = _argmax(logits[greedy])
+        rows = on_device(greedy, logits.device)
+        picks[rows] = _argmax(logits[rows])
     drawing = [row for row, p in enumerate(params) if not p.greedy]
     if not drawing:
         return picks
     chosen = [params[row] for row in drawing]
-    probs = _distributions(logits if len(drawing) == len(params) else logits[drawing], chosen)
+    drawing_rows = on_device(drawing, logits.device)
+    probs = _distributions(logits if len(drawing) == len(params) else logits[drawing_rows], chosen)
     seeded = [(row, p.seed) for row, p in enumerate(chosen) if p.seed is not None]
     unseeded = [row for row, p in enumerate(chosen) if p.seed is None]
     drawn = torch.empty(len(drawing), dtype=torch.long, device=logits.device)
     if unseeded:
-        drawn[unseeded] = _inverse_cdf_draws(probs if not seeded else probs[unseeded])
+        unseeded_rows = on_device(unseeded, logits.device)
+        drawn[unseeded_rows] = _inverse_cdf_draws(probs if not seeded else probs[unseeded_rows])
     for row, seed in seeded:
         drawn[row] = _seeded_draw(probs[row], seed, token_indices[drawing[row]])
-    picks[drawing] = drawn
+    picks[drawing_rows] = drawn
     return picks
 
 
@@ -146,7 +151,7 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 def _distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Rows of logits, each with its sampling parameters → unnormalized probabilities after temperature,
     top-k and top-p (a row's mass outside its top-p is zero; the draws normalize)."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    temperature = on_device([p.temperature for p in params], logits.device, logits.dtype)
     scaled = logits / temperature[:, None]
     top_ks = [p.top_k for p in params]
     probs = _softmax_top_k(scaled, top_ks)
@@ -158,7 +163,8 @@ def _distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         probs = torch.where(broken, _softmax_top_k(_sanitized(scaled), top_ks), probs)
     cut = [row for row, p in enumerate(params) if p.top_p < 1.0]
     if cut:
-        probs[cut] = _top_p(probs[cut], [params[row].top_p for row in cut])
+        cut_rows = on_device(cut, probs.device)
+        probs[cut_rows] = _top_p(probs[cut_rows], [params[row].top_p for row in cut])
     return probs
 
 
@@ -172,7 +178,7 @@ def _top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
     """Each row keeps the logits at least its k-th largest (k = 0: all of them)."""
     vocab = logits.shape[-1]
     clipped = [min(k, vocab) for k in top_ks]
-    ks = torch.tensor(clipped, device=logits.device)
+    ks = on_device(clipped, logits.device)
     largest = torch.topk(logits, max(clipped)).values
     kth = largest.gather(1, (ks - 1).clamp(min=0)[:, None])
     return logits.masked_fill((logits < kth) & (ks > 0)[:, None], -math.inf)
@@ -183,7 +189,7 @@ def _top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     likely token is always kept, whatever top_p is."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    outside = before >= torch.tensor(top_ps, dtype=probs.dtype, device=probs.device)[:, None]
+    outside = before >= on_device(top_ps, probs.device, probs.dtype)[:, None]
     outside[:, 0] = False
     sorted_probs[outside] = 0.0
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)

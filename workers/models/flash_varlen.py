@@ -14,10 +14,12 @@ so a runner that uses it takes blocks of 256 tokens (`--block-size 256`).
 from __future__ import annotations
 
 import inspect
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
 
+from workers.device_values import on_device
 from workers.models.attention import Window, sample_rows_of
 
 if TYPE_CHECKING:
@@ -58,8 +60,8 @@ class FlashVarlenPlan:
         tables = [step.block_ids[:width] + [0] * (width - len(step.block_ids[:width])) for step in inputs]
         self.cu_seqlens_q = _offsets(lengths, device)
         self.cu_seqlens_k = _offsets(keys, device)
-        self.seqused_k = torch.tensor(keys, dtype=torch.int32).to(device, non_blocking=True)
-        self.block_table = torch.tensor(tables, dtype=torch.int32).to(device, non_blocking=True)
+        self.seqused_k = on_device(keys, device, torch.int32)
+        self.block_table = on_device(tables, device, torch.int32)
         self.max_q, self.max_k = max(lengths), max(keys)
 
     def attend(
@@ -95,6 +97,4 @@ class FlashVarlenPlan:
 
 def _offsets(counts: list[int], device: torch.device) -> torch.Tensor:
     """[0, counts[0], counts[0] + counts[1], ...] as int32 on the device."""
-    offsets = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    offsets[1:] = torch.tensor(counts).cumsum(0)
-    return offsets.to(device, non_blocking=True)
+    return on_device([0, *accumulate(counts)], device, torch.int32)
