@@ -64,6 +64,8 @@ gpu)
     split_args=(--requests 128 --concurrency 32 --prompt-tokens 512 --output-tokens 64)
     parity_args=(--dtype float32 --requests 32 --concurrency 16 --prompt-tokens 256 --output-tokens 32)
     busy_args=(--concurrency 64 --requests-per-stream 2 --output-tokens 128 --kv-cache-mib 8192)
+    costs_args=(--prefill-tokens 64,256,1024 --decode-batches 1,8,32 --decode-contexts 512,2048 --kv-tokens 128,2048
+        --live-prompts 128 --live-rounds 1 --repeats 3 --kv-cache-mib 4096)
     ;;
 --smoke)
     py=.venv/bin/python
@@ -74,6 +76,8 @@ gpu)
     split_args=(--requests 6 --concurrency 3 --prompt-tokens 24 --output-tokens 6 --threads 1)
     parity_args=(--dtype float32 "${split_args[@]}")
     busy_args=(--concurrency 1,4 --requests-per-stream 2 --output-tokens 8 --profiler)
+    costs_args=(--prefill-tokens 16,64 --decode-batches 1,4 --decode-contexts 64 --kv-tokens 16,64
+        --live-prompts 48 --live-rounds 1 --live-output-tokens 4 --repeats 1 --kv-cache-mib 16)
     ;;
 *)
     echo "usage: bash bench/gpu_check.sh [--smoke]" >&2
@@ -118,10 +122,8 @@ step "bench.gpu_split float32 parity over shared memory" 90 \
     "$py" -m bench.gpu_split --device $device --model $model "${parity_args[@]}" --shm
 step "bench.gpu_busy (host time per step per sequence; the device's busy share)" 150 \
     "$py" -m bench.gpu_busy --device $device --model $model "${busy_args[@]}"
-echo
-echo "== bench.phase_costs"
-progress "not run: bench.phase_costs has no device option (its steps, KV transfer and live runs are the CPU's)"
-summary+=("bench.phase_costs: not run (no device option)")
+step "bench.phase_costs on the device (a cost profile for diptych plan)" 150 \
+    "$py" -m bench.phase_costs --device $device --model $model "${costs_args[@]}" --out "$out/phase-costs-$model.json"
 
 echo
 echo "== summary ($((SECONDS - started)) s)"

@@ -25,6 +25,7 @@ class LivePlatform:
     fleet_tokens: dict[str, str]  # role -> fleet token
     threads: dict[str, int]  # role -> torch threads of its worker
     log: Callable[[str], None]
+    worker_args: tuple[str, ...] = ()  # given to every worker it starts
     http_urls: dict[str, str] = field(default_factory=dict)  # mode -> its gateway's OpenAI API, while it serves
 
     @contextmanager
@@ -49,6 +50,7 @@ class LivePlatform:
                     f"builtin:{self.model}",
                     "--threads",
                     str(self.threads[role]),
+                    *self.worker_args,
                 )
                 names.append(name)
             self.stack.wait_for_workers(names, timeout=300)
@@ -73,9 +75,16 @@ class LivePlatform:
 
 
 def start_platform(
-    state_dir: Path, model: str, context_length: int, split_threads: int, colocated_threads: int, log
+    state_dir: Path,
+    model: str,
+    context_length: int,
+    split_threads: int,
+    colocated_threads: int,
+    log,
+    worker_args: tuple[str, ...] = (),
 ) -> LivePlatform:
-    """The control plane with the model in its catalog and a demo API key; no workers yet."""
+    """The control plane with the model in its catalog and a demo API key; no workers yet (they start with
+    `worker_args` besides their own)."""
     stack = Stack(
         state_dir,
         control_plane_port=free_port(),
@@ -92,7 +101,7 @@ def start_platform(
         stack.stop()
         raise
     threads = {"prefill": split_threads, "decode": split_threads, "colocated": colocated_threads}
-    return LivePlatform(stack, credentials.api_key, model, fleet_tokens, threads, log)
+    return LivePlatform(stack, credentials.api_key, model, fleet_tokens, threads, log, worker_args)
 
 
 def _bootstrap_model(stack: Stack, model: str, context_length: int) -> dict[str, str]:

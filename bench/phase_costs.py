@@ -113,8 +113,8 @@ class StepBench:
     """Engine steps as the forward thread runs them (forward pass, then greedy sampling of the sampled rows)
     on a pool large enough for every point, its memory touched as a pool in use is."""
 
-    def __init__(self, loaded: LoadedModel, block_size: int, num_blocks: int) -> None:
-        self.runner = ModelRunner(loaded.model, num_blocks, block_size)
+    def __init__(self, loaded: LoadedModel, block_size: int, num_blocks: int, device: str = "cpu") -> None:
+        self.runner = ModelRunner(loaded.model, num_blocks, block_size, device)
         self.runner.kv.normal_()
         self.block_size = block_size
         self.vocab_size = loaded.model.config.vocab_size
@@ -216,9 +216,12 @@ def _receiver_process(ready, layout: KvLayout, max_tokens: int, requests: Sequen
         receiver.close()
 
 
-def measure_kv_transfer(layout: KvLayout, points: PointSets) -> tuple[float, float, list[tuple[int, float]]]:
-    """(fixed seconds, seconds per token, the medians by prompt length): from the first block staged to the
-    sender holding the receiver's acknowledgement that the whole cache arrived and checked out."""
+def measure_kv_transfer(
+    layout: KvLayout, points: PointSets, device: str = "cpu"
+) -> tuple[float, float, list[tuple[int, float]]]:
+    """(fixed seconds, seconds per token, the medians by prompt length): from the first block staged (out of
+    a pool on `device`) to the sender holding the receiver's acknowledgement that the whole cache arrived
+    and checked out (into host memory)."""
     max_tokens = max(points.kv_tokens)
     repeats = max(points.repeats, KV_REPEATS)  # each takes milliseconds: a steadier median costs little
     ids = [(f"kv-{tokens}-{repeat}", tokens) for tokens in points.kv_tokens for repeat in range(repeats + 1)]
@@ -227,7 +230,7 @@ def measure_kv_transfer(layout: KvLayout, points: PointSets) -> tuple[float, flo
     process = context.Process(target=_receiver_process, args=(theirs, layout, max_tokens, ids), daemon=True)
     process.start()
     sender = KvSender(layout)
-    pool = StepPool(layout, -(-max_tokens // layout.block_size))
+    pool = StepPool(layout, -(-max_tokens // layout.block_size), device)
     try:
         port = ours.recv()
         peer = Peer("127.0.0.1", port, same_host=True)
@@ -247,17 +250,20 @@ def measure_kv_transfer(layout: KvLayout, points: PointSets) -> tuple[float, flo
 
 
 class StepPool:
-    """A KV pool shaped like the model runner's, filled with random values: what the sender stages from."""
+    """A KV pool shaped like the model runner's, on its device, filled with random values: what the sender
+    stages from (in place from host memory; through the runner's copy out of device memory)."""
 
-    def __init__(self, layout: KvLayout, num_blocks: int) -> None:
+    shard = None  # a whole pool: every kv head
+
+    def __init__(self, layout: KvLayout, num_blocks: int, device: str = "cpu") -> None:
         self.layout = layout
-        self.kv = torch.randn(layout.num_layers, 2, num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+        self.device = torch.device(device)
+        shape = (layout.num_layers, 2, num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+        self.kv = torch.randn(shape, dtype=layout.dtype, device=self.device)
 
     block_views = ModelRunner.block_views
-    supports_block_views = True  # a host-memory pool
-
-    def read_blocks(self, block_ids, out) -> None:
-        torch.index_select(self.kv, 2, torch.tensor(block_ids), out=out)
+    supports_block_views = ModelRunner.supports_block_views
+    read_blocks = ModelRunner.read_blocks
 
 
 def _one_transfer(sender: KvSender, pool: StepPool, peer: Peer, request_id: str, tokens: int) -> float:
@@ -305,12 +311,21 @@ class LiveSample:
 
 
 def measure_live(
-    model: str, context_length: int, threads: int, points: PointSets, vocab_size: int, modes: Sequence[str]
+    model: str,
+    context_length: int,
+    threads: int,
+    points: PointSets,
+    vocab_size: int,
+    modes: Sequence[str],
+    device: str = "cpu",
 ) -> list[LiveSample]:
-    """Requests one at a time through each mode's gateway and workers (a real platform on loopback)."""
+    """Requests one at a time through each mode's gateway and workers (a real platform on loopback, its
+    workers on `device`)."""
     samples = []
     with tempfile.TemporaryDirectory(prefix="diptych-phase-costs-") as scratch:
-        platform = start_platform(Path(scratch) / "stack", model, context_length, threads, threads, log)
+        platform = start_platform(
+            Path(scratch) / "stack", model, context_length, threads, threads, log, worker_args=("--device", device)
+        )
         try:
             for mode in modes:
                 with platform.serving(mode) as address:
@@ -406,25 +421,33 @@ class Measurement:
 
 
 def measure_profile(
-    model: str, threads: int, kv_cache_mib: int, points: PointSets, measured_with: str, hardware: str
+    model: str,
+    threads: int,
+    kv_cache_mib: int,
+    points: PointSets,
+    measured_with: str,
+    hardware: str,
+    device: str = "cpu",
 ) -> Measurement:
+    """On `device`: a CUDA device runs the model in bfloat16, as `diptych worker --device cuda` does."""
     torch.set_num_threads(threads)
-    config = EngineConfig(kv_cache_mib=kv_cache_mib)
-    log(f"loading {model} ({threads} torch thread(s))")
-    loaded = load_model(model, f"builtin:{model}")
+    config = EngineConfig(kv_cache_mib=kv_cache_mib, device=device)
+    log(f"loading {model} for {device} ({threads} torch thread(s))")
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    loaded = load_model(model, f"builtin:{model}", dtype=dtype)
     points = points.within(loaded.context_length)
     with ThreadPoolExecutor(max_workers=1) as executor:
         engine = build_engine(loaded, config, executor)  # the worker's own sizing of the KV pool
     layout, capacity = engine.runner.layout, engine.kv.num_blocks * engine.kv.block_size
     del engine
-    bench = StepBench(loaded, config.block_size, _blocks_needed(points, config.block_size))
+    bench = StepBench(loaded, config.block_size, _blocks_needed(points, config.block_size), device)
     prefill = measure_prefill(bench, points)
     attention_pair_s = fit_attention_pair_s(bench, points, prefill)
     log(f"prefill attention: {attention_pair_s * 1e9:.1f} ns per (token, earlier token) pair")
     decode = measure_decode(bench, points)
     mixed = measure_mixed(bench, points)
     del bench
-    kv_fixed, kv_per_token, _ = measure_kv_transfer(layout, points)
+    kv_fixed, kv_per_token, _ = measure_kv_transfer(layout, points, device)
     profile = CostProfile(
         model=model,
         hardware=hardware,
@@ -442,7 +465,8 @@ def measure_profile(
         attention_pair_s=attention_pair_s,
     )
     vocab_size = loaded.model.config.vocab_size
-    samples = measure_live(model, loaded.context_length, threads, points, vocab_size, ("colocated", "split"))
+    modes = ("colocated", "split")
+    samples = measure_live(model, loaded.context_length, threads, points, vocab_size, modes, device)
     ttft_overhead, per_token_overhead = overheads(profile, [s for s in samples if s.mode == "colocated"])
     busy = [s for s in samples if s.mode == SPLIT_BUSY]
     split_ttft_overhead = overheads(profile, busy)[0] if busy else None  # the TTFT part: its prefill ran alone
@@ -540,6 +564,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="diptych-100m", help="a built-in model")
     parser.add_argument("--out", type=Path, required=True, help="where to write the profile (JSON)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as `diptych worker --threads`")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda[:n]: steps, KV staging and live workers there")
     parser.add_argument("--kv-cache-mib", type=int, default=EngineConfig.kv_cache_mib, help="the worker's KV memory")
     parser.add_argument("--hardware", help="the profile's hardware label (default: cpu-<cores>core-<threads>thread)")
     parser.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per point (the median)")
@@ -551,6 +576,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--live-output-tokens", type=int, default=defaults.live_output_tokens)
     parser.add_argument("--live-rounds", type=int, default=defaults.live_rounds)
     return parser
+
+
+def _hardware_label(device: str, threads: int) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device)).lower().replace(" ", "-")
+    return f"cpu-{os.cpu_count()}core-{threads}thread"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -568,10 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         live_rounds=args.live_rounds,
         repeats=args.repeats,
     )
-    hardware = args.hardware or f"cpu-{os.cpu_count()}core-{args.threads}thread"
+    hardware = args.hardware or _hardware_label(args.device, args.threads)
     command = shlex.join(["python", "-m", "bench.phase_costs", *(sys.argv[1:] if argv is None else argv)])
     load = os.getloadavg()[0]
-    measurement = measure_profile(args.model, args.threads, args.kv_cache_mib, points, command, hardware)
+    measurement = measure_profile(args.model, args.threads, args.kv_cache_mib, points, command, hardware, args.device)
     log(f"load average before {load:.2f}, after {os.getloadavg()[0]:.2f}")
     print(render_table(measurement), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
