@@ -11,7 +11,7 @@ build, with its dependencies from pip's default index; without one, from the Doc
 
 Everything lives in a storage root of its own under /var/tmp (the vfs driver and chroot isolation: no daemon, no
 overlay mounts), removed at the end with every container and image in it. It needs root, buildah and debootstrap,
-and the package indexes (Debian's, PyPI, npm) reachable. It takes about 4 minutes on 2 cores, so it runs only where
+and the package indexes (Debian's, PyPI, npm) reachable. It takes 4 to 5 minutes on 2 cores, so it runs only where
 DIPTYCH_IMAGE_TEST=1 is set: CI (.ci/run) sets it (docs/deploy.md, "Building from local files").
 """
 
