@@ -25,6 +25,7 @@ class Stage:
     name: str
     base: str
     instructions: list[tuple[str, str]] = field(default_factory=list)  # (keyword, arguments)
+    args: dict[str, str] = field(default_factory=dict)  # the stage's own ARGs: a --build-arg's value or the default
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -45,17 +46,22 @@ def _expand(word: str, args: dict[str, str]) -> str:
     return re.sub(r"\$(?:\{(?P<braced>\w+)(?::-(?P<default>[^}]*))?\}|(?P<bare>\w+))", value, word)
 
 
-def _stages(variant: str | None, header_defaults: bool = True) -> list[Stage]:
-    """The stages as the builder sees them with --build-arg VARIANT=<variant> (None: no --build-arg), reading
-    the defaults of the ARGs before the first FROM (`header_defaults`) as Docker does, or not, as buildah before
-    1.29 does when it matches a FROM against the stages' names."""
+def _stages(variant: str | None, header_defaults: bool = True, build_args: dict[str, str] | None = None) -> list[Stage]:
+    """The stages as the builder sees them with --build-arg VARIANT=<variant> (None: no --build-arg) and the
+    other `build_args`, reading the defaults of the ARGs before the first FROM (`header_defaults`) as Docker
+    does, or not, as buildah before 1.29 does when it matches a FROM against the stages' names."""
+    given = dict(build_args or {})
+    if variant is not None:
+        given["VARIANT"] = variant
     global_args: dict[str, str] = {}
     stages: list[Stage] = []
     for keyword, arguments in _instructions():
-        if keyword == "ARG" and not stages:
+        if keyword == "ARG":
             name, _, default = arguments.partition("=")
-            if variant is not None and name == "VARIANT":
-                global_args[name] = variant
+            if stages:
+                stages[-1].args[name] = given.get(name, default)
+            elif name in given:
+                global_args[name] = given[name]
             elif header_defaults:
                 global_args[name] = default
         elif keyword == "FROM":
@@ -118,22 +124,67 @@ def test_every_copy_source_is_in_a_fresh_clone_or_made_by_an_earlier_stage(varia
                 assert made, f"{stage.name}: COPY {source} is not in the build context of a fresh clone"
 
 
+def _torch_install(stage: Stage) -> str:
+    """The stage's `pip install ... torch==...` command."""
+    (command,) = [
+        command.strip()
+        for keyword, arguments in stage.instructions
+        if keyword == "RUN"
+        for command in arguments.split("&&")
+        if "torch==" in command
+    ]
+    return command
+
+
+def _pip_arguments(stage: Stage) -> list[str]:
+    """The arguments the torch install gives pip, as the image's /bin/sh expands them with the stage's ARGs
+    (a RUN sees its stage's ARGs as environment variables)."""
+    install = _torch_install(stage)
+    assert install.startswith("/opt/venv/bin/pip install "), install
+    echo = "printf '%s\\n' " + install.removeprefix("/opt/venv/bin/pip install ")
+    shown = subprocess.run(["sh", "-c", echo], env={**stage.args, "PATH": os.defpath}, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.splitlines()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_variant_builds_the_runtime_on_its_torch(variant):
     stages = {stage.name: stage for stage in _stages(variant)}
     runtime = _stages(variant)[-1]
     assert runtime.name == "runtime" and runtime.base == f"base-{variant}"
     base = stages[runtime.base]
-    torch_installs = " ".join(a for k, a in base.instructions if k == "RUN" and "torch==" in a)
+    torch_installs = " ".join(_pip_arguments(base))
     if variant == "cuda":
         assert base.base.startswith("nvidia/cuda:") and "runtime" in base.base
-        assert re.search(r"download\.pytorch\.org/whl/cu\d+ ", torch_installs), torch_installs
+        assert re.search(r"--index-url https://download\.pytorch\.org/whl/cu\d+ ", torch_installs), torch_installs
     else:
-        assert re.search(r"download\.pytorch\.org/whl/cpu ", torch_installs), torch_installs
+        assert re.search(r"--index-url https://download\.pytorch\.org/whl/cpu ", torch_installs), torch_installs
+    assert "--find-links" not in torch_installs
     constraints = (REPO / "constraints.txt").read_text()
     assert re.search(r"torch==([\d.]+)", torch_installs).group(1) == re.search(r"torch==([\d.]+)", constraints).group(1)
-    assert "python3.11" in base.base or "python:3.11" in base.base or "python3.11" in torch_installs
+    runs = " ".join(a for k, a in base.instructions if k == "RUN")
+    assert "python3.11" in base.base or "python:3.11" in base.base or "python3.11" in runs
     assert "ENTRYPOINT" in {k for k, _ in runtime.instructions}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_base_images_and_torch_s_source_are_build_arguments(variant):
+    """A machine without a container registry or the PyTorch index builds from local images and a local wheel
+    (tests/infra/test_image_build.py does): the bases are ARGs, and so are torch's index and a wheel folder."""
+    local = {
+        "NODE_BASE": "localhost/bookworm-node:20",
+        "PYTHON_BASE": "localhost/bookworm-python:3.11",
+        "CUDA_BASE": "localhost/cuda-runtime:12.8",
+        "TORCH_INDEX_URL": "",
+        "TORCH_FIND_LINKS": "/wheels",
+    }
+    stages = {stage.name: stage for stage in _stages(variant, build_args=local)}
+    assert stages["dashboard"].base == local["NODE_BASE"]
+    assert stages["base-cpu"].base == local["PYTHON_BASE"]
+    assert stages["base-cuda"].base == local["CUDA_BASE"]
+    torch = re.search(r"^torch==[\d.]+$", (REPO / "constraints.txt").read_text(), re.MULTILINE).group(0)
+    # An empty index is pip's own default one (torch's dependencies come from there); the folder is looked in too.
+    assert _pip_arguments(stages[f"base-{variant}"]) == ["--no-cache-dir", "--find-links", "/wheels", torch]
 
 
 def test_the_dashboard_is_built_in_a_stage_and_copied_from_its_output():
