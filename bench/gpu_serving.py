@@ -1,5 +1,6 @@
 """Output tokens/s at a fixed concurrency on a GPU model size: the Diptych engine with CUDA graphs off
-and on (the gather attention backend), and on CUDA with the flash-varlen backend too, against the
+and on (the gather attention backend), with the paged-cpu backend on the CPU and the flash-varlen one on
+CUDA, against the
 continuous-batching engine of `transformers` (the one `transformers serve --continuous-batching` runs), on
 the same device and the same closed-loop workload, one after the other in one run.
 
@@ -35,6 +36,7 @@ from workers.engine import EngineConfig
 from workers.main import build_engine
 from workers.model_loader import load_model
 from workers.models.flash_varlen import unavailable_reason
+from workers.models.paged_cpu import unavailable_reason as paged_cpu_unavailable
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     requests = workload(args, loaded.model.config.vocab_size)
     baseline = run_transformers(loaded, requests, args)
     runs = [run_diptych(loaded, requests, args, cuda_graphs=False)]
-    if cuda:
+    if not cuda:
+        reason = paged_cpu_unavailable(torch.device("cpu"), torch.float32)
+        if reason is None:
+            runs.append(run_diptych(loaded, requests, args, cuda_graphs=False, attention="paged-cpu"))
+        else:
+            log(f"paged-cpu not run: {reason}")
+    else:
         runs.append(run_diptych(loaded, requests, args, cuda_graphs=True))
         reason = unavailable_reason(torch.device(args.device), torch.bfloat16, 256)
         if reason is None:

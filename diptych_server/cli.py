@@ -168,10 +168,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--attention",
-        choices=["auto", "gather", "flash-varlen"],
+        choices=["auto", "gather", "paged-cpu", "flash-varlen"],  # workers.models.backends.ATTENTION_BACKENDS
         default="auto",
         help="the attention backend: flash-varlen (CUDA, half precision, --block-size 256) reads the paged KV in "
-        "place in one kernel call per layer; gather runs anywhere; auto: flash-varlen where it can run",
+        "place in one kernel call per layer; paged-cpu (CPU, float32, built with the machine's C++ compiler) "
+        "does for decoding rows; gather runs anywhere; auto: the first of those that can run",
     )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     worker.add_argument(

@@ -32,6 +32,7 @@ from workers.models.attention import (
 from workers.models.backends import StepAttention, choose_backend
 from workers.models.families import decoder_of
 from workers.models.flash_varlen import FlashVarlenPlan
+from workers.models.paged_cpu import PagedCpuPlan
 from workers.models.sharding import Shard, check_sharded, with_all_reduce
 
 
@@ -136,9 +137,9 @@ class ModelRunner:
         input order (a sampling input's rows in position order)."""
         if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
             return self.decode_graphs.run(inputs)
-        token_ids, positions, slot_blocks, slot_offsets = self._packed(inputs)
+        token_ids, positions, slots = self._packed(inputs)
         plan = self._plan(inputs)
-        hidden = self._forward(token_ids, positions, slot_blocks, slot_offsets, plan.attend)
+        hidden = self._forward(token_ids, positions, slots, plan.attend)
         rows = plan.sample_rows
         if not rows:
             return torch.empty(0, self.config.vocab_size, device=self.device)
@@ -147,6 +148,8 @@ class ModelRunner:
     def _plan(self, inputs: list[StepInput]) -> StepAttention:
         if self.attention_backend == "flash-varlen":
             return FlashVarlenPlan(inputs, self.layout.block_size, self.device)
+        if self.attention_backend == "paged-cpu":
+            return PagedCpuPlan(inputs, self.layout.block_size, self._gather_buffers, self.decoder.windows)
         return AttentionPlan(
             inputs,
             self.layout.block_size,
@@ -163,6 +166,7 @@ class ModelRunner:
         position, its slot's block and offset, then its block table (padding rows: position 0 and
         `padding_block` everywhere). Returns float32 logits [rows, vocab]."""
         token_ids, positions, slot_blocks, slot_offsets = batch[:, :PADDED_COLUMNS].unbind(1)
+        slots = slot_blocks * self.layout.block_size + slot_offsets
         tables = batch[:, PADDED_COLUMNS:]
         keys = torch.arange(tables.shape[1] * self.layout.block_size, device=batch.device)[None, :]
         groups = {
@@ -173,18 +177,19 @@ class ModelRunner:
         def attend(query, key, value, layer_kv, scale, window):
             return groups[window].attend(query, layer_kv, scale, gather_fresh).reshape(batch.shape[0], -1)
 
-        return self.decoder.logits(self._forward(token_ids, positions, slot_blocks, slot_offsets, attend))
+        return self.decoder.logits(self._forward(token_ids, positions, slots, attend))
 
-    def _forward(self, token_ids, positions, slot_blocks, slot_offsets, attend) -> torch.Tensor:
-        """The decoder over packed tokens (device tensors); returns hidden states [tokens, hidden]."""
+    def _forward(self, token_ids, positions, slots, attend) -> torch.Tensor:
+        """The decoder over packed tokens (device tensors; `slots`: each token's slot in the pool, counted
+        over its blocks' slots); returns hidden states [tokens, hidden]."""
         decoder = self.decoder
         hidden = decoder.embed(token_ids)
         cos, sin = decoder.rotary(hidden, positions)
 
         def attention(layer, query, key, value):
             layer_kv = self.kv[layer.index]
-            layer_kv[0, slot_blocks, slot_offsets] = key
-            layer_kv[1, slot_blocks, slot_offsets] = value
+            layer_kv[0].view(-1, *key.shape[1:]).index_copy_(0, slots, key)
+            layer_kv[1].view(-1, *value.shape[1:]).index_copy_(0, slots, value)
             return attend(query, key, value, layer_kv, layer.scale, layer.window)
 
         for layer in decoder.layers:
@@ -192,21 +197,19 @@ class ModelRunner:
         return hidden
 
     def _packed(self, inputs: list[StepInput]) -> torch.Tensor:
-        """The step's tokens packed in one row: their ids, positions, and the block and offset of each
-        one's slot in the pool, built as Python lists (a tensor operation per input would cost more than
-        the lists) and moved to the device in one copy; [4, tokens]."""
+        """The step's tokens packed in one row: their ids, positions, and each one's slot in the pool,
+        built as Python lists (a tensor operation per input would cost more than the lists) and moved to
+        the device in one copy; [3, tokens]."""
         size = self.layout.block_size
         token_ids: list[int] = []
         positions: list[int] = []
-        slot_blocks: list[int] = []
-        slot_offsets: list[int] = []
+        slots: list[int] = []
         for step in inputs:
             span = range(step.start, step.start + len(step.token_ids))
             token_ids += step.token_ids
             positions += span
-            slot_blocks += [step.block_ids[position // size] for position in span]
-            slot_offsets += [position % size for position in span]
-        return on_device([token_ids, positions, slot_blocks, slot_offsets], self.device)
+            slots += [step.block_ids[position // size] * size + position % size for position in span]
+        return on_device([token_ids, positions, slots], self.device)
 
     @property
     def supports_block_views(self) -> bool:

@@ -61,25 +61,13 @@ class AttentionPlan:
         group_cost: float,
         windows: tuple[Window, ...],
     ) -> None:
-        self._buffers = buffers
+        self._gather = buffers.gather
         self.sample_rows = sample_rows_of(inputs)
-        decoding: list[tuple[int, int, list[int]]] = []  # (row, position, its block ids up to the position's)
-        chunks: list[tuple[int, int, int, list[int]]] = []  # (row, length, start, block ids up to the last's)
-        row = 0
-        for step in inputs:
-            length = len(step.token_ids)
-            blocks = step.block_ids[: (step.start + length - 1) // block_size + 1]
-            if length == 1:
-                decoding.append((row, step.start, blocks))
-            else:
-                chunks.append((row, length, step.start, blocks))
-            row += length
+        decoding, chunks = split_inputs(inputs, block_size)
         self._decode_groups = {
             window: _decode_groups(decoding, window, block_size, device, group_cost) for window in windows
         }
-        self._chunks = {
-            window: [_PromptChunk.of(*chunk, window, block_size, device) for chunk in chunks] for window in windows
-        }
+        self._chunks = prompt_chunks_of(chunks, windows, block_size, device)
 
     def attend(
         self,
@@ -92,23 +80,61 @@ class AttentionPlan:
     ) -> torch.Tensor:
         """query [tokens, heads, head_dim], the step's own key and value [tokens, kv_heads, head_dim], the
         layer's pool [2, blocks, block_size, kv_heads, head_dim] → [tokens, heads * head_dim]."""
-        tokens, heads, head_dim = query.shape
         out = torch.empty_like(query)
-        gather = self._buffers.gather
         for group in self._decode_groups[window]:
-            out[group.rows] = group.attend(query, layer_kv, scale, gather)
-        for chunk in self._chunks[window]:
-            q = query[chunk.rows].transpose(0, 1)[None]
-            if chunk.tables is None:
-                keys, values = key[chunk.rows].transpose(0, 1)[None], value[chunk.rows].transpose(0, 1)[None]
-            else:
-                keys = gather(0, layer_kv[0], chunk.tables)[:, :, : chunk.keys]
-                values = gather(1, layer_kv[1], chunk.tables)[:, :, : chunk.keys]
-            attended = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True
-            )
-            out[chunk.rows] = attended[0].transpose(0, 1)
-        return out.view(tokens, heads * head_dim)
+            out[group.rows] = group.attend(query, layer_kv, scale, self._gather)
+        attend_prompt_chunks(self._chunks[window], out, query, key, value, layer_kv, scale, self._gather)
+        return out.view(query.shape[0], -1)
+
+
+Decoding = tuple[int, int, list[int]]  # (row, position, its block ids up to the position's)
+Chunk = tuple[int, int, int, list[int]]  # (row, length, start, block ids up to its last token's)
+
+
+def split_inputs(inputs: list[StepInput], block_size: int) -> tuple[list[Decoding], list[Chunk]]:
+    """The step's decoding inputs (one token each) and its longer ones (prompt chunks), where they sit."""
+    decoding: list[Decoding] = []
+    chunks: list[Chunk] = []
+    row = 0
+    for step in inputs:
+        length = len(step.token_ids)
+        blocks = step.block_ids[: (step.start + length - 1) // block_size + 1]
+        if length == 1:
+            decoding.append((row, step.start, blocks))
+        else:
+            chunks.append((row, length, step.start, blocks))
+        row += length
+    return decoding, chunks
+
+
+def prompt_chunks_of(
+    chunks: list[Chunk], windows: tuple[Window, ...], block_size: int, device: torch.device
+) -> dict[Window, list[_PromptChunk]]:
+    return {window: [_PromptChunk.of(*chunk, window, block_size, device) for chunk in chunks] for window in windows}
+
+
+def attend_prompt_chunks(
+    chunks: list[_PromptChunk],
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer_kv: torch.Tensor,
+    scale: float,
+    gather,
+) -> None:
+    """Each prompt chunk's queries attended into its rows of `out`, one SDPA call each."""
+    for chunk in chunks:
+        q = query[chunk.rows].transpose(0, 1)[None]
+        if chunk.tables is None:
+            keys, values = key[chunk.rows].transpose(0, 1)[None], value[chunk.rows].transpose(0, 1)[None]
+        else:
+            keys = gather(0, layer_kv[0], chunk.tables)[:, :, : chunk.keys]
+            values = gather(1, layer_kv[1], chunk.tables)[:, :, : chunk.keys]
+        attended = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True
+        )
+        out[chunk.rows] = attended[0].transpose(0, 1)
 
 
 @dataclass
@@ -165,7 +191,7 @@ def group_bounds(widths: list[int], group_cost: float = GROUP_COST_IN_BLOCKS) ->
 
 
 def _decode_groups(
-    decoding: list[tuple[int, int, list[int]]],
+    decoding: list[Decoding],
     window: Window,
     block_size: int,
     device: torch.device,

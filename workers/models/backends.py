@@ -4,10 +4,12 @@ and each layer then attends in one call (`StepAttention.attend`):
 - `gather` (`workers.models.attention`): decoding inputs in padded groups and each prompt chunk on its
   own, over keys and values gathered from the pool, through `scaled_dot_product_attention`. Any device
   and dtype; the one the CPU runs.
+- `paged-cpu` (`workers.models.paged_cpu`): every decoding row in one C++ operator call per layer over the
+  pool in place; prompt chunks as `gather` has them. CPU, float32, a C++ compiler on the machine.
 - `flash-varlen` (`workers.models.flash_varlen`): the whole step in one FlashAttention call per layer,
   reading the pool in place. CUDA, half precision, blocks of a multiple of 256 tokens.
 
-`auto` takes `flash-varlen` where it can run and `gather` elsewhere, and says why.
+`auto` takes `flash-varlen` where it can run, else `paged-cpu` where it can, else `gather`, and says why.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from workers.models.flash_varlen import unavailable_reason
+from workers.models import flash_varlen, paged_cpu
 
 if TYPE_CHECKING:
     from workers.models.attention import Window
 
 log = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("auto", "gather", "flash-varlen")
+ATTENTION_BACKENDS = ("auto", "gather", "paged-cpu", "flash-varlen")
 
 
 class StepAttention(Protocol):
@@ -47,16 +49,25 @@ class AttentionBackendUnavailable(ValueError):
 
 def choose_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int) -> str:
     """The backend a runner uses: `requested` if it can run here (else AttentionBackendUnavailable, with
-    why); for `auto`, flash-varlen where it can run, else gather."""
+    why); for `auto`, the first of flash-varlen and paged-cpu that can run, else gather."""
     if requested not in ATTENTION_BACKENDS:
         raise AttentionBackendUnavailable(f"no attention backend {requested!r}: choose one of {ATTENTION_BACKENDS}")
     if requested == "gather":
         return requested
-    reason = unavailable_reason(device, dtype, block_size)
-    if reason is None:
-        return "flash-varlen"
-    if requested == "flash-varlen":
-        raise AttentionBackendUnavailable(reason)
-    if device.type == "cuda":
-        log.info("attention backend: gather (%s)", reason)
+    reasons = {
+        "flash-varlen": lambda: flash_varlen.unavailable_reason(device, dtype, block_size),
+        "paged-cpu": lambda: paged_cpu.unavailable_reason(device, dtype),
+    }
+    if requested != "auto":
+        reason = reasons[requested]()
+        if reason is not None:
+            raise AttentionBackendUnavailable(reason)
+        return requested
+    why_not = []
+    for backend in ("flash-varlen", "paged-cpu"):
+        reason = reasons[backend]()
+        if reason is None:
+            return backend
+        why_not.append(f"{backend}: {reason}")
+    log.info("attention backend: gather (%s)", "; ".join(why_not))
     return "gather"

@@ -42,14 +42,23 @@ class DecoderLayer:
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention) -> torch.Tensor:
-        query, key, value = self.qkv.split(self.input_norm(hidden))
-        shape = (hidden.shape[0], -1, self.head_dim)
-        query, key, value = query.view(shape), key.view(shape), value.view(shape)
-        if self.qk_norms is not None:
-            query, key = self.qk_norms[0](query), self.qk_norms[1](key)
-        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        query, key, value = self._rotated_qkv(self.input_norm(hidden), cos, sin)
         hidden = hidden + self._summed(self.o(attention(self, query, key, value)))
         return hidden + self.mlp(self.post_attention_norm(hidden))
+
+    def _rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Queries and keys rotated, and values, [tokens, heads, head_dim] each. Without per-head norms the
+        queries and keys sit side by side in the projection's output and rotate in one pass."""
+        tokens, (query_size, key_size, _) = x.shape[0], self.qkv.sizes
+        stacked = self.qkv(x)
+        value = stacked[:, query_size + key_size :].view(tokens, -1, self.head_dim)
+        if self.qk_norms is None:
+            rotated = _rotate(stacked[:, : query_size + key_size].view(tokens, -1, self.head_dim), cos, sin)
+            query, key = rotated.split([query_size // self.head_dim, key_size // self.head_dim], dim=1)
+            return query, key, value
+        query = self.qk_norms[0](stacked[:, :query_size].view(tokens, -1, self.head_dim))
+        key = self.qk_norms[1](stacked[:, query_size : query_size + key_size].view(tokens, -1, self.head_dim))
+        return _rotate(query, cos, sin), _rotate(key, cos, sin), value
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up.split(x)
