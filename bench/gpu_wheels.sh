@@ -37,6 +37,7 @@ wheels=(
     xxhash==4.1.0
     prometheus_client==0.26.0
     py-spy==0.4.3
+    ninja==1.13.2
 )
 
 exclude="$(git rev-parse --git-path info/exclude)"

@@ -4,7 +4,8 @@ A query at position p sees the keys at positions p - window < position <= p when
 window (`window` keys, its own included: the convention of `transformers`), else every key up to p. Keys a
 window has left behind are not even gathered: an input attends from the first block its window reaches.
 
-This is the `gather` attention backend, the one CPU runners use (`workers.models.backends` chooses).
+This is the `gather` attention backend (`workers.models.backends` chooses); the paged-cpu backend reuses its
+prompt-chunk half.
 Decoding inputs (one token each) attend in a few padded batches of similar lengths (`DecodeGroup`); each
 longer input (a prompt chunk) attends on its own, over the keys and values just computed when it starts
 its prompt, else over its blocks. A plan is built once per step for every window the model's layers use,
