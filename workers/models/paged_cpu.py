@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,3 +130,15 @@ class PagedCpuPlan:
                 window or 0,
             )
         return out.view(query.shape[0], -1)
+
+
+def main() -> int:
+    """Builds the operator ahead of any worker (the image build runs `python -m workers.models.paged_cpu`) and
+    says whether it is ready or why not; either way exits 0, since gather serves where it cannot run."""
+    reason = unavailable_reason(torch.device("cpu"), torch.float32)
+    print(f"paged-cpu attention: {reason}" if reason else "paged-cpu attention operator built")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
