@@ -6,7 +6,8 @@
 
 - the LM head at 32 rows: `nn.Linear` against the runner's prepacked projection;
 - copying 32 sequences' KV blocks out of the pool: advanced indexing against `index_select` into a buffer;
-- a decode step of 31 short contexts and one long: one padded attention batch against groups of similar lengths;
+- a decode step of 31 short contexts and one long: one padded attention batch against groups of similar lengths
+  (the gather backend), and the gather backend's groups against the paged-cpu operator;
 - a 512-token prefill step run from the thread that ran the previous one against from a second thread.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from workers.model_loader import load_model
 from workers.model_runner import GROUP_COST_IN_BLOCKS, ModelRunner, StepInput
+from workers.models.backends import choose_backend
 from workers.projections import Projection
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         median_ms(lambda: lm_head(rows), args.repeats),
     )
 
-    runner = ModelRunner(model, num_blocks=4096, block_size=16)
+    runner = ModelRunner(model, num_blocks=4096, block_size=16, attention="gather")
     runner.kv.normal_()  # touched memory, as a pool in use is
     pool = runner.kv[0, 0]
     tables = torch.randperm(4096)[: 32 * 14].view(32, 14)
@@ -79,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     one_batch = median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = GROUP_COST_IN_BLOCKS
     _row("decode step, 31 x 160 tokens and 1 x 430", one_batch, grouped)
+    runner.attention_backend = choose_backend("paged-cpu", runner.device, runner.kv.dtype, 16)
+    _row("the same step, gather against paged-cpu", grouped, median_ms(lambda: runner.execute(decoding), args.repeats))
+    runner.attention_backend = "gather"
 
     prompts = [StepInput(list(range(100 + i, 228 + i)), 0, list(range(10 * i, 10 * i + 10)), True) for i in range(4)]
     repeats = max(3, args.repeats // 5)

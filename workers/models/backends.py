@@ -3,7 +3,7 @@ and each layer then attends in one call (`StepAttention.attend`):
 
 - `gather` (`workers.models.attention`): decoding inputs in padded groups and each prompt chunk on its
   own, over keys and values gathered from the pool, through `scaled_dot_product_attention`. Any device
-  and dtype; the one the CPU runs.
+  and dtype; where neither of the others can run.
 - `paged-cpu` (`workers.models.paged_cpu`): every decoding row in one C++ operator call per layer over the
   pool in place; prompt chunks as `gather` has them. CPU, float32, a C++ compiler on the machine.
 - `flash-varlen` (`workers.models.flash_varlen`): the whole step in one FlashAttention call per layer,

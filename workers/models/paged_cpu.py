@@ -99,7 +99,6 @@ class PagedCpuPlan:
         starts = [0]
         for _, _, blocks in decoding:
             starts.append(starts[-1] + len(blocks))
-        self._decoding = bool(decoding)
         self._rows = torch.tensor([row for row, _, _ in decoding], dtype=torch.long)
         self._positions = torch.tensor([position for _, position, _ in decoding], dtype=torch.long)
         self._starts = torch.tensor(starts, dtype=torch.long)
@@ -116,7 +115,7 @@ class PagedCpuPlan:
     ) -> torch.Tensor:
         out = torch.empty_like(query)
         attend_prompt_chunks(self._chunks[window], out, query, key, value, layer_kv, scale, self._gather)
-        if self._decoding:
+        if self._rows.numel():
             torch.ops.diptych.paged_decode(
                 query.contiguous(),
                 layer_kv[0],
