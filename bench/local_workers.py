@@ -9,6 +9,7 @@ from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from workers.authentication import worker_server
 from workers.engine import Engine, EngineConfig
+from workers.kv_connector.nixl import RegisteredStaging
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
@@ -26,7 +27,8 @@ class Worker:
     context 1024), its KV connector (a prefill worker sends, a decode worker receives), its grammar
     compiler when given (structured outputs) and its gRPC service on loopback. `runner`: the engine's
     model runner when the caller built it (on a device, with CUDA graphs); by default one on the CPU with
-    the config's blocks."""
+    the config's blocks. `nixl`: its NIXL agent's staging buffers (the KV then moves over NIXL where
+    shared memory is not allowed)."""
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class Worker:
         context_length: int = 1024,
         grammars: GrammarCompiler | None = None,
         runner: ModelRunner | None = None,
+        nixl: RegisteredStaging | None = None,
     ) -> None:
         self.secret = WorkerSecret(secret)
         config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
@@ -47,10 +50,10 @@ class Worker:
         self.receiver: KvReceiver | None = None
         self.sender: KvSender | None = None
         if role is Role.DECODE:
-            self.receiver = KvReceiver(KvInbox(), runner.layout)
+            self.receiver = KvReceiver(KvInbox(), runner.layout, nixl=nixl)
             self.engine.attach_connector(DecodeConnector(self.receiver))
         if role is Role.PREFILL:
-            self.sender = KvSender(runner.layout, allow_shm=allow_shm)
+            self.sender = KvSender(runner.layout, allow_shm=allow_shm, nixl=nixl)
             self.engine.attach_connector(PrefillConnector(self.sender))
         self.state = WorkerState(role, worker_id=f"{role}-0")
         self.service = WorkerService(self.state, self.engine, secret=self.secret, grammars=grammars)

@@ -174,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
         "place in one kernel call per layer; paged-cpu (CPU, float32, built with the machine's C++ compiler) "
         "does for decoding rows; gather runs anywhere; auto: the first of those that can run",
     )
+    worker.add_argument(
+        "--kv-nixl",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="hand KV off over NIXL (one-sided writes; UCX picks RDMA, CUDA IPC or TCP) where both workers run "
+        "an agent: auto where NIXL is installed; shared memory still serves workers on one host",
+    )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     worker.add_argument(
         "--tensor-parallel",
@@ -339,6 +346,7 @@ def _run_worker(args) -> int:
                 metrics_port=args.metrics_port,
                 kv_tier=args.kv_tier,
                 tensor_parallel=args.tensor_parallel,
+                kv_nixl=args.kv_nixl,
                 artifact_cache=args.artifact_cache,
                 engine_config=engine_config,
             )

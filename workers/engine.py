@@ -116,8 +116,8 @@ class EngineStats:
     tokens_generated: int
     prompt_tokens_computed: int
     steps: int
-    kv_bytes_sent: int
-    kv_bytes_received: int
+    kv_bytes_sent_by_path: dict[str, int]  # KV bytes delivered to decode workers, by data path
+    kv_bytes_received_by_path: dict[str, int]
     draft_tokens_proposed: int = 0  # speculative decoding: drafts verified in a step
     draft_tokens_accepted: int = 0  # of those, the ones equal to the target's own pick
     tier_hit_tokens: int = 0  # shared KV tier: prompt tokens loaded from it instead of computed
@@ -129,6 +129,14 @@ class EngineStats:
     @property
     def waiting(self) -> int:
         return self.waiting_interactive + self.waiting_batch
+
+    @property
+    def kv_bytes_sent(self) -> int:
+        return sum(self.kv_bytes_sent_by_path.values())
+
+    @property
+    def kv_bytes_received(self) -> int:
+        return sum(self.kv_bytes_received_by_path.values())
 
 
 class Engine:
@@ -254,8 +262,8 @@ class Engine:
             tokens_generated=self.tokens_generated,
             prompt_tokens_computed=self.prompt_tokens_computed,
             steps=self.steps_run,
-            kv_bytes_sent=transfers.bytes_sent if transfers else 0,
-            kv_bytes_received=transfers.bytes_received if transfers else 0,
+            kv_bytes_sent_by_path=transfers.sent_by_path if transfers else {},
+            kv_bytes_received_by_path=transfers.received_by_path if transfers else {},
             draft_tokens_proposed=self.draft_tokens_proposed,
             draft_tokens_accepted=self.draft_tokens_accepted,
             **self._tier_stats(),

@@ -25,6 +25,8 @@ class WorkerLoad:
             active_sequences=stats.running,
             kv_bytes_received=stats.kv_bytes_received,
             kv_bytes_sent=stats.kv_bytes_sent,
+            kv_bytes_received_by_path=stats.kv_bytes_received_by_path,
+            kv_bytes_sent_by_path=stats.kv_bytes_sent_by_path,
             tokens_per_second=self.tokens_per_second,
             kv_blocks_total=stats.kv_blocks_total,
             kv_blocks_free=stats.kv_blocks_free,

@@ -23,6 +23,7 @@ from workers.authentication import worker_server
 from workers.decode_graphs import DecodeGraphSpec
 from workers.engine import Engine, EngineConfig
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.nixl import nixl_staging
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
@@ -119,12 +120,14 @@ async def serve(
     kv_tier: str = "",
     tensor_parallel: int = 1,
     artifact_cache: Path = DEFAULT_CACHE,
+    kv_nixl: str = "auto",
 ) -> None:
     """`model_source`: builtin:<name> or a local directory; empty: the fleet's model as the catalog has
     it (its files fetched into `artifact_cache` when it is published as artifacts); `model` empty: the fleet's.
     `kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
     `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
-    followers it starts, on devices cuda:n.. under --device cuda:n)."""
+    followers it starts, on devices cuda:n.. under --device cuda:n). `kv_nixl`: whether KV hand-offs may
+    go over NIXL (workers.kv_connector.nixl.nixl_staging)."""
     engine_config = engine_config or EngineConfig()
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
@@ -160,11 +163,14 @@ async def serve(
             port=kv_port,
             staging=StagingPool(pin=cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
+            nixl=nixl_staging(kv_nixl, "decode", pin=cuda),
         )
         receiver.start()
         engine.attach_connector(DecodeConnector(receiver))
     if role is Role.PREFILL:
-        engine.attach_connector(PrefillConnector(KvSender(layout, pin=cuda)))
+        engine.attach_connector(
+            PrefillConnector(KvSender(layout, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda)))
+        )
     grammars = GrammarCompiler(
         llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
     )

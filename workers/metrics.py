@@ -62,6 +62,15 @@ class LoadCollector(Collector):
         yield counter(
             "diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received
         )
+        by_path = CounterMetricFamily(
+            "diptych_worker_kv_path_bytes",
+            "KV cache bytes moved between workers, by direction and data path (tcp, shm, nixl)",
+            labels=labels + ["direction", "data_path"],
+        )
+        for direction, moved in (("sent", load.kv_bytes_sent_by_path), ("received", load.kv_bytes_received_by_path)):
+            for data_path, nbytes in sorted(moved.items()):
+                by_path.add_metric(values + [direction, data_path], nbytes)
+        yield by_path
         yield counter(
             "diptych_worker_prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache",

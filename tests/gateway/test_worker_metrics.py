@@ -60,3 +60,14 @@ def test_engine_steps_become_histograms():
     assert 'diptych_worker_step_seconds_sum{role="decode"} 0.6875' in text
     assert 'diptych_worker_step_tokens_bucket{le="32.0",role="decode"} 1.0' in text
     assert 'diptych_worker_step_tokens_sum{role="decode"} 544.0' in text
+
+
+def test_kv_bytes_show_by_direction_and_data_path():
+    load = worker_pb2.Load(worker_id="wrk_1", kv_bytes_sent_by_path={"nixl": 4096, "shm": 512})
+    registry = CollectorRegistry()
+    registry.register(LoadCollector("prefill", lambda: load))
+    text = generate_latest(registry).decode()
+    labels = 'direction="sent",role="prefill",worker_id="wrk_1"'
+    assert f'diptych_worker_kv_path_bytes_total{{data_path="nixl",{labels}}} 4096.0' in text
+    assert f'diptych_worker_kv_path_bytes_total{{data_path="shm",{labels}}} 512.0' in text
+    assert 'direction="received"' not in text  # a prefill worker receives none

@@ -12,6 +12,7 @@ import torch
 from diptych_common.builtin import DIPTYCH_TINY
 from tests.workers.serving import Worker
 from workers.engine import Engine, EngineConfig
+from workers.kv_connector.nixl import RegisteredStaging, nixl_staging
 from workers.model_loader import build_builtin_model
 from workers.model_runner import ModelRunner, StepInput
 from workers.sampling import StopCriteria
@@ -47,11 +48,18 @@ def executor():
         yield pool
 
 
-@pytest.fixture(params=[False, True], ids=["tcp", "shm"])
-async def workers(request, tiny_model, executor):
-    """A prefill and a decode worker of the tiny model, the KV moving over TCP or shared memory."""
-    prefill = Worker(Role.PREFILL, tiny_model, executor, allow_shm=request.param)
-    decode = Worker(Role.DECODE, tiny_model, executor, allow_shm=request.param)
+@pytest.fixture(scope="session")
+def nixl_agents() -> dict[Role, RegisteredStaging | None]:
+    """A NIXL agent for each side of a hand-off (UCX on loopback), shared by the tests."""
+    return {role: nixl_staging("on", role.value) for role in (Role.PREFILL, Role.DECODE)}
+
+
+@pytest.fixture(params=["tcp", "shm", "nixl"])
+async def workers(request, tiny_model, executor, nixl_agents):
+    """A prefill and a decode worker of the tiny model, the KV moving over TCP, shared memory or NIXL."""
+    shm, nixl = request.param == "shm", request.param == "nixl"
+    prefill = Worker(Role.PREFILL, tiny_model, executor, shm, nixl=nixl_agents[Role.PREFILL] if nixl else None)
+    decode = Worker(Role.DECODE, tiny_model, executor, shm, nixl=nixl_agents[Role.DECODE] if nixl else None)
     await prefill.start()
     await decode.start()
     yield prefill, decode

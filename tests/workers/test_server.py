@@ -20,7 +20,7 @@ async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(
         first, delivered = prefill_events[0].first_token, prefill_events[1].kv_delivered
         assert [first.token_id] + [e.token_id for e in rest] == reference(prompt, 9)
         assert delivered.kv_bytes == -(-len(prompt) // 16) * prefill.engine.runner.layout.block_nbytes
-        assert delivered.data_path == ("shm" if prefill.sender.allow_shm else "tcp")
+        assert delivered.data_path == ("shm" if prefill.sender.allow_shm else "nixl" if prefill.sender.nixl else "tcp")
         assert rest[-1].finished and rest[-1].HasField("stats")
     moved = sum(prefill_events[1].kv_delivered.kv_bytes for prefill_events, _ in results)
     assert decode.engine.stats().kv_bytes_received == prefill.engine.stats().kv_bytes_sent == moved

@@ -36,6 +36,7 @@ class Peer:
     host: str
     port: int
     same_host: bool  # its /dev/shm is ours: chunks go through shared memory
+    nixl: bool = False  # it takes chunks written by NIXL (where both sides run an agent)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ class KvSent:
 
 @dataclass(frozen=True)
 class KvConnectorStats:
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    sent_by_path: dict[str, int] = field(default_factory=dict)  # KV bytes delivered, by data path
+    received_by_path: dict[str, int] = field(default_factory=dict)
 
 
 class KvConnector(ABC):

@@ -37,6 +37,7 @@ class DataEndpoint:
     shm_probe_nonce: bytes
     block_size: int
     dtype: str
+    nixl: bool
 
 
 class DecodeConnector(KvConnector):
@@ -58,6 +59,7 @@ class DecodeConnector(KvConnector):
             receiver.shm_probe_nonce,
             receiver.layout.block_size,
             dtype_name(receiver.layout.dtype),
+            receiver.nixl is not None,
         )
 
     # ---- decode calls ---------------------------------------------------------------------------------
@@ -174,7 +176,7 @@ class DecodeConnector(KvConnector):
             received.release()
 
     def stats(self) -> KvConnectorStats:
-        return KvConnectorStats(bytes_received=self.receiver.bytes_received)
+        return KvConnectorStats(received_by_path=self.receiver.bytes_by_path())
 
     def close(self) -> None:
         self.receiver.close()

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.kv_connector.wire import checksum, chunk_frame
 from workers.model_runner import KvLayout
 
 
@@ -32,6 +31,10 @@ class SendPath(ABC):
     @abstractmethod
     def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
         """Stages computed blocks; None when the transfer was already released."""
+
+    def after_hello(self, sock: socket.socket, first_block: int) -> None:
+        """Reads what the receiver says of this path once the hello is answered and the first block sent
+        is fixed (NIXL: where to write); others read nothing."""
 
     @abstractmethod
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
@@ -74,15 +77,14 @@ class BufferedSendPath(SendPath):
 
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
         start, size = chunk.first_block * self._layout.block_nbytes, chunk.count * self._layout.block_nbytes
-        data = self._bytes[start : start + size]
-        sock.sendall(chunk_frame(chunk.first_block, chunk.count, start, checksum(data)))
-        self._send_bytes(sock, data)
+        self._deliver(sock, chunk, start, self._bytes[start : start + size])
 
     def wait_sent(self) -> None:
         pass  # chunks left the pool when they were staged
 
     @abstractmethod
-    def _send_bytes(self, sock: socket.socket, data: memoryview) -> None: ...
+    def _deliver(self, sock: socket.socket, chunk: StagedChunk, start: int, data: memoryview) -> None:
+        """Gets the chunk's bytes (at `start` of the buffer) to the receiver, and sends its frame."""
 
     def release(self) -> None:
         with self._lock:

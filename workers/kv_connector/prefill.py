@@ -117,7 +117,7 @@ class PrefillConnector(KvConnector):
                 del self._transfers[request_id]
 
     def stats(self) -> KvConnectorStats:
-        return KvConnectorStats(bytes_sent=self.sender.bytes_sent)
+        return KvConnectorStats(sent_by_path=self.sender.bytes_by_path())
 
     def close(self) -> None:
         self.sender.close()

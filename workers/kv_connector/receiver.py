@@ -27,6 +27,7 @@ import grpc
 import torch
 
 from workers.kv_connector.base import KvChunk
+from workers.kv_connector.nixl import NixlReceive, RegisteredStaging
 from workers.kv_connector.paths import ReceivePath, blocks_in
 from workers.kv_connector.shm import SegmentReader, ShmReceive, make_probe, remove_file
 from workers.kv_connector.staging import StagingPool
@@ -159,6 +160,7 @@ class KvReceiver:
         max_tokens: int | None = None,
         max_connections: int = MAX_DATA_CONNECTIONS,
         hello_timeout: float = 5.0,
+        nixl: RegisteredStaging | None = None,
     ) -> None:
         self.inbox = inbox
         self.layout = layout
@@ -166,17 +168,27 @@ class KvReceiver:
         self.hello_timeout = hello_timeout  # the whole hello must arrive within it
         self.max_tokens = max_tokens
         self.staging = staging or StagingPool()
+        self.nixl = nixl  # receive buffers this worker's NIXL agent registered, when it has one
         self._connections = threading.BoundedSemaphore(max_connections)
         self.connections_refused = 0
         self._segments = SegmentReader()
         self._listener = socket.create_server((host, port), backlog=128)
         self.host, self.port = self._listener.getsockname()[:2]
-        self.bytes_received = 0
+        self._received_by_path: dict[str, int] = {}
         self._count = threading.Lock()
         self.shm_probe_name = ""
         self.shm_probe_nonce = b""
         self._closed = False
         self._thread = threading.Thread(target=self._accept_forever, name="kv-receiver", daemon=True)
+
+    def bytes_by_path(self) -> dict[str, int]:
+        """KV bytes of the caches handed over whole, by data path."""
+        with self._count:
+            return dict(self._received_by_path)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(self.bytes_by_path().values())
 
     def start(self) -> None:
         self.shm_probe_name, self.shm_probe_nonce = make_probe()
@@ -246,7 +258,8 @@ class KvReceiver:
                     try_send_json(conn, error_reply(error))
                     return
                 with self._count:
-                    self.bytes_received += received.nbytes
+                    path = received.data_path
+                    self._received_by_path[path] = self._received_by_path.get(path, 0) + received.nbytes
                 slot.deliver(received)
                 try_send_json(conn, {"ok": True, "bytes": received.nbytes})
         except Exception as error:  # never let a bad peer kill the thread silently
@@ -297,11 +310,13 @@ class KvReceiver:
             )
         total_blocks = -(-num_tokens // self.layout.block_size)
         nbytes = (total_blocks - first_block) * self.layout.block_nbytes
-        buffer = self.staging.acquire(nbytes)
+        staging = self._staging_for(header["data_path"])
+        buffer = staging.acquire(nbytes)
         try:
-            first_token_id, chunks = self._read_frames(conn, self._path_of(header), buffer, first_block, total_blocks)
+            path = self._path_of(header, conn, buffer, nbytes)
+            first_token_id, chunks = self._read_frames(conn, path, buffer, first_block, total_blocks)
         except BaseException:
-            self.staging.release(buffer)
+            staging.release(buffer)
             raise
         return ReceivedKv(
             prompt_token_ids=prompt,
@@ -310,13 +325,24 @@ class KvReceiver:
             chunks=chunks,
             nbytes=nbytes,
             data_path=header["data_path"],
-            release=_once(lambda: self.staging.release(buffer)),
+            release=_once(lambda: staging.release(buffer)),
             first_block=first_block,
         )
 
-    def _path_of(self, header: dict) -> ReceivePath:
+    def _staging_for(self, data_path: str) -> StagingPool:
+        if data_path != "nixl":
+            return self.staging
+        if self.nixl is None:
+            raise KvTransferError(grpc.StatusCode.FAILED_PRECONDITION, "this decode worker runs no NIXL agent")
+        return self.nixl
+
+    def _path_of(self, header: dict, conn: socket.socket, buffer: torch.Tensor, nbytes: int) -> ReceivePath:
         if header["data_path"] == "shm":
             return ShmReceive(self._segments.view(str(header.get("segment", ""))))
+        if header["data_path"] == "nixl":
+            assert self.nixl is not None  # (`_staging_for` refused the hello otherwise)
+            send_json(conn, self.nixl.target_of(buffer, nbytes).to_json())  # only now: the token checked out
+            return NixlReceive(buffer)
         return TcpReceive()
 
     def _read_frames(

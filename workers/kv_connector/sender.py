@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from workers.kv_connector.base import Peer
+from workers.kv_connector.nixl import NixlSend, RegisteredStaging
 from workers.kv_connector.paths import SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
@@ -37,8 +38,8 @@ from workers.model_runner import KvLayout
 
 
 def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True) -> Peer:
-    """Checks that the decode worker's KV layout (a worker_pb2.KvEndpoint) matches ours, and whether its
-    probe file is visible here (then shared memory reaches it)."""
+    """Checks that the decode worker's KV layout (a worker_pb2.KvEndpoint) matches ours, whether its
+    probe file is visible here (then shared memory reaches it), and whether it takes NIXL writes."""
     if endpoint.block_size != layout.block_size or endpoint.dtype != dtype_name(layout.dtype):
         raise KvTransferError(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -49,7 +50,7 @@ def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_sh
     if not host or host in ("0.0.0.0", "::"):
         host = decode_address.rpartition(":")[0].strip("[]")
     same_host = allow_shm and probe_matches(endpoint.shm_probe_name, endpoint.shm_probe_nonce)
-    return Peer(host, endpoint.data_port, same_host)
+    return Peer(host, endpoint.data_port, same_host, endpoint.nixl)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class OutgoingKv:
                     check_reply(reply_after_close(sock))
                     raise
                 check_reply(recv_json(sock, "the decode worker's acknowledgement"))
-                self._sender.count_sent(self.nbytes)
+                self._sender.count_sent(self.nbytes, self.data_path)
                 return self.nbytes
         except TimeoutError:
             raise KvTransferError(
@@ -193,6 +194,7 @@ class OutgoingKv:
         if refusal is not None:
             sock.sendall(abort_frame(str(refusal)))  # the receiver reads frames next: it learns why
             raise refusal
+        self._path.after_hello(sock, first)
 
     def _stream(self, sock: socket.socket, keepalive: float) -> None:
         while True:
@@ -240,6 +242,7 @@ class KvSender:
         hello_timeout: float = 10.0,
         allow_shm: bool = True,
         pin: bool = False,
+        nixl: RegisteredStaging | None = None,
     ) -> None:
         self.layout = layout
         self.send_from_pool = not pin  # a host-memory KV pool: TCP sends read its blocks directly
@@ -248,7 +251,8 @@ class KvSender:
         self.allow_shm = allow_shm
         self.staging = StagingPool(pin=pin)
         self.segments = SharedSegments()
-        self.bytes_sent = 0
+        self.nixl = nixl  # this worker's NIXL agent's staging buffers, when it has one
+        self._sent_by_path: dict[str, int] = {}
         self._count = threading.Lock()
 
     def open(
@@ -257,17 +261,27 @@ class KvSender:
         return OutgoingKv(self, request_id, transfer_token, prompt_token_ids, peer, traceparent)
 
     def path_to(self, peer: Peer, nbytes: int) -> SendPath:
-        """Shared memory to a peer on this host; otherwise TCP, straight from a host-memory pool or
-        through a pinned buffer from a GPU pool."""
+        """Shared memory to a peer on this host; NIXL where both sides run an agent; otherwise TCP,
+        straight from a host-memory pool or through a pinned buffer from a GPU pool."""
         if peer.same_host:
             return ShmSend(self.segments, self.layout, nbytes)
+        if peer.nixl and self.nixl is not None:
+            return NixlSend(self.nixl, self.layout, nbytes, self.io_timeout)
         if self.send_from_pool:
             return TcpFromPool()
         return TcpFromBuffer(self.staging, self.layout, nbytes)
 
-    def count_sent(self, nbytes: int) -> None:
+    def count_sent(self, nbytes: int, data_path: str) -> None:
         with self._count:  # transfers end on threads of their own
-            self.bytes_sent += nbytes
+            self._sent_by_path[data_path] = self._sent_by_path.get(data_path, 0) + nbytes
+
+    def bytes_by_path(self) -> dict[str, int]:
+        with self._count:
+            return dict(self._sent_by_path)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.bytes_by_path().values())
 
     def close(self) -> None:
         self.segments.close()

@@ -20,9 +20,9 @@ import grpc
 import torch
 
 from diptych_common.processes import process_alive
-from workers.kv_connector.paths import BufferedSendPath, ReceivePath
+from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
 from workers.kv_connector.staging import buffer_size
-from workers.kv_connector.wire import KvTransferError
+from workers.kv_connector.wire import KvTransferError, checksum, chunk_frame
 from workers.model_runner import KvLayout
 
 SHM_DIR = "/dev/shm"
@@ -95,8 +95,8 @@ class ShmSend(BufferedSendPath):
         self.segment = self._segment.name
         super().__init__(self._segment.tensor, layout)
 
-    def _send_bytes(self, sock: socket.socket, data: memoryview) -> None:
-        pass  # the bytes are in the segment; the frame says where
+    def _deliver(self, sock: socket.socket, chunk: StagedChunk, start: int, data: memoryview) -> None:
+        sock.sendall(chunk_frame(chunk.first_block, chunk.count, start, checksum(data)))  # the bytes are there
 
     def _give_back(self) -> None:
         self._segments.release(self._segment)

@@ -28,6 +28,9 @@ class StagingPool:
             fitting = [i for i, b in enumerate(self._idle) if b.numel() >= nbytes]
             if fitting:  # (by position: tensors compare element-wise, so list.remove would not do)
                 return self._idle.pop(min(fitting, key=lambda i: self._idle[i].numel()))
+        return self._allocate(nbytes)
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
         buffer = torch.empty(buffer_size(nbytes), dtype=torch.uint8, pin_memory=self._pin)
         buffer.fill_(0)
         return buffer

@@ -16,7 +16,7 @@ import xxhash
 
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
 from workers.kv_connector.staging import StagingPool
-from workers.kv_connector.wire import chunk_frame, recv_into, sendmsg_all
+from workers.kv_connector.wire import checksum, chunk_frame, recv_into, sendmsg_all
 from workers.model_runner import KvLayout
 
 
@@ -85,7 +85,8 @@ class TcpFromBuffer(BufferedSendPath):
         self._staging = staging
         super().__init__(staging.acquire(nbytes), layout)
 
-    def _send_bytes(self, sock: socket.socket, data: memoryview) -> None:
+    def _deliver(self, sock: socket.socket, chunk: StagedChunk, start: int, data: memoryview) -> None:
+        sock.sendall(chunk_frame(chunk.first_block, chunk.count, start, checksum(data)))
         sock.sendall(data)
 
     def _give_back(self) -> None:

@@ -42,7 +42,7 @@ FIRST_BLOCK = struct.Struct("<I")
 MAX_HELLO_BYTES = 4 << 10  # the hello carries no prompt: a few hundred bytes
 MAX_REPLY_BYTES = 64 << 10  # replies and abort reasons: a sentence
 SOCKET_BUFFER_BYTES = 4 << 20  # larger kernel buffers: fewer, longer system calls per chunk
-DATA_PATHS = ("tcp", "shm")
+DATA_PATHS = ("tcp", "shm", "nixl")
 
 
 class KvTransferError(Exception):

@@ -188,7 +188,21 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending", "speculative", "kv_tier", "prompt_tokens_computed", "tokens_generated")
+    __slots__ = ("worker_id", "queue_depth", "active_sequences", "kv_bytes_received", "kv_bytes_sent", "tokens_per_second", "kv_blocks_total", "kv_blocks_free", "block_size", "waiting_interactive", "waiting_batch", "draining", "prefix_cache", "prompt_tokens_pending", "speculative", "kv_tier", "prompt_tokens_computed", "tokens_generated", "kv_bytes_sent_by_path", "kv_bytes_received_by_path")
+    class KvBytesSentByPathEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class KvBytesReceivedByPathEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +221,8 @@ class Load(_message.Message):
     KV_TIER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_SENT_BY_PATH_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_RECEIVED_BY_PATH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queue_depth: int
     active_sequences: int
@@ -225,7 +241,9 @@ class Load(_message.Message):
     kv_tier: KvTierSummary
     prompt_tokens_computed: int
     tokens_generated: int
-    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeSummary, _Mapping]] = ..., kv_tier: _Optional[_Union[KvTierSummary, _Mapping]] = ..., prompt_tokens_computed: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+    kv_bytes_sent_by_path: _containers.ScalarMap[str, int]
+    kv_bytes_received_by_path: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[str] = ..., queue_depth: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., waiting_interactive: _Optional[int] = ..., waiting_batch: _Optional[int] = ..., draining: _Optional[bool] = ..., prefix_cache: _Optional[_Union[PrefixCacheSummary, _Mapping]] = ..., prompt_tokens_pending: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeSummary, _Mapping]] = ..., kv_tier: _Optional[_Union[KvTierSummary, _Mapping]] = ..., prompt_tokens_computed: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., kv_bytes_sent_by_path: _Optional[_Mapping[str, int]] = ..., kv_bytes_received_by_path: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SpeculativeSummary(_message.Message):
     __slots__ = ("draft_tokens_proposed", "draft_tokens_accepted")
@@ -268,7 +286,7 @@ class KvEndpointRequest(_message.Message):
     def __init__(self, challenge: _Optional[bytes] = ...) -> None: ...
 
 class KvEndpoint(_message.Message):
-    __slots__ = ("data_host", "data_port", "shm_probe_name", "shm_probe_nonce", "block_size", "dtype", "proof")
+    __slots__ = ("data_host", "data_port", "shm_probe_name", "shm_probe_nonce", "block_size", "dtype", "proof", "nixl")
     DATA_HOST_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     SHM_PROBE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +294,7 @@ class KvEndpoint(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    NIXL_FIELD_NUMBER: _ClassVar[int]
     data_host: str
     data_port: int
     shm_probe_name: str
@@ -283,7 +302,8 @@ class KvEndpoint(_message.Message):
     block_size: int
     dtype: str
     proof: bytes
-    def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., proof: _Optional[bytes] = ...) -> None: ...
+    nixl: bool
+    def __init__(self, data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., shm_probe_name: _Optional[str] = ..., shm_probe_nonce: _Optional[bytes] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., proof: _Optional[bytes] = ..., nixl: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top")

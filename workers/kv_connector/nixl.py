@@ -1,0 +1,216 @@
+"""The NIXL data path: the prefill worker WRITEs each chunk, one-sided, into a receive buffer the decode
+worker registered with its NIXL agent, then sends the chunk's frame (where it wrote, its checksum) on the
+transfer's connection. UCX, under NIXL, picks the transport: RDMA between hosts that have it, CUDA IPC or
+shared memory on one host, TCP otherwise.
+
+Why WRITE, into a receive buffer, and not READ out of the sender's pool (vLLM's choice): a READ design
+registers the prefill worker's whole KV pool and hands its descriptors to every decode worker it serves; a
+peer that kept them could read any tenant's KV in that pool for as long as the worker lives. Here the only
+memory a peer learns of is the decode worker's receive buffer of one transfer, and it learns of it only
+after the hand-shake (the decode worker's endpoint proof, then the request's one-time transfer token on
+the data port). Nothing in the KV pool is ever registered: a chunk enters the pool only after its frame
+arrived on the authenticated connection and its checksum matched. The receive buffers stay registered
+and allocated for the worker's life (reused, never freed), because UCX does not revoke a descriptor on
+every transport when memory is deregistered: a stale descriptor can then only ever reach a receive
+buffer, never memory the allocator has since handed to something else. UCX itself authenticates
+nobody, so this path belongs on the fleet's private network, as the data port does.
+
+A sender stages chunks into a registered buffer of its own (copied out of the pool on the forward thread,
+as the shared-memory path does); that registration is local and its descriptors never leave the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
+from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
+from workers.model_runner import KvLayout
+
+log = logging.getLogger(__name__)
+
+MAX_METADATA_BYTES = 32 << 10  # an agent's metadata with one registered buffer: a few hundred bytes
+
+
+def nixl_unavailable() -> str | None:
+    """Why this process cannot run a NIXL agent, or None when it can."""
+    try:
+        import nixl_cu13  # noqa: F401
+    except ImportError as error:
+        return f"NIXL is not installed ({error}); `pip install nixl-cu13` adds it"
+    return None
+
+
+def nixl_staging(mode: str, role: str, pin: bool = False) -> RegisteredStaging | None:
+    """The worker's NIXL agent, as its staging buffers: `mode` "on" (fails without NIXL), "off", or
+    "auto" (on where NIXL is installed)."""
+    if mode == "off":
+        return None
+    reason = nixl_unavailable()
+    if reason is not None:
+        if mode == "on":
+            raise RuntimeError(reason)
+        log.info("KV hand-off without NIXL: %s", reason)
+        return None
+    return RegisteredStaging(NixlAgent(role), pin)
+
+
+@dataclass(frozen=True)
+class NixlTarget:
+    """Where a transfer's chunks go: the decode worker's agent and the receive buffer it registered."""
+
+    metadata: bytes
+    address: int
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "nixl_metadata": self.metadata.hex(), "address": self.address, "size": self.size}
+
+    @classmethod
+    def from_json(cls, message: dict) -> NixlTarget:
+        try:
+            metadata = bytes.fromhex(message["nixl_metadata"])
+            address, size = int(message["address"]), int(message["size"])
+        except (KeyError, TypeError, ValueError):
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT, "the decode worker's NIXL target is malformed"
+            ) from None
+        if not 0 < len(metadata) <= MAX_METADATA_BYTES or address <= 0 or size <= 0:
+            raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the decode worker's NIXL target is out of range")
+        return cls(metadata, address, size)
+
+
+class NixlAgent:
+    """One NIXL agent per worker (UCX backend), its registrations, and the remote agents it loaded. NIXL's
+    agent is driven from several transfer threads here, so every call into it holds one lock."""
+
+    def __init__(self, role: str) -> None:
+        from nixl_cu13 import nixl_agent, nixl_agent_config
+
+        self.name = f"diptych-{role}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
+        self._lock = threading.Lock()
+        self._remotes: dict[bytes, str] = {}  # metadata → the remote agent's name, loaded once
+
+    def register(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._agent.register_memory(buffer)
+
+    def metadata(self) -> bytes:
+        with self._lock:
+            return self._agent.get_agent_metadata()
+
+    def write(self, local: memoryview, target: NixlTarget, offset: int, timeout: float) -> None:
+        """Writes `local` (in a buffer this agent registered) at `offset` of the target's buffer; returns
+        once it landed."""
+        if offset < 0 or offset + len(local) > target.size:
+            raise KvTransferError(
+                grpc.StatusCode.INTERNAL, "a KV chunk would land outside the decode worker's receive buffer"
+            )
+        remote = self._remote(target.metadata)
+        with self._lock:
+            local_descs = self._agent.get_xfer_descs([(address_of(local), len(local), 0)], "DRAM")
+            remote_descs = self._agent.get_xfer_descs([(target.address + offset, len(local), 0)], "DRAM")
+            handle = self._agent.initialize_xfer("WRITE", local_descs, remote_descs, remote)
+            state = self._agent.transfer(handle)
+        try:
+            deadline = time.monotonic() + timeout
+            while state == "PROC":
+                if time.monotonic() > deadline:
+                    raise KvTransferError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, f"a NIXL write to {remote} did not complete in {timeout} s"
+                    )
+                time.sleep(0.0001)  # UCX's progress thread moves the bytes
+                with self._lock:
+                    state = self._agent.check_xfer_state(handle)
+            if state != "DONE":
+                raise KvTransferError(grpc.StatusCode.UNAVAILABLE, f"a NIXL write to {remote} failed")
+        finally:
+            with self._lock:
+                self._agent.release_xfer_handle(handle)
+
+    def _remote(self, metadata: bytes) -> str:
+        with self._lock:
+            name = self._remotes.get(metadata)
+            if name is None:
+                try:
+                    name = self._agent.add_remote_agent(metadata)
+                except Exception as error:  # NIXL raises its own exception types
+                    raise KvTransferError(
+                        grpc.StatusCode.UNAVAILABLE, f"the decode worker's NIXL agent cannot be reached: {error}"
+                    ) from None
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                self._remotes[metadata] = name
+            return name
+
+
+class RegisteredStaging(StagingPool):
+    """Staging buffers registered with the agent as they are created, and kept for the worker's life
+    (see the module's docstring for why they are never freed)."""
+
+    def __init__(self, agent: NixlAgent, pin: bool = False) -> None:
+        super().__init__(pin=pin, keep_bytes=1 << 62)
+        self.agent = agent
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        buffer = super()._allocate(nbytes)
+        self.agent.register(buffer)
+        return buffer
+
+    def target_of(self, buffer: torch.Tensor, nbytes: int) -> NixlTarget:
+        return NixlTarget(self.agent.metadata(), buffer.data_ptr(), nbytes)
+
+
+class NixlSend(BufferedSendPath):
+    data_path = "nixl"
+
+    def __init__(self, staging: RegisteredStaging, layout: KvLayout, nbytes: int, timeout: float) -> None:
+        self._staging = staging
+        self._timeout = timeout
+        self._target: NixlTarget | None = None
+        self._first_byte = 0  # the receive buffer starts at the first block sent
+        super().__init__(staging.acquire(nbytes), layout)
+
+    def after_hello(self, sock: socket.socket, first_block: int) -> None:
+        reply = recv_json(sock, "the decode worker's NIXL target")
+        check_reply(reply)
+        self._target = NixlTarget.from_json(reply)
+        self._first_byte = first_block * self._layout.block_nbytes
+
+    def _deliver(self, sock: socket.socket, chunk: StagedChunk, start: int, data: memoryview) -> None:
+        assert self._target is not None, "the target comes with the hello's answer"
+        offset = start - self._first_byte
+        self._staging.agent.write(data, self._target, offset, self._timeout)
+        sock.sendall(chunk_frame(chunk.first_block, chunk.count, offset, checksum(data)))
+
+    def _give_back(self) -> None:
+        self._staging.release(self._buffer)
+
+
+class NixlReceive(ReceivePath):
+    """The chunk is already in the receive buffer: its frame must say it landed where it belongs."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._address = buffer.data_ptr()
+
+    def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
+        if address_of(target) != self._address + offset:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the frame of {what} names another place than where they belong"
+            )
+
+
+def address_of(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
