@@ -9,8 +9,8 @@ from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from workers.authentication import worker_server
 from workers.engine import Engine, EngineConfig
-from workers.kv_connector.nixl import RegisteredStaging
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.nixl import RegisteredStaging
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender

@@ -35,6 +35,7 @@ class SendPath(ABC):
     def after_hello(self, sock: socket.socket, first_block: int) -> None:
         """Reads what the receiver says of this path once the hello is answered and the first block sent
         is fixed (NIXL: where to write); others read nothing."""
+        return None
 
     @abstractmethod
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
