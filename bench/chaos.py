@@ -208,7 +208,16 @@ class ChaosPlatform:
         return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool) -> ChaosPlatform:
+KV_PATH_WORKER_ARGS = {
+    "shm": (),
+    "nixl": ("--no-kv-shm", "--kv-nixl", "on"),
+    "tcp": ("--no-kv-shm", "--kv-nixl", "off"),
+}
+
+
+def start_platform(
+    state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool, kv_path: str = "shm"
+) -> ChaosPlatform:
     stack = Stack(
         state_dir,
         control_plane_port=free_port(),
@@ -228,7 +237,9 @@ def start_platform(state_dir: Path, prefill_workers: int, decode_workers: int, j
         }
         for role, names in workers.items():
             for name in names:
-                stack.start_worker(name, role, credentials.fleet_tokens[role], free_port())
+                stack.start_worker(
+                    name, role, credentials.fleet_tokens[role], free_port(), *KV_PATH_WORKER_ARGS[kv_path]
+                )
         port, metrics_port, http_port = free_port(), free_port(), free_port()
         log(
             f"starting the gateway on 127.0.0.1:{port} (its usage spool under {state_dir / 'gateway'}) while "
@@ -730,7 +741,7 @@ def run(args) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     keep_state = args.state_dir is not None
     platform = start_platform(
-        state_dir, args.prefill_workers, args.decode_workers, jobs=args.batches or JOBS in args.victims
+        state_dir, args.prefill_workers, args.decode_workers, args.batches or JOBS in args.victims, args.kv_path
     )
     try:
         load, chaos, traffic = asyncio.run(run_load_under_chaos(platform, args))
@@ -800,6 +811,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="seconds the load goes on after the last victim serves again (default 5)",
+    )
+    parser.add_argument(
+        "--kv-path",
+        choices=list(KV_PATH_WORKER_ARGS),
+        default="shm",
+        help="how the KV moves between the workers (all on this host): shared memory, NIXL or TCP",
     )
     parser.add_argument("--prefill-workers", type=int, default=2)
     parser.add_argument("--decode-workers", type=int, default=2)

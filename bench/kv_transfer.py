@@ -10,6 +10,8 @@ Paths, run in interleaved rounds so that every one sees the same machine load:
   tcp path     the workers' data path: each chunk's blocks sent straight from a KV pool (scatter-gather),
                framed, checksummed (xxh3-64), received into a warm staging buffer and checked
   shm path     the same-host path: chunks staged in a shared-memory segment, frames over TCP
+  nixl path    chunks staged in a registered buffer and written one-sided by NIXL (UCX picks the transport:
+               on loopback shared memory or TCP) into the receiver's registered buffer, frames over TCP
 After the rounds, for comparison:
   raw, hot     raw, alone repeated back to back: the same buffer every time, partly still in the CPU's
                caches, which no path sees in the rounds (each round's other transfers evict it)
@@ -43,6 +45,7 @@ import xxhash
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
 from workers.kv_connector.base import KvTransferParams, Peer  # noqa: E402
+from workers.kv_connector.nixl import nixl_staging  # noqa: E402
 from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
 from workers.kv_connector.sender import KvSender  # noqa: E402
 from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402
@@ -126,7 +129,7 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
         inbox.expect(
             f"bench-{index}", b"token", lambda received: getattr(received, "release", lambda: None)(), max_tokens
         )
-    receiver = KvReceiver(inbox, LAYOUT)
+    receiver = KvReceiver(inbox, LAYOUT, nixl=nixl_staging("on", "decode"))
     receiver.start()
     tiny_inbox = KvInbox()  # the overlap run: the built-in model's own KV layout
     tiny_inbox.expect(
@@ -209,14 +212,16 @@ class DataPath:
     def __init__(self, port: int, num_blocks: int) -> None:
         self.port = port
         self.runner = PoolRunner(num_blocks)
-        self.sender = KvSender(LAYOUT)
+        self.sender = KvSender(LAYOUT, nixl=nixl_staging("on", "prefill"))
         self.counter = 0
 
-    def transfer(self, num_blocks: int, same_host: bool) -> float:
+    def transfer(self, num_blocks: int, data_path: str) -> float:
         request_id = f"bench-{self.counter}"
         self.counter += 1
         tokens = num_blocks * LAYOUT.block_size
-        outgoing = self.sender.open(request_id, b"token", [5] * tokens, Peer("127.0.0.1", self.port, same_host))
+        peer = Peer("127.0.0.1", self.port, same_host=data_path == "shm", nixl=data_path == "nixl")
+        outgoing = self.sender.open(request_id, b"token", [5] * tokens, peer)
+        assert outgoing.data_path == data_path
         result: queue.Queue[int] = queue.Queue()
         thread = threading.Thread(target=lambda: result.put(outgoing.send()))
         thread.start()
@@ -328,7 +333,7 @@ def main() -> None:
     progress("starting the receiving process ...")
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    transfers = len(args.sizes_mb) * 2 * (args.repeats + 1)
+    transfers = len(args.sizes_mb) * 3 * (args.repeats + 1)
     receiver = context.Process(
         target=receiver_process, args=(theirs, max_blocks * LAYOUT.block_nbytes, transfers), daemon=True
     )
@@ -350,8 +355,9 @@ def main() -> None:
             raw, alone = RawSocket(raw_port, nbytes), RawAlone(context, raw_port, nbytes)
             runs: dict[str, Callable[[], float]] = {
                 "raw socket": raw.run,
-                "tcp path": partial(path.transfer, num_blocks, False),
-                "shm path": partial(path.transfer, num_blocks, True),
+                "tcp path": partial(path.transfer, num_blocks, "tcp"),
+                "shm path": partial(path.transfer, num_blocks, "shm"),
+                "nixl path": partial(path.transfer, num_blocks, "nixl"),
                 "raw, alone": alone.run,
             }
             times: dict[str, list[float]] = {name: [] for name in runs}

@@ -181,6 +181,13 @@ def _parser() -> argparse.ArgumentParser:
         help="hand KV off over NIXL (one-sided writes; UCX picks RDMA, CUDA IPC or TCP) where both workers run "
         "an agent: auto where NIXL is installed; shared memory still serves workers on one host",
     )
+    worker.add_argument(
+        "--kv-shm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill workers: hand KV to a decode worker on this host through shared memory (--no-kv-shm: "
+        "over NIXL or TCP, as between hosts)",
+    )
     worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
     worker.add_argument(
         "--tensor-parallel",
@@ -312,6 +319,7 @@ def _run_gateway(args) -> None:
 def _run_worker(args) -> int:
     from diptych_common.artifacts import ArtifactError
     from workers.engine import EngineConfig
+    from workers.kv_connector.nixl import nixl_unavailable
     from workers.main import serve
     from workers.server import Role
     from workers.spec_decode.config import spec_config_from_args
@@ -320,6 +328,8 @@ def _run_worker(args) -> int:
         speculative = spec_config_from_args(args)
     except ValueError as error:
         raise SystemExit(f"diptych worker: {error}") from None
+    if args.kv_nixl == "on" and (reason := nixl_unavailable()):
+        raise SystemExit(f"diptych worker: --kv-nixl on: {reason}")
     engine_config = EngineConfig(
         block_size=args.block_size,
         kv_cache_mib=args.kv_cache_mib,
@@ -347,6 +357,7 @@ def _run_worker(args) -> int:
                 kv_tier=args.kv_tier,
                 tensor_parallel=args.tensor_parallel,
                 kv_nixl=args.kv_nixl,
+                kv_shm=args.kv_shm,
                 artifact_cache=args.artifact_cache,
                 engine_config=engine_config,
             )

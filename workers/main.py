@@ -121,13 +121,15 @@ async def serve(
     tensor_parallel: int = 1,
     artifact_cache: Path = DEFAULT_CACHE,
     kv_nixl: str = "auto",
+    kv_shm: bool = True,
 ) -> None:
     """`model_source`: builtin:<name> or a local directory; empty: the fleet's model as the catalog has
     it (its files fetched into `artifact_cache` when it is published as artifacts); `model` empty: the fleet's.
     `kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
     `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
     followers it starts, on devices cuda:n.. under --device cuda:n). `kv_nixl`: whether KV hand-offs may
-    go over NIXL (workers.kv_connector.nixl.nixl_staging)."""
+    go over NIXL (workers.kv_connector.nixl.nixl_staging); `kv_shm`: whether a prefill worker hands KV to
+    a decode worker on its host through shared memory."""
     engine_config = engine_config or EngineConfig()
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
@@ -169,7 +171,7 @@ async def serve(
         engine.attach_connector(DecodeConnector(receiver))
     if role is Role.PREFILL:
         engine.attach_connector(
-            PrefillConnector(KvSender(layout, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda)))
+            PrefillConnector(KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda)))
         )
     grammars = GrammarCompiler(
         llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
