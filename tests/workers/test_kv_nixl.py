@@ -168,3 +168,11 @@ def test_nixl_off_runs_no_agent_and_on_fails_without_nixl(monkeypatch):
     assert nixl_staging("auto", "decode") is None
     with pytest.raises(RuntimeError, match="not here"):
         nixl_staging("on", "decode")
+
+
+def test_a_worker_told_to_use_nixl_where_there_is_none_refuses_to_start_with_the_reason(monkeypatch):
+    from diptych_server import cli
+
+    monkeypatch.setattr("workers.kv_connector.nixl.nixl_unavailable", lambda: "NIXL is not installed here")
+    with pytest.raises(SystemExit, match="--kv-nixl on: NIXL is not installed here"):
+        cli.main(["worker", "--role", "decode", "--kv-nixl", "on"])
