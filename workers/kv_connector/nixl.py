@@ -99,6 +99,7 @@ class NixlAgent:
     def __init__(self, role: str) -> None:
         from nixl_cu13 import nixl_agent, nixl_agent_config
 
+        logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines go to stdout; ours say enough
         self.name = f"diptych-{role}-{os.getpid()}-{secrets.token_hex(4)}"
         self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
         self._lock = threading.Lock()
