@@ -176,7 +176,7 @@ class DecodeConnector(KvConnector):
             received.release()
 
     def stats(self) -> KvConnectorStats:
-        return KvConnectorStats(received_by_path=self.receiver.bytes_by_path())
+        return KvConnectorStats(received_by_path=self.receiver.received.snapshot())
 
     def close(self) -> None:
         self.receiver.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -94,20 +95,28 @@ class NixlTarget:
 
 class NixlAgent:
     """One NIXL agent per worker (UCX backend), its registrations, and the remote agents it loaded. NIXL's
-    agent is driven from several transfer threads here, so every call into it holds one lock."""
+    agent is driven from several transfer threads here, so every call into it holds one lock.
+
+    It runs no progress thread: NIXL's polls without pause and would take a fifth of a core from an idle
+    worker. UCX moves a write only while both ends progress, so the writer polls its transfer and the
+    receiver progresses its agent while it waits for that transfer's frames (`NixlReceive.wait_frame`)."""
 
     def __init__(self, role: str) -> None:
         from nixl_cu13 import nixl_agent, nixl_agent_config
 
         logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines go to stdout; ours say enough
         self.name = f"diptych-{role}-{os.getpid()}-{secrets.token_hex(4)}"
-        self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
+        self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"], enable_prog_thread=False))
         self._lock = threading.Lock()
         self._remotes: dict[bytes, str] = {}  # metadata → the remote agent's name, loaded once
 
     def register(self, buffer: torch.Tensor) -> None:
         with self._lock:
             self._agent.register_memory(buffer)
+
+    def progress(self) -> None:
+        with self._lock:
+            self._agent.get_new_notifs()  # progresses the backend; writes here carry no notifications
 
     def metadata(self) -> bytes:
         with self._lock:
@@ -203,8 +212,16 @@ class NixlSend(BufferedSendPath):
 class NixlReceive(ReceivePath):
     """The chunk is already in the receive buffer: its frame must say it landed where it belongs."""
 
-    def __init__(self, buffer: torch.Tensor) -> None:
+    def __init__(self, buffer: torch.Tensor, agent: NixlAgent) -> None:
         self._address = buffer.data_ptr()
+        self._agent = agent
+
+    def wait_frame(self, conn: socket.socket) -> None:
+        """Progresses the agent (so the sender's writes land) until a frame is there to read, for at most
+        the connection's timeout; past it, reading the frame times out as on any path."""
+        deadline = time.monotonic() + (conn.gettimeout() or 5.0)
+        while not select.select([conn], [], [], 0.0005)[0] and time.monotonic() < deadline:
+            self._agent.progress()
 
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
         if address_of(target) != self._address + offset:

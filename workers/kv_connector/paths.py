@@ -12,6 +12,26 @@ import torch
 from workers.model_runner import KvLayout
 
 
+class BytesByPath:
+    """KV bytes of the transfers that ended whole, by data path; added to on transfer threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, data_path: str, nbytes: int) -> None:
+        with self._lock:
+            self._counts[data_path] = self._counts.get(data_path, 0) + nbytes
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.snapshot().values())
+
+
 @dataclass(eq=False)
 class StagedChunk:
     """Blocks first_block.. first_block + count - 1 of a request's KV, staged and waiting to be sent."""
@@ -52,6 +72,11 @@ class SendPath(ABC):
 
 class ReceivePath(ABC):
     """The receiving half: fills a chunk's place in the receive buffer."""
+
+    def wait_frame(self, conn: socket.socket) -> None:
+        """Called before each frame is read; a path whose bytes move outside the connection may have to
+        drive them meanwhile (NIXL); the others return at once."""
+        return None
 
     @abstractmethod
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None: ...

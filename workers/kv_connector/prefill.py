@@ -117,7 +117,7 @@ class PrefillConnector(KvConnector):
                 del self._transfers[request_id]
 
     def stats(self) -> KvConnectorStats:
-        return KvConnectorStats(sent_by_path=self.sender.bytes_by_path())
+        return KvConnectorStats(sent_by_path=self.sender.sent.snapshot())
 
     def close(self) -> None:
         self.sender.close()

@@ -28,7 +28,7 @@ import torch
 
 from workers.kv_connector.base import KvChunk
 from workers.kv_connector.nixl import NixlReceive, RegisteredStaging
-from workers.kv_connector.paths import ReceivePath, blocks_in
+from workers.kv_connector.paths import BytesByPath, ReceivePath, blocks_in
 from workers.kv_connector.shm import SegmentReader, ShmReceive, make_probe, remove_file
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tcp import TcpReceive
@@ -174,21 +174,15 @@ class KvReceiver:
         self._segments = SegmentReader()
         self._listener = socket.create_server((host, port), backlog=128)
         self.host, self.port = self._listener.getsockname()[:2]
-        self._received_by_path: dict[str, int] = {}
-        self._count = threading.Lock()
+        self.received = BytesByPath()  # the caches handed over whole
         self.shm_probe_name = ""
         self.shm_probe_nonce = b""
         self._closed = False
         self._thread = threading.Thread(target=self._accept_forever, name="kv-receiver", daemon=True)
 
-    def bytes_by_path(self) -> dict[str, int]:
-        """KV bytes of the caches handed over whole, by data path."""
-        with self._count:
-            return dict(self._received_by_path)
-
     @property
     def bytes_received(self) -> int:
-        return sum(self.bytes_by_path().values())
+        return self.received.total
 
     def start(self) -> None:
         self.shm_probe_name, self.shm_probe_nonce = make_probe()
@@ -257,9 +251,7 @@ class KvReceiver:
                         slot.deliver(error)
                     try_send_json(conn, error_reply(error))
                     return
-                with self._count:
-                    path = received.data_path
-                    self._received_by_path[path] = self._received_by_path.get(path, 0) + received.nbytes
+                self.received.add(received.data_path, received.nbytes)
                 slot.deliver(received)
                 try_send_json(conn, {"ok": True, "bytes": received.nbytes})
         except Exception as error:  # never let a bad peer kill the thread silently
@@ -342,7 +334,7 @@ class KvReceiver:
         if header["data_path"] == "nixl":
             assert self.nixl is not None  # (`_staging_for` refused the hello otherwise)
             send_json(conn, self.nixl.target_of(buffer, nbytes).to_json())  # only now: the token checked out
-            return NixlReceive(buffer)
+            return NixlReceive(buffer, self.nixl.agent)
         return TcpReceive()
 
     def _read_frames(
@@ -355,6 +347,7 @@ class KvReceiver:
         chunks: list[KvChunk] = []
         next_block = first_block
         while True:
+            path.wait_frame(conn)
             kind, first, count, offset, digest = FRAME.unpack(recv_exact(conn, FRAME.size, "a KV frame"))
             if kind == KEEPALIVE:
                 continue

@@ -16,7 +16,7 @@ import grpc
 
 from workers.kv_connector.base import Peer
 from workers.kv_connector.nixl import NixlSend, RegisteredStaging
-from workers.kv_connector.paths import SendPath, StagedChunk
+from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tcp import TcpFromBuffer, TcpFromPool
@@ -150,7 +150,7 @@ class OutgoingKv:
                     check_reply(reply_after_close(sock))
                     raise
                 check_reply(recv_json(sock, "the decode worker's acknowledgement"))
-                self._sender.count_sent(self.nbytes, self.data_path)
+                self._sender.sent.add(self.data_path, self.nbytes)
                 return self.nbytes
         except TimeoutError:
             raise KvTransferError(
@@ -252,8 +252,7 @@ class KvSender:
         self.staging = StagingPool(pin=pin)
         self.segments = SharedSegments()
         self.nixl = nixl  # this worker's NIXL agent's staging buffers, when it has one
-        self._sent_by_path: dict[str, int] = {}
-        self._count = threading.Lock()
+        self.sent = BytesByPath()  # delivered whole
 
     def open(
         self, request_id: str, transfer_token: bytes, prompt_token_ids: list[int], peer: Peer, traceparent: str = ""
@@ -271,17 +270,9 @@ class KvSender:
             return TcpFromPool()
         return TcpFromBuffer(self.staging, self.layout, nbytes)
 
-    def count_sent(self, nbytes: int, data_path: str) -> None:
-        with self._count:  # transfers end on threads of their own
-            self._sent_by_path[data_path] = self._sent_by_path.get(data_path, 0) + nbytes
-
-    def bytes_by_path(self) -> dict[str, int]:
-        with self._count:
-            return dict(self._sent_by_path)
-
     @property
     def bytes_sent(self) -> int:
-        return sum(self.bytes_by_path().values())
+        return self.sent.total
 
     def close(self) -> None:
         self.segments.close()
