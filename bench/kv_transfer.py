@@ -49,7 +49,8 @@ from workers.kv_connector.nixl import nixl_staging  # noqa: E402
 from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
 from workers.kv_connector.sender import KvSender  # noqa: E402
 from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402
-from workers.model_runner import KvLayout, ModelRunner  # noqa: E402
+from workers.kv_pool import KvLayout
+from workers.model_runner import ModelRunner  # noqa: E402
 
 LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)
 CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged

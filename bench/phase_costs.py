@@ -46,9 +46,10 @@ from workers.engine import EngineConfig
 from workers.kv_connector.base import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
+from workers.kv_pool import KvLayout
 from workers.main import build_engine
 from workers.model_loader import LoadedModel, load_model
-from workers.model_runner import KvLayout, ModelRunner, StepInput
+from workers.model_runner import ModelRunner, StepInput
 from workers.sampling import SamplingParams, sample
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -29,12 +29,13 @@ from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import sweep_stale_files
 from workers.kv_connector.staging import StagingPool
+from workers.kv_pool import kv_layout_of
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
 from workers.kv_tier.link import EngineTier
 from workers.metrics import serve_metrics
 from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, kv_layout_of
+from workers.model_runner import ModelRunner
 from workers.models.sharding import check_shardable
 from workers.registration import ControlPlaneLink, RegistrationError
 from workers.sampling import StopCriteria

@@ -17,10 +17,11 @@ decode step (`decode_padded`, which the runner's `DecodeGraphs` capture on CUDA)
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from workers.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
 from workers.device_values import on_device
+from workers.kv_pool import kv_layout_of
 from workers.models.attention import (
     GROUP_COST_IN_BLOCKS,
     AttentionPlan,
@@ -59,33 +60,6 @@ class StepInput:
     def num_logits(self) -> int:
         """How many of its trailing positions get logits."""
         return self.num_draft_tokens + 1 if self.sample else 0
-
-
-@dataclass(frozen=True)
-class KvLayout:
-    num_layers: int
-    kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: torch.dtype
-
-    @property
-    def block_shape(self) -> tuple[int, ...]:
-        return (self.num_layers, 2, self.block_size, self.kv_heads, self.head_dim)
-
-    @property
-    def token_nbytes(self) -> int:
-        return self.num_layers * 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
-
-    @property
-    def block_nbytes(self) -> int:
-        return self.block_size * self.token_nbytes
-
-
-def kv_layout_of(config: PreTrainedConfig, block_size: int, dtype: torch.dtype) -> KvLayout:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return KvLayout(config.num_hidden_layers, kv_heads, head_dim, block_size, dtype)
 
 
 class ModelRunner:

@@ -22,7 +22,7 @@ from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
-from workers.model_runner import kv_layout_of
+from workers.kv_pool import kv_layout_of
 from workers.request import BATCH, EngineRequest, FinishReason
 from workers.sampling import SamplingParams
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from workers.kv_pool import KvPool
+
 if TYPE_CHECKING:
     from workers.kv_cache_manager import KVCacheManager
     from workers.request import EngineRequest
@@ -142,9 +144,9 @@ class KvConnector(ABC):
         """Before the step: saves no longer read the blocks of meta.freed (the step may overwrite them)."""
 
     @abstractmethod
-    def load_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         """Before the forward pass: writes meta.loads into the pool."""
 
     @abstractmethod
-    def save_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def save_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         """After the forward pass: hands meta.saves to their transfers."""

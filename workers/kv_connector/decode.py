@@ -23,6 +23,7 @@ from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvLoad
 from workers.kv_connector.receiver import KvReceiver, ReceivedKv
 from workers.kv_connector.wire import KvTransferError, dtype_name
+from workers.kv_pool import KvPool
 from workers.request import EngineRequest
 from workers.scheduler import SchedulerOutput
 
@@ -186,10 +187,10 @@ class DecodeConnector(KvConnector):
     def wait_for_save(self, meta: KvConnectorMeta) -> None:
         pass  # it saves nothing
 
-    def save_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def save_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         pass  # it saves nothing
 
-    def load_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         for load in meta.loads:
             for chunk in self._taken[load.request_id].chunks:
                 count = chunk.data.shape[2]

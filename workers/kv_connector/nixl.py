@@ -38,7 +38,7 @@ import torch
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
-from workers.model_runner import KvLayout
+from workers.kv_pool import KvLayout
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.model_runner import KvLayout
+from workers.kv_pool import KvLayout, KvSource
 
 
 class BytesByPath:
@@ -49,7 +49,7 @@ class SendPath(ABC):
     segment: str = ""  # the shared-memory segment the receiver reads chunks from, if any
 
     @abstractmethod
-    def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
+    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
         """Stages computed blocks; None when the transfer was already released."""
 
     def after_hello(self, sock: socket.socket, first_block: int) -> None:
@@ -93,7 +93,7 @@ class BufferedSendPath(SendPath):
         self._lock = threading.Lock()
         self._released = False
 
-    def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
+    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
         out = blocks_in(self._buffer, self._layout, first_block, len(block_ids))
         with self._lock:  # the buffer may not be given back while the forward thread fills it
             if self._released:
@@ -123,7 +123,7 @@ class BufferedSendPath(SendPath):
     def _give_back(self) -> None: ...
 
 
-def copied_blocks(runner, block_ids: list[int]) -> memoryview:
+def copied_blocks(runner: KvSource, block_ids: list[int]) -> memoryview:
     """The blocks' bytes copied out of the runner's pool, in `read_blocks`'s order: for a runner whose pool
     cannot be seen in place (`supports_block_views` false: a tensor-parallel runner's heads are spread over
     processes)."""

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSave, KvSent, Peer
 from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
+from workers.kv_pool import KvPool, KvSource
 from workers.request import EngineRequest, FinishReason
 from workers.scheduler import SchedulerOutput
 
@@ -128,10 +129,10 @@ class PrefillConnector(KvConnector):
         for request_id in meta.freed:
             self._transfers[request_id].outgoing.wait_sent()
 
-    def load_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         pass  # it loads nothing
 
-    def save_kv(self, meta: KvConnectorMeta, runner) -> None:
+    def save_kv(self, meta: KvConnectorMeta, runner: KvSource) -> None:
         for save in meta.saves:
             self._transfers[save.request_id].outgoing.write_blocks(runner, save.block_ids, save.first_block)
 

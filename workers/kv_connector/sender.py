@@ -34,7 +34,7 @@ from workers.kv_connector.wire import (
     reply_after_close,
     tune,
 )
-from workers.model_runner import KvLayout
+from workers.kv_pool import KvLayout, KvSource
 
 
 def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True) -> Peer:
@@ -100,7 +100,7 @@ class OutgoingKv:
         """The bytes this transfer moves: the blocks from `first_block` on (all, until it is fixed)."""
         return (self.num_blocks - (self.first_block or 0)) * self.layout.block_nbytes
 
-    def write_blocks(self, runner, block_ids: list[int], first_block: int) -> None:
+    def write_blocks(self, runner: KvSource, block_ids: list[int], first_block: int) -> None:
         """Stages computed blocks (on the forward thread, where the pool is consistent); once the receiver
         said which blocks it holds, only those after them."""
         with self._staging:

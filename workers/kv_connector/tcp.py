@@ -17,7 +17,7 @@ import xxhash
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import checksum, chunk_frame, recv_into, sendmsg_all
-from workers.model_runner import KvLayout
+from workers.kv_pool import KvLayout, KvSource
 
 
 @dataclass(eq=False)
@@ -37,7 +37,7 @@ class TcpFromPool(SendPath):
         self._released = False
         self._in_pool: list[PoolChunk] = []  # chunks that may still read the pool
 
-    def stage(self, runner, block_ids: list[int], first_block: int) -> StagedChunk | None:
+    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
         if runner.supports_block_views:
             chunk = PoolChunk(first_block, len(block_ids), runner.block_views(block_ids))
         else:  # copied out now: no longer in the pool

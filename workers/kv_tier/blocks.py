@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.model_runner import KvLayout, ModelRunner
+from workers.kv_pool import KvLayout, KvPool
 
 
 @dataclass
@@ -43,7 +43,7 @@ def tier_namespace(model: str, layout: KvLayout) -> str:
     )
 
 
-def copy_blocks_out(runner: ModelRunner, block_ids: list[int]) -> list[bytes]:
+def copy_blocks_out(runner: KvPool, block_ids: list[int]) -> list[bytes]:
     """The blocks' bytes, every kv head (a tensor-parallel runner gathers its ranks'), copied out of the pool
     on the forward thread: the pool may overwrite them later."""
     lay = runner.layout
@@ -66,6 +66,6 @@ def blocks_from_bytes(blocks: list[bytes], layout: KvLayout) -> torch.Tensor:
     return flat.permute(1, 2, 0, 3, 4, 5)
 
 
-def write_tier_loads(runner: ModelRunner, loads: list[TierLoad]) -> None:
+def write_tier_loads(runner: KvPool, loads: list[TierLoad]) -> None:
     for load in loads:
         runner.write_blocks(load.block_ids, load.data)

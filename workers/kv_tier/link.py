@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from diptych_common.prefix_hash import block_hashes
 from workers.kv_cache_manager import KVCacheManager, NamingMark
+from workers.kv_pool import KvLayout, KvPool
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out
 from workers.kv_tier.client import TierClient
-from workers.model_runner import KvLayout, ModelRunner
 from workers.request import EngineRequest
 from workers.scheduler import SchedulerOutput
 
@@ -80,7 +80,7 @@ class EngineTier:
                     puts.append(TierPut(block_hash, block_id))
         return puts
 
-    async def stage(self, executor: Executor, runner: ModelRunner, puts: list[TierPut]) -> None:
+    async def stage(self, executor: Executor, runner: KvPool, puts: list[TierPut]) -> None:
         """Copies the blocks out on the forward thread (`executor`) and queues them for the tier."""
         self._staging += 1
         try:
@@ -96,7 +96,7 @@ class EngineTier:
             await asyncio.sleep(0.002)
         return not self._staging and await self.client.flush(max(0.0, deadline - time.monotonic()))
 
-    def copy_out(self, runner: ModelRunner, puts: list[TierPut]) -> None:
+    def copy_out(self, runner: KvPool, puts: list[TierPut]) -> None:
         """On the forward thread: copies the blocks out of the pool and queues them for the tier."""
         datas = copy_blocks_out(runner, [put.block_id for put in puts])
         self.blocks_staged += len(puts)

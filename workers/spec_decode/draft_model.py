@@ -14,7 +14,8 @@ import torch
 from transformers import PreTrainedModel
 
 from workers.kv_cache_manager import KVCacheManager
-from workers.model_runner import ModelRunner, StepInput, kv_layout_of
+from workers.kv_pool import kv_layout_of
+from workers.model_runner import ModelRunner, StepInput
 from workers.spec_decode.proposer import DraftRequest
 
 BLOCK_SIZE = 16

@@ -1,0 +1,67 @@
+"""The KV pool as the rest of the worker sees it: its layout, and the few block operations the KV
+connectors and the shared KV tier use to move blocks in and out (`KvPool`). The model runner owns the pool
+and implements the protocol; a tensor-parallel leader implements it over its group's shards. The pool
+itself is never registered with NIXL: KV crosses workers through registered staging and receive buffers
+(workers/kv_connector/nixl.py says why)."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedConfig
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.block_size, self.kv_heads, self.head_dim)
+
+    @property
+    def token_nbytes(self) -> int:
+        return self.num_layers * 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.block_size * self.token_nbytes
+
+
+def kv_layout_of(config: PreTrainedConfig, block_size: int, dtype: torch.dtype) -> KvLayout:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return KvLayout(config.num_hidden_layers, kv_heads, head_dim, block_size, dtype)
+
+
+class KvSource(Protocol):
+    """Blocks out of a worker's KV pool (what a sending path reads). Block data is laid out
+    [layers, 2 (keys, values), blocks, block_size, kv_heads, head_dim], in `layout.dtype`."""
+
+    @property
+    def layout(self) -> KvLayout: ...
+
+    @property
+    def supports_block_views(self) -> bool:
+        """Whether `block_views` can show blocks in place (a whole pool in host memory)."""
+        ...
+
+    def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
+        """Copies the blocks into `out` (host memory)."""
+        ...
+
+    def block_views(self, block_ids: list[int]) -> list[memoryview]:
+        """The blocks' bytes in place, in `read_blocks`'s order; only where `supports_block_views`."""
+        ...
+
+
+class KvPool(KvSource, Protocol):
+    """Blocks in and out of a worker's KV pool."""
+
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """Writes `data` (as `read_blocks` lays it out) into the blocks."""
+        ...
