@@ -29,7 +29,7 @@ from diptych_common.tracing import (
     trace_id_of,
     traceparent_of,
 )
-from diptych_common.worker_credential import WorkerSecret, new_challenge
+from diptych_common.worker_credential import WorkerSecret
 from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
 from workers.kv_connector.base import KvTransferParams, Peer
 from workers.kv_connector.decode import DecodeConnector
@@ -45,7 +45,6 @@ from workers.token_streams import TokenStream, TokenStreamClosed, TokenStreams
 log = logging.getLogger(__name__)
 
 KV_ARRIVAL_TIMEOUT_S = 30.0
-ENDPOINT_TIMEOUT_S = 5.0
 LOAD_MIN_INTERVAL_S = 0.05
 LOAD_MAX_INTERVAL_S = 1.0
 MAX_TOP_LOGPROBS = 20
@@ -408,77 +407,29 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._engine.abort(handle.request.request_id)
 
     async def _peer(self, decode_address: str, context: grpc.aio.ServicerContext) -> Peer:
-        """The decode worker's data port, asked for once (with a challenge it must answer with the worker
-        RPC secret) and remembered by the connector."""
-        sender = self._sender
-        assert sender is not None  # a prefill worker's (checked when the service was made)
-        peer = sender.peer(decode_address)
-        if peer is not None:
-            return peer
-        challenge = new_challenge()
+        assert self._sender is not None  # a prefill worker's (checked when the service was made)
         try:
-            async with grpc.aio.insecure_channel(decode_address) as channel:
-                endpoint = await worker_pb2_grpc.WorkerStub(channel).GetKvEndpoint(
-                    worker_pb2.KvEndpointRequest(challenge=challenge),
-                    timeout=ENDPOINT_TIMEOUT_S,
-                    metadata=self._secret.metadata(),
-                )
-            if not self._secret.proves(challenge, endpoint):
-                raise KvTransferError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the worker at {decode_address} could not prove it is a registered decode worker "
-                    "(its KV endpoint carries no valid proof of the worker RPC secret); no KV is sent to it",
-                )
-            return sender.learn_peer(decode_address, endpoint)
-        except grpc.aio.AioRpcError as error:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"could not reach the decode worker at {decode_address} for its KV endpoint: "
-                f"{error.code().name}: {error.details()}",
-            )
-            raise  # (context.abort raises)
+            return await self._sender.resolve(decode_address, self._secret)
         except KvTransferError as error:
             await context.abort(error.code, str(error))
-            raise
+            raise  # (context.abort raises)
 
     async def _await_kv(self, request, context: grpc.aio.ServicerContext) -> ReceivedKv:
-        """Registers the decode call with the connector and waits for its KV; on any failure the call is
-        forgotten (a cache that arrived, and blocks pinned for it, go back); on success the caller forgets it."""
-        receiver = self._receiver
-        assert receiver is not None  # a decode worker's (checked when the service was made)
-        if request.prompt_tokens == 0:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "DecodeRequest.prompt_tokens must give the prompt's length: the KV receiver accepts no more",
-            )
+        assert self._receiver is not None  # a decode worker's (checked when the service was made)
         try:
             # Given the prompt, the blocks of it this worker holds are pinned and not sent again.
-            arrival = receiver.expect(
+            return await self._receiver.arrival(
                 request.request_id,
                 request.transfer_token,
                 request.prompt_tokens,
+                _remaining(context, KV_ARRIVAL_TIMEOUT_S),
                 self._engine.kv,
                 list(request.prompt_token_ids),
                 request.cache_salt,
             )
-        except KvTransferError as error:  # a bad prompt, or another call waits for this request's KV (left alone)
-            await context.abort(error.code, str(error))
-        try:
-            return await self._arrival(arrival, context)
-        except BaseException:
-            receiver.forget(request.request_id)
-            raise
-
-    async def _arrival(self, arrival: Future[ReceivedKv], context: grpc.aio.ServicerContext) -> ReceivedKv:
-        try:
-            received = await asyncio.wait_for(asyncio.wrap_future(arrival), _remaining(context, KV_ARRIVAL_TIMEOUT_S))
         except KvTransferError as error:
-            await context.abort(error.code, f"the KV cache transfer failed: {error}")
-        except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the KV cache did not arrive in time")
-        if received.num_tokens != len(received.prompt_token_ids) or not received.prompt_token_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the KV cache does not cover its prompt")
-        return received
+            await context.abort(error.code, str(error))
+            raise  # (context.abort raises)
 
     async def _admit(self, context, *roles: Role) -> None:
         await self._require_role(context, *roles)

@@ -1,7 +1,8 @@
 """A decode worker's connector: prefill workers send KV to its data port; a request's KV is written
 into its blocks in the step that admits it, and the request computes only its next token.
 
-The server registers a decode call (`expect`) and awaits the KV; what arrived belongs to the connector
+The server awaits a decode call's KV (`arrival`: the call registered with `expect`, the wait, the checks
+that the cache covers its prompt, each failure a KvTransferError); what arrived belongs to the connector
 until the engine takes the request (`add_request`), and what the engine never took goes back when the
 call ends (`forget`). Once loaded, the staging buffer goes back after the step (`step_done`).
 
@@ -12,6 +13,7 @@ request: then the request's (its block table starts with it at admission, or it 
 request leaves first); a call that ends before releases it (`forget`).
 """
 
+import asyncio
 import dataclasses
 import threading
 from collections.abc import Sequence
@@ -94,6 +96,41 @@ class DecodeConnector(KvConnector):
             self._release_reservation(request_id)
             raise
         return arrival
+
+    async def arrival(
+        self,
+        request_id: str,
+        transfer_token: bytes,
+        prompt_tokens: int,
+        timeout: float,
+        kv: KVCacheManager | None = None,
+        prompt_token_ids: Sequence[int] = (),
+        cache_salt: str = "",
+    ) -> ReceivedKv:
+        """Registers a decode call (`expect`) and waits up to `timeout` seconds for its KV; a
+        KvTransferError says why none came. On any failure the call is forgotten; on success the caller
+        forgets it once the engine took the request (what it did not take goes back then)."""
+        if prompt_tokens == 0:
+            raise KvTransferError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "DecodeRequest.prompt_tokens must give the prompt's length: the KV receiver accepts no more",
+            )
+        arrival = self.expect(request_id, transfer_token, prompt_tokens, kv, prompt_token_ids, cache_salt)
+        try:
+            received = await asyncio.wait_for(asyncio.wrap_future(arrival), timeout)
+        except KvTransferError as error:
+            self.forget(request_id)
+            raise KvTransferError(error.code, f"the KV cache transfer failed: {error}") from None
+        except TimeoutError:
+            self.forget(request_id)
+            raise KvTransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "the KV cache did not arrive in time") from None
+        except BaseException:  # the call was cancelled
+            self.forget(request_id)
+            raise
+        if received.num_tokens != len(received.prompt_token_ids) or not received.prompt_token_ids:
+            self.forget(request_id)
+            raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV cache does not cover its prompt")
+        return received
 
     def _reserve(self, request_id: str, kv: KVCacheManager, prompt_token_ids: Sequence[int], cache_salt: str) -> int:
         try:

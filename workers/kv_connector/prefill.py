@@ -14,12 +14,19 @@ import itertools
 import threading
 from concurrent.futures import Future
 
+import grpc
+
+from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
+from diptych_common.worker_credential import WorkerSecret, new_challenge
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSave, KvSent, Peer
 from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
+from workers.kv_connector.wire import KvTransferError
 from workers.kv_pool import KvPool, KvSource
 from workers.request import EngineRequest, FinishReason
 from workers.scheduler import SchedulerOutput
+
+ENDPOINT_TIMEOUT_S = 5.0  # for a decode worker's answer to GetKvEndpoint
 
 # Why a transfer stops without a first token, as its decode worker reports it.
 ABORT_REASONS = {
@@ -47,6 +54,34 @@ class PrefillConnector(KvConnector):
 
     def peer(self, decode_address: str) -> Peer | None:
         return self._peers.get(decode_address)
+
+    async def resolve(self, decode_address: str, secret: WorkerSecret) -> Peer:
+        """The decode worker's data port, asked for once (with a challenge it must answer with the worker
+        RPC secret) and remembered; a KvTransferError says why it cannot be sent KV."""
+        peer = self._peers.get(decode_address)
+        if peer is not None:
+            return peer
+        challenge = new_challenge()
+        try:
+            async with grpc.aio.insecure_channel(decode_address) as channel:
+                endpoint = await worker_pb2_grpc.WorkerStub(channel).GetKvEndpoint(
+                    worker_pb2.KvEndpointRequest(challenge=challenge),
+                    timeout=ENDPOINT_TIMEOUT_S,
+                    metadata=secret.metadata(),
+                )
+        except grpc.aio.AioRpcError as error:
+            raise KvTransferError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"could not reach the decode worker at {decode_address} for its KV endpoint: "
+                f"{error.code().name}: {error.details()}",
+            ) from None
+        if not secret.proves(challenge, endpoint):
+            raise KvTransferError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the worker at {decode_address} could not prove it is a registered decode worker "
+                "(its KV endpoint carries no valid proof of the worker RPC secret); no KV is sent to it",
+            )
+        return self.learn_peer(decode_address, endpoint)
 
     def learn_peer(self, decode_address: str, endpoint) -> Peer:
         """Checks a decode worker's KvEndpoint (layout, shared memory) and remembers where it is."""
