@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.model_dir / "config.json").exists():
             log(f"saving {args.model} to {args.model_dir} with `diptych model save`")
             save_model(args.model, args.model_dir)
-        platform = start_platform(Path(scratch), args.model, args.context_length, args.threads, args.threads, log)
+        platform = start_platform(
+            Path(scratch), args.model, args.context_length, args.split_threads, args.colocated_threads, log
+        )
         stack.callback(platform.stop)
         for mode in MODES:
             stack.enter_context(platform.serving(mode))
@@ -208,7 +210,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--isl", type=int, default=128)
     parser.add_argument("--osl", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each Diptych worker")
+    parser.add_argument(
+        "--split-threads", type=int, default=1, help="torch threads of each split worker (two share the machine)"
+    )
+    parser.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated worker")
     parser.add_argument("--peer", action="append", default=[], help="NAME=URL of a running OpenAI-style server")
     parser.add_argument(
         "--peer-command", action="append", default=[], help="NAME=COMMAND that starts one ({model_dir}, {port})"
