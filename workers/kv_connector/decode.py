@@ -117,20 +117,13 @@ class DecodeConnector(KvConnector):
             )
         arrival = self.expect(request_id, transfer_token, prompt_tokens, kv, prompt_token_ids, cache_salt)
         try:
-            received = await asyncio.wait_for(asyncio.wrap_future(arrival), timeout)
-        except KvTransferError as error:
-            self.forget(request_id)
-            raise KvTransferError(error.code, f"the KV cache transfer failed: {error}") from None
-        except TimeoutError:
-            self.forget(request_id)
-            raise KvTransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "the KV cache did not arrive in time") from None
-        except BaseException:  # the call was cancelled
+            received = await _arrived(arrival, timeout)
+            if received.num_tokens != len(received.prompt_token_ids) or not received.prompt_token_ids:
+                raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV cache does not cover its prompt")
+            return received
+        except BaseException:  # a failed transfer, no KV in time, a bad cache, or the call cancelled
             self.forget(request_id)
             raise
-        if received.num_tokens != len(received.prompt_token_ids) or not received.prompt_token_ids:
-            self.forget(request_id)
-            raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV cache does not cover its prompt")
-        return received
 
     def _reserve(self, request_id: str, kv: KVCacheManager, prompt_token_ids: Sequence[int], cache_salt: str) -> int:
         try:
@@ -232,3 +225,12 @@ class DecodeConnector(KvConnector):
             for chunk in self._taken[load.request_id].chunks:
                 count = chunk.data.shape[2]
                 runner.write_blocks(load.block_ids[chunk.first_block : chunk.first_block + count], chunk.data)
+
+
+async def _arrived(arrival: Future[ReceivedKv], timeout: float) -> ReceivedKv:
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(arrival), timeout)
+    except KvTransferError as error:
+        raise KvTransferError(error.code, f"the KV cache transfer failed: {error}") from None
+    except TimeoutError:
+        raise KvTransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "the KV cache did not arrive in time") from None
