@@ -178,6 +178,17 @@ def test_create_returns_a_validating_batch_with_its_lines(client_a, input_file):
     assert client_a.get(f"{BATCHES}/{batch['id']}").data == batch
 
 
+def test_expires_at_is_exactly_the_window_after_created_at_on_a_clock_that_moves(client_a, input_file, monkeypatch):
+    """Both timestamps come from one clock reading: a clock that moves between two readings (here 0.7 s a
+    reading, so every pair straddles a second) must not put expires_at a second off created_at."""
+    start, readings = timezone.now(), iter(range(10_000))
+    monkeypatch.setattr(timezone, "now", lambda: start + timedelta(seconds=0.7 * next(readings)))
+    batch = create_batch(client_a, input_file["id"]).data
+    assert batch["expires_at"] - batch["created_at"] == 24 * 3600
+    stored = Batch.objects.get(public_id=batch["id"])
+    assert stored.expires_at - stored.created_at == timedelta(hours=24)
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -1,4 +1,5 @@
 from django.db import models
+from django.utils import timezone
 
 from controlplane.common.fields import JsonTextField
 from controlplane.common.ids import PUBLIC_ID_MAX_LENGTH, new_public_id
@@ -75,8 +76,8 @@ class Batch(models.Model):
     )
     lease_holder = models.CharField(max_length=64, blank=True, default="", help_text="The runner holding the batch.")
     lease_until = models.DateTimeField(null=True, blank=True, help_text="It holds the batch until then.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(help_text="created_at plus the completion window, from the same clock reading.")
     in_progress_at = models.DateTimeField(null=True, blank=True)
     finalizing_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)

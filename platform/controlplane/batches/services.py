@@ -130,6 +130,7 @@ def batch_create(
         input_file_id=file.public_id,
         metadata=metadata,
         runner_key=runner_key,
+        created_at=now,
         expires_at=expires_at,
     )
     BatchLine.objects.bulk_create(
