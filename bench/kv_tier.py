@@ -29,9 +29,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from diptych_server.stack import free_port
 from workers.engine import Engine, EngineConfig
+from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
-from workers.kv_tier.link import EngineTier
 from workers.main import build_engine
 from workers.model_loader import LoadedModel, load_model
 from workers.request import EngineRequest
@@ -81,8 +81,12 @@ def engine_for(loaded: LoadedModel, executor, num_blocks: int, tier_address: str
         layout = engine.runner.layout
         namespace = tier_namespace(loaded.name, layout)
         client = TierClient(tier_address, namespace, layout.block_nbytes, WorkerSecret(SECRET))
-        engine.attach_tier(EngineTier(client, layout))
+        engine.attach_connector(TierConnector(client, engine.kv, engine.runner, executor))
     return engine
+
+
+def tier_of(engine: Engine) -> TierConnector | None:
+    return engine.connector if isinstance(engine.connector, TierConnector) else None
 
 
 @dataclass
@@ -95,7 +99,8 @@ class Served:
 async def serve(engine: Engine, request_id: str, prompt: list[int], max_tokens: int) -> Served:
     started = time.perf_counter()
     request = EngineRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    await engine.fetch_from_tier(request)
+    if engine.connector is not None:
+        await engine.connector.prepare(request)
     fetch_s = time.perf_counter() - started
     handle = engine.add(request)
     tokens: list[int] = []
@@ -112,7 +117,8 @@ async def serve(engine: Engine, request_id: str, prompt: list[int], max_tokens: 
 
 
 async def shipped(engine: Engine) -> None:
-    if engine.tier is not None and not await engine.tier.flush(30.0):
+    tier = tier_of(engine)
+    if tier is not None and not await tier.flush(30.0):
         raise SystemExit("the tier did not take the blocks in time")
 
 
@@ -155,8 +161,8 @@ async def ttft(loaded: LoadedModel, address: str, prompt_tokens: int, samples: i
         for task in tasks:
             task.cancel()
         for engine in (computer, fetcher):
-            assert engine.tier is not None
-            await engine.tier.client.close()
+            assert engine.connector is not None
+            await engine.connector.close()
     tier_p50, plain_p50 = statistics.median(fetched), statistics.median(recomputed)
     print(
         f"TTFT, {loaded.name}, prompts of {prompt_tokens} tokens whose first {shared_tokens} another worker "
@@ -166,7 +172,7 @@ async def ttft(loaded: LoadedModel, address: str, prompt_tokens: int, samples: i
         f"  fetched from the tier: p50 {tier_p50 * 1000:.1f} ms   recomputed: p50 {plain_p50 * 1000:.1f} ms   "
         f"ratio {plain_p50 / tier_p50:.2f}x faster"
     )
-    fetched_tokens = stats.tier_hit_tokens // samples
+    fetched_tokens = stats.tier.hit_tokens // samples
     fetched_mib = fetched_tokens // 16 * block_nbytes / (1 << 20)
     print(
         f"  of the tier's TTFT, the fetch: p50 {statistics.median(fetches) * 1000:.1f} ms ({fetched_tokens} tokens, "
@@ -212,15 +218,15 @@ async def multi_turn(loaded: LoadedModel, address: str | None, spec: Turns) -> d
         for task in tasks:
             task.cancel()
         for engine in workers:
-            if engine.tier is not None:
-                await engine.tier.client.close()
+            if engine.connector is not None:
+                await engine.connector.close()
     queried = sum(s.prefix_cache_queried_tokens for s in stats)
     return {
         "local": sum(s.prefix_cache_hit_tokens for s in stats) / queried,
-        "tier": sum(s.tier_hit_tokens for s in stats) / queried,
+        "tier": sum(s.tier.hit_tokens for s in stats) / queried,
         "computed": sum(s.prompt_tokens_computed for s in stats),
         "queried": queried,
-        "errors": sum(s.tier_errors + s.tier_blocks_dropped for s in stats),
+        "errors": sum(s.tier.errors + s.tier.blocks_dropped for s in stats),
     }
 
 

@@ -315,7 +315,7 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
         sent = await asyncio.wrap_future(handle.kv_sent)
         delivered_at = time.perf_counter()
         loop_task.cancel()
-        connector.close()
+        await connector.close()
     return first_token_at - started, delivered_at - first_token_at, sent.nbytes
 
 

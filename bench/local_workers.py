@@ -9,11 +9,16 @@ from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from workers.authentication import worker_server
 from workers.engine import Engine, EngineConfig
+from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.multi import composed
 from workers.kv_connector.nixl import RegisteredStaging
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
+from workers.kv_connector.tier import TierConnector
+from workers.kv_tier.blocks import tier_namespace
+from workers.kv_tier.client import TierClient
 from workers.model_runner import ModelRunner
 from workers.sampling import StopCriteria
 from workers.server import Role, WorkerService, WorkerState
@@ -28,7 +33,8 @@ class Worker:
     compiler when given (structured outputs) and its gRPC service on loopback. `runner`: the engine's
     model runner when the caller built it (on a device, with CUDA graphs); by default one on the CPU with
     the config's blocks. `nixl`: its NIXL agent's staging buffers (the KV then moves over NIXL where
-    shared memory is not allowed)."""
+    shared memory is not allowed). `kv_tier`: HOST:PORT of a KV tier store it shares prefix blocks through
+    (as the blocks of `model_name`)."""
 
     def __init__(
         self,
@@ -42,6 +48,8 @@ class Worker:
         grammars: GrammarCompiler | None = None,
         runner: ModelRunner | None = None,
         nixl: RegisteredStaging | None = None,
+        kv_tier: str = "",
+        model_name: str = "diptych-tiny",
     ) -> None:
         self.secret = WorkerSecret(secret)
         config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
@@ -49,12 +57,21 @@ class Worker:
         self.engine = Engine(runner, config, StopCriteria(frozenset(), context_length), executor)
         self.receiver: KvReceiver | None = None
         self.sender: KvSender | None = None
+        self.tier: TierConnector | None = None
+        connectors: list[KvConnector] = []
         if role is Role.DECODE:
             self.receiver = KvReceiver(KvInbox(), runner.layout, nixl=nixl)
-            self.engine.attach_connector(DecodeConnector(self.receiver))
+            connectors.append(DecodeConnector(self.receiver))
         if role is Role.PREFILL:
             self.sender = KvSender(runner.layout, allow_shm=allow_shm, nixl=nixl)
-            self.engine.attach_connector(PrefillConnector(self.sender))
+            connectors.append(PrefillConnector(self.sender))
+        if kv_tier:
+            namespace = tier_namespace(model_name, runner.layout)
+            client = TierClient(kv_tier, namespace, runner.layout.block_nbytes, self.secret)
+            self.tier = TierConnector(client, self.engine.kv, runner, executor)
+            connectors.append(self.tier)
+        if (connector := composed(connectors)) is not None:
+            self.engine.attach_connector(connector)
         self.state = WorkerState(role, worker_id=f"{role}-0")
         self.service = WorkerService(self.state, self.engine, secret=self.secret, grammars=grammars)
 
@@ -74,4 +91,4 @@ class Worker:
         await self.channel.close()
         await self.server.stop(None)
         if self.engine.connector is not None:
-            self.engine.connector.close()
+            await self.engine.connector.close()

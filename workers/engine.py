@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.device_values import on_device
-from workers.kv_cache_manager import KVCacheManager, NamingMark
-from workers.kv_connector.base import KvConnector, KvSent
-from workers.kv_tier.blocks import write_tier_loads
-from workers.kv_tier.link import EngineTier
+from workers.kv_cache_manager import KVCacheManager
+from workers.kv_connector.base import KvConnector, KvSent, TierStats
 from workers.model_runner import ModelRunner, StepInput
 from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
 from workers.sampling import (
@@ -120,11 +118,7 @@ class EngineStats:
     kv_bytes_received_by_path: dict[str, int]
     draft_tokens_proposed: int = 0  # speculative decoding: drafts verified in a step
     draft_tokens_accepted: int = 0  # of those, the ones equal to the target's own pick
-    tier_hit_tokens: int = 0  # shared KV tier: prompt tokens loaded from it instead of computed
-    tier_queried_tokens: int = 0  # prompt tokens it was asked for (those after the local prefix hits)
-    tier_blocks_put: int = 0  # blocks shipped to it (write-through of every full block computed)
-    tier_blocks_dropped: int = 0  # blocks not shipped: the put queue was full, or the tier unreachable
-    tier_errors: int = 0  # failed calls and damaged blocks (each one computed here instead)
+    tier: TierStats = TierStats()  # the shared KV tier's (all 0 without one)
 
     @property
     def waiting(self) -> int:
@@ -145,7 +139,6 @@ class Engine:
         self.runner = runner
         self.config = config
         self.connector: KvConnector | None = None  # KV that crosses workers: see attach_connector
-        self.tier: EngineTier | None = None  # the shared KV tier: see attach_tier
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running)
         self._stop = stop
@@ -167,29 +160,29 @@ class Engine:
         self.draft_tokens_accepted = 0
 
     def attach_connector(self, connector: KvConnector) -> None:
-        """Gives the engine its KV connector, before its first request (the connector is built for the
-        runner's KV layout and pool, which are known once the engine is)."""
+        """Gives the engine its KV connector (several composed: `workers.kv_connector.multi`), before its
+        first request (the connector is built for the runner's KV layout and pool, which are known once the
+        engine is)."""
         if self._handles or self.steps_run:
             raise RuntimeError("attach the KV connector before the engine takes its first request")
         self.connector = connector
         self.scheduler.connector = connector
 
-    def attach_tier(self, tier: EngineTier) -> None:
-        """Gives the engine the shared KV tier (prefix blocks in host memory and on disk, shared by the
-        model's workers), before its first request."""
-        if self._handles or self.steps_run:
-            raise RuntimeError("attach the KV tier before the engine takes its first request")
-        if not self.kv.enable_prefix_caching:
-            raise ValueError("the KV tier shares named prefix blocks: it needs prefix caching on")
-        self.tier = tier
-
-    async def fetch_from_tier(self, request: EngineRequest) -> None:
-        """Before `add`: fetches the blocks of the request's prompt after its local prefix hit that the KV
-        tier holds (it carries them to admission); nothing without a tier or when the tier fails."""
-        if self.tier is not None and request.tier_kv is None:
-            request.tier_kv = await self.tier.fetch(request, self.kv)
-
     # ---- requests -------------------------------------------------------------------------------
+
+    async def submit(self, request: EngineRequest) -> RequestHandle:
+        """Queues a request once the connector prepared it (fetched the KV it may load); as `add`."""
+        if self.connector is None:
+            return self.add(request)
+        await self.connector.prepare(request)
+        try:
+            handle = self.add(request)
+        except BaseException:
+            self.connector.discard(request)
+            raise
+        if request.request_id not in self._handles:  # failed at once: never queued
+            self.connector.discard(request)
+        return handle
 
     def add(self, request: EngineRequest) -> RequestHandle:
         """Queues a request. Raises RequestRejected when it can never be served as given (and the
@@ -266,20 +259,8 @@ class Engine:
             kv_bytes_received_by_path=transfers.received_by_path if transfers else {},
             draft_tokens_proposed=self.draft_tokens_proposed,
             draft_tokens_accepted=self.draft_tokens_accepted,
-            **self._tier_stats(),
+            tier=(transfers.tier if transfers else None) or TierStats(),
         )
-
-    def _tier_stats(self) -> dict[str, int]:
-        if self.tier is None:
-            return {}
-        client = self.tier.client.stats()
-        return {
-            "tier_hit_tokens": self.tier.hit_tokens,
-            "tier_queried_tokens": self.tier.queried_tokens,
-            "tier_blocks_put": client.blocks_put,
-            "tier_blocks_dropped": client.blocks_dropped,
-            "tier_errors": client.errors,
-        }
 
     def load_changed(self) -> None:
         """Wakes the load watchers (the worker's own state, such as draining, changed)."""
@@ -317,10 +298,11 @@ class Engine:
             self._connector_step_done(out)
             self.steps_run += 1
             self._account(out, (time.monotonic() - started) * 1000)
-            tier_marks = self.tier.mark(out, self.kv) if self.tier is not None else None
+            if self.connector is not None:
+                self.connector.before_update(out)
             self._update(out, results)
-            if tier_marks is not None:
-                await self._tier_after_step(out, tier_marks)
+            if self.connector is not None:
+                await self.connector.after_update(out)
             self._changed()
 
     def _prepare(self, out: SchedulerOutput) -> list[StepInput]:
@@ -342,8 +324,6 @@ class Engine:
         if connector is not None and meta is not None:
             connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
             connector.load_kv(meta, self.runner)
-        if out.tier_loads:  # after wait_for_save: a transfer may still read the freed blocks they overwrite
-            write_tier_loads(self.runner, out.tier_loads)
         logits = self.runner.execute(inputs)
         if connector is not None and meta is not None:
             connector.save_kv(meta, self.runner)
@@ -367,19 +347,6 @@ class Engine:
             results.append(sampled)
         self._propose(sampling, results)
         return results
-
-    async def _tier_after_step(self, out: SchedulerOutput, marks: list[tuple[int, NamingMark]]) -> None:
-        """After the step's blocks were named: the write-through of the blocks it filled, copied out on
-        the forward thread before the next step may reuse them (a finished request's blocks included)."""
-        assert self.tier is not None
-        self.tier.hit_tokens += sum(len(load.block_ids) for load in out.tier_loads) * self.kv.block_size
-        puts = self.tier.completed_blocks(marks)
-        if not puts:
-            return
-        try:
-            await self.tier.stage(self._executor, self.runner, puts)
-        except Exception:  # noqa: BLE001 - the tier is a cache: the blocks are just not shared
-            log.exception("copying %d blocks out for the KV tier failed", len(puts))
 
     def _account(self, out: SchedulerOutput, step_ms: float) -> None:
         if self.on_step is not None:

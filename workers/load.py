@@ -48,11 +48,11 @@ class WorkerLoad:
                 draft_tokens_accepted=stats.draft_tokens_accepted,
             ),
             kv_tier=worker_pb2.KvTierSummary(
-                hit_tokens=stats.tier_hit_tokens,
-                queried_tokens=stats.tier_queried_tokens,
-                blocks_put=stats.tier_blocks_put,
-                blocks_dropped=stats.tier_blocks_dropped,
-                errors=stats.tier_errors,
+                hit_tokens=stats.tier.hit_tokens,
+                queried_tokens=stats.tier.queried_tokens,
+                blocks_put=stats.tier.blocks_put,
+                blocks_dropped=stats.tier.blocks_dropped,
+                errors=stats.tier.errors,
             ),
         )
 

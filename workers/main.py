@@ -22,17 +22,19 @@ from diptych_common.worker_credential import WorkerSecret
 from workers.authentication import worker_server
 from workers.decode_graphs import DecodeGraphSpec
 from workers.engine import Engine, EngineConfig
+from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.multi import composed
 from workers.kv_connector.nixl import nixl_staging
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import sweep_stale_files
 from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.tier import TierConnector
 from workers.kv_pool import kv_layout_of
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
-from workers.kv_tier.link import EngineTier
 from workers.metrics import serve_metrics
 from workers.model_loader import load_model
 from workers.model_runner import ModelRunner
@@ -154,9 +156,7 @@ async def serve(
 
     state = WorkerState(role=role)
     secret = WorkerSecret()  # every call is refused until registration hands it over
-    if kv_tier:
-        client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)
-        engine.attach_tier(EngineTier(client, layout))
+    connectors: list[KvConnector] = []
     receiver = None
     if role is Role.DECODE:
         receiver = KvReceiver(
@@ -169,11 +169,15 @@ async def serve(
             nixl=nixl_staging(kv_nixl, "decode", pin=cuda),
         )
         receiver.start()
-        engine.attach_connector(DecodeConnector(receiver))
+        connectors.append(DecodeConnector(receiver))
     if role is Role.PREFILL:
-        engine.attach_connector(
-            PrefillConnector(KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda)))
-        )
+        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda))
+        connectors.append(PrefillConnector(sender))
+    if kv_tier:
+        client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)
+        connectors.append(TierConnector(client, engine.kv, engine.runner, executor))
+    if (connector := composed(connectors)) is not None:
+        engine.attach_connector(connector)
     grammars = GrammarCompiler(
         llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
     )
@@ -246,9 +250,7 @@ async def serve(
             task.cancel()
         await link.close()
         if engine.connector is not None:
-            engine.connector.close()  # closes the data port, removes shared-memory files
-        if engine.tier is not None:
-            await engine.tier.client.close()
+            await engine.connector.close()  # closes the data port and the tier's client, removes shm files
         executor.shutdown(wait=False)
         if isinstance(engine.runner, TensorParallelRunner):
             engine.runner.close()  # the followers leave their loops and exit

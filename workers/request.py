@@ -4,7 +4,6 @@ import enum
 from dataclasses import dataclass, field
 
 from workers.kv_connector.base import KvTransferParams
-from workers.kv_tier.blocks import TierKv
 from workers.sampling import SamplingParams
 from workers.structured.state import GrammarState
 
@@ -46,8 +45,6 @@ class EngineRequest:
     # speculative decoding: tokens guessed to follow its tokens, proposed at the end of its last step and
     # verified in its next decoding step (replaced whenever its tokens change)
     draft_token_ids: list[int] = field(default_factory=list)
-    # blocks of its prompt fetched from the shared KV tier, loaded at admission if still needed
-    tier_kv: TierKv | None = None
     # structured outputs: its place in the grammar its output follows (None: free text)
     constraint: GrammarState | None = None
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from workers.kv_cache_manager import KVCacheManager
 from workers.kv_connector.base import KvConnector, KvConnectorMeta
-from workers.kv_tier.blocks import TierLoad
 from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 
 
@@ -41,7 +40,6 @@ class SchedulerOutput:
     loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
     preempted: list[EngineRequest] = field(default_factory=list)
     kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
-    tier_loads: list[TierLoad] = field(default_factory=list)  # blocks fetched from the KV tier, to write
 
     @property
     def num_tokens(self) -> int:
@@ -183,36 +181,24 @@ class Scheduler:
         return True
 
     def _admit_cached(self, request: EngineRequest, budget: int, out: SchedulerOutput) -> bool:
-        """Admits a request from its prefix cache hit and, when it carries blocks fetched from the KV tier
-        that the hit still reaches, those blocks after it (the step loads them: `out.tier_loads`); when the
-        hit shrank since the fetch, from the hit alone. False when the blocks are not free yet."""
+        """Admits a request from its prefix cache hit and the blocks right after it that the connector loads
+        (fetched from the KV tier); those are cached prefill too, and billed as such. False when the blocks
+        are not free yet."""
         hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
-        skip, count = self._tier_blocks_usable(request, len(hit.blocks))
-        cached = (len(hit.blocks) + count) * self.kv.block_size
+        hit_blocks = len(hit.blocks)
+        loaded = self.connector.blocks_after_hit(request, hit_blocks) if self.connector is not None else 0
+        cached = (hit_blocks + loaded) * self.kv.block_size
         num_new = min(request.num_tokens - cached, budget)
         if not self.kv.allocate(request.request_id, cached + num_new, hit):
             return False
-        if count:
-            assert request.tier_kv is not None
-            block_ids = self.kv.block_ids(request.request_id)[len(hit.blocks) : len(hit.blocks) + count]
-            out.tier_loads.append(TierLoad(block_ids, request.tier_kv.data[:, :, skip : skip + count]))
-        request.tier_kv = None  # loaded now, or of no use any more: its memory goes
+        if self.connector is not None:
+            block_ids = self.kv.block_ids(request.request_id)[hit_blocks : hit_blocks + loaded]
+            self.connector.load_after_hit(request, hit_blocks, block_ids)
         if request.num_preemptions == 0:
-            self.kv.record_lookup(request.num_tokens, len(hit.blocks) * self.kv.block_size)
-            request.num_cached_tokens = cached  # tier blocks are cached prefill too: billed as such
+            self.kv.record_lookup(request.num_tokens, hit_blocks * self.kv.block_size)
+            request.num_cached_tokens = cached
         request.num_computed_tokens = cached
         return True
-
-    def _tier_blocks_usable(self, request: EngineRequest, hit_blocks: int) -> tuple[int, int]:
-        """(blocks to skip, blocks to load) of the request's tier blocks after a prefix hit of `hit_blocks`:
-        none when the hit no longer reaches their first block (they would not follow it)."""
-        tier = request.tier_kv
-        if tier is None or hit_blocks < tier.first_block:
-            return 0, 0
-        skip = hit_blocks - tier.first_block
-        last_usable = (request.num_tokens - 1) // self.kv.block_size  # the last token is always computed
-        count = min(tier.num_blocks, last_usable - tier.first_block) - skip
-        return skip, max(0, count)
 
     @staticmethod
     def _queue_of(request: EngineRequest) -> int:

@@ -33,6 +33,7 @@ from diptych_common.worker_credential import WorkerSecret
 from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
 from workers.kv_connector.base import KvTransferParams, Peer
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.multi import parts_of
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import ReceivedKv
 from workers.kv_connector.wire import KvTransferError
@@ -129,12 +130,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         secret: WorkerSecret | None = None,
         grammars: GrammarCompiler | None = None,
     ) -> None:
-        connector = engine.connector
+        parts = parts_of(engine.connector)
+        hand_offs = [part for part in parts if isinstance(part, PrefillConnector | DecodeConnector)]
+        connector = hand_offs[0] if len(hand_offs) == 1 else None
         wanted = CONNECTOR_OF_ROLE[state.role]
-        if not isinstance(connector, wanted):
+        if len(hand_offs) > 1 or not isinstance(connector, wanted):
             raise ValueError(
-                f"a {state.role} worker's engine takes a {wanted.__name__} as its KV connector, "
-                f"not a {type(connector).__name__}"
+                f"a {state.role} worker's engine takes a {wanted.__name__} as its KV hand-off connector, "
+                f"not {' and '.join(type(part).__name__ for part in hand_offs) or 'none'}"
             )
         self._sender = connector if isinstance(connector, PrefillConnector) else None
         self._receiver = connector if isinstance(connector, DecodeConnector) else None
@@ -170,7 +173,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             ),
         )
         await self._constrain(engine_request, request.sampling, context)
-        await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first = await anext(self._outputs(handle, context))
         _record_queue_and_compute(engine_request, "prefill.compute", span, now_ns())
@@ -261,7 +263,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
         await self._constrain(engine_request, request.sampling, context)
         stream = await self._token_stream(request.token_stream, context)
-        await self._engine.fetch_from_tier(engine_request)  # the prefix blocks other workers computed
         handle = await self._add(engine_request, context)
         first_ns = 0
         try:
@@ -366,7 +367,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     async def _add(self, request: EngineRequest, context: grpc.aio.ServicerContext) -> RequestHandle:
         try:
-            return self._engine.add(request)
+            return await self._engine.submit(request)
         except (RequestRejected, KvTransferError) as error:
             code = error.code if isinstance(error, KvTransferError) else grpc.StatusCode.RESOURCE_EXHAUSTED
             await context.abort(code, str(error))

@@ -151,10 +151,28 @@ class CaptureConnector(KvConnector):
         self._blocks_saved: dict[str, int] = {}
         self.finished: list[tuple[str, FinishReason]] = []
 
+    async def prepare(self, request) -> None:
+        pass
+
+    def discard(self, request) -> None:
+        pass
+
     def add_request(self, request):
         if request.kv_transfer is not None and request.kv_transfer.send_to is not None:
             self._blocks_saved[request.request_id] = 0
         return None
+
+    def blocks_after_hit(self, request, hit_blocks: int) -> int:
+        return 0
+
+    def load_after_hit(self, request, hit_blocks: int, block_ids: list[int]) -> None:
+        pass
+
+    def before_update(self, out) -> None:
+        pass
+
+    async def after_update(self, out) -> None:
+        pass
 
     def num_external_tokens(self, request) -> int:
         chunk = self.to_load.get(request.request_id)
@@ -188,7 +206,7 @@ class CaptureConnector(KvConnector):
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass
 
     def wait_for_save(self, meta) -> None:

@@ -22,9 +22,10 @@ from diptych_common.worker_credential import WorkerSecret
 from diptych_server.stack import free_port
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.serving import SECRET, Worker, sampling, split
+from workers.engine import RequestFailed, RequestRejected
+from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out, tier_namespace
 from workers.kv_tier.client import TierClient
-from workers.kv_tier.link import EngineTier
 from workers.kv_tier.server import tier_server
 from workers.kv_tier.store import TierKey, TierStore, checksum
 from workers.model_runner import ModelRunner, StepInput
@@ -324,29 +325,18 @@ async def store(tmp_path):
     process.stop()
 
 
-def with_tier(worker: Worker, address: str, model: str = "diptych-tiny") -> Worker:
-    layout = worker.engine.runner.layout
-    client = TierClient(address, tier_namespace(model, layout), layout.block_nbytes, worker.secret)
-    worker.engine.attach_tier(EngineTier(client, layout))
-    return worker
-
-
 @pytest.fixture
 async def start_workers(tiny_model, executor):
     started: list[Worker] = []
 
     async def start(role: Role, address: str | None, model: str = "diptych-tiny") -> Worker:
-        worker = Worker(role, tiny_model, executor, allow_shm=False)
-        if address is not None:
-            with_tier(worker, address, model)
+        worker = Worker(role, tiny_model, executor, allow_shm=False, kv_tier=address or "", model_name=model)
         await worker.start()
         started.append(worker)
         return worker
 
     yield start
     for worker in started:
-        if worker.engine.tier is not None:
-            await worker.engine.tier.client.close()
         await worker.stop()
 
 
@@ -364,8 +354,8 @@ async def generate(worker: Worker, request_id: str, prompt: list[int], count: in
 
 
 async def shipped(worker: Worker) -> bool:
-    assert worker.engine.tier is not None
-    return await worker.engine.tier.flush()
+    assert worker.tier is not None
+    return await worker.tier.flush()
 
 
 async def test_a_worker_fetches_the_prefix_another_worker_computed(store, start_workers, reference):
@@ -377,17 +367,17 @@ async def test_a_worker_fetches_the_prefix_another_worker_computed(store, start_
     second = shared + prompts([20], salt=33)[0]  # 90% of it is the first prompt's
     tokens, _ = await generate(a, "a", first, 8, salt="org-a")
     assert tokens == reference(first, 8)
-    assert await shipped(a) and a.engine.stats().tier_blocks_put == (len(first) + 8 - 1) // 16  # every full block
+    assert await shipped(a) and a.engine.stats().tier.blocks_put == (len(first) + 8 - 1) // 16  # every full block
     computed_before = b.engine.stats().prompt_tokens_computed
     tokens, cached = await generate(b, "b", second, 8, salt="org-a")
     stats = b.engine.stats()
-    assert cached == stats.tier_hit_tokens == 176  # 11 full blocks of the shared 180 tokens
+    assert cached == stats.tier.hit_tokens == 176  # 11 full blocks of the shared 180 tokens
     assert b.service.load().to_proto().kv_tier.hit_tokens == 176  # what Load and /metrics show
     assert stats.prompt_tokens_computed - computed_before == len(second) - 176
     assert tokens == reference(second, 8) == (await generate(plain, "p", second, 8, salt="org-a"))[0]
     # The loaded blocks are named like computed ones: the next request hits them locally.
     tokens, cached = await generate(b, "b2", second, 8, salt="org-a")
-    assert cached == 192 and b.engine.stats().tier_hit_tokens == 176 and tokens == reference(second, 8)
+    assert cached == 192 and b.engine.stats().tier.hit_tokens == 176 and tokens == reference(second, 8)
 
 
 async def test_a_prefill_worker_sends_blocks_it_fetched_and_reports_them_as_cached(store, start_workers, reference):
@@ -399,7 +389,7 @@ async def test_a_prefill_worker_sends_blocks_it_fetched_and_reports_them_as_cach
     assert await shipped(colocated)
     prefill_events, rest = await split(prefill, decode, "s", prompt, 9)
     first = prefill_events[0].first_token
-    assert first.cached_tokens == prefill.engine.stats().tier_hit_tokens == 128  # billed as cached prefill
+    assert first.cached_tokens == prefill.engine.stats().tier.hit_tokens == 128  # billed as cached prefill
     assert [first.token_id] + [e.token_id for e in rest] == reference(prompt, 9)
 
 
@@ -409,8 +399,8 @@ async def test_a_prefill_worker_puts_every_full_block_of_its_prompt(store, start
     prompt = prompts([190], salt=42)[0]  # chunks of 64 tokens: the last one fills blocks 8 to 10
     await split(prefill, decode, "s", prompt, 2)  # its request finishes (hands off) in that last step
     assert await shipped(prefill)
-    assert prefill.engine.tier is not None
-    assert await prefill.engine.tier.client.lookup(block_hashes(prompt, 16)) == 190 // 16
+    assert prefill.tier is not None
+    assert await prefill.tier.client.lookup(block_hashes(prompt, 16)) == 190 // 16
 
 
 async def test_another_organization_never_hits_the_tier(store, start_workers, reference):
@@ -420,8 +410,8 @@ async def test_another_organization_never_hits_the_tier(store, start_workers, re
     await generate(a, "a", prompt, 1, salt="org-a")
     assert await shipped(a)
     tokens, cached = await generate(b, "b", prompt, 4, salt="org-b")
-    assert cached == 0 and b.engine.stats().tier_hit_tokens == 0
-    assert b.engine.stats().tier_queried_tokens == 112 and tokens == reference(prompt, 4)
+    assert cached == 0 and b.engine.stats().tier.hit_tokens == 0
+    assert b.engine.stats().tier.queried_tokens == 112 and tokens == reference(prompt, 4)
     _, cached = await generate(b, "b2", prompt + [5], 4, salt="org-a")
     assert cached == 112  # the same organization does
 
@@ -433,7 +423,7 @@ async def test_another_model_or_layout_never_hits_the_tier(store, start_workers)
     await generate(a, "a", prompt, 1)
     assert await shipped(a)
     _, cached = await generate(other_model, "o", prompt, 2)
-    assert cached == 0 and other_model.engine.stats().tier_queried_tokens == 96
+    assert cached == 0 and other_model.engine.stats().tier.queried_tokens == 96
     layout = a.engine.runner.layout
     for other in (dataclasses.replace(layout, dtype=torch.bfloat16), dataclasses.replace(layout, block_size=8)):
         client = TierClient(store.address, tier_namespace("diptych-tiny", other), layout.block_nbytes, a.secret)
@@ -452,11 +442,11 @@ async def test_when_the_store_dies_workers_compute_instead(tmp_path, start_worke
     store.stop()
     tokens, cached = await generate(b, "b", prompt, 6)
     assert tokens == reference(prompt, 6) and cached == 0
-    assert b.engine.stats().tier_errors >= 1
+    assert b.engine.stats().tier.errors >= 1
     more = prompts([70], salt=72)[0]
     tokens, _ = await generate(a, "a2", more, 20)  # its puts fail: dropped, the request unharmed
     assert tokens == reference(more, 20)
-    assert await wait_until(lambda: a.engine.stats().tier_blocks_dropped > 0, timeout=5.0)
+    assert await wait_until(lambda: a.engine.stats().tier.blocks_dropped > 0, timeout=5.0)
 
 
 # ---- admission ------------------------------------------------------------------------------------------
@@ -472,28 +462,56 @@ def tier_kv_for(model, prompt: list[int], first_block: int, count: int) -> TierK
     return TierKv(first_block, hashes, blocks_from_bytes(data, runner.layout))
 
 
-async def test_tier_blocks_load_after_a_local_hit_that_grew_and_are_dropped_when_it_shrank(
-    make_engine, tiny_model, reference
-):
-    prompt = prompts([160], salt=81)[0]
+@pytest.fixture
+async def engine_with_tier(make_engine, executor, tiny_model):
+    """An engine whose tier connector is handed fetched blocks by the test (its store is never asked)."""
     engine = make_engine()
+    layout = engine.runner.layout
+    client = TierClient(
+        f"127.0.0.1:{free_port()}", tier_namespace("diptych-tiny", layout), layout.block_nbytes, WorkerSecret(SECRET)
+    )
+    tier = TierConnector(client, engine.kv, engine.runner, executor)
+    engine.attach_connector(tier)
+    yield engine, tier
+    await tier.close()
+
+
+async def test_tier_blocks_load_after_a_local_hit_that_grew_and_are_dropped_when_it_shrank(
+    engine_with_tier, tiny_model, reference
+):
+    engine, tier = engine_with_tier
+    prompt = prompts([160], salt=81)[0]
     # Fetched after a local hit of 0 blocks; by admission the local hit reaches 3 blocks: only the rest load.
-    tier_kv = tier_kv_for(tiny_model, prompt, 0, 8)
     warm = engine.add(
         EngineRequest("warm", prompt[:50], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     )
     await warm.outputs.get()
-    request = EngineRequest(
-        "r", prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), tier_kv=tier_kv
-    )
+    tier.hold("r", tier_kv_for(tiny_model, prompt, 0, 8))
+    request = EngineRequest("r", prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     handle = engine.add(request)
     tokens = [(await handle.outputs.get()).token_id for _ in range(6)]
     assert tokens == reference(prompt, 6)
     assert request.num_cached_tokens == 128  # 3 blocks hit locally, 5 loaded
+    assert engine.stats().tier.hit_tokens == 80
     # Fetched after a local hit of 4 blocks that is gone by admission: the blocks would not follow it.
     other = prompts([100], salt=82)[0]
-    tier_kv = tier_kv_for(tiny_model, other, 4, 2)
-    request = EngineRequest("s", other, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), tier_kv=tier_kv)
+    tier.hold("s", tier_kv_for(tiny_model, other, 4, 2))
+    request = EngineRequest("s", other, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     handle = engine.add(request)
     tokens = [(await handle.outputs.get()).token_id for _ in range(5)]
-    assert tokens == reference(other, 5) and request.num_cached_tokens == 0 and request.tier_kv is None
+    assert tokens == reference(other, 5) and request.num_cached_tokens == 0 and not tier.holds("s")
+
+
+async def test_a_request_refused_after_its_fetch_leaves_nothing_held(engine_with_tier, tiny_model):
+    engine, tier = engine_with_tier
+    prompt = prompts([60], salt=83)[0]
+    for request_id, tokens in (("unknown-token", prompt + [10**6]), ("empty", [])):
+        tier.hold(request_id, tier_kv_for(tiny_model, prompt, 0, 2))
+        request = EngineRequest(request_id, tokens, SamplingParams(temperature=0.0, max_tokens=2))
+        try:
+            handle = await engine.submit(request)
+        except RequestRejected:
+            pass
+        else:
+            assert isinstance(await handle.outputs.get(), RequestFailed)
+        assert not tier.holds(request_id)

@@ -1,17 +1,22 @@
-"""The KV connector: the one interface between the engine and KV that crosses workers.
+"""The KV connector: the one interface between the engine and KV that comes from or goes to outside the
+worker.
 
-A connector has two sides. Its scheduler side runs on the event loop as the scheduler decides a step:
-which of a request's tokens it loads rather than the engine computing them (`num_external_tokens`),
-and what each step loads and saves (`build_meta`, a `KvConnectorMeta` of plain data). Its worker side
-carries that out on the forward thread, around the forward pass: `wait_for_save` before the step (blocks
-freed since the last step are no longer read by a save, so the step may overwrite them), `load_kv`
-before the forward pass, `save_kv` after it. The engine calls nothing else of it; the server hands it a
-request's part in a hand-off as `KvTransferParams` on the request.
+A connector has two sides. Its scheduler side runs on the event loop: before the engine takes a request
+(`prepare`: a fetch it awaits), as the scheduler admits one (the tokens or blocks it loads rather than the
+engine computing them: `num_external_tokens` before any local prefix hit, `blocks_after_hit` after one),
+as it decides a step (`build_meta`, a `KvConnectorMeta` of plain data) and around the engine's bookkeeping
+after a step (`before_update`, `after_update`: the step's full blocks get their prefix-cache names in
+between). Its worker side carries the step's part out on the forward thread, around the forward pass:
+`wait_for_save` before the step (blocks freed since the last step are no longer read by a save, so the
+step may overwrite them), `load_kv` before the forward pass, `save_kv` after it. The engine calls nothing
+else of it; the server hands it a request's part in a hand-off as `KvTransferParams` on the request.
 
 Implementations: `workers.kv_connector.prefill.PrefillConnector` (a prefill worker streams each request's
-KV to its decode worker as it is computed) and `workers.kv_connector.decode.DecodeConnector` (a decode
-worker loads the KV it received). Both move bytes over a data path, TCP or shared memory
-(`workers.kv_connector.paths`).
+KV to its decode worker as it is computed), `workers.kv_connector.decode.DecodeConnector` (a decode
+worker loads the KV it received), both over a data path (TCP, shared memory or NIXL:
+`workers.kv_connector.paths`); `workers.kv_connector.tier.TierConnector` (prefix blocks fetched from and
+written through to the shared KV tier); `workers.kv_connector.multi.MultiConnector` composes them (a
+prefill worker's hand-off with the tier).
 """
 
 from __future__ import annotations
@@ -93,15 +98,33 @@ class KvSent:
 
 
 @dataclass(frozen=True)
+class TierStats:
+    hit_tokens: int = 0  # prompt tokens loaded from the tier instead of computed
+    queried_tokens: int = 0  # prompt tokens it was asked for (those after the local prefix hits)
+    blocks_put: int = 0  # blocks shipped to it (write-through of every full block computed)
+    blocks_dropped: int = 0  # blocks not shipped: the put queue was full, or the tier unreachable
+    errors: int = 0  # failed calls and damaged blocks (each one computed here instead)
+
+
+@dataclass(frozen=True)
 class KvConnectorStats:
     sent_by_path: dict[str, int] = field(default_factory=dict)  # KV bytes delivered, by data path
     received_by_path: dict[str, int] = field(default_factory=dict)
+    tier: TierStats | None = None  # where a connector shares blocks through the KV tier
 
 
 class KvConnector(ABC):
     """Every method is the connector's to define; one a connector has no use for does nothing."""
 
     # ---- scheduler side: the event loop's thread ------------------------------------------------
+
+    @abstractmethod
+    async def prepare(self, request: EngineRequest) -> None:
+        """Before the engine takes the request: a connector that fetches KV for it does so here."""
+
+    @abstractmethod
+    def discard(self, request: EngineRequest) -> None:
+        """The engine refused the request after `prepare`: what was fetched for it goes."""
 
     @abstractmethod
     def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
@@ -112,6 +135,17 @@ class KvConnector(ABC):
     def num_external_tokens(self, request: EngineRequest) -> int:
         """At admission: how many of the request's first tokens this connector loads (0: none). The
         scheduler then computes only the tokens after them and lists the request in SchedulerOutput.loads."""
+
+    @abstractmethod
+    def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
+        """At admission from the prefix cache, `hit_blocks` blocks of the prompt held here: how many blocks
+        right after them this connector loads (0: none). The last prompt token is always computed."""
+
+    @abstractmethod
+    def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
+        """The request was admitted after a hit of `hit_blocks` blocks: `block_ids` (as many as
+        `blocks_after_hit` said, or none) are the blocks after them this step loads; anything else fetched
+        for it goes."""
 
     @abstractmethod
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
@@ -130,11 +164,19 @@ class KvConnector(ABC):
         """The step of `meta` ended, or failed: the forward thread no longer reads what it named."""
 
     @abstractmethod
+    def before_update(self, out: SchedulerOutput) -> None:
+        """The step `out` ran; the engine has not yet counted its tokens or named its full blocks."""
+
+    @abstractmethod
+    async def after_update(self, out: SchedulerOutput) -> None:
+        """The engine counted the step's tokens and named its full blocks (the prefix cache's hashes)."""
+
+    @abstractmethod
     def stats(self) -> KvConnectorStats:
         """Bytes moved so far."""
 
     @abstractmethod
-    def close(self) -> None:
+    async def close(self) -> None:
         """The worker stops."""
 
     # ---- worker side: the forward thread ----------------------------------------------------------

@@ -167,6 +167,12 @@ class DecodeConnector(KvConnector):
 
     # ---- scheduler side -------------------------------------------------------------------------------
 
+    async def prepare(self, request: EngineRequest) -> None:
+        pass  # it fetches nothing ahead
+
+    def discard(self, request: EngineRequest) -> None:
+        pass  # it holds nothing from prepare
+
     def add_request(self, request: EngineRequest) -> None:
         if request.kv_transfer is None or not request.kv_transfer.load_tokens:
             return None
@@ -185,6 +191,12 @@ class DecodeConnector(KvConnector):
     def num_external_tokens(self, request: EngineRequest) -> int:
         received = self._taken.get(request.request_id)
         return received.num_tokens if received is not None else 0
+
+    def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
+        return 0  # what it loads, it loads before any local hit (num_external_tokens)
+
+    def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
+        pass
 
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         return KvConnectorMeta(loads=[KvLoad(r.request_id, kv.block_ids(r.request_id)) for r in out.loads])
@@ -206,10 +218,16 @@ class DecodeConnector(KvConnector):
         if received is not None:
             received.release()
 
+    def before_update(self, out: SchedulerOutput) -> None:
+        pass  # it keeps no prefix-cache names
+
+    async def after_update(self, out: SchedulerOutput) -> None:
+        pass
+
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats(received_by_path=self.receiver.received.snapshot())
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.receiver.close()
 
     # ---- worker side ----------------------------------------------------------------------------------

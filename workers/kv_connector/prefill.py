@@ -95,6 +95,12 @@ class PrefillConnector(KvConnector):
 
     # ---- scheduler side ------------------------------------------------------------------------------
 
+    async def prepare(self, request: EngineRequest) -> None:
+        pass  # it fetches nothing ahead
+
+    def discard(self, request: EngineRequest) -> None:
+        pass  # it holds nothing from prepare
+
     def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
         params = request.kv_transfer
         if params is None or params.send_to is None:
@@ -107,6 +113,12 @@ class PrefillConnector(KvConnector):
 
     def num_external_tokens(self, request: EngineRequest) -> int:
         return 0  # it loads nothing: every prompt is computed here
+
+    def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
+        return 0  # what it loads, it loads before any local hit (num_external_tokens)
+
+    def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
+        pass
 
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         saves = []
@@ -152,10 +164,16 @@ class PrefillConnector(KvConnector):
             if transfer is not None and transfer.finished:
                 del self._transfers[request_id]
 
+    def before_update(self, out: SchedulerOutput) -> None:
+        pass  # it keeps no prefix-cache names
+
+    async def after_update(self, out: SchedulerOutput) -> None:
+        pass
+
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats(sent_by_path=self.sender.sent.snapshot())
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.sender.close()
 
     # ---- worker side ---------------------------------------------------------------------------------

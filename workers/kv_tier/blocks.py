@@ -26,14 +26,6 @@ class TierKv:
         return len(self.block_hashes)
 
 
-@dataclass
-class TierLoad:
-    """Fetched blocks the step writes into the pool before its forward pass."""
-
-    block_ids: list[int]
-    data: torch.Tensor  # [layers, 2, len(block_ids), block_size, kv_heads, head_dim]
-
-
 def tier_namespace(model: str, layout: KvLayout) -> str:
     """The tier's name for blocks of this model in this KV layout."""
     dtype = str(layout.dtype).removeprefix("torch.")
@@ -64,8 +56,3 @@ def blocks_from_bytes(blocks: list[bytes], layout: KvLayout) -> torch.Tensor:
         view[index * size : (index + 1) * size] = data
     flat = torch.frombuffer(joined, dtype=layout.dtype).view(len(blocks), *layout.block_shape)
     return flat.permute(1, 2, 0, 3, 4, 5)
-
-
-def write_tier_loads(runner: KvPool, loads: list[TierLoad]) -> None:
-    for load in loads:
-        runner.write_blocks(load.block_ids, load.data)
