@@ -313,3 +313,16 @@ def test_gpu_serving_compares_both_engines_on_the_same_tokens(capsys):
     assert rows["transformers continuous batching"][1] == "1.00x"
     # all greedy over the same float32 model on the CPU: every output agrees token for token
     assert all(rows[engine][2] == "6/6" for engine in engines)
+
+
+def test_split_ttft_serves_a_prompt_stretched_past_the_model_on_every_path_here(capsys):
+    from bench.split_ttft import main
+    from workers.kv_connector.nixl import nixl_unavailable
+
+    assert main(["--model", "diptych-tiny", "--prompt-tokens", "1100", "--samples", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    paths = ["tcp", "shm"] + (["nixl"] if nixl_unavailable() is None else [])
+    assert list(rows) == paths
+    for path, row in rows.items():
+        assert f"(reported: {path})" in row  # the pair really moved the KV on the path under test
