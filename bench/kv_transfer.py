@@ -201,6 +201,7 @@ class PoolRunner:
 
     layout = LAYOUT
     block_views = ModelRunner.block_views
+    pool_memory = ModelRunner.pool_memory
     supports_block_views = True  # a host-memory pool
 
     def read_blocks(self, block_ids, out) -> None:

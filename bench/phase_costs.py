@@ -263,6 +263,7 @@ class StepPool:
         self.kv = torch.randn(shape, dtype=layout.dtype, device=self.device)
 
     block_views = ModelRunner.block_views
+    pool_memory = ModelRunner.pool_memory
     supports_block_views = ModelRunner.supports_block_views
     read_blocks = ModelRunner.read_blocks
 

@@ -1,7 +1,8 @@
 """The KV pool as the rest of the worker sees it: its layout, and the few block operations the KV
 connectors and the shared KV tier use to move blocks in and out (`KvPool`). The model runner owns the pool
 and implements the protocol; a tensor-parallel leader implements it over its group's shards. The pool
-itself is never registered with NIXL: KV crosses workers through registered staging and receive buffers
+a prefill worker's host-memory pool is registered with its own NIXL agent to write chunks from (a local
+registration); a decode worker's pool never is: KV reaches it through registered receive buffers
 (workers/kv_connector/nixl.py says why)."""
 
 from dataclasses import dataclass
@@ -56,6 +57,11 @@ class KvSource(Protocol):
 
     def block_views(self, block_ids: list[int]) -> list[memoryview]:
         """The blocks' bytes in place, in `read_blocks`'s order; only where `supports_block_views`."""
+        ...
+
+    def pool_memory(self) -> torch.Tensor:
+        """The whole pool, which `block_views` point into (to register it with NIXL); only where
+        `supports_block_views`."""
         ...
 
 

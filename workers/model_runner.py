@@ -216,6 +216,9 @@ class ModelRunner:
             for first, end in runs
         ]
 
+    def pool_memory(self) -> torch.Tensor:
+        return self.kv
+
     @torch.inference_mode()
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)

@@ -241,6 +241,9 @@ class TensorParallelRunner(ModelRunner):
             "a tensor-parallel runner's blocks are spread over processes: read_blocks copies them"
         )
 
+    def pool_memory(self) -> torch.Tensor:
+        raise TensorParallelError("a tensor-parallel runner's pool is spread over processes: read_blocks copies it")
+
     def close(self) -> None:
         """Stops the followers (each leaves its loop) and waits for them to exit; kills them at once when
         the group was lost (they may wait in a collective that rank 0 never joins)."""

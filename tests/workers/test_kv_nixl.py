@@ -7,6 +7,7 @@ import json
 import queue
 import socket
 import struct
+import time
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ import torch
 from tests.workers.kv_wire import LAYOUT, TOKEN, hello
 from tests.workers.test_kv_transfer import PoolRunner, expect, send_in_background, taken_by_the_transfer
 from workers.kv_connector.base import Peer
-from workers.kv_connector.nixl import NixlSend, RegisteredStaging, nixl_staging
+from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging, nixl_staging
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import ShmSend
@@ -153,9 +154,11 @@ def test_receive_buffers_stay_registered_and_are_reused_never_freed(receiver, se
     assert receiver.staging.num_idle == 0  # the TCP staging pool was never touched
 
 
-def test_the_path_is_nixl_only_where_both_sides_run_an_agent(receiver, sender):
+def test_the_path_is_nixl_only_where_both_sides_run_an_agent(receiver, sender, prefill_agent):
     nbytes = LAYOUT.block_nbytes
-    assert isinstance(sender.path_to(nixl_peer(receiver), nbytes), NixlSend)
+    assert isinstance(sender.path_to(nixl_peer(receiver), nbytes), NixlFromPool)  # a host-memory pool
+    from_device = KvSender(LAYOUT, pin=True, nixl=prefill_agent)  # a GPU pool: through a registered buffer
+    assert isinstance(from_device.path_to(nixl_peer(receiver), nbytes), NixlSend)
     assert isinstance(sender.path_to(Peer(receiver.host, receiver.port, True, nixl=True), nbytes), ShmSend)
     assert isinstance(sender.path_to(Peer(receiver.host, receiver.port, False), nbytes), TcpFromPool)
     without = KvSender(LAYOUT)
@@ -176,3 +179,60 @@ def test_a_worker_told_to_use_nixl_where_there_is_none_refuses_to_start_with_the
     monkeypatch.setattr("workers.kv_connector.nixl.nixl_unavailable", lambda: "NIXL is not installed here")
     with pytest.raises(SystemExit, match="--kv-nixl on: NIXL is not installed here"):
         cli.main(["worker", "--role", "decode", "--kv-nixl", "on"])
+
+
+def test_chunks_are_written_from_the_pool_the_agent_registered_once(receiver, sender, prefill_agent):
+    runner = PoolRunner()
+    for request_id in ("req-1", "req-2"):
+        arrived = expect(receiver, request_id)
+        outgoing = sender.open(request_id, TOKEN, list(range(3, 11)), nixl_peer(receiver))
+        result = send_in_background(outgoing)
+        outgoing.write_blocks(runner, [5, 6], 0)
+        outgoing.finish(7)
+        assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
+        received = arrived.get(timeout=10)
+        assert torch.equal(received.chunks[0].data, runner.kv[:, :, [5, 6]])
+        received.release()
+    assert prefill_agent.agent.registrations_of(runner.kv) == 1
+    assert prefill_agent.num_idle == 0  # written in place: no staging buffer was taken
+
+
+def test_blocks_written_from_the_pool_survive_their_reuse_and_the_copy_goes_back(receiver, sender, prefill_agent):
+    """A finished request's blocks may be overwritten by the next step: wait_sent copies what the transfer
+    has not written yet (it still waits for its hello's answer) into a registered buffer, at once."""
+    runner = PoolRunner()
+    original = runner.kv[:, :, [3, 4]].clone()
+    idle_before = prefill_agent.num_idle
+    outgoing = sender.open("req-1", TOKEN, list(range(8)), nixl_peer(receiver))
+    result = send_in_background(outgoing)
+    outgoing.write_blocks(runner, [3, 4], 0)
+    outgoing.finish(9)
+    started = time.monotonic()
+    outgoing.wait_sent()
+    assert time.monotonic() - started < 0.2
+    runner.kv[:, :, 3:5] = 0.0  # the blocks are reused
+    arrived = expect(receiver)  # the decode request registers only now
+    assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
+    received = arrived.get(timeout=10)
+    assert torch.equal(received.chunks[0].data, original)
+    received.release()
+    assert prefill_agent.num_idle == max(idle_before, 1)  # the copy's buffer is back
+
+
+class SpreadRunner(PoolRunner):
+    """A pool that cannot be seen in place (a tensor-parallel runner's is spread over processes)."""
+
+    supports_block_views = False
+
+
+def test_a_pool_that_cannot_be_seen_in_place_is_copied_into_a_registered_buffer(receiver, sender):
+    runner = SpreadRunner()
+    arrived = expect(receiver)
+    outgoing = sender.open("req-1", TOKEN, list(range(3, 11)), nixl_peer(receiver))
+    result = send_in_background(outgoing)
+    outgoing.write_blocks(runner, [9, 1], 0)
+    outgoing.finish(7)
+    assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
+    received = arrived.get(timeout=10)
+    assert torch.equal(received.chunks[0].data, runner.kv[:, :, [9, 1]])
+    received.release()

@@ -8,15 +8,18 @@ registers the prefill worker's whole KV pool and hands its descriptors to every 
 peer that kept them could read any tenant's KV in that pool for as long as the worker lives. Here the only
 memory a peer learns of is the decode worker's receive buffer of one transfer, and it learns of it only
 after the hand-shake (the decode worker's endpoint proof, then the request's one-time transfer token on
-the data port). Nothing in the KV pool is ever registered: a chunk enters the pool only after its frame
-arrived on the authenticated connection and its checksum matched. The receive buffers stay registered
+the data port). Nothing of the decode worker's KV pool is ever registered: a chunk enters that pool only
+after its frame arrived on the authenticated connection and its checksum matched. The receive buffers stay registered
 and allocated for the worker's life (reused, never freed), because UCX does not revoke a descriptor on
 every transport when memory is deregistered: a stale descriptor can then only ever reach a receive
 buffer, never memory the allocator has since handed to something else. UCX itself authenticates
 nobody, so this path belongs on the fleet's private network, as the data port does.
 
-A sender stages chunks into a registered buffer of its own (copied out of the pool on the forward thread,
-as the shared-memory path does); that registration is local and its descriptors never leave the process.
+A sender whose pool is in host memory registers that pool with its own agent once and writes each chunk
+straight out of it (`NixlFromPool`: no copy); elsewhere (a tensor-parallel runner's pool is spread over
+processes) it stages chunks into a registered buffer of its own (`NixlSend`, copied out of the pool on the
+forward thread, as the shared-memory path does). Both registrations are local: a WRITE's initiator sends
+no descriptors of its own memory to anyone, so no peer can name the prefill worker's pool.
 """
 
 from __future__ import annotations
@@ -28,17 +31,18 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import numpy as np
 import torch
+import xxhash
 
-from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
+from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
-from workers.kv_pool import KvLayout
+from workers.kv_pool import KvLayout, KvSource
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +113,24 @@ class NixlAgent:
         self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"], enable_prog_thread=False))
         self._lock = threading.Lock()
         self._remotes: dict[bytes, str] = {}  # metadata → the remote agent's name, loaded once
+        self._registered: set[int] = set()  # addresses of the pools registered
 
     def register(self, buffer: torch.Tensor) -> None:
         with self._lock:
             self._agent.register_memory(buffer)
+
+    def register_once(self, memory: torch.Tensor) -> None:
+        """Registers a KV pool (kept for the worker's life) the first time it is seen."""
+        with self._lock:
+            if memory.data_ptr() in self._registered:
+                return
+            self._agent.register_memory(memory)
+            self._registered.add(memory.data_ptr())
+
+    def registrations_of(self, memory: torch.Tensor) -> int:
+        """How often `register_once` registered this pool (0 or 1)."""
+        with self._lock:
+            return int(memory.data_ptr() in self._registered)
 
     def progress(self) -> None:
         with self._lock:
@@ -122,17 +140,22 @@ class NixlAgent:
         with self._lock:
             return self._agent.get_agent_metadata()
 
-    def write(self, local: memoryview, target: NixlTarget, offset: int, timeout: float) -> None:
-        """Writes `local` (in a buffer this agent registered) at `offset` of the target's buffer; returns
-        once it landed."""
-        if offset < 0 or offset + len(local) > target.size:
+    def write(self, local: list[memoryview], target: NixlTarget, offset: int, timeout: float) -> None:
+        """Writes the regions of `local` (in memory this agent registered), one after another, from `offset`
+        of the target's buffer; returns once they landed."""
+        total = sum(len(region) for region in local)
+        if offset < 0 or offset + total > target.size:
             raise KvTransferError(
                 grpc.StatusCode.INTERNAL, "a KV chunk would land outside the decode worker's receive buffer"
             )
         remote = self._remote(target.metadata)
+        places, at = [], target.address + offset
+        for region in local:
+            places.append((at, len(region), 0))
+            at += len(region)
         with self._lock:
-            local_descs = self._agent.get_xfer_descs([(address_of(local), len(local), 0)], "DRAM")
-            remote_descs = self._agent.get_xfer_descs([(target.address + offset, len(local), 0)], "DRAM")
+            local_descs = self._agent.get_xfer_descs([(address_of(r), len(r), 0) for r in local], "DRAM")
+            remote_descs = self._agent.get_xfer_descs(places, "DRAM")
             handle = self._agent.initialize_xfer("WRITE", local_descs, remote_descs, remote)
             state = self._agent.transfer(handle)
         try:
@@ -202,11 +225,102 @@ class NixlSend(BufferedSendPath):
     def _deliver(self, sock: socket.socket, chunk: StagedChunk, start: int, data: memoryview) -> None:
         assert self._target is not None, "the target comes with the hello's answer"
         offset = start - self._first_byte
-        self._staging.agent.write(data, self._target, offset, self._timeout)
+        self._staging.agent.write([data], self._target, offset, self._timeout)
         sock.sendall(chunk_frame(chunk.first_block, chunk.count, offset, checksum(data)))
 
     def _give_back(self) -> None:
         self._staging.release(self._buffer)
+
+
+class NixlFromPool(SendPath):
+    """Chunks written straight out of a host-memory pool the agent registered. Before a step may overwrite
+    blocks of a request that ended, `wait_sent` waits for a write under way and copies a chunk not written
+    yet into a registered staging buffer, so a slow decode worker never holds the prefill engine up."""
+
+    data_path = "nixl"
+
+    def __init__(self, staging: RegisteredStaging, layout: KvLayout, timeout: float) -> None:
+        self._staging = staging
+        self._layout = layout
+        self._timeout = timeout
+        self._target: NixlTarget | None = None
+        self._first_byte = 0
+        self._lock = threading.Lock()
+        self._released = False
+        self._in_pool: list[_PoolChunk] = []  # chunks that may still read the pool
+
+    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
+        chunk = _PoolChunk(first_block, len(block_ids))
+        if runner.supports_block_views:
+            self._staging.agent.register_once(runner.pool_memory())
+            chunk.regions = runner.block_views(block_ids)
+        else:  # copied out now: no longer in the pool
+            chunk.copy_into(self._staging, copied_blocks(runner, block_ids))
+        with self._lock:
+            if self._released:
+                chunk.give_back(self._staging)
+                return None
+            self._in_pool = [c for c in self._in_pool if not c.done] + [chunk]
+        return chunk
+
+    def after_hello(self, sock: socket.socket, first_block: int) -> None:
+        reply = recv_json(sock, "the decode worker's NIXL target")
+        check_reply(reply)
+        self._target = NixlTarget.from_json(reply)
+        self._first_byte = first_block * self._layout.block_nbytes
+
+    def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
+        assert isinstance(chunk, _PoolChunk) and self._target is not None, "the target comes with the hello's answer"
+        offset = chunk.first_block * self._layout.block_nbytes - self._first_byte
+        with chunk.lock:
+            digest = xxhash.xxh3_64()
+            for region in chunk.regions:
+                digest.update(region)
+            self._staging.agent.write(chunk.regions, self._target, offset, self._timeout)
+            sock.sendall(chunk_frame(chunk.first_block, chunk.count, offset, digest.intdigest()))
+            chunk.done = True
+            chunk.give_back(self._staging)
+
+    def wait_sent(self) -> None:
+        with self._lock:
+            chunks = list(self._in_pool)
+        for chunk in chunks:
+            with chunk.lock:  # held while the chunk is written
+                if not chunk.done and chunk.buffer is None:
+                    chunk.copy_into(self._staging, b"".join(chunk.regions))
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            chunks, self._in_pool = self._in_pool, []
+        for chunk in chunks:  # never to be written: they no longer hold on to the pool or a buffer
+            with chunk.lock:
+                chunk.done = True
+                chunk.give_back(self._staging)
+
+
+@dataclass(eq=False)
+class _PoolChunk(StagedChunk):
+    """A chunk as regions of the pool until it is written, or of a registered staging buffer once copied."""
+
+    regions: list[memoryview] = field(default_factory=list)
+    buffer: torch.Tensor | None = None  # the staging buffer it was copied into, given back once written
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False  # written, or dropped
+
+    def copy_into(self, staging: RegisteredStaging, data: bytes | memoryview) -> None:
+        self.buffer = staging.acquire(len(data))
+        view = self.buffer.numpy().data[: len(data)]
+        view[:] = data
+        self.regions = [view]
+
+    def give_back(self, staging: RegisteredStaging) -> None:
+        if self.buffer is not None:
+            staging.release(self.buffer)
+            self.buffer = None
+            self.regions = []
 
 
 class NixlReceive(ReceivePath):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from workers.kv_connector.base import Peer
-from workers.kv_connector.nixl import NixlSend, RegisteredStaging
+from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging
 from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
@@ -260,11 +260,14 @@ class KvSender:
         return OutgoingKv(self, request_id, transfer_token, prompt_token_ids, peer, traceparent)
 
     def path_to(self, peer: Peer, nbytes: int) -> SendPath:
-        """Shared memory to a peer on this host; NIXL where both sides run an agent; otherwise TCP,
-        straight from a host-memory pool or through a pinned buffer from a GPU pool."""
+        """Shared memory to a peer on this host; NIXL where both sides run an agent; otherwise TCP. NIXL and
+        TCP send straight from a host-memory pool, and through a (registered or pinned) buffer from a GPU
+        pool."""
         if peer.same_host:
             return ShmSend(self.segments, self.layout, nbytes)
         if peer.nixl and self.nixl is not None:
+            if self.send_from_pool:
+                return NixlFromPool(self.nixl, self.layout, self.io_timeout)
             return NixlSend(self.nixl, self.layout, nbytes, self.io_timeout)
         if self.send_from_pool:
             return TcpFromPool()
