@@ -10,8 +10,11 @@ Paths, run in interleaved rounds so that every one sees the same machine load:
   tcp path     the workers' data path: each chunk's blocks sent straight from a KV pool (scatter-gather),
                framed, checksummed (xxh3-64), received into a warm staging buffer and checked
   shm path     the same-host path: chunks staged in a shared-memory segment, frames over TCP
-  nixl path    chunks staged in a registered buffer and written one-sided by NIXL (UCX picks the transport:
-               on loopback shared memory or TCP) into the receiver's registered buffer, frames over TCP
+  nixl path    chunks written one-sided by NIXL (UCX picks the transport: on loopback shared memory or TCP)
+               straight out of the pool, which the sender's agent registered, into the receiver's registered
+               buffer; frames over TCP
+  nixl, staged the same through a registered staging buffer (what a pool that cannot be seen in place
+               takes: a GPU pool, a tensor-parallel runner's)
 After the rounds, for comparison:
   raw, hot     raw, alone repeated back to back: the same buffer every time, partly still in the CPU's
                caches, which no path sees in the rounds (each round's other transfers evict it)
@@ -215,14 +218,17 @@ class DataPath:
         self.port = port
         self.runner = PoolRunner(num_blocks)
         self.sender = KvSender(LAYOUT, nixl=nixl_staging("on", "prefill"))
+        # pin: the sender of a pool in device memory, which stages every path's chunks
+        self.staged_sender = KvSender(LAYOUT, pin=True, nixl=self.sender.nixl)
         self.counter = 0
 
-    def transfer(self, num_blocks: int, data_path: str) -> float:
+    def transfer(self, num_blocks: int, data_path: str, staged: bool = False) -> float:
         request_id = f"bench-{self.counter}"
         self.counter += 1
         tokens = num_blocks * LAYOUT.block_size
         peer = Peer("127.0.0.1", self.port, same_host=data_path == "shm", nixl=data_path == "nixl")
-        outgoing = self.sender.open(request_id, b"token", [5] * tokens, peer)
+        sender = self.staged_sender if staged else self.sender
+        outgoing = sender.open(request_id, b"token", [5] * tokens, peer)
         assert outgoing.data_path == data_path
         result: queue.Queue[int] = queue.Queue()
         thread = threading.Thread(target=lambda: result.put(outgoing.send()))
@@ -241,6 +247,7 @@ class DataPath:
 
     def close(self) -> None:
         self.sender.close()
+        self.staged_sender.close()
 
 
 async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
@@ -335,7 +342,7 @@ def main() -> None:
     progress("starting the receiving process ...")
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    transfers = len(args.sizes_mb) * 3 * (args.repeats + 1)
+    transfers = len(args.sizes_mb) * len(("tcp", "shm", "nixl", "nixl, staged")) * (args.repeats + 1)
     receiver = context.Process(
         target=receiver_process, args=(theirs, max_blocks * LAYOUT.block_nbytes, transfers), daemon=True
     )
@@ -360,6 +367,7 @@ def main() -> None:
                 "tcp path": partial(path.transfer, num_blocks, "tcp"),
                 "shm path": partial(path.transfer, num_blocks, "shm"),
                 "nixl path": partial(path.transfer, num_blocks, "nixl"),
+                "nixl, staged": partial(path.transfer, num_blocks, "nixl", staged=True),
                 "raw, alone": alone.run,
             }
             times: dict[str, list[float]] = {name: [] for name in runs}
