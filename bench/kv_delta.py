@@ -19,7 +19,6 @@ seen by the caller. The replies of both pairs must be the same tokens.
 import argparse
 import asyncio
 import random
-import secrets
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench.local_workers import Worker
+from bench.local_workers import Worker, split_calls
 from bench.workload import random_tokens
 from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.proto.v1 import worker_pb2
@@ -63,27 +62,9 @@ async def run_turn(
 ) -> TurnResult:
     """One split request as the gateway runs it: the decode call first, then the prefill call."""
     sampling = worker_pb2.SamplingParams(temperature=0.0, max_tokens=reply_tokens, ignore_eos=True)
-    token = secrets.token_bytes(32)
     started = time.perf_counter()
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id,
-            transfer_token=token,
-            sampling=sampling,
-            prompt_tokens=len(prompt),
-            cache_salt="org-bench",
-            prompt_token_ids=prompt if give_prompt else [],
-        )
-    )
-    prefill_call = prefill.stub.Prefill(
-        worker_pb2.PrefillRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling=sampling,
-            decode_address=decode.address,
-            transfer_token=token,
-            cache_salt="org-bench",
-        )
+    decode_call, prefill_call = await split_calls(
+        prefill, decode, request_id, prompt, sampling, "org-bench", give_prompt
     )
     first = await prefill_call.read()
     ttft = time.perf_counter() - started

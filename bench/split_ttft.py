@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import dataclasses
 import random
-import secrets
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from contextlib import AsyncExitStack
 
 import torch
 
-from bench.local_workers import Worker
+from bench.local_workers import Worker, split_calls
 from bench.progress import log
 from diptych_common.builtin import BUILTIN_MODELS
 from diptych_common.proto.v1 import worker_pb2
@@ -46,25 +45,12 @@ class Sample:
 
 async def serve_split(prefill: Worker, decode: Worker, request_id: str, prompt: list[int]) -> Sample:
     """The decode call first (it waits for the KV), then the prefill call, as the gateway places them."""
-    token = secrets.token_bytes(32)
     sampling = worker_pb2.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     started = time.perf_counter()
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id, transfer_token=token, sampling=sampling, prompt_tokens=len(prompt)
-        )
-    )
+    decode_call, prefill_call = await split_calls(prefill, decode, request_id, prompt, sampling)
     first_token_at = 0.0
     kv_bytes, data_path = 0, ""
-    async for event in prefill.stub.Prefill(
-        worker_pb2.PrefillRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling=sampling,
-            decode_address=decode.address,
-            transfer_token=token,
-        )
-    ):
+    async for event in prefill_call:
         if event.HasField("first_token"):
             first_token_at = time.perf_counter()
         if event.HasField("kv_delivered"):

@@ -1,10 +1,9 @@
 """Calls on workers served in this process (`bench.local_workers.Worker`, re-exported here with its secret):
 what the worker tests (and the model-family tests) drive."""
 
-import secrets
-
 from bench.local_workers import SECRET as SECRET
 from bench.local_workers import Worker as Worker
+from bench.local_workers import split_calls as split_calls
 from diptych_common.proto.v1 import worker_pb2
 
 
@@ -21,35 +20,16 @@ async def split(
     cache_salt: str = "",
     give_prompt: bool = False,
     params: worker_pb2.SamplingParams | None = None,
+    registered_first: bool = False,
 ):
     """One split request: the decode call first, then the prefill call that sends it the KV; returns the
     prefill call's events and the decode call's. `give_prompt`: the decode call gives its prompt's token
     ids, as the gateway's does (the decode worker then pins the blocks of it it holds, and they are not sent).
-    `params`: the calls' sampling (default: greedy, `count` tokens, past the end-of-sequence token)."""
-    params = params or sampling(count)
-    token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id,
-            transfer_token=token,
-            sampling=params,
-            prompt_tokens=len(prompt),
-            cache_salt=cache_salt,
-            prompt_token_ids=prompt if give_prompt else [],
-        )
+    `params`: the calls' sampling (default: greedy, `count` tokens, past the end-of-sequence token).
+    `registered_first`: as `split_calls` has it."""
+    decode_call, prefill_call = await split_calls(
+        prefill, decode, request_id, prompt, params or sampling(count), cache_salt, give_prompt, registered_first
     )
-    prefill_events = [
-        e
-        async for e in prefill.stub.Prefill(
-            worker_pb2.PrefillRequest(
-                request_id=request_id,
-                prompt_token_ids=prompt,
-                sampling=params,
-                decode_address=decode.address,
-                transfer_token=token,
-                cache_salt=cache_salt,
-            )
-        )
-    ]
+    prefill_events = [e async for e in prefill_call]
     rest = [e async for e in decode_call]
     return prefill_events, rest

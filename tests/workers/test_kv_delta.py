@@ -56,8 +56,11 @@ BLOCK = 16  # the serving workers' block size
 
 async def turn(prefill, decode, request_id: str, prompt: list[int], count: int, cache_salt: str = "", whole=False):
     """One split request as the gateway runs it: the decode call gives its prompt (unless `whole`, as an
-    older gateway does). Returns (output tokens, kv bytes delivered)."""
-    events, rest = await split(prefill, decode, request_id, prompt, count, cache_salt, give_prompt=not whole)
+    older gateway does), and registers before the prefill call starts (the bytes asserted are the fewest a
+    transfer moves). Returns (output tokens, kv bytes delivered)."""
+    events, rest = await split(
+        prefill, decode, request_id, prompt, count, cache_salt, give_prompt=not whole, registered_first=True
+    )
     return [events[0].first_token.token_id] + [e.token_id for e in rest], events[1].kv_delivered.kv_bytes
 
 

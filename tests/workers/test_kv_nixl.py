@@ -7,14 +7,19 @@ import json
 import queue
 import socket
 import struct
-import time
 
 import grpc
 import pytest
 import torch
 
 from tests.workers.kv_wire import LAYOUT, TOKEN, hello
-from tests.workers.test_kv_transfer import PoolRunner, expect, send_in_background, taken_by_the_transfer
+from tests.workers.test_kv_transfer import (
+    PoolRunner,
+    blocks_survive_their_reuse,
+    expect,
+    send_in_background,
+    taken_by_the_transfer,
+)
 from workers.kv_connector.base import Peer
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging, nixl_staging
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
@@ -198,25 +203,9 @@ def test_chunks_are_written_from_the_pool_the_agent_registered_once(receiver, se
 
 
 def test_blocks_written_from_the_pool_survive_their_reuse_and_the_copy_goes_back(receiver, sender, prefill_agent):
-    """A finished request's blocks may be overwritten by the next step: wait_sent copies what the transfer
-    has not written yet (it still waits for its hello's answer) into a registered buffer, at once."""
-    runner = PoolRunner()
-    original = runner.kv[:, :, [3, 4]].clone()
     idle_before = prefill_agent.num_idle
-    outgoing = sender.open("req-1", TOKEN, list(range(8)), nixl_peer(receiver))
-    result = send_in_background(outgoing)
-    outgoing.write_blocks(runner, [3, 4], 0)
-    outgoing.finish(9)
-    started = time.monotonic()
-    outgoing.wait_sent()
-    assert time.monotonic() - started < 0.2
-    runner.kv[:, :, 3:5] = 0.0  # the blocks are reused
-    arrived = expect(receiver)  # the decode request registers only now
-    assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
-    received = arrived.get(timeout=10)
-    assert torch.equal(received.chunks[0].data, original)
-    received.release()
-    assert prefill_agent.num_idle == max(idle_before, 1)  # the copy's buffer is back
+    blocks_survive_their_reuse(receiver, sender, nixl_peer(receiver))  # copied into a registered buffer
+    assert prefill_agent.num_idle == max(idle_before, 1)  # which came back once the chunk was written
 
 
 class SpreadRunner(PoolRunner):

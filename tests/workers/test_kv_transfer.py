@@ -325,11 +325,15 @@ def test_staging_buffers_of_any_sizes_are_reused_by_identity():
 
 
 def test_blocks_handed_over_from_the_pool_survive_their_reuse(receiver, sender):
+    blocks_survive_their_reuse(receiver, sender, Peer(receiver.host, receiver.port, False))
+
+
+def blocks_survive_their_reuse(receiver, sender, peer: Peer) -> None:
     """A finished request's blocks may be overwritten by the next step: wait_sent copies out what the
     transfer has not sent yet (here it is still waiting for its hello to be answered), at once."""
     runner = PoolRunner()
     original = runner.kv[:, :, [3, 4]].clone()
-    outgoing = sender.open("req-1", TOKEN, list(range(8)), Peer(receiver.host, receiver.port, False))
+    outgoing = sender.open("req-1", TOKEN, list(range(8)), peer)
     result = send_in_background(outgoing)
     outgoing.write_blocks(runner, [3, 4], 0)
     outgoing.finish(9)
@@ -338,9 +342,10 @@ def test_blocks_handed_over_from_the_pool_survive_their_reuse(receiver, sender):
     assert time.monotonic() - started < 0.2
     runner.kv[:, :, 3:5] = 0.0  # the blocks are reused
     arrived = expect(receiver)  # the decode request registers only now
-    assert result.get(timeout=5) == 2 * LAYOUT.block_nbytes
-    received = arrived.get(timeout=5)
+    assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
+    received = arrived.get(timeout=10)
     assert torch.equal(received.chunks[0].data, original)
+    received.release()
 
 
 def test_files_left_by_dead_processes_are_swept_and_live_ones_kept(receiver):

@@ -4,14 +4,13 @@ rules applied (bias added; `frequency_penalty * count + presence_penalty * (coun
 over the output tokens only), and logprobs the `log_softmax` of those logits (before temperature)."""
 
 import asyncio
-import secrets
 
 import pytest
 import torch
 
 from diptych_common.proto.v1 import worker_pb2
 from tests.workers.conftest import prompts
-from tests.workers.serving import Worker
+from tests.workers.serving import Worker, split_calls
 from tests.workers.test_engine import assert_all_blocks_free, settle
 from tests.workers.test_spec_decode import SAME_MODEL_DRAFT
 from workers.engine import RequestFailed, _controlled
@@ -244,24 +243,8 @@ def from_proto(message: worker_pb2.TokenLogprobs):
 
 
 async def split_run(prefill, decode, request_id: str, prompt: list[int], sampling: worker_pb2.SamplingParams):
-    token = secrets.token_bytes(32)
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id, transfer_token=token, sampling=sampling, prompt_tokens=len(prompt)
-        )
-    )
-    prefill_events = [
-        event
-        async for event in prefill.stub.Prefill(
-            worker_pb2.PrefillRequest(
-                request_id=request_id,
-                prompt_token_ids=prompt,
-                sampling=sampling,
-                decode_address=decode.address,
-                transfer_token=token,
-            )
-        )
-    ]
+    decode_call, prefill_call = await split_calls(prefill, decode, request_id, prompt, sampling)
+    prefill_events = [event async for event in prefill_call]
     first = prefill_events[0].first_token
     rest = [event async for event in decode_call]
     return [first.token_id] + [e.token_id for e in rest], [from_proto(first.logprobs)] + [

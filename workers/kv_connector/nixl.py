@@ -31,7 +31,7 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import xxhash
 
-from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
+from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
 from workers.kv_pool import KvLayout, KvSource
@@ -232,36 +232,23 @@ class NixlSend(BufferedSendPath):
         self._staging.release(self._buffer)
 
 
-class NixlFromPool(SendPath):
-    """Chunks written straight out of a host-memory pool the agent registered. Before a step may overwrite
-    blocks of a request that ended, `wait_sent` waits for a write under way and copies a chunk not written
-    yet into a registered staging buffer, so a slow decode worker never holds the prefill engine up."""
+class NixlFromPool(FromPoolSendPath):
+    """Chunks written straight out of a host-memory pool the agent registered once; a chunk copied out of
+    the pool goes through a registered staging buffer (NIXL writes only from registered memory)."""
 
     data_path = "nixl"
 
     def __init__(self, staging: RegisteredStaging, layout: KvLayout, timeout: float) -> None:
+        super().__init__()
         self._staging = staging
         self._layout = layout
         self._timeout = timeout
         self._target: NixlTarget | None = None
         self._first_byte = 0
-        self._lock = threading.Lock()
-        self._released = False
-        self._in_pool: list[_PoolChunk] = []  # chunks that may still read the pool
 
-    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
-        chunk = _PoolChunk(first_block, len(block_ids))
-        if runner.supports_block_views:
-            self._staging.agent.register_once(runner.pool_memory())
-            chunk.regions = runner.block_views(block_ids)
-        else:  # copied out now: no longer in the pool
-            chunk.copy_into(self._staging, copied_blocks(runner, block_ids))
-        with self._lock:
-            if self._released:
-                chunk.give_back(self._staging)
-                return None
-            self._in_pool = [c for c in self._in_pool if not c.done] + [chunk]
-        return chunk
+    def _views_of(self, runner: KvSource, block_ids: list[int]) -> list[memoryview]:
+        self._staging.agent.register_once(runner.pool_memory())
+        return runner.block_views(block_ids)
 
     def after_hello(self, sock: socket.socket, first_block: int) -> None:
         reply = recv_json(sock, "the decode worker's NIXL target")
@@ -270,57 +257,28 @@ class NixlFromPool(SendPath):
         self._first_byte = first_block * self._layout.block_nbytes
 
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
-        assert isinstance(chunk, _PoolChunk) and self._target is not None, "the target comes with the hello's answer"
+        assert isinstance(chunk, PoolChunk) and self._target is not None, "the target comes with the hello's answer"
         offset = chunk.first_block * self._layout.block_nbytes - self._first_byte
         with chunk.lock:
             digest = xxhash.xxh3_64()
-            for region in chunk.regions:
-                digest.update(region)
-            self._staging.agent.write(chunk.regions, self._target, offset, self._timeout)
+            for view in chunk.views:
+                digest.update(view)
+            self._staging.agent.write(chunk.views, self._target, offset, self._timeout)
             sock.sendall(chunk_frame(chunk.first_block, chunk.count, offset, digest.intdigest()))
-            chunk.done = True
-            chunk.give_back(self._staging)
+            self.sent(chunk)
 
-    def wait_sent(self) -> None:
-        with self._lock:
-            chunks = list(self._in_pool)
-        for chunk in chunks:
-            with chunk.lock:  # held while the chunk is written
-                if not chunk.done and chunk.buffer is None:
-                    chunk.copy_into(self._staging, b"".join(chunk.regions))
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            chunks, self._in_pool = self._in_pool, []
-        for chunk in chunks:  # never to be written: they no longer hold on to the pool or a buffer
-            with chunk.lock:
-                chunk.done = True
-                chunk.give_back(self._staging)
-
-
-@dataclass(eq=False)
-class _PoolChunk(StagedChunk):
-    """A chunk as regions of the pool until it is written, or of a registered staging buffer once copied."""
-
-    regions: list[memoryview] = field(default_factory=list)
-    buffer: torch.Tensor | None = None  # the staging buffer it was copied into, given back once written
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: bool = False  # written, or dropped
-
-    def copy_into(self, staging: RegisteredStaging, data: bytes | memoryview) -> None:
-        self.buffer = staging.acquire(len(data))
-        view = self.buffer.numpy().data[: len(data)]
+    def _copy_out(self, chunk: PoolChunk, data: bytes | memoryview) -> None:
+        chunk.buffer = self._staging.acquire(len(data))
+        view = chunk.buffer.numpy().data[: len(data)]
         view[:] = data
-        self.regions = [view]
+        chunk.views = [view]
+        chunk.in_pool = False
 
-    def give_back(self, staging: RegisteredStaging) -> None:
-        if self.buffer is not None:
-            staging.release(self.buffer)
-            self.buffer = None
-            self.regions = []
+    def _drop(self, chunk: PoolChunk) -> None:
+        super()._drop(chunk)
+        if chunk.buffer is not None:
+            self._staging.release(chunk.buffer)
+            chunk.buffer, chunk.views = None, []
 
 
 class NixlReceive(ReceivePath):

@@ -5,7 +5,7 @@ transfer picks one per peer, and frames, checksums and the protocol around them 
 import socket
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -80,6 +80,76 @@ class ReceivePath(ABC):
 
     @abstractmethod
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None: ...
+
+
+@dataclass(eq=False)
+class PoolChunk(StagedChunk):
+    """A chunk as views into the KV pool, until it is sent or copied out of it."""
+
+    views: list[memoryview] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while it is sent or copied out
+    in_pool: bool = True  # its views point into the pool; false once sent, copied out, or dropped
+    buffer: torch.Tensor | None = None  # where a path that copies into a buffer of its own put the copy
+
+
+class FromPoolSendPath(SendPath):
+    """Chunks sent straight out of a host-memory pool (a pool that cannot be seen in place,
+    `supports_block_views` false, is copied out as it is staged). Before a step may overwrite blocks of a
+    request that finished or was preempted, `wait_sent` waits for a chunk being sent and copies out one
+    not sent yet, so a slow receiver never holds the prefill engine up. A subclass sends a chunk holding its
+    lock and ends with `sent`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._released = False
+        self._in_pool: list[PoolChunk] = []  # chunks that may still read the pool
+
+    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
+        chunk = PoolChunk(first_block, len(block_ids))
+        if runner.supports_block_views:
+            chunk.views = self._views_of(runner, block_ids)
+        else:
+            self._copy_out(chunk, copied_blocks(runner, block_ids))
+        with self._lock:
+            if self._released:
+                self._drop(chunk)
+                return None
+            self._in_pool = [c for c in self._in_pool if c.in_pool] + [chunk]
+        return chunk
+
+    def wait_sent(self) -> None:
+        with self._lock:
+            chunks = list(self._in_pool)
+        for chunk in chunks:
+            with chunk.lock:
+                if chunk.in_pool:
+                    self._copy_out(chunk, b"".join(chunk.views))
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            chunks, self._in_pool = self._in_pool, []
+        for chunk in chunks:  # never to be sent: they no longer hold on to the pool
+            with chunk.lock:
+                self._drop(chunk)
+
+    def sent(self, chunk: PoolChunk) -> None:
+        """The chunk left (called holding its lock)."""
+        self._drop(chunk)
+
+    def _views_of(self, runner: KvSource, block_ids: list[int]) -> list[memoryview]:
+        return runner.block_views(block_ids)
+
+    @abstractmethod
+    def _copy_out(self, chunk: PoolChunk, data: bytes | memoryview) -> None:
+        """Makes the chunk's views a copy of `data` outside the pool (called holding its lock, or before it
+        is shared) and sets in_pool false."""
+
+    def _drop(self, chunk: PoolChunk) -> None:
+        """The chunk is sent or never will be: what it holds goes back (called holding its lock)."""
+        chunk.in_pool = False
 
 
 class BufferedSendPath(SendPath):

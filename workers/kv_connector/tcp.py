@@ -9,44 +9,17 @@ are copied to pinned host memory first.
 """
 
 import socket
-import threading
-from dataclasses import dataclass, field
 
 import xxhash
 
-from workers.kv_connector.paths import BufferedSendPath, ReceivePath, SendPath, StagedChunk, copied_blocks
+from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import checksum, chunk_frame, recv_into, sendmsg_all
-from workers.kv_pool import KvLayout, KvSource
+from workers.kv_pool import KvLayout
 
 
-@dataclass(eq=False)
-class PoolChunk(StagedChunk):
-    """A chunk as views into the KV pool, until it is sent or copied out."""
-
-    views: list[memoryview] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: bool = False  # sent, copied out of the pool, or dropped
-
-
-class TcpFromPool(SendPath):
+class TcpFromPool(FromPoolSendPath):
     data_path = "tcp"
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._released = False
-        self._in_pool: list[PoolChunk] = []  # chunks that may still read the pool
-
-    def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
-        if runner.supports_block_views:
-            chunk = PoolChunk(first_block, len(block_ids), runner.block_views(block_ids))
-        else:  # copied out now: no longer in the pool
-            chunk = PoolChunk(first_block, len(block_ids), [copied_blocks(runner, block_ids)], done=True)
-        with self._lock:
-            if self._released:
-                return None
-            self._in_pool = [c for c in self._in_pool if not c.done] + [chunk]
-        return chunk
 
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
         assert isinstance(chunk, PoolChunk)
@@ -56,26 +29,11 @@ class TcpFromPool(SendPath):
                 digest.update(part)
             sock.sendall(chunk_frame(chunk.first_block, chunk.count, 0, digest.intdigest()))
             sendmsg_all(sock, chunk.views)
-            chunk.done = True
+            self.sent(chunk)
 
-    def wait_sent(self) -> None:
-        with self._lock:
-            chunks = list(self._in_pool)
-        for chunk in chunks:
-            with chunk.lock:  # held while the chunk is on the wire
-                if not chunk.done:
-                    chunk.views = [memoryview(bytes(view)) for view in chunk.views]
-                    chunk.done = True  # no longer in the pool; still to be sent
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            chunks, self._in_pool = self._in_pool, []
-        for chunk in chunks:  # never to be sent: they no longer hold on to the pool
-            with chunk.lock:
-                chunk.done = True
+    def _copy_out(self, chunk: PoolChunk, data: bytes | memoryview) -> None:
+        chunk.views = [memoryview(bytes(data))]
+        chunk.in_pool = False
 
 
 class TcpFromBuffer(BufferedSendPath):
