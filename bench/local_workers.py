@@ -103,14 +103,11 @@ async def split_calls(
     sampling: worker_pb2.SamplingParams,
     cache_salt: str = "",
     give_prompt: bool = False,
-    registered_first: bool = False,
 ):
     """A split request's two calls as the gateway places them: the decode call first (it waits for the KV),
     then the prefill call that sends it, with one fresh transfer token; returns (decode call, prefill call).
     `give_prompt`: the decode call gives its prompt's token ids, as the gateway's does (the decode worker
-    then pins the blocks of it it holds, and they are not sent). `registered_first`: the prefill call waits
-    until the decode call registered (on a loaded machine a prefill chunk may otherwise be staged across the
-    held blocks before the decode worker says which it holds, and then leaves whole)."""
+    then pins the blocks of it it holds, and they are not sent)."""
     token = secrets.token_bytes(32)
     decode_call = decode.stub.Decode(
         worker_pb2.DecodeRequest(
@@ -122,8 +119,6 @@ async def split_calls(
             prompt_token_ids=prompt if give_prompt else [],
         )
     )
-    if registered_first:
-        await _registered(decode, request_id)
     prefill_call = prefill.stub.Prefill(
         worker_pb2.PrefillRequest(
             request_id=request_id,
@@ -135,12 +130,3 @@ async def split_calls(
         )
     )
     return decode_call, prefill_call
-
-
-async def _registered(decode: Worker, request_id: str, timeout: float = 5.0) -> None:
-    assert decode.receiver is not None, "a decode worker's"
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not decode.receiver.inbox.waits_for(request_id):
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"the decode call of {request_id} did not register in {timeout} s")
-        await asyncio.sleep(0.002)

@@ -20,15 +20,13 @@ async def split(
     cache_salt: str = "",
     give_prompt: bool = False,
     params: worker_pb2.SamplingParams | None = None,
-    registered_first: bool = False,
 ):
     """One split request: the decode call first, then the prefill call that sends it the KV; returns the
     prefill call's events and the decode call's. `give_prompt`: the decode call gives its prompt's token
     ids, as the gateway's does (the decode worker then pins the blocks of it it holds, and they are not sent).
-    `params`: the calls' sampling (default: greedy, `count` tokens, past the end-of-sequence token).
-    `registered_first`: as `split_calls` has it."""
+    `params`: the calls' sampling (default: greedy, `count` tokens, past the end-of-sequence token)."""
     decode_call, prefill_call = await split_calls(
-        prefill, decode, request_id, prompt, params or sampling(count), cache_salt, give_prompt, registered_first
+        prefill, decode, request_id, prompt, params or sampling(count), cache_salt, give_prompt
     )
     prefill_events = [e async for e in prefill_call]
     rest = [e async for e in decode_call]

@@ -124,11 +124,6 @@ class KvInbox:
         with self._changed:
             self._slots.pop(request_id, None)
 
-    def waits_for(self, request_id: str) -> bool:
-        """Whether a decode request of that id registered and has not been forgotten."""
-        with self._changed:
-            return request_id in self._slots
-
     def claim(self, request_id: str, transfer_token: bytes) -> _Slot:
         deadline = time.monotonic() + self._arrival_timeout
         with self._changed:
