@@ -186,20 +186,26 @@ def test_a_worker_told_to_use_nixl_where_there_is_none_refuses_to_start_with_the
         cli.main(["worker", "--role", "decode", "--kv-nixl", "on"])
 
 
-def test_chunks_are_written_from_the_pool_the_agent_registered_once(receiver, sender, prefill_agent):
+def arrives_whole(receiver, sender, runner, request_id: str, block_ids: list[int]) -> None:
+    """The blocks, written over NIXL as one chunk, arrive identical."""
+    arrived = expect(receiver, request_id)
+    outgoing = sender.open(request_id, TOKEN, list(range(3, 11)), nixl_peer(receiver))
+    result = send_in_background(outgoing)
+    outgoing.write_blocks(runner, block_ids, 0)
+    outgoing.finish(7)
+    assert result.get(timeout=10) == len(block_ids) * LAYOUT.block_nbytes
+    received = arrived.get(timeout=10)
+    assert torch.equal(received.chunks[0].data, runner.kv[:, :, block_ids])
+    received.release()
+
+
+def test_chunks_are_written_from_the_pool_the_agent_registered(receiver, sender, prefill_agent):
     runner = PoolRunner()
+    idle_before = prefill_agent.num_idle
     for request_id in ("req-1", "req-2"):
-        arrived = expect(receiver, request_id)
-        outgoing = sender.open(request_id, TOKEN, list(range(3, 11)), nixl_peer(receiver))
-        result = send_in_background(outgoing)
-        outgoing.write_blocks(runner, [5, 6], 0)
-        outgoing.finish(7)
-        assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
-        received = arrived.get(timeout=10)
-        assert torch.equal(received.chunks[0].data, runner.kv[:, :, [5, 6]])
-        received.release()
-    assert prefill_agent.agent.registrations_of(runner.kv) == 1
-    assert prefill_agent.num_idle == 0  # written in place: no staging buffer was taken
+        arrives_whole(receiver, sender, runner, request_id, [5, 6])
+    assert prefill_agent.agent.has_registered(runner.kv)
+    assert prefill_agent.num_idle == idle_before  # written in place: no staging buffer was taken
 
 
 def test_blocks_written_from_the_pool_survive_their_reuse_and_the_copy_goes_back(receiver, sender, prefill_agent):
@@ -215,13 +221,4 @@ class SpreadRunner(PoolRunner):
 
 
 def test_a_pool_that_cannot_be_seen_in_place_is_copied_into_a_registered_buffer(receiver, sender):
-    runner = SpreadRunner()
-    arrived = expect(receiver)
-    outgoing = sender.open("req-1", TOKEN, list(range(3, 11)), nixl_peer(receiver))
-    result = send_in_background(outgoing)
-    outgoing.write_blocks(runner, [9, 1], 0)
-    outgoing.finish(7)
-    assert result.get(timeout=10) == 2 * LAYOUT.block_nbytes
-    received = arrived.get(timeout=10)
-    assert torch.equal(received.chunks[0].data, runner.kv[:, :, [9, 1]])
-    received.release()
+    arrives_whole(receiver, sender, SpreadRunner(), "req-1", [9, 1])

@@ -127,10 +127,10 @@ class NixlAgent:
             self._agent.register_memory(memory)
             self._registered.add(memory.data_ptr())
 
-    def registrations_of(self, memory: torch.Tensor) -> int:
-        """How often `register_once` registered this pool (0 or 1)."""
+    def has_registered(self, memory: torch.Tensor) -> bool:
+        """Whether `register_once` registered this pool."""
         with self._lock:
-            return int(memory.data_ptr() in self._registered)
+            return memory.data_ptr() in self._registered
 
     def progress(self) -> None:
         with self._lock:
