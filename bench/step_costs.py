@@ -5,6 +5,7 @@
     OMP_WAIT_POLICY=ACTIVE .venv/bin/python -m bench.step_costs   # the second-thread case at its worst
 
 - the LM head at 32 rows: `nn.Linear` against the runner's prepacked projection;
+- each matrix of a decoder layer at 8 rows: the CPU GEMM its size did not choose against the one it did;
 - copying 32 sequences' KV blocks out of the pool: advanced indexing against `index_select` into a buffer;
 - a decode step of 31 short contexts and one long: one padded attention batch against groups of similar lengths
   (the gather backend), and the gather backend's groups against the paged-cpu operator;
@@ -38,6 +39,18 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _other_gemm(*linears: torch.nn.Linear) -> Projection:
+    """The linears stacked as the runner stacks them, laid out for the CPU GEMM their size did not choose
+    (`workers.projections.gemm_for`)."""
+    projection = Projection(*linears)
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    if projection.gemm == "mm":
+        projection.gemm, projection.weight = "onednn", torch.ops.mkldnn._reorder_linear_weight(weight)
+    else:
+        projection.gemm, projection.weight = "mm", weight.t().contiguous()
+    return projection
+
+
 def _row(what: str, baseline_ms: float, ours_ms: float) -> None:
     print(f"{what:<44} {baseline_ms:8.2f} ms {ours_ms:8.2f} ms {baseline_ms / ours_ms:6.2f}x")
 
@@ -61,6 +74,21 @@ def main(argv: list[str] | None = None) -> int:
         median_ms(lambda: model.lm_head(rows), args.repeats),
         median_ms(lambda: lm_head(rows), args.repeats),
     )
+
+    layer = model.model.layers[0]
+    for name, linears in (
+        ("q/k/v", (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+        ("o", (layer.self_attn.o_proj,)),
+        ("gate/up", (layer.mlp.gate_proj, layer.mlp.up_proj)),
+        ("down", (layer.mlp.down_proj,)),
+    ):
+        chosen, other = Projection(*linears), _other_gemm(*linears)
+        x = torch.randn(8, linears[0].in_features)
+        _row(
+            f"{name}, 8 rows: {other.gemm} against {chosen.gemm}",
+            median_ms(lambda other=other, x=x: other(x), args.repeats),
+            median_ms(lambda chosen=chosen, x=x: chosen(x), args.repeats),
+        )
 
     runner = ModelRunner(model, num_blocks=4096, block_size=16, attention="gather")
     runner.kv.normal_()  # touched memory, as a pool in use is

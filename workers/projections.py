@@ -1,14 +1,22 @@
 """The decoder's linear projections as `workers.models.decoder` calls them: those that read the same
-input are stacked into one matrix (queries, keys and values; the MLP's gate and up), and on CPU every
-matrix is reordered once into oneDNN's blocked layout.
+input are stacked into one matrix (queries, keys and values; the MLP's gate and up), and on CPU each
+matrix is laid out once for the GEMM that is quicker for its size.
 
 On CPU, `nn.Linear`'s GEMM re-packs the weight on every call, which costs most when few rows multiply
-it, as in a decode step (`python -m bench.step_costs` compares the two on the LM head). The reordered
-weights are a copy; the model's own modules keep theirs.
+it, as in a decode step (`python -m bench.step_costs` compares the two on the LM head). A large matrix is
+therefore reordered into oneDNN's blocked layout; but oneDNN spends 40-60 µs a call before it multiplies
+(it looks up its primitive for the input's shape), more than a small matrix's whole product takes, so a
+small matrix is stored transposed for `torch.mm` instead (`bench.step_costs` prints both per shape).
+The laid-out weights are a copy; the model's own modules keep theirs.
 """
 
 import torch
 import torch.nn.functional as F
+
+# Up to this many weights (2 MiB of float32: every matrix of diptych-tiny) `torch.mm` made whole CPU steps
+# 1.07-1.27x quicker; the 100 M model's smallest matrices (768 x 768 and 768 x 1280), read from memory
+# rather than cache in a step, were 7% slower on it at 8 rows, and larger ones up to 2x slower alone.
+MM_MAX_WEIGHTS = 1 << 19
 
 
 class Projection:
@@ -19,17 +27,39 @@ class Projection:
         weights = [linear.weight.detach() for linear in linears]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.bias = _stacked_bias(linears)
-        self._onednn = _onednn_applies(weight)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self._onednn else weight
+        self.gemm = gemm_for(weight)
+        if self.gemm == "onednn":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+        elif self.gemm == "mm":
+            self.weight = weight.t().contiguous()  # [in, out]: what torch.mm multiplies fastest
+        else:
+            self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._onednn:
+        if self.gemm == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.gemm == "mm":
+            if x.dim() != 2:  # the decoder's packed tokens are 2-d; anything else is flattened around the product
+                return self(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+            if x.shape[0] == 1:
+                # BLAS sends a one-row product to gemv, which sums in another order than its GEMM: as two
+                # rows, a token's result does not depend on how many tokens share its step
+                return self(x.expand(2, -1))[:1]
+            return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Applies the stacked projection and returns each linear's output."""
         return self(x).split(self.sizes, dim=-1)
+
+
+def gemm_for(weight: torch.Tensor) -> str:
+    """How a CPU float32 matrix is multiplied (`mm` when small, `onednn` when large); `linear` elsewhere."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return "linear"
+    if weight.numel() <= MM_MAX_WEIGHTS or not torch.backends.mkldnn.is_available():
+        return "mm"
+    return "onednn"
 
 
 def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
@@ -43,7 +73,3 @@ def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
             for linear in linears
         ]
     )
-
-
-def _onednn_applies(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()

@@ -1,10 +1,16 @@
-"""The decoder's projections compute what the model's own linear layers compute."""
+"""The decoder's projections and norms compute what the model's own modules compute."""
 
 import pytest
 import torch
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
+from workers.models.decoder import fused_norm
 from workers.models.families import decoder_of
-from workers.projections import Projection
+from workers.projections import Projection, gemm_for
 
 
 def _linear(inputs: int, outputs: int, bias: bool, seed: int) -> torch.nn.Linear:
@@ -51,3 +57,48 @@ def test_weights_outside_onednn_stay_plain_and_stacked():
     first, second = projection.split(x)
     torch.testing.assert_close(first, gate(x))
     torch.testing.assert_close(second, up(x))
+
+
+@pytest.mark.parametrize("rows", [1, 9, 300])
+@torch.inference_mode()
+def test_each_cpu_gemm_computes_the_linear(rows):
+    """A small matrix multiplies through torch.mm (stored transposed), a large one through oneDNN's packed
+    layout: both compute what the module does, with its bias."""
+    small, large = _linear(256, 512, True, 8), _linear(1024, 600, True, 9)
+    assert gemm_for(small.weight) == "mm" and gemm_for(large.weight) == "onednn"
+    for linear in (small, large):
+        x = torch.randn(rows, linear.in_features)
+        got = Projection(linear)(x)
+        torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(Projection(linear)(x[None])[0], got)
+
+
+@pytest.mark.parametrize("norm_class", [LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm])
+@pytest.mark.parametrize("width", [64, 256, 768])
+@torch.inference_mode()
+def test_a_llama_style_norm_fuses_to_exactly_what_the_module_computes(norm_class, width):
+    norm = norm_class(width, eps=1e-6)
+    torch.manual_seed(width)
+    norm.weight.data = torch.randn(width)
+    x = torch.randn(37, width) * 3
+    fused = fused_norm(norm)
+    assert fused is not norm
+    assert torch.equal(fused(x), norm(x))  # bit for bit: greedy parity with `generate` rests on it
+
+
+def test_other_norms_stay_the_model_modules():
+    gemma = GemmaRMSNorm(64)  # weighs by 1 + w
+    half = LlamaRMSNorm(64).to(torch.bfloat16)
+    assert fused_norm(gemma) is gemma and fused_norm(half) is half
+
+
+@pytest.mark.parametrize("inputs", [256, 1024])
+@torch.inference_mode()
+def test_a_row_gets_the_same_bits_whatever_shares_its_step(inputs):
+    """A token's projection does not depend on how many tokens its step packs (one included), so a
+    sequence's logits do not depend on its batch."""
+    projection = Projection(_linear(inputs, 600 if inputs == 1024 else 512, True, 10))
+    x = torch.randn(40, inputs)
+    together = projection(x)
+    for rows in (1, 2, 3, 17):
+        assert torch.equal(projection(x[:rows]), together[:rows])

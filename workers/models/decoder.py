@@ -11,11 +11,16 @@ It knows nothing of the KV pool: a layer hands its rotated queries and its keys 
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from workers.models.attention import Window
 from workers.projections import Projection
@@ -90,6 +95,21 @@ class Decoder:
         return self.lm_head(self.norm(hidden)).float()
 
 
+# Norms whose forward is Llama's: in float32, what `F.rms_norm` computes in one operator instead of eight
+_LLAMA_RMS_NORMS = (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm)
+
+
+def fused_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A Llama-style RMS norm of float32 weights on the CPU as one `F.rms_norm` call (the same operations, the
+    same rounding); any other norm (Gemma's 1 + w, half precision, a GPU's fused kernel) as the module itself."""
+    if type(norm) not in _LLAMA_RMS_NORMS or not isinstance(norm, _LLAMA_RMS_NORMS):  # a subclass may differ
+        return norm
+    weight: torch.Tensor = norm.weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return norm
+    return partial(F.rms_norm, normalized_shape=tuple(weight.shape), weight=weight, eps=float(norm.variance_epsilon))
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary embedding over halves of the head dimension (as `transformers` applies it: same operations,
     same rounding)."""
@@ -145,14 +165,14 @@ def pre_norm_decoder(model: PreNormCausalLM, windows: list[Window], qk_norm: boo
         layers.append(
             DecoderLayer(
                 index=index,
-                input_norm=layer.input_layernorm,
+                input_norm=fused_norm(layer.input_layernorm),
                 qkv=Projection(attn.q_proj, attn.k_proj, attn.v_proj),
-                qk_norms=(attn.q_norm, attn.k_norm) if qk_norm else None,
+                qk_norms=(fused_norm(attn.q_norm), fused_norm(attn.k_norm)) if qk_norm else None,
                 head_dim=attn.head_dim,
                 scale=attn.scaling,
                 window=window,
                 o=Projection(attn.o_proj),
-                post_attention_norm=layer.post_attention_layernorm,
+                post_attention_norm=fused_norm(layer.post_attention_layernorm),
                 gate_up=Projection(mlp.gate_proj, mlp.up_proj),
                 down=Projection(mlp.down_proj),
                 act_fn=mlp.act_fn,
@@ -162,6 +182,6 @@ def pre_norm_decoder(model: PreNormCausalLM, windows: list[Window], qk_norm: boo
         embed=base.embed_tokens,
         rotary_embedding=base.rotary_emb,
         layers=layers,
-        norm=base.norm,
+        norm=fused_norm(base.norm),
         lm_head=Projection(model.lm_head),
     )
