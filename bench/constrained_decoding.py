@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from diptych_common.grammar import JSON_SCHEMA, Grammar, llguidance_tokenizer
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
 from workers.main import build_engine
-from workers.model_loader import load_model
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.runner.model_loader import load_model
 from workers.structured.compiler import GrammarCompiler
 
 # An order with a list of lines that must hold more items than any run produces: no request completes

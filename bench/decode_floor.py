@@ -18,10 +18,11 @@ from functools import partial
 import torch
 
 from bench.step_costs import median_ms
-from workers.decode_graphs import DecodeGraphSpec
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, StepInput
 from workers.models.families import ServedModel
+from workers.models.step import StepInput
+from workers.runner.decode_graphs import DecodeGraphSpec
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
 
 BLOCK_SIZE = 16
 

@@ -16,11 +16,11 @@ import torch
 
 from bench.profiles import PROFILES
 from bench.run import closed_loop_requests
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
 from workers.main import build_engine
-from workers.model_loader import load_model
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.runner.model_loader import load_model
 
 
 async def engine_closed_loop(engine: Engine, requests, concurrency: int) -> dict[int, list[int]]:

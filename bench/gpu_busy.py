@@ -34,9 +34,9 @@ from bench.engine_only import engine_closed_loop
 from bench.progress import log
 from bench.workload import BenchRequest, WorkloadSpec, make_requests
 from diptych_common.builtin import BUILTIN_MODELS
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
 from workers.main import build_engine
-from workers.model_loader import LoadedModel, load_model
+from workers.runner.model_loader import LoadedModel, load_model
 
 # the profiler's names of device activities (libkineto's), and what each is here
 DEVICE_ACTIVITIES = {"kernel": "kernel", "gpu_memcpy": "copy", "gpu_memset": "fill"}

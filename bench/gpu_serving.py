@@ -32,11 +32,11 @@ from bench.engine_only import engine_closed_loop
 from bench.progress import log
 from bench.workload import BenchRequest, WorkloadSpec, make_requests
 from diptych_common.builtin import BUILTIN_MODELS
-from workers.engine import EngineConfig
+from workers.engine.core import EngineConfig
 from workers.main import build_engine
-from workers.model_loader import load_model
 from workers.models.flash_varlen import unavailable_reason
 from workers.models.paged_cpu import unavailable_reason as paged_cpu_unavailable
+from workers.runner.model_loader import load_model
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,11 @@ from bench.stats import percentile
 from bench.workload import random_tokens
 from diptych_common.builtin import BUILTIN_MODELS
 from diptych_common.proto.v1 import worker_pb2
-from workers.decode_graphs import DecodeGraphSpec
-from workers.engine import EngineConfig
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner
-from workers.server import Role
+from workers.engine.core import EngineConfig
+from workers.runner.decode_graphs import DecodeGraphSpec
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
+from workers.serving.server import Role
 
 BLOCK_SIZE = 16
 PAD_TOKEN = 2  # the built-in tokenizers' <pad>

@@ -31,9 +31,9 @@ from bench.local_workers import Worker, split_calls
 from bench.workload import random_tokens
 from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.proto.v1 import worker_pb2
-from workers.engine import EngineConfig
-from workers.model_loader import build_builtin_model
-from workers.server import Role
+from workers.engine.core import EngineConfig
+from workers.runner.model_loader import build_builtin_model
+from workers.serving.server import Role
 
 MODES = ("whole", "missing")
 

@@ -28,14 +28,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from diptych_common.worker_credential import WorkerSecret
 from diptych_server.stack import free_port
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
 from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
 from workers.main import build_engine
-from workers.model_loader import LoadedModel, load_model
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.runner.model_loader import LoadedModel, load_model
 
 SECRET = "bench-kv-tier-secret"
 

@@ -47,13 +47,13 @@ import xxhash
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
-from workers.kv_connector.base import KvTransferParams, Peer  # noqa: E402
 from workers.kv_connector.nixl import nixl_staging  # noqa: E402
+from workers.kv_connector.params import KvTransferParams, Peer  # noqa: E402
 from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
 from workers.kv_connector.sender import KvSender  # noqa: E402
 from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402
-from workers.kv_pool import KvLayout
-from workers.model_runner import ModelRunner  # noqa: E402
+from workers.runner.kv_pool import KvLayout
+from workers.runner.model_runner import ModelRunner  # noqa: E402
 
 LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)
 CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged
@@ -290,11 +290,11 @@ async def overlap(data_port: int, prompt_tokens: int, token_budget: int) -> tupl
     from concurrent.futures import ThreadPoolExecutor
 
     from diptych_common.builtin import DIPTYCH_TINY
-    from workers.engine import Engine, EngineConfig
+    from workers.engine.core import Engine, EngineConfig
+    from workers.engine.request import EngineRequest
+    from workers.engine.sampling import SamplingParams, StopCriteria
     from workers.kv_connector.prefill import PrefillConnector
-    from workers.model_loader import build_builtin_model
-    from workers.request import EngineRequest
-    from workers.sampling import SamplingParams, StopCriteria
+    from workers.runner.model_loader import build_builtin_model
 
     model = build_builtin_model(DIPTYCH_TINY).eval()
     config = EngineConfig(block_size=LAYOUT.block_size, token_budget=token_budget)

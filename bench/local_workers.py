@@ -8,8 +8,8 @@ import grpc
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
-from workers.authentication import worker_server
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import composed
@@ -20,9 +20,9 @@ from workers.kv_connector.sender import KvSender
 from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
-from workers.model_runner import ModelRunner
-from workers.sampling import StopCriteria
-from workers.server import Role, WorkerService, WorkerState
+from workers.runner.model_runner import ModelRunner
+from workers.serving.authentication import worker_server
+from workers.serving.server import Role, WorkerService, WorkerState
 from workers.structured.compiler import GrammarCompiler
 
 SECRET = "local-worker-rpc-secret"

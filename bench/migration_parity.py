@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from bench.workload import random_tokens
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
 from workers.main import build_engine
-from workers.model_loader import LoadedModel, load_model
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.runner.model_loader import LoadedModel, load_model
 
 TOP = 8  # logits kept per sampled token: enough to read the gap between two near-tied tokens
 

@@ -42,15 +42,16 @@ from bench.live_platform import start_platform
 from bench.progress import log
 from bench.workload import random_tokens
 from planner.profile import CostProfile, save_profile
-from workers.engine import EngineConfig
-from workers.kv_connector.base import Peer
+from workers.engine.core import EngineConfig
+from workers.engine.sampling import SamplingParams, sample
+from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
-from workers.kv_pool import KvLayout
 from workers.main import build_engine
-from workers.model_loader import LoadedModel, load_model
-from workers.model_runner import ModelRunner, StepInput
-from workers.sampling import SamplingParams, sample
+from workers.models.step import StepInput
+from workers.runner.kv_pool import KvLayout
+from workers.runner.model_loader import LoadedModel, load_model
+from workers.runner.model_runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0)
 TRANSFER_TOKEN = b"phase-costs"

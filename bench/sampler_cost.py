@@ -1,7 +1,7 @@
 """What the sampler costs per step on this device: `python -m bench.sampler_cost [--device cpu] [--threads 1]`.
 
 Random logits of each shape, every row greedy, sampled at temperature 1, with top-p 0.9 and top-k 50, and
-seeded; milliseconds per call of `workers.sampling.sample` (the picks copied to the host included).
+seeded; milliseconds per call of `workers.engine.sampling.sample` (the picks copied to the host included).
 """
 
 import argparse
@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from workers.sampling import SamplingParams, sample
+from workers.engine.sampling import SamplingParams, sample
 
 SHAPES = ((8, 4096), (32, 4096), (8, 32000), (32, 32000))
 KINDS = {

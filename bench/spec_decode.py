@@ -30,10 +30,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from bench.engine_only import engine_closed_loop
 from bench.workload import BenchRequest
 from diptych_common.builtin import DIPTYCH_TINY
-from workers.engine import Engine, EngineConfig
-from workers.model_loader import build_builtin_model
-from workers.model_runner import ModelRunner
-from workers.sampling import StopCriteria
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
+from workers.runner.model_loader import build_builtin_model
+from workers.runner.model_runner import ModelRunner
 from workers.spec_decode.config import SpecConfig
 
 # The copying model's shape: two heads of 128 dimensions; token codes of 64 dimensions.

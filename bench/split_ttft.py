@@ -27,10 +27,10 @@ from bench.local_workers import Worker, split_calls
 from bench.progress import log
 from diptych_common.builtin import BUILTIN_MODELS
 from diptych_common.proto.v1 import worker_pb2
-from workers.engine import EngineConfig
+from workers.engine.core import EngineConfig
 from workers.kv_connector.nixl import nixl_staging, nixl_unavailable
-from workers.model_loader import build_builtin_model
-from workers.server import Role
+from workers.runner.model_loader import build_builtin_model
+from workers.serving.server import Role
 
 PATHS = ("tcp", "shm", "nixl")
 

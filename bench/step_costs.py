@@ -22,10 +22,11 @@ import time
 
 import torch
 
-from workers.model_loader import load_model
-from workers.model_runner import GROUP_COST_IN_BLOCKS, ModelRunner, StepInput
 from workers.models.backends import choose_backend
-from workers.projections import Projection
+from workers.models.projections import Projection
+from workers.models.step import StepInput
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import GROUP_COST_IN_BLOCKS, ModelRunner
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -41,7 +42,7 @@ def median_ms(fn, repeats: int) -> float:
 
 def _other_gemm(*linears: torch.nn.Linear) -> Projection:
     """The linears stacked as the runner stacks them, laid out for the CPU GEMM their size did not choose
-    (`workers.projections.gemm_for`)."""
+    (`workers.models.projections.gemm_for`)."""
     projection = Projection(*linears)
     weight = torch.cat([linear.weight.detach() for linear in linears])
     if projection.gemm == "mm":

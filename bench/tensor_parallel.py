@@ -23,9 +23,10 @@ import time
 
 import torch
 
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, StepInput
-from workers.tensor_parallel import TensorParallelSpec, launch
+from workers.models.step import StepInput
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
+from workers.runner.tensor_parallel import TensorParallelSpec, launch
 
 SHARDED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

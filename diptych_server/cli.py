@@ -9,8 +9,8 @@ from pathlib import Path
 
 from diptych_common.event_loop import serve_forever
 from diptych_common.logs import LOG_FORMATS, configure_logging, log_format
+from diptych_common.supervision import stop_with_supervisor
 from diptych_common.tracing import configure_tracing
-from diptych_server.supervision import stop_with_supervisor
 
 DEFAULT_CONTROL_PLANE_URL = "http://127.0.0.1:8000"
 
@@ -318,10 +318,10 @@ def _run_gateway(args) -> None:
 
 def _run_worker(args) -> int:
     from diptych_common.artifacts import ArtifactError
-    from workers.engine import EngineConfig
+    from workers.engine.core import EngineConfig
     from workers.kv_connector.nixl import nixl_unavailable
     from workers.main import serve
-    from workers.server import Role
+    from workers.serving.server import Role
     from workers.spec_decode.config import spec_config_from_args
 
     try:
@@ -381,7 +381,7 @@ def _run_plan(args) -> int:
 
 
 def _run_model_save(args) -> None:
-    from workers.model_loader import save_builtin_model
+    from workers.runner.model_loader import save_builtin_model
 
     save_builtin_model(args.name, args.directory)
     print(f"wrote {args.name} to {args.directory}")

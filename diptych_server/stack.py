@@ -19,7 +19,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from diptych_server.supervision import supervisor_env
+from diptych_common.supervision import supervisor_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 15.0

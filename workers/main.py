@@ -19,9 +19,8 @@ from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
-from workers.authentication import worker_server
-from workers.decode_graphs import DecodeGraphSpec
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import composed
@@ -32,18 +31,19 @@ from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import sweep_stale_files
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tier import TierConnector
-from workers.kv_pool import kv_layout_of
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
-from workers.metrics import serve_metrics
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner
 from workers.models.sharding import check_shardable
-from workers.registration import ControlPlaneLink, RegistrationError
-from workers.sampling import StopCriteria
-from workers.server import Role, WorkerService, WorkerState
+from workers.runner.decode_graphs import DecodeGraphSpec
+from workers.runner.kv_pool import kv_layout_of
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
+from workers.runner.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
+from workers.serving.authentication import worker_server
+from workers.serving.metrics import serve_metrics
+from workers.serving.registration import ControlPlaneLink, RegistrationError
+from workers.serving.server import Role, WorkerService, WorkerState
 from workers.structured.compiler import GrammarCompiler
-from workers.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench import gpu_busy, gpu_serving, gpu_split
 from bench.gpu_busy import Activity, covered_ns, device_kind, device_share
-from workers.kv_pool import kv_layout_of
-from workers.model_loader import load_model
+from workers.runner.kv_pool import kv_layout_of
+from workers.runner.model_loader import load_model
 
 SPLIT_ARGV = ["--device", "cpu", "--model", "diptych-tiny", "--requests", "6", "--concurrency", "3"]
 SPLIT_ARGV += ["--prompt-tokens", "24", "--output-tokens", "6", "--threads", "1"]

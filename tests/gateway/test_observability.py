@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from diptych_common.logs import bind_request, describe_error, handler_for, log_format
 from diptych_common.tracing import configure_tracing
 from tests.gateway.harness import API_KEY, in_process_gateway
-from workers.registration import ControlPlaneLink
+from workers.serving.registration import ControlPlaneLink
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
@@ -96,7 +96,7 @@ async def test_a_heartbeat_that_times_out_says_so(caplog):
         link.worker_id, link.heartbeat_interval = "wrk_1", 0.01
         beating = asyncio.create_task(link.heartbeat_forever())
         try:
-            with caplog.at_level(logging.WARNING, logger="workers.registration"):
+            with caplog.at_level(logging.WARNING, logger="workers.serving.registration"):
                 while not any("heartbeat failed" in r.getMessage() for r in caplog.records):
                     await asyncio.sleep(0.05)
         finally:

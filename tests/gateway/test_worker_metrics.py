@@ -3,7 +3,7 @@
 from prometheus_client import CollectorRegistry, generate_latest
 
 from diptych_common.proto.v1 import worker_pb2
-from workers.metrics import LoadCollector, StepMetrics
+from workers.serving.metrics import LoadCollector, StepMetrics
 
 
 def test_the_load_report_becomes_metrics():

@@ -11,12 +11,13 @@ import torch
 
 from diptych_common.builtin import DIPTYCH_TINY
 from tests.workers.serving import Worker
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.kv_connector.nixl import RegisteredStaging, nixl_staging
-from workers.model_loader import build_builtin_model
-from workers.model_runner import ModelRunner, StepInput
-from workers.sampling import StopCriteria
-from workers.server import Role
+from workers.models.step import StepInput
+from workers.runner.model_loader import build_builtin_model
+from workers.runner.model_runner import ModelRunner
+from workers.serving.server import Role
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import struct
 import torch
 
 from workers.kv_connector.wire import MAGIC
-from workers.kv_pool import KvLayout
+from workers.runner.kv_pool import KvLayout
 
 LAYOUT = KvLayout(num_layers=2, kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)
 TOKEN = b"t" * 32

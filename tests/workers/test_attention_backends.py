@@ -13,11 +13,12 @@ import torch.nn.functional as F
 import workers.models.flash_varlen as flash_varlen_module
 import workers.models.paged_cpu as paged_cpu_module
 from tests.workers.conftest import prefilled
-from workers.model_runner import ModelRunner, StepInput
 from workers.models.attention import AttentionPlan, GatherBuffers
 from workers.models.backends import AttentionBackendUnavailable, choose_backend
 from workers.models.flash_varlen import FlashVarlenPlan, unavailable_reason
 from workers.models.paged_cpu import PagedCpuPlan
+from workers.models.step import StepInput
+from workers.runner.model_runner import ModelRunner
 
 BLOCK, HEADS, KV_HEADS, DIM = 4, 4, 2, 8
 

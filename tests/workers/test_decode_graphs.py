@@ -9,12 +9,13 @@ import torch
 
 from tests.workers.conftest import prefilled, prompts
 from tests.workers.test_engine import run_all
-from workers.decode_graphs import DecodeGraphs, DecodeGraphSpec, capture_batch_sizes, capture_widths
-from workers.engine import Engine, EngineConfig
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.main import build_engine
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, StepInput
-from workers.sampling import StopCriteria
+from workers.models.step import StepInput
+from workers.runner.decode_graphs import DecodeGraphs, DecodeGraphSpec, capture_batch_sizes, capture_widths
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
 
 BLOCK = 16
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from tests.workers.conftest import all_blocks_free, prompts, wait_until
-from workers.engine import RequestRejected
+from workers.engine.core import RequestRejected
+from workers.engine.request import BATCH, EngineRequest, FinishReason
+from workers.engine.sampling import SamplingParams
 from workers.kv_connector.base import (
     KvChunk,
     KvConnector,
@@ -15,16 +17,13 @@ from workers.kv_connector.base import (
     KvConnectorStats,
     KvLoad,
     KvSave,
-    KvTransferParams,
-    Peer,
 )
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
-from workers.kv_pool import kv_layout_of
-from workers.request import BATCH, EngineRequest, FinishReason
-from workers.sampling import SamplingParams
+from workers.runner.kv_pool import kv_layout_of
 
 
 def greedy(count: int) -> SamplingParams:

@@ -20,7 +20,7 @@ from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_proce
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.serving import SECRET, Worker
 from tests.workers.test_sampling_controls import LOGPROB_TOLERANCE, controlled_reference, controls
-from workers.server import Role
+from workers.serving.server import Role
 from workers.structured.compiler import GrammarCompiler
 
 AUTH = (("authorization", f"Bearer {API_KEY}"),)

@@ -4,7 +4,7 @@ and all free again at the end."""
 import pytest
 
 from diptych_common.prefix_hash import block_hashes
-from workers.kv_cache_manager import BlockPool, KVCacheManager
+from workers.engine.kv_cache_manager import BlockPool, KVCacheManager
 
 SIZE = 4
 

@@ -26,9 +26,12 @@ from gateway.types import GenerationPlan, SamplingSpec
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.kv_wire import LAYOUT, TOKEN
 from tests.workers.serving import SECRET, Worker, sampling, split
-from workers.kv_cache_manager import KVCacheManager
-from workers.kv_connector.base import KvTransferParams, Peer
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import EngineRequest, FinishReason
+from workers.engine.sampling import SamplingParams
+from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.kv_connector.decode import DecodeConnector
+from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
@@ -43,10 +46,7 @@ from workers.kv_connector.wire import (
     recv_json,
     send_json,
 )
-from workers.request import EngineRequest, FinishReason
-from workers.sampling import SamplingParams
-from workers.scheduler import ScheduledChunk, SchedulerOutput
-from workers.server import Role
+from workers.serving.server import Role
 
 BLOCK = 16  # the serving workers' block size
 

@@ -4,11 +4,11 @@ and a worker's server finds its hand-off part among them."""
 
 import pytest
 
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
+from workers.engine.scheduler import SchedulerOutput
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvLoad, TierStats
 from workers.kv_connector.multi import MultiConnector, composed, parts_of
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
-from workers.scheduler import SchedulerOutput
 
 
 class Recording(KvConnector):

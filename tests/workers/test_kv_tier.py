@@ -22,16 +22,17 @@ from diptych_common.worker_credential import WorkerSecret
 from diptych_server.stack import free_port
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.serving import SECRET, Worker, sampling, split
-from workers.engine import RequestFailed, RequestRejected
+from workers.engine.core import RequestFailed, RequestRejected
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
 from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out, tier_namespace
 from workers.kv_tier.client import TierClient
 from workers.kv_tier.server import tier_server
 from workers.kv_tier.store import TierKey, TierStore, checksum
-from workers.model_runner import ModelRunner, StepInput
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
-from workers.server import Role
+from workers.models.step import StepInput
+from workers.runner.model_runner import ModelRunner
+from workers.serving.server import Role
 
 BLOCK = 1000  # bytes of a block in the store's own tests
 NAMESPACE = "m/layers=1"

@@ -28,13 +28,13 @@ from diptych_common.proto.v1 import worker_pb2
 from tests.workers.conftest import prompts
 from tests.workers.serving import Worker, sampling, split
 from tests.workers.test_engine import run_all
-from workers.decode_graphs import DecodeGraphSpec
-from workers.engine import Engine, EngineConfig
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.models.families import UnsupportedModelError, decoder_of
-from workers.sampling import StopCriteria
-from workers.server import Role
+from workers.runner.decode_graphs import DecodeGraphSpec
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
+from workers.serving.server import Role
 
 WINDOW = 24  # below every prompt + output here, and below the longest prompt
 PROMPT_LENGTHS = [20, 45, 90]  # 90: six blocks of 16, and two chunks under the workers' budget of 64 tokens

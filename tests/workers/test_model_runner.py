@@ -4,8 +4,8 @@ and each gets the logits it would get alone; a sliding window's keys are those t
 import torch
 
 from tests.workers.conftest import prefilled
-from workers.model_runner import ModelRunner
 from workers.models.attention import GROUP_COST_IN_BLOCKS, first_visible_block, group_bounds, visible
+from workers.runner.model_runner import ModelRunner
 
 BLOCK = 16
 

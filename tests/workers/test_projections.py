@@ -10,7 +10,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from workers.models.decoder import fused_norm
 from workers.models.families import decoder_of
-from workers.projections import Projection, gemm_for
+from workers.models.projections import Projection, gemm_for
 
 
 def _linear(inputs: int, outputs: int, bias: bool, seed: int) -> torch.nn.Linear:

@@ -4,7 +4,7 @@ import json
 
 import httpx
 
-from workers.registration import ControlPlaneLink
+from workers.serving.registration import ControlPlaneLink
 
 
 async def test_a_draining_answer_drains_the_worker_and_is_reported_back():

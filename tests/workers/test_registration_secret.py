@@ -3,7 +3,7 @@
 import httpx
 import pytest
 
-from workers.registration import ControlPlaneLink, RegistrationError
+from workers.serving.registration import ControlPlaneLink, RegistrationError
 
 FLEET = {"name": "tiny-decode", "role": "decode", "model": "diptych-tiny"}
 

@@ -10,11 +10,11 @@ import pytest
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from tests.workers.conftest import prompts
 from tests.workers.test_engine import assert_all_blocks_free, collect, greedy, settle
-from workers import sampling as sampling_module
-from workers.engine import RequestFailed
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams
-from workers.server import Role, WorkerService, WorkerState
+from workers.engine import sampling as sampling_module
+from workers.engine.core import RequestFailed
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams
+from workers.serving.server import Role, WorkerService, WorkerState
 
 FAILED_PREFIX = "the request failed on this worker: "
 

@@ -1,6 +1,6 @@
 import torch
 
-from workers.sampling import SamplingParams, StopCriteria, finite_rows, sample
+from workers.engine.sampling import SamplingParams, StopCriteria, finite_rows, sample
 
 
 def logits(rows: int = 4, vocab: int = 64, seed: int = 0) -> torch.Tensor:

@@ -13,10 +13,10 @@ from tests.workers.conftest import prompts
 from tests.workers.serving import Worker, split_calls
 from tests.workers.test_engine import assert_all_blocks_free, settle
 from tests.workers.test_spec_decode import SAME_MODEL_DRAFT
-from workers.engine import RequestFailed, _controlled
-from workers.request import EngineRequest
-from workers.sampling import MIN_LOGPROB, SamplingParams, adjust_logits, token_logprobs
-from workers.server import Role
+from workers.engine.core import RequestFailed, _controlled
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import MIN_LOGPROB, SamplingParams, adjust_logits, token_logprobs
+from workers.serving.server import Role
 
 # The engine's logits differ from `transformers`' in the last bits (another summation order: up to 5e-5
 # per logit on the tiny model, docs/engine.md); a logprob is a logit less the log of a sum over them all.

@@ -1,9 +1,9 @@
 """The scheduler alone: token budget, chunked prompts, priorities, queueing and preemption."""
 
-from workers.kv_cache_manager import KVCacheManager
-from workers.request import BATCH, EngineRequest, RequestStatus
-from workers.sampling import SamplingParams
-from workers.scheduler import Scheduler
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import BATCH, EngineRequest, RequestStatus
+from workers.engine.sampling import SamplingParams
+from workers.engine.scheduler import Scheduler
 
 SIZE = 4
 

@@ -22,19 +22,21 @@ from diptych_common.proto.v1 import worker_pb2
 from tests.workers.conftest import prefilled, prompts
 from tests.workers.serving import Worker, sampling, split
 from tests.workers.test_engine import assert_all_blocks_free, collect, greedy, settle
-from workers.decode_graphs import DecodeGraphs, DecodeGraphSpec
-from workers.engine import Engine, EngineConfig
-from workers.kv_cache_manager import KVCacheManager
-from workers.load import WorkerLoad
-from workers.model_runner import ModelRunner, StepInput
-from workers.request import EngineRequest
-from workers.sampling import SamplingParams, StopCriteria
-from workers.scheduler import Scheduler
-from workers.server import Role
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import EngineRequest
+from workers.engine.sampling import SamplingParams, StopCriteria
+from workers.engine.scheduler import Scheduler
+from workers.models.step import StepInput
+from workers.runner.decode_graphs import DecodeGraphs, DecodeGraphSpec
+from workers.runner.model_runner import ModelRunner
+from workers.serving.load import WorkerLoad
+from workers.serving.server import Role
+from workers.spec_decode.build import build_proposer
 from workers.spec_decode.config import SpecConfig, add_cli_arguments, spec_config_from_args
 from workers.spec_decode.draft_model import DraftModelProposer
 from workers.spec_decode.ngram import NgramProposer
-from workers.spec_decode.proposer import DraftRequest, build_proposer
+from workers.spec_decode.proposer import DraftRequest
 from workers.spec_decode.verify import Verdict, verify
 
 NGRAM = SpecConfig("ngram", num_draft_tokens=4)

@@ -20,8 +20,8 @@ from gateway.routing import Router, ServingMode
 from gateway.types import GenerationPlan, SamplingSpec
 from tests.workers.serving import SECRET, Worker, split
 from tests.workers.test_spec_decode import NGRAM
-from workers.engine import EngineConfig
-from workers.server import Role
+from workers.engine.core import EngineConfig
+from workers.serving.server import Role
 from workers.structured.compiler import GrammarCompiler, GrammarRejected
 
 EOS = 1

@@ -23,13 +23,14 @@ from tests.workers.conftest import prompts
 from tests.workers.serving import Worker, split
 from tests.workers.test_engine import run_all
 from tests.workers.test_model_families import COMMON, _generate, _save_random_model
-from workers.engine import Engine, EngineConfig
-from workers.model_loader import build_builtin_model, load_model
-from workers.model_runner import ModelRunner, StepInput
+from workers.engine.core import Engine, EngineConfig
+from workers.engine.sampling import StopCriteria
 from workers.models.sharding import ShardingError, check_shardable
-from workers.sampling import StopCriteria
-from workers.server import Role
-from workers.tensor_parallel import OPERATION_BYTES, TensorParallelError, TensorParallelSpec, launch
+from workers.models.step import StepInput
+from workers.runner.model_loader import build_builtin_model, load_model
+from workers.runner.model_runner import ModelRunner
+from workers.runner.tensor_parallel import OPERATION_BYTES, TensorParallelError, TensorParallelSpec, launch
+from workers.serving.server import Role
 
 pytestmark = pytest.mark.timeout(240)  # a follower loads torch and the model in a process of its own
 
@@ -268,9 +269,9 @@ def test_a_step_that_fails_on_rank_0_alone_loses_the_group_at_once():
 WORKER = """
 import sys, time, torch
 from concurrent.futures import ThreadPoolExecutor
-from workers.engine import EngineConfig
+from workers.engine.core import EngineConfig
 from workers.main import TensorParallelLaunch, build_engine, stop_on_group_lost
-from workers.model_loader import load_model
+from workers.runner.model_loader import load_model
 torch.set_num_threads(1)
 launch = TensorParallelLaunch(2, "builtin:diptych-tiny", stop_on_group_lost)
 config = EngineConfig(num_kv_blocks=32, token_budget=64)
@@ -286,7 +287,7 @@ import time
 from datetime import timedelta
 import torch.distributed as dist
 from tests.workers.test_tensor_parallel import tiny_spec
-from workers.tensor_parallel import LOOPBACK, _start_follower
+from workers.runner.tensor_parallel import LOOPBACK, _start_follower
 store = dist.TCPStore(LOOPBACK, 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
 print(_start_follower(tiny_spec(), 1, store.port).pid, flush=True)
 time.sleep(120)

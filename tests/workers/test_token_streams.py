@@ -17,7 +17,7 @@ from tests.gateway.harness import MODEL, post_json
 from tests.workers.conftest import prompts
 from tests.workers.serving import SECRET, Worker, sampling
 from tests.workers.test_gateway_sampling_controls import COLOCATED, SPLIT, gateway_over
-from workers.server import Role
+from workers.serving.server import Role
 
 PROMPTS = prompts([9, 14, 5, 20, 11, 7], salt=21)
 COUNT = 12

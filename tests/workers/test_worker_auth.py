@@ -14,8 +14,8 @@ from diptych_common.worker_credential import (
 from gateway.live_load import Channels
 from tests.workers.conftest import prompts
 from tests.workers.serving import SECRET, Worker, sampling
-from workers.authentication import worker_server
-from workers.server import Role
+from workers.serving.authentication import worker_server
+from workers.serving.server import Role
 
 PROMPT = prompts([12], salt=3)[0]
 CALLS = {

@@ -28,32 +28,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from workers.kv_pool import KvPool
+from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
-    from workers.kv_cache_manager import KVCacheManager
-    from workers.request import EngineRequest
-    from workers.scheduler import SchedulerOutput
-
-
-@dataclass(frozen=True)
-class Peer:
-    """A decode worker's KV data port as a prefill worker reaches it."""
-
-    host: str
-    port: int
-    same_host: bool  # its /dev/shm is ours: chunks go through shared memory
-    nixl: bool = False  # it takes chunks written by NIXL (where both sides run an agent)
-
-
-@dataclass(frozen=True)
-class KvTransferParams:
-    """A request's part in a KV hand-off between workers, as its call asked for it."""
-
-    send_to: Peer | None = None  # stream the request's KV to this decode worker as it is computed
-    transfer_token: bytes = b""  # ... with the one-time token that decode worker checks
-    load_tokens: int = 0  # the KV of the first load_tokens tokens arrived from a prefill worker: load it
-    traceparent: str = ""  # the trace context the KV hello carries to the decode worker (empty: untraced)
+    from workers.engine.kv_cache_manager import KVCacheManager
+    from workers.engine.request import EngineRequest
+    from workers.engine.scheduler import SchedulerOutput
 
 
 class KvChunk(NamedTuple):

@@ -21,13 +21,13 @@ from concurrent.futures import Future
 
 import grpc
 
-from workers.kv_cache_manager import KVCacheManager
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import EngineRequest
+from workers.engine.scheduler import SchedulerOutput
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvLoad
 from workers.kv_connector.receiver import KvReceiver, ReceivedKv
 from workers.kv_connector.wire import KvTransferError, dtype_name
-from workers.kv_pool import KvPool
-from workers.request import EngineRequest
-from workers.scheduler import SchedulerOutput
+from workers.runner.kv_pool import KvPool
 
 
 @dataclasses.dataclass(frozen=True)

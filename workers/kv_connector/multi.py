@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSent
-from workers.kv_pool import KvPool
+from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
-    from workers.kv_cache_manager import KVCacheManager
-    from workers.request import EngineRequest
-    from workers.scheduler import SchedulerOutput
+    from workers.engine.kv_cache_manager import KVCacheManager
+    from workers.engine.request import EngineRequest
+    from workers.engine.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True)

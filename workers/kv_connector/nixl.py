@@ -42,7 +42,7 @@ import xxhash
 from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
-from workers.kv_pool import KvLayout, KvSource
+from workers.runner.kv_pool import KvLayout, KvSource
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.kv_pool import KvLayout, KvSource
+from workers.runner.kv_pool import KvLayout, KvSource
 
 
 class BytesByPath:

@@ -18,13 +18,14 @@ import grpc
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, new_challenge
-from workers.kv_cache_manager import KVCacheManager
-from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSave, KvSent, Peer
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import EngineRequest, FinishReason
+from workers.engine.scheduler import SchedulerOutput
+from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSave, KvSent
+from workers.kv_connector.params import Peer
 from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
 from workers.kv_connector.wire import KvTransferError
-from workers.kv_pool import KvPool, KvSource
-from workers.request import EngineRequest, FinishReason
-from workers.scheduler import SchedulerOutput
+from workers.runner.kv_pool import KvPool, KvSource
 
 ENDPOINT_TIMEOUT_S = 5.0  # for a decode worker's answer to GetKvEndpoint
 

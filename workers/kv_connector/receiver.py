@@ -51,7 +51,7 @@ from workers.kv_connector.wire import (
     try_send_json,
     tune,
 )
-from workers.kv_pool import KvLayout
+from workers.runner.kv_pool import KvLayout
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from workers.kv_connector.base import Peer
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging
+from workers.kv_connector.params import Peer
 from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
@@ -34,7 +34,7 @@ from workers.kv_connector.wire import (
     reply_after_close,
     tune,
 )
-from workers.kv_pool import KvLayout, KvSource
+from workers.runner.kv_pool import KvLayout, KvSource
 
 
 def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True) -> Peer:

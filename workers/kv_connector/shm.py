@@ -23,7 +23,7 @@ from diptych_common.processes import process_alive
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
 from workers.kv_connector.staging import buffer_size
 from workers.kv_connector.wire import KvTransferError, checksum, chunk_frame
-from workers.kv_pool import KvLayout
+from workers.runner.kv_pool import KvLayout
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "diptych-kv-"

@@ -15,7 +15,7 @@ import xxhash
 from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import checksum, chunk_frame, recv_into, sendmsg_all
-from workers.kv_pool import KvLayout
+from workers.runner.kv_pool import KvLayout
 
 
 class TcpFromPool(FromPoolSendPath):

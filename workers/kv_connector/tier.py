@@ -33,16 +33,16 @@ from workers.kv_connector.base import (
     KvSent,
     TierStats,
 )
-from workers.kv_pool import KvPool
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out
 from workers.kv_tier.client import TierClient
+from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from workers.kv_cache_manager import KVCacheManager, NamingMark
-    from workers.request import EngineRequest
-    from workers.scheduler import SchedulerOutput
+    from workers.engine.kv_cache_manager import KVCacheManager, NamingMark
+    from workers.engine.request import EngineRequest
+    from workers.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import grpc
 import torch
 import xxhash
 
-from workers.kv_pool import KvLayout
+from workers.runner.kv_pool import KvLayout
 
 MAGIC = b"DKV2"
 FRAME = struct.Struct("<cxxxIIQQ")  # kind, first block, block count, offset, checksum

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.kv_pool import KvLayout, KvPool
+from workers.runner.kv_pool import KvLayout, KvPool
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from workers.model_runner import StepInput
+    from workers.models.step import StepInput
 
 Window = int | None  # how many keys back a layer's queries see, their own included; None: all of them
 

@@ -1,7 +1,7 @@
 """The decoder a step runs: the model's pieces in the order a pre-norm transformer decoder applies them, each
 taken once from the loaded `transformers` model (its embedding, norms, rotary embedding and activation are
 its own modules, so each family's conventions hold as-is) and its linear layers stacked by
-`workers.projections`.
+`workers.models.projections`.
 
 `Decoder` works on packed tokens with no batch dimension: hidden [tokens, hidden_size], queries
 [tokens, heads, head_dim] (under tensor parallelism, the rank's own heads: `workers.models.sharding`).
@@ -23,7 +23,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from workers.models.attention import Window
-from workers.projections import Projection
+from workers.models.projections import Projection
 
 # (layer, query, key, value) → attended [tokens, heads * head_dim]
 Attention = Callable[["DecoderLayer", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.device_values import on_device
 from workers.models.attention import Window, sample_rows_of
+from workers.models.device_values import on_device
 
 if TYPE_CHECKING:
-    from workers.model_runner import StepInput
+    from workers.models.step import StepInput
 
 BLOCK_MULTIPLE = 256
 HALF_PRECISION = (torch.float16, torch.bfloat16)

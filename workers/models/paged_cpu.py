@@ -28,7 +28,7 @@ from workers.models.attention import (
 )
 
 if TYPE_CHECKING:
-    from workers.model_runner import StepInput
+    from workers.models.step import StepInput
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ At the end of a step, a proposer guesses up to k tokens that follow each decodin
 `draft_model.py`: a smaller causal LM of the same vocabulary, run greedily). The next step computes the
 request's last token and its drafts together and gets logits for all k + 1 positions; `verify.py` keeps
 the longest run of drafts that equal the target's own picks, plus the target's next pick. The engine
-(`workers/engine.py`) and scheduler (`workers/scheduler.py`) do the rest: drafts count against the token
+(`workers/engine/core.py`) and scheduler (`workers/engine/scheduler.py`) do the rest: drafts count against the token
 budget and get KV blocks, and only accepted tokens advance `num_computed_tokens`.
 
 `config.py` imports no torch: the command line reads the settings through it.

@@ -13,9 +13,10 @@ pool has no room for gets no drafts.
 import torch
 from transformers import PreTrainedModel
 
-from workers.kv_cache_manager import KVCacheManager
-from workers.kv_pool import kv_layout_of
-from workers.model_runner import ModelRunner, StepInput
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.models.step import StepInput
+from workers.runner.kv_pool import kv_layout_of
+from workers.runner.model_runner import ModelRunner
 from workers.spec_decode.proposer import DraftRequest
 
 BLOCK_SIZE = 16
@@ -46,7 +47,7 @@ class DraftModelProposer:
     @classmethod
     def load(cls, source: str, target_vocab_size: int, device: str) -> "DraftModelProposer":
         """Loads the draft model from `source` (builtin:<name> or a model directory) onto `device`."""
-        from workers.model_loader import load_model
+        from workers.runner.model_loader import load_model
 
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         loaded = load_model(f"draft model {source}", source, dtype=dtype)

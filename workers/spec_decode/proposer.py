@@ -1,9 +1,7 @@
-"""What the engine asks of a proposer, and the proposer a SpecConfig names."""
+"""What the engine asks of a proposer."""
 
 from dataclasses import dataclass
 from typing import Protocol
-
-from workers.spec_decode.config import SpecConfig
 
 
 @dataclass(frozen=True)
@@ -21,14 +19,3 @@ class Proposer(Protocol):
         """Per request, in order, up to `max_drafts` tokens guessed to follow its tokens (maybe none).
         Called once per step with every request that drafts in it, on the engine's forward thread."""
         ...
-
-
-def build_proposer(spec: SpecConfig, vocab_size: int, device: str) -> Proposer:
-    """The proposer `spec` names, for a target model of `vocab_size` tokens; a draft model is loaded here."""
-    if spec.method == "ngram":
-        from workers.spec_decode.ngram import NgramProposer
-
-        return NgramProposer(spec.ngram_min, spec.ngram_max)
-    from workers.spec_decode.draft_model import DraftModelProposer
-
-    return DraftModelProposer.load(spec.draft_model, vocab_size, device)

@@ -1,7 +1,7 @@
 """The endpoints the gateway (internal token) and the workers (fleet token) call, under `internal/`.
 
 Each view translates HTTP to one call of a domain app's service or selector and back; the JSON shapes
-are the contracts of gateway/control_plane.py and workers/registration.py.
+are the contracts of gateway/control_plane.py and workers/serving/registration.py.
 """
 
 from dataclasses import asdict

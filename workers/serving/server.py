@@ -30,18 +30,18 @@ from diptych_common.tracing import (
     traceparent_of,
 )
 from diptych_common.worker_credential import WorkerSecret
-from workers.engine import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
-from workers.kv_connector.base import KvTransferParams, Peer
+from workers.engine.core import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
+from workers.engine.request import BATCH, INTERACTIVE, EngineRequest
+from workers.engine.sampling import SamplingParams, TokenLogprobs
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import parts_of
+from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import ReceivedKv
 from workers.kv_connector.wire import KvTransferError
-from workers.load import RateMeter, WorkerLoad
-from workers.request import BATCH, INTERACTIVE, EngineRequest
-from workers.sampling import SamplingParams, TokenLogprobs
+from workers.serving.load import RateMeter, WorkerLoad
+from workers.serving.token_streams import TokenStream, TokenStreamClosed, TokenStreams
 from workers.structured.compiler import GrammarCompiler, GrammarRejected
-from workers.token_streams import TokenStream, TokenStreamClosed, TokenStreams
 
 log = logging.getLogger(__name__)
 

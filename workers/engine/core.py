@@ -15,12 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.device_values import on_device
-from workers.kv_cache_manager import KVCacheManager
-from workers.kv_connector.base import KvConnector, KvSent, TierStats
-from workers.model_runner import ModelRunner, StepInput
-from workers.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
-from workers.sampling import (
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
+from workers.engine.sampling import (
     SamplingParams,
     StopCriteria,
     TokenLogprobs,
@@ -30,9 +27,14 @@ from workers.sampling import (
     sample,
     token_logprobs,
 )
-from workers.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from workers.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from workers.kv_connector.base import KvConnector, KvSent, TierStats
+from workers.models.device_values import on_device
+from workers.models.step import StepInput
+from workers.runner.model_runner import ModelRunner
+from workers.spec_decode.build import build_proposer
 from workers.spec_decode.config import SpecConfig
-from workers.spec_decode.proposer import DraftRequest, build_proposer
+from workers.spec_decode.proposer import DraftRequest
 from workers.spec_decode.verify import Verdict, verify
 from workers.structured.masks import apply_grammar_mask
 from workers.structured.state import GrammarViolation

@@ -15,7 +15,7 @@ wire does not depend on the degree and a prefill worker of one degree hands off 
 another. Blocks cannot be seen in place across processes (`supports_block_views` is false), so the TCP
 data path copies them out.
 
-Followers die with the worker (PR_SET_PDEATHSIG, `diptych_server.supervision`), and the worker learns at
+Followers die with the worker (PR_SET_PDEATHSIG, `diptych_common.supervision`), and the worker learns at
 once when a follower dies (`Followers.watch`): `workers.main` then stops the worker rather than let a
 step wait on a rank that is gone.
 """
@@ -37,10 +37,11 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel
 
-from diptych_server.supervision import stop_with_supervisor, supervisor_env
-from workers.model_loader import load_model
-from workers.model_runner import ModelRunner, StepInput
+from diptych_common.supervision import stop_with_supervisor, supervisor_env
 from workers.models.sharding import Shard, check_shardable, shard_model
+from workers.models.step import StepInput
+from workers.runner.model_loader import load_model
+from workers.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class TensorParallelSpec:
 
     degree: int
     model_name: str
-    model_source: str  # as `workers.model_loader.load_model` takes it
+    model_source: str  # as `workers.runner.model_loader.load_model` takes it
     dtype: str  # a torch dtype's name: "float32", "bfloat16"
     device: str  # "cpu", or "cuda[:n]": rank r then runs on cuda:(n + r)
     num_blocks: int
@@ -337,7 +338,15 @@ def launch(
 
 def _start_follower(spec: TensorParallelSpec, rank: int, port: int) -> subprocess.Popen:
     env = {**os.environ, **supervisor_env(), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
-    command = [sys.executable, "-m", "workers.tensor_parallel", "--rank", str(rank), "--spec", json.dumps(asdict(spec))]
+    command = [
+        sys.executable,
+        "-m",
+        "workers.runner.tensor_parallel",
+        "--rank",
+        str(rank),
+        "--spec",
+        json.dumps(asdict(spec)),
+    ]
     return subprocess.Popen(command, env=env)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.device_values import on_device
+from workers.models.device_values import on_device
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _MASK63 = (1 << 63) - 1

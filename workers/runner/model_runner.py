@@ -14,14 +14,9 @@ one block more than the KV cache manager hands out (`padding_block`): the padded
 decode step (`decode_padded`, which the runner's `DecodeGraphs` capture on CUDA) write there.
 """
 
-from dataclasses import dataclass
-
 import torch
 from transformers import PreTrainedModel
 
-from workers.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
-from workers.device_values import on_device
-from workers.kv_pool import kv_layout_of
 from workers.models.attention import (
     GROUP_COST_IN_BLOCKS,
     AttentionPlan,
@@ -31,35 +26,14 @@ from workers.models.attention import (
     visible,
 )
 from workers.models.backends import StepAttention, choose_backend
+from workers.models.device_values import on_device
 from workers.models.families import decoder_of
 from workers.models.flash_varlen import FlashVarlenPlan
 from workers.models.paged_cpu import PagedCpuPlan
 from workers.models.sharding import Shard, check_sharded, with_all_reduce
-
-
-@dataclass
-class StepInput:
-    """One request's part of a step: tokens at positions start.. of the request, over its blocks."""
-
-    token_ids: list[int]
-    start: int
-    block_ids: list[int]
-    sample: bool  # whether its last token's logits are wanted
-    # speculative decoding: its last tokens are this many drafts, whose positions (and the one before
-    # them) all need logits, to verify the drafts and pick the token after them
-    num_draft_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.num_draft_tokens < len(self.token_ids):
-            raise ValueError(
-                f"an input of {len(self.token_ids)} tokens cannot end in {self.num_draft_tokens} drafts: "
-                "the token before them is computed with them"
-            )
-
-    @property
-    def num_logits(self) -> int:
-        """How many of its trailing positions get logits."""
-        return self.num_draft_tokens + 1 if self.sample else 0
+from workers.models.step import StepInput
+from workers.runner.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
+from workers.runner.kv_pool import kv_layout_of
 
 
 class ModelRunner:
@@ -75,7 +49,7 @@ class ModelRunner:
     ) -> None:
         """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
         (on CUDA devices; elsewhere only with `capture=False`, which runs the padded steps eagerly).
-        `shard`: this runner is one rank of a tensor-parallel group (`workers.tensor_parallel`), over a
+        `shard`: this runner is one rank of a tensor-parallel group (`workers.runner.tensor_parallel`), over a
         model that `workers.models.sharding.shard_model` cut down to the rank's heads and MLP units.
         `attention`: the attention backend (`workers.models.backends`)."""
         self.config = model.config

@@ -15,9 +15,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from workers.kv_cache_manager import KVCacheManager
+from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 from workers.kv_connector.base import KvConnector, KvConnectorMeta
-from workers.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 
 
 @dataclass

@@ -17,14 +17,31 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from workers.runner.kv_pool import KvLayout
+
 if TYPE_CHECKING:
-    from workers.model_runner import ModelRunner, StepInput
+    from transformers import PretrainedConfig
+
+    from workers.models.step import StepInput
 
 log = logging.getLogger(__name__)
+
+
+class PaddedRunner(Protocol):
+    """What the graphs need of their runner (`ModelRunner`): its pool's shape and padding block, and the
+    fixed-shape decode step they capture."""
+
+    config: PretrainedConfig
+    device: torch.device
+    layout: KvLayout
+    padding_block: int
+
+    def decode_padded(self, batch: torch.Tensor) -> torch.Tensor: ...
+
 
 # The columns of a padded decode batch before the block table: token, position, slot block, slot offset
 # (see ModelRunner.decode_padded).
@@ -63,7 +80,7 @@ class DecodeGraphs:
     """A runner's padded decode steps (built by the runner from its DecodeGraphSpec); `capture()` records
     the graphs, `run()` replays them."""
 
-    def __init__(self, runner: ModelRunner, spec: DecodeGraphSpec) -> None:
+    def __init__(self, runner: PaddedRunner, spec: DecodeGraphSpec) -> None:
         self._runner = runner
         self.batch_sizes = capture_batch_sizes(spec.max_batch)
         self.widths = capture_widths(spec.max_blocks)

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from diptych_common.proto.v1 import worker_pb2
-from workers.engine import EngineStats
+from workers.engine.core import EngineStats
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The engine: its requests, scheduler, KV cache manager and sampling, and the step loop that runs them."""

@@ -1,0 +1,1 @@
+"""The model runner and what it stands on: model loading, the KV pool, CUDA graphs, tensor parallelism."""

@@ -1,0 +1,1 @@
+"""The worker as a service: its gRPC server, registration, load reports, metrics and authentication."""
