@@ -20,7 +20,7 @@ from tests.infra.chart import RELEASE, default_objects
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
-SOURCES_OF_METRICS = [REPO / "gateway" / "metrics.py", REPO / "workers" / "metrics.py"]
+SOURCES_OF_METRICS = [REPO / "gateway" / "metrics.py", REPO / "workers" / "serving" / "metrics.py"]
 CODE = [REPO / "gateway", REPO / "workers", REPO / "diptych_server", REPO / "diptych_common", REPO / "platform"]
 # Where each kind of process serves gRPC health (what a `grpc:` probe asks).
 SERVES_GRPC_HEALTH = {
