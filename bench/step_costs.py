@@ -5,7 +5,8 @@
     OMP_WAIT_POLICY=ACTIVE .venv/bin/python -m bench.step_costs   # the second-thread case at its worst
 
 - the LM head at 32 rows: `nn.Linear` against the runner's prepacked projection;
-- each matrix of a decoder layer at 8 rows: the CPU GEMM its size did not choose against the one it did;
+- each matrix of a decoder layer at 8 rows: the CPU GEMM its size did not choose against the one it did, and a
+  whole decode step with every layer matrix on oneDNN against the runner's choice;
 - copying 32 sequences' KV blocks out of the pool: advanced indexing against `index_select` into a buffer;
 - a decode step of 31 short contexts and one long: one padded attention batch against groups of similar lengths
   (the gather backend), and the gather backend's groups against the paged-cpu operator;
@@ -40,16 +41,19 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _other_gemm(*linears: torch.nn.Linear) -> Projection:
-    """The linears stacked as the runner stacks them, laid out for the CPU GEMM their size did not choose
-    (`workers.models.projections.gemm_for`)."""
-    projection = Projection(*linears)
-    weight = torch.cat([linear.weight.detach() for linear in linears])
-    if projection.gemm == "mm":
-        projection.gemm, projection.weight = "onednn", torch.ops.mkldnn._reorder_linear_weight(weight)
-    else:
-        projection.gemm, projection.weight = "mm", weight.t().contiguous()
-    return projection
+def _other_gemm(chosen: Projection) -> str:
+    """The CPU GEMM layout a projection's size did not choose (`workers.models.projections.gemm_for`)."""
+    return "onednn" if chosen.gemm == "mm" else "mm"
+
+
+def _layers_with(model, layers: list, gemm: str | None) -> None:
+    """Rebuilds the decoder layers' projections from the model's linears: on `gemm`, or as the runner picks."""
+    for layer, source in zip(layers, model.model.layers, strict=True):
+        attn, mlp = source.self_attn, source.mlp
+        layer.qkv = Projection(attn.q_proj, attn.k_proj, attn.v_proj, gemm=gemm)
+        layer.o = Projection(attn.o_proj, gemm=gemm)
+        layer.gate_up = Projection(mlp.gate_proj, mlp.up_proj, gemm=gemm)
+        layer.down = Projection(mlp.down_proj, gemm=gemm)
 
 
 def _row(what: str, baseline_ms: float, ours_ms: float) -> None:
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         ("gate/up", (layer.mlp.gate_proj, layer.mlp.up_proj)),
         ("down", (layer.mlp.down_proj,)),
     ):
-        chosen, other = Projection(*linears), _other_gemm(*linears)
+        chosen = Projection(*linears)
+        other = Projection(*linears, gemm=_other_gemm(chosen))
         x = torch.randn(8, linears[0].in_features)
         _row(
             f"{name}, 8 rows: {other.gemm} against {chosen.gemm}",
@@ -110,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     one_batch = median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = GROUP_COST_IN_BLOCKS
     _row("decode step, 31 x 160 tokens and 1 x 430", one_batch, grouped)
+    _layers_with(model, runner.decoder.layers, "onednn")
+    every_onednn = median_ms(lambda: runner.execute(decoding), args.repeats)
+    _layers_with(model, runner.decoder.layers, None)
+    _row("the same step, every layer matrix on onednn", every_onednn, grouped)
     runner.attention_backend = choose_backend("paged-cpu", runner.device, runner.kv.dtype, 16)
     _row("the same step, gather against paged-cpu", grouped, median_ms(lambda: runner.execute(decoding), args.repeats))
     runner.attention_backend = "gather"

@@ -137,7 +137,7 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_rules_see_a_violation():
+def test_the_parser_finds_the_imports_the_rules_judge():
     """The checks above are not vacuous: the parser finds the imports they judge."""
     runner = _imports(WORKERS / "runner" / "model_runner.py")
     assert any(target == "workers.models.attention" for _, target, _ in runner)

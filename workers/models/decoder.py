@@ -102,7 +102,8 @@ _LLAMA_RMS_NORMS = (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm)
 def fused_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """A Llama-style RMS norm of float32 weights on the CPU as one `F.rms_norm` call (the same operations, the
     same rounding); any other norm (Gemma's 1 + w, half precision, a GPU's fused kernel) as the module itself."""
-    if type(norm) not in _LLAMA_RMS_NORMS or not isinstance(norm, _LLAMA_RMS_NORMS):  # a subclass may differ
+    # exactly these classes, since a subclass may compute otherwise (isinstance only narrows the type)
+    if type(norm) not in _LLAMA_RMS_NORMS or not isinstance(norm, _LLAMA_RMS_NORMS):
         return norm
     weight: torch.Tensor = norm.weight
     if weight.dtype != torch.float32 or weight.device.type != "cpu":

@@ -22,12 +22,13 @@ MM_MAX_WEIGHTS = 1 << 19
 class Projection:
     """x @ W.T + b for one or more `nn.Linear` of the same input, their outputs side by side."""
 
-    def __init__(self, *linears: torch.nn.Linear) -> None:
+    def __init__(self, *linears: torch.nn.Linear, gemm: str | None = None) -> None:
+        """`gemm`: the layout to use instead of the one `gemm_for` picks (`bench.step_costs` compares them)."""
         self.sizes = [linear.out_features for linear in linears]
         weights = [linear.weight.detach() for linear in linears]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         self.bias = _stacked_bias(linears)
-        self.gemm = gemm_for(weight)
+        self.gemm = gemm or gemm_for(weight)
         if self.gemm == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
         elif self.gemm == "mm":
