@@ -300,21 +300,27 @@ async def test_a_kv_hand_off_that_never_completes_moves_the_request_to_another_p
 
 
 async def test_a_prefill_worker_that_dies_before_its_kv_cache_arrived_is_retried_on_another(fleet, reference):
-    """prefill-0 is frozen (SIGSTOP), requests are routed to both prefill workers, then prefill-0 is
-    killed with its prompt still unanswered: the gateway retries that prompt on prefill-1."""
+    """The prefill worker the router prefers on a tie (the lowest id) is frozen (SIGSTOP) with the fleet
+    idle, so the first of two requests goes to it and the second, while the first is held there, to the
+    other; then it is killed with that prompt unanswered: the gateway retries the prompt on the other."""
     model, _ = reference
-    victim = fleet.names("prefill")[0]
+    victim = min(fleet.names("prefill"), key=fleet.current_id)
     victim_id = fleet.current_id(victim)
+    deadline = time.monotonic() + 10
+    while fleet.metric("diptych_gateway_worker_queue_depth", role="prefill") > 0:
+        assert time.monotonic() < deadline, "the prefill workers never reported an empty queue"
+        await asyncio.sleep(0.05)
     retries_before = fleet.metric("diptych_gateway_retries_total", phase="prefill")
-    routed_before = fleet.metric("diptych_gateway_routing_decisions_total")
     prompts = [long_prompt(200 + i, 50) for i in range(2)]
     fleet.stack.processes[victim].send_signal(signal.SIGSTOP)
     try:
-        pending = [asyncio.create_task(complete(fleet, prompt, 10)) for prompt in prompts]
-        deadline = time.monotonic() + 10
-        while fleet.metric("diptych_gateway_routing_decisions_total") < routed_before + 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        pending = []
+        for prompt in prompts:  # one at a time: the first is held on the victim when the second is routed
+            routed_before = fleet.metric("diptych_gateway_routing_decisions_total")
+            pending.append(asyncio.create_task(complete(fleet, prompt, 10)))
+            while fleet.metric("diptych_gateway_routing_decisions_total") < routed_before + 1:
+                assert time.monotonic() < deadline + 10, "the gateway did not route the request"
+                await asyncio.sleep(0.02)
     finally:
         fleet.stack.stop_process(victim, signal.SIGKILL)
     results = await asyncio.gather(*pending)
