@@ -1,7 +1,7 @@
 """Records the live autoscaling signals of a real split stack under bounded bursts, for the scaling decision's
-replay test (tests/planner/test_autoscale.py reads tests/planner/recorded/):
+replay test (tests/gateway/test_autoscale.py reads tests/gateway/recorded_signals/):
 
-    python -m bench.record_autoscale_signals [--out tests/planner/recorded]
+    python -m bench.record_autoscale_signals [--out tests/gateway/recorded_signals]
 
 It starts the control plane (SQLite), one prefill and one decode worker of diptych-tiny and, per scenario, a
 fresh split gateway (so each recording's SLO attainment is its own), then sends the scenario's requests all
@@ -42,7 +42,7 @@ DECODE_KV_CACHE_MIB = 8  # 128 blocks of 16 tokens for diptych-tiny
 SLO_TTFT_MS = 1000.0
 SLO_TPOT_MS = 5.0
 BURST_TIMEOUT_S = 240.0
-DEFAULT_OUT = REPO_ROOT / "tests" / "planner" / "recorded"
+DEFAULT_OUT = REPO_ROOT / "tests" / "gateway" / "recorded_signals"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What the gateway's durable usage journal costs per delivered token: one store into its memory-mapped
-counts file (`gateway/usage.py`), measured here on its own. `python -m bench.usage_journal [--tokens N]`."""
+counts file (`gateway/accounts/usage.py`), measured here on its own. `python -m bench.usage_journal [--tokens N]`."""
 
 import argparse
 import statistics
@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gateway.accounts.usage import UsageJournal
 from gateway.types import UsageEvent
-from gateway.usage import UsageJournal
 
 EVENT = UsageEvent(
     request_id="exec_bench",

@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run prompts with at most this many uncached tokens wholly on the decode worker (0: never)",
     )
     gateway.add_argument(
+        "--routing-policy",
+        default="cache_aware",
+        metavar="NAME",
+        help="how a worker of a phase is picked (gateway/routing/policies/): cache_aware, the least work counting "
+        "each worker's prefix cache (default), or power_of_two, the less loaded of two drawn at random",
+    )
+    gateway.add_argument(
         "--prefill-overflow-tokens",
         type=int,
         default=2048,
@@ -123,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PATH",
         help="the scaling policy as JSON: targets, min/max replicas and the planner's baseline per fleet "
-        "(planner/autoscale_policy.py; default: the built-in targets, 1 to 16 replicas)",
+        "(gateway/autoscale/policy_file.py; default: the built-in targets, 1 to 16 replicas)",
     )
     _add_control_plane_url(gateway)
     gateway.set_defaults(run=_run_gateway)
@@ -277,13 +284,16 @@ def _run_jobs(args) -> None:
 
 
 def _run_gateway(args) -> None:
-    from gateway.autoscale_signals import SloTargets
+    from gateway.autoscale.decision import ScalingPolicy
+    from gateway.autoscale.policy_file import load_policy
+    from gateway.autoscale.signals import SloTargets
+    from gateway.core.request_path import Timeouts
     from gateway.main import GatewayConfig, serve
-    from gateway.request_path import Timeouts
-    from gateway.routing import ServingMode
-    from planner.autoscale import ScalingPolicy
-    from planner.autoscale_policy import load_policy
+    from gateway.routing.policies import POLICIES
+    from gateway.routing.route import ServingMode
 
+    if args.routing_policy not in POLICIES:
+        raise SystemExit(f"diptych gateway: --routing-policy is one of {', '.join(sorted(POLICIES))}")
     try:
         slo = SloTargets(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
         policy = load_policy(args.autoscale_policy) if args.autoscale_policy else ScalingPolicy()
@@ -304,6 +314,7 @@ def _run_gateway(args) -> None:
                 redis_url=os.environ.get("REDIS_URL") or None,
                 skip_split_below=args.skip_split_below,
                 prefill_overflow_tokens=args.prefill_overflow_tokens,
+                routing_policy=args.routing_policy,
                 timeouts=Timeouts(
                     first_token_s=args.worker_timeout,
                     kv_delivery_s=args.worker_timeout,

@@ -19,23 +19,25 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from diptych_common.artifacts import ArtifactCache, fetch_tokenizer_files
-from gateway.auth import Authenticator
-from gateway.autoscale_signals import AutoscaleSignals, SloTargets
-from gateway.batch_api import BatchApiProxy
+from gateway.accounts.auth import Authenticator
+from gateway.accounts.idempotency import IdempotencyKeys
+from gateway.accounts.limits import RateLimiter
+from gateway.accounts.refusals import RefusalReporter
+from gateway.accounts.usage import Reporter, UsageJournal, UsageReporter
+from gateway.autoscale.decision import ScalingPolicy
+from gateway.autoscale.signals import AutoscaleSignals, SloTargets
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.http_api import build_app
-from gateway.http_server import JsonErrorAppRunner
-from gateway.idempotency import IdempotencyKeys
-from gateway.limits import RateLimiter
-from gateway.live_load import Channels, LoadBoard
-from gateway.pipeline import Pipeline
-from gateway.refusals import RefusalReporter
-from gateway.registry import Registry
-from gateway.request_path import RequestPath, Timeouts
-from gateway.routing import Router, ServingMode
-from gateway.service import SERVICE_NAME, add_inference_service
-from gateway.usage import Reporter, UsageJournal, UsageReporter
-from planner.autoscale import ScalingPolicy
+from gateway.core.pipeline import Pipeline
+from gateway.core.request_path import RequestPath, Timeouts
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry
+from gateway.grpc_api.service import SERVICE_NAME, add_inference_service
+from gateway.openai_api.app import build_app
+from gateway.openai_api.batches import BatchApiProxy
+from gateway.openai_api.server import JsonErrorAppRunner
+from gateway.routing.policies import DEFAULT_POLICY, POLICIES
+from gateway.routing.route import ServingMode
+from gateway.routing.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class GatewayConfig:
     redis_url: str | None = None
     skip_split_below: int = 0
     prefill_overflow_tokens: int = 0
+    routing_policy: str = DEFAULT_POLICY  # a name in gateway.routing.policies.POLICIES
     timeouts: Timeouts = Timeouts()
     slo: SloTargets = SloTargets()  # the autoscaling signals' TTFT and TPOT targets
     autoscale_policy: ScalingPolicy = ScalingPolicy()
@@ -90,7 +93,13 @@ async def serve(config: GatewayConfig) -> None:
     limiter = RateLimiter(config.redis_url)
     refusals = RefusalReporter(control_plane, limiter.refusals)
     router = Router(
-        registry, board, config.mode, config.region, config.skip_split_below, config.prefill_overflow_tokens
+        registry,
+        board,
+        config.mode,
+        config.region,
+        config.skip_split_below,
+        config.prefill_overflow_tokens,
+        POLICIES[config.routing_policy](),
     )
     path = RequestPath(channels, board, router, config.timeouts)
     pipeline = Pipeline(Authenticator(control_plane), registry, limiter, path, journal, idempotency)

@@ -61,7 +61,7 @@ RATE_LIMITED = Counter("diptych_gateway_rate_limited_total", "Requests refused b
 USAGE_SPOOLED = Gauge(
     "diptych_gateway_usage_events_spooled", "Usage events waiting in the local spool for the control plane"
 )
-# Per-phase autoscaling (gateway/autoscale_signals.py): the scaling decision and the signals behind it, per fleet.
+# Per-phase autoscaling (gateway/autoscale/signals.py): the scaling decision and the signals behind it, per fleet.
 _FLEET = ["model", "role", "region"]
 AUTOSCALE_DESIRED_REPLICAS = Gauge(
     "diptych_autoscale_desired_replicas", "Replicas the scaling decision wants for the fleet", _FLEET

@@ -3,8 +3,8 @@ plan validated from it (`GenerationPlan`, `SamplingSpec`), what the workers prod
 goes back to the client (`GenerationOutput`, `Usage`), what is billed (`UsageEvent`), and how a request
 fails (`ErrorKind`, `GatewayError`).
 
-No protobuf here. The fronts, `service.py` (gRPC) and `http_api.py` (OpenAI-compatible HTTP), map their
-protocol into and out of these types; `request_path.py` builds the workers' messages where it calls them.
+No protobuf here. The fronts, `grpc_api/` and `openai_api/` (OpenAI-compatible HTTP), map their
+protocol into and out of these types; `core/request_path.py` builds the workers' messages where it calls them.
 """
 
 import dataclasses
@@ -13,12 +13,12 @@ import struct
 from dataclasses import dataclass, field
 
 from diptych_common.grammar import Grammar
-from gateway.registry import ModelInfo
+from gateway.fleet.registry import ModelInfo
 
 
 class ErrorKind(enum.StrEnum):
-    """Why a request failed, as a canonical status code. `service.py` sends it as the gRPC status of the same
-    name and `http_api.py` as an HTTP status; the value is the `code` label of the request metrics."""
+    """Why a request failed, as a canonical status code. `grpc_api/service.py` sends it as the gRPC status of the same
+    name and `openai_api/errors.py` as an HTTP status; the value is the `code` label of the request metrics."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     NOT_FOUND = "NOT_FOUND"
@@ -38,7 +38,7 @@ class GatewayError(Exception):
 
     `retry_after_ms` is set when waiting that long makes the same request succeed (rate limits); the
     client gets it as trailing metadata `retry-after-ms` (gRPC) or a `Retry-After` header (HTTP).
-    `rate_limit_metadata` is set by the pipeline once the caller is authenticated (`ratelimit_headers.py`);
+    `rate_limit_metadata` is set by the pipeline once the caller is authenticated (`accounts/ratelimit_headers.py`);
     the client gets it as trailing metadata (gRPC) or headers (HTTP).
     """
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.profile import CostProfile
+from planner.profile import MEASURE_COMMAND, CostProfile, ProfileError, load_profile
 from planner.types import MAX_WORKERS, Slo
 from planner.workload import PRESETS, Lengths, Preset, Workload
 
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from planner.search import Goal
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "cpu-diptych-100m.json"
-MEASURE_COMMAND = "python -m bench.phase_costs --model diptych-100m --out planner/profiles/cpu-diptych-100m.json"
 
 
 class PlanError(Exception):
@@ -53,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.search import plan
 
     try:
-        profile = load_profile_checked(args.profile)
+        profile = load_profile(args.profile)
         workload = workload_from(args)
         goal = goal_from(args, profile)
-    except PlanError as error:
+    except (PlanError, ProfileError) as error:
         print(f"diptych plan: {error}", file=sys.stderr)
         return 2
 
@@ -70,38 +69,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(plan_table(profile, workload, goal, result))
     return 0
-
-
-def load_profile_checked(path: Path) -> CostProfile:
-    if not path.is_file():
-        raise PlanError(f"no cost profile at {path}; measure one with `{MEASURE_COMMAND}` or pass --profile")
-    try:
-        profile = CostProfile.from_json(json.loads(path.read_text()))
-    except json.JSONDecodeError as error:
-        raise PlanError(f"{path} is not JSON: {error}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise PlanError(
-            f"{path} is not a cost profile ({type(error).__name__}: {error}); see planner/profile.py"
-        ) from None
-    problem = _profile_problem(profile)
-    if problem:
-        raise PlanError(f"{path} is not a usable cost profile: {problem}")
-    return profile
-
-
-def _profile_problem(profile: CostProfile) -> str:
-    if not profile.prefill_points or not profile.decode_points:
-        return "it needs at least one prefill and one decode measurement"
-    if any(s <= 0 for _, s in profile.prefill_points) or any(s <= 0 for _, _, s in profile.decode_points):
-        return "every measured step must take a positive time"
-    if min(profile.block_size, profile.token_budget, profile.max_running, profile.kv_capacity_tokens) < 1:
-        return "block_size, token_budget, max_running and kv_capacity_tokens must be positive"
-    if profile.max_running > profile.token_budget:
-        return "max_running must not exceed token_budget"
-    costs = (profile.kv_fixed_s, profile.kv_per_token_s, profile.ttft_overhead_s, profile.per_token_overhead_s)
-    if min(costs) < 0:
-        return "the KV transfer and overhead costs must be >= 0"
-    return ""
 
 
 def workload_from(args: argparse.Namespace) -> Workload:

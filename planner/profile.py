@@ -147,10 +147,6 @@ class CostProfile:
         }
 
 
-def load_profile(path: Path) -> CostProfile:
-    return CostProfile.from_json(json.loads(path.read_text()))
-
-
 def save_profile(profile: CostProfile, path: Path) -> None:
     path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
 
@@ -162,3 +158,43 @@ def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+MEASURE_COMMAND = "python -m bench.phase_costs --model diptych-100m --out planner/profiles/cpu-diptych-100m.json"
+
+
+class ProfileError(Exception):
+    """A cost profile that cannot be read or used; the message says which and why."""
+
+
+def load_profile(path: Path) -> CostProfile:
+    """The cost profile at `path`, checked whole: a missing, unreadable or unusable one is a ProfileError."""
+    if not path.is_file():
+        raise ProfileError(f"no cost profile at {path}; measure one with `{MEASURE_COMMAND}` or pass --profile")
+    try:
+        profile = CostProfile.from_json(json.loads(path.read_text()))
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"{path} is not JSON: {error}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ProfileError(
+            f"{path} is not a cost profile ({type(error).__name__}: {error}); see planner/profile.py"
+        ) from None
+    problem = _profile_problem(profile)
+    if problem:
+        raise ProfileError(f"{path} is not a usable cost profile: {problem}")
+    return profile
+
+
+def _profile_problem(profile: CostProfile) -> str:
+    if not profile.prefill_points or not profile.decode_points:
+        return "it needs at least one prefill and one decode measurement"
+    if any(s <= 0 for _, s in profile.prefill_points) or any(s <= 0 for _, _, s in profile.decode_points):
+        return "every measured step must take a positive time"
+    if min(profile.block_size, profile.token_budget, profile.max_running, profile.kv_capacity_tokens) < 1:
+        return "block_size, token_budget, max_running and kv_capacity_tokens must be positive"
+    if profile.max_running > profile.token_budget:
+        return "max_running must not exceed token_budget"
+    costs = (profile.kv_fixed_s, profile.kv_per_token_s, profile.ttft_overhead_s, profile.per_token_overhead_s)
+    if min(costs) < 0:
+        return "the KV transfer and overhead costs must be >= 0"
+    return ""

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from planner.profile import CostProfile
+from planner.profile import CostProfile, ProfileError, load_profile
 from planner.search import Evaluation, Goal, GoodputComparison, Plan, compare_goodput, evaluate, horizon_s
 from planner.types import FleetShape, Mode, Slo
 from planner.workload import PRESETS, Workload
@@ -178,11 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000, help="requests per simulated trace at least")
     parser.add_argument("--attainment", type=float, default=0.9)
     args = parser.parse_args(argv)
-    from planner.cli import PlanError, load_profile_checked
-
     try:
-        profile = load_profile_checked(args.profile)
-    except PlanError as error:
+        profile = load_profile(args.profile)
+    except ProfileError as error:
         print(f"python -m planner.report: {error}", file=sys.stderr)
         return 2
     comparisons = {}

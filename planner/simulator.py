@@ -45,7 +45,7 @@ class RoutingOptions:
 
     skip_split_below: int = 0
     prefill_overflow_tokens: int = 0
-    queued_request_tokens: int = 128  # the work one waiting request stands for (gateway.routing)
+    queued_request_tokens: int = 128  # the work one waiting request stands for (gateway.routing.fleet_view)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from diptych_server.stack import Stack
-from gateway.live_load import STALE_AFTER_S
+from gateway.fleet.live_load import STALE_AFTER_S
 from tests.e2e.conftest import CancellationWatch, free_port, own_database, worker_load
 from tests.e2e.test_generation import generate_reference
 

@@ -5,7 +5,7 @@ logits with the same bias and penalties."""
 import openai
 import pytest
 
-from gateway.tokenization import encode_chat
+from gateway.planning.tokenization import encode_chat
 from tests.e2e.test_generation import random_prompts
 from tests.workers.test_sampling_controls import LOGPROB_TOLERANCE, controlled_reference, controls
 

@@ -13,19 +13,20 @@ from pathlib import Path
 import grpc
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.auth import Authenticator
-from gateway.batch_api import BatchApiProxy
-from gateway.http_api import build_app
-from gateway.http_server import JsonErrorAppRunner
-from gateway.idempotency import IdempotencyKeys
-from gateway.limits import RateLimiter
-from gateway.live_load import Channels, LoadBoard
-from gateway.pipeline import Pipeline
-from gateway.registry import Registry
-from gateway.request_path import RequestPath
-from gateway.routing import Router, ServingMode
-from gateway.service import add_inference_service
-from gateway.usage import UsageJournal
+from gateway.accounts.auth import Authenticator
+from gateway.accounts.idempotency import IdempotencyKeys
+from gateway.accounts.limits import RateLimiter
+from gateway.accounts.usage import UsageJournal
+from gateway.core.pipeline import Pipeline
+from gateway.core.request_path import RequestPath
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry
+from gateway.grpc_api.service import add_inference_service
+from gateway.openai_api.app import build_app
+from gateway.openai_api.batches import BatchApiProxy
+from gateway.openai_api.server import JsonErrorAppRunner
+from gateway.routing.route import ServingMode
+from gateway.routing.router import Router
 
 API_KEY = "dip_test_key"
 MODEL = "diptych-tiny"

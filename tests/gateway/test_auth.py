@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.auth import (
+from gateway.accounts.auth import (
     FAILED_AUTH_BURST,
     FAILED_AUTH_PER_MINUTE,
     MAX_REFUSED_KEYS,
@@ -16,7 +16,7 @@ from gateway.auth import (
     caller_from_identity,
     check_allowed,
 )
-from gateway.auth_cache import peer_address
+from gateway.accounts.auth_cache import peer_address
 from gateway.control_plane import ControlPlaneUnavailable
 from gateway.types import ErrorKind, GatewayError, GenerationRequest, Priority
 from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_process_gateway, post_json
@@ -175,7 +175,7 @@ async def test_a_flood_of_bogus_keys_from_many_peers_does_not_evict_a_verified_k
 
 
 async def test_verified_keys_are_evicted_least_recently_used_first(control_plane, clock, monkeypatch):
-    monkeypatch.setattr("gateway.auth.MAX_CACHED_KEYS", 2)
+    monkeypatch.setattr("gateway.accounts.auth.MAX_CACHED_KEYS", 2)
     auth = Authenticator(control_plane, clock=clock)
     control_plane.valid |= {"k1", "k2", "k3"}
     for key in ("k1", "k2", "k1", "k3"):  # k2 is the least recently used when k3 arrives

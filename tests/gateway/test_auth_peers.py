@@ -3,7 +3,7 @@ so a peer that keeps sending bad keys gets 429 / RESOURCE_EXHAUSTED with the tim
 
 import grpc
 
-from gateway.auth import FAILED_AUTH_BURST
+from gateway.accounts.auth import FAILED_AUTH_BURST
 from tests.gateway.harness import GENERATE_METHOD, in_process_gateway
 
 BODY = b'{"model": "diptych-tiny", "prompt": "hi", "max_tokens": 1}'

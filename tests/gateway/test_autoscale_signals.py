@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from prometheus_client import REGISTRY
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.autoscale_signals import AutoscaleSignals, RecentLatencies, SloTargets
-from gateway.live_load import Channels, LoadBoard
-from gateway.registry import Registry, WorkerInfo
-from gateway.request_path import PhaseRecord, RequestTrace
-from planner.autoscale import FleetKey, FleetLimits, ScalingPolicy
+from gateway.autoscale.decision import FleetKey, FleetLimits, ScalingPolicy
+from gateway.autoscale.signals import AutoscaleSignals, RecentLatencies, SloTargets
+from gateway.core.request_path import PhaseRecord, RequestTrace
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry, WorkerInfo
 
 
 def worker(worker_id: str, role: str, model: str, region: str = "eu", state: str = "ready") -> WorkerInfo:

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway import validation
-from gateway.http_api import MAX_BODY_BYTES
-from gateway.json_body import MAX_BODY_DEPTH
-from gateway.tokenization import TOKENIZER_THREAD_PREFIX
+from gateway.openai_api.app import MAX_BODY_BYTES
+from gateway.planning import validation
+from gateway.planning.json_body import MAX_BODY_DEPTH
+from gateway.planning.tokenization import TOKENIZER_THREAD_PREFIX
 from tests.gateway.harness import (
     API_KEY,
     CONTEXT_LENGTH,

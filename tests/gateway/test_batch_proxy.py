@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.tenancy.models import ApiKey, Organization
 from controlplane.tenancy.services import api_key_create
-from gateway.batch_api import BatchApiProxy
+from gateway.openai_api.batches import BatchApiProxy
 from tests.gateway.harness import assert_openai_error_shape, in_process_gateway
 
 ALL_SCOPES = ["inference", "admin:read", "admin:write"]

@@ -6,9 +6,10 @@ usage, the idempotency key's stored answer."""
 import pytest
 
 from diptych_common.prefix_hash import block_hashes
-from gateway.choices import ChoiceRun, choice_plan, choice_seed, request_usage
-from gateway.idempotency import replayed_outputs, stored_responses
-from gateway.routing import MAX_SESSIONS, Decision, Pin, RouteRequest, ServingMode
+from gateway.accounts.idempotency import replayed_outputs, stored_responses
+from gateway.core.choices import ChoiceRun, choice_plan, choice_seed, request_usage
+from gateway.routing.route import Decision, Pin, RouteRequest, ServingMode
+from gateway.routing.router import MAX_SESSIONS
 from gateway.types import FinishReason, GenerationOutput, GenerationPlan, PhaseUsage, SamplingSpec, Usage
 from tests.gateway.test_routing import BLOCK, PREFIX, Fleet, two_by_two, worker
 

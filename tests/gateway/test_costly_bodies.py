@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.json_body import INLINE_BODY_BYTES, MAX_BODY_VALUES
+from gateway.planning.json_body import INLINE_BODY_BYTES, MAX_BODY_VALUES
 from tests.gateway.harness import API_KEY, MODEL, assert_openai_error_shape, in_process_gateway, post_json
 
 # The loop's largest gap while a costly body is refused; its normal p99 gap between tokens is 0.05 to

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from controlplane.tenancy.models import ApiKey, Organization
 from controlplane.tenancy.services import api_key_create
 from diptych_proto.v1 import inference_pb2
-from gateway.batch_api import IDS, ROUTES, BatchApiProxy
+from gateway.openai_api.batches import IDS, ROUTES, BatchApiProxy
 from tests.gateway.harness import MODEL, assert_openai_error_shape, generate_raw, in_process_gateway, raw_http
 from tests.gateway.test_batch_proxy import ALL_SCOPES
 

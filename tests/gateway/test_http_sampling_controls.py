@@ -10,11 +10,11 @@ import grpc
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.http_api import _to_generation_request
-from gateway.idempotency import fingerprint
-from gateway.logprobs import CompletionLogprobs, chat_logprobs, token_bytes
-from gateway.service import generation_request
-from gateway.tokenization import tokenizer_for
+from gateway.accounts.idempotency import fingerprint
+from gateway.core.logprobs import CompletionLogprobs, chat_logprobs, token_bytes
+from gateway.grpc_api.service import generation_request
+from gateway.openai_api.requests import to_generation_request
+from gateway.planning.tokenization import tokenizer_for
 from gateway.types import GenerationRequest, TokenLogprob, TopLogprob
 from tests.gateway.harness import API_KEY, MODEL, assert_openai_error_shape, in_process_gateway, post_json
 
@@ -30,7 +30,7 @@ async def gateway(tmp_path):
 
 
 def test_openai_bodies_and_the_grpc_request_map_to_the_same_request():
-    chat = _to_generation_request(
+    chat = to_generation_request(
         {
             "model": "m",
             "messages": MESSAGES,
@@ -46,11 +46,11 @@ def test_openai_bodies_and_the_grpc_request_map_to_the_same_request():
     assert (chat.presence_penalty, chat.frequency_penalty) == (0.5, -1.0)
     assert chat.logit_bias == {12: -100.0, 7: 2.5}
     assert (chat.logprobs, chat.top_logprobs) == (True, 4)
-    completion = _to_generation_request({"model": "m", "prompt": "hi", "logprobs": 3}, chat=False, idempotency_key="")
+    completion = to_generation_request({"model": "m", "prompt": "hi", "logprobs": 3}, chat=False, idempotency_key="")
     assert (completion.logprobs, completion.top_logprobs) == (True, 3)
-    chosen_only = _to_generation_request({"model": "m", "prompt": "hi", "logprobs": 0}, chat=False, idempotency_key="")
+    chosen_only = to_generation_request({"model": "m", "prompt": "hi", "logprobs": 0}, chat=False, idempotency_key="")
     assert (chosen_only.logprobs, chosen_only.top_logprobs) == (True, 0)
-    unset = _to_generation_request({"model": "m", "prompt": "hi"}, chat=False, idempotency_key="")
+    unset = to_generation_request({"model": "m", "prompt": "hi"}, chat=False, idempotency_key="")
     assert (unset.logprobs, unset.top_logprobs, unset.logit_bias, unset.presence_penalty) == (False, None, None, None)
     over_grpc = generation_request(
         inference_pb2.GenerateRequest(
@@ -63,7 +63,7 @@ def test_openai_bodies_and_the_grpc_request_map_to_the_same_request():
             top_logprobs=4,
         )
     )
-    over_http = _to_generation_request(
+    over_http = to_generation_request(
         {
             "model": "m",
             "prompt": "hi",

@@ -4,17 +4,17 @@ same request over gRPC, mapped into the same GenerationRequest."""
 import pytest
 
 from diptych_proto.v1 import inference_pb2
-from gateway.http_api import HttpError, _to_generation_request
-from gateway.idempotency import fingerprint
-from gateway.registry import Registry
-from gateway.service import generation_request
+from gateway.accounts.idempotency import fingerprint
+from gateway.fleet.registry import Registry
+from gateway.grpc_api.service import generation_request
+from gateway.openai_api.requests import HttpError, to_generation_request
+from gateway.planning.validation import plan_generation
 from gateway.types import ChatMessage, GenerationRequest, Priority
-from gateway.validation import plan_generation
 from tests.gateway.harness import MODEL, ControlPlaneInMemory
 
 
 def test_a_completion_body_becomes_a_generation_request():
-    request = _to_generation_request(
+    request = to_generation_request(
         {
             "model": "m",
             "prompt": "hi",
@@ -47,19 +47,19 @@ def test_a_completion_body_becomes_a_generation_request():
 
 
 def test_unset_options_stay_unset():
-    request = _to_generation_request({"model": "m", "prompt": "hi"}, chat=False, idempotency_key="")
+    request = to_generation_request({"model": "m", "prompt": "hi"}, chat=False, idempotency_key="")
     assert request == GenerationRequest(model="m", prompt="hi")
     assert request.max_tokens is request.temperature is request.top_p is request.seed is None
 
 
 def test_token_id_prompts_and_batches_of_one():
-    assert _to_generation_request({"model": "m", "prompt": [1, 2]}, False, "").prompt_token_ids == [1, 2]
-    assert _to_generation_request({"model": "m", "prompt": [[4, 5]]}, False, "").prompt_token_ids == [4, 5]
-    assert _to_generation_request({"model": "m", "prompt": ["one"]}, False, "").prompt == "one"
+    assert to_generation_request({"model": "m", "prompt": [1, 2]}, False, "").prompt_token_ids == [1, 2]
+    assert to_generation_request({"model": "m", "prompt": [[4, 5]]}, False, "").prompt_token_ids == [4, 5]
+    assert to_generation_request({"model": "m", "prompt": ["one"]}, False, "").prompt == "one"
 
 
 def test_chat_messages_with_text_parts_and_max_completion_tokens():
-    request = _to_generation_request(
+    request = to_generation_request(
         {
             "model": "m",
             "max_completion_tokens": 5,
@@ -110,7 +110,7 @@ def test_both_fronts_map_one_request_to_the_same_generation_request(body, messag
     """Float parameters too: HTTP's are taken at the float32 precision the gRPC contract carries, so one
     request means the same, and has the same idempotency fingerprint, over either front."""
     message.model = "m"
-    over_http = _to_generation_request({"model": "m", **body}, chat=False, idempotency_key="")
+    over_http = to_generation_request({"model": "m", **body}, chat=False, idempotency_key="")
     over_grpc = generation_request(message)
     assert over_http == over_grpc
     assert fingerprint(over_http) == fingerprint(over_grpc)
@@ -168,7 +168,7 @@ def test_the_fingerprint_ignores_only_the_fields_that_name_the_request():
 )
 def test_bad_bodies_are_refused_naming_the_parameter(body, chat, message, param):
     with pytest.raises(HttpError) as raised:
-        _to_generation_request(body, chat, "")
+        to_generation_request(body, chat, "")
     assert message in raised.value.message
     assert raised.value.param == param
 
@@ -181,7 +181,7 @@ async def test_a_developer_message_is_a_system_message_over_either_front():
         return [{"role": role, "content": "be brief"}, {"role": "user", "content": "hi"}]
 
     def over_http(role: str) -> GenerationRequest:
-        return _to_generation_request({"model": MODEL, "messages": messages(role)}, chat=True, idempotency_key="")
+        return to_generation_request({"model": MODEL, "messages": messages(role)}, chat=True, idempotency_key="")
 
     grpc_chat = inference_pb2.ChatMessages(messages=[inference_pb2.ChatMessage(**m) for m in messages("developer")])
     over_grpc = generation_request(inference_pb2.GenerateRequest(model=MODEL, chat=grpc_chat))

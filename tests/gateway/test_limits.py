@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from gateway.auth import Caller, RateLimits
-from gateway.limits import RateLimiter
+from gateway.accounts.auth import Caller, RateLimits
+from gateway.accounts.limits import RateLimiter
 from gateway.types import ErrorKind, GatewayError
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

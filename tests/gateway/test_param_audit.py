@@ -13,11 +13,11 @@ import grpc
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.auth import Caller, RateLimits
-from gateway.limits import RateLimiter
-from gateway.pipeline import ESTIMATED_OUTPUT_TOKENS, reserved_output_tokens
+from gateway.accounts.auth import Caller, RateLimits
+from gateway.accounts.limits import RateLimiter
+from gateway.core.pipeline import ESTIMATED_OUTPUT_TOKENS, reserved_output_tokens
+from gateway.planning.validation import DEFAULT_MAX_TOKENS, plan_generation
 from gateway.types import ChatMessage, GatewayError, GenerationRequest
-from gateway.validation import DEFAULT_MAX_TOKENS, plan_generation
 from tests.gateway.harness import (
     API_KEY,
     CONTEXT_LENGTH,
@@ -151,9 +151,9 @@ async def test_grpc_refuses_n_out_of_range_and_a_long_prompt_cache_key(gateway):
 
 
 async def test_user_is_kept_as_the_request_s_label_in_usage():
-    from gateway.http_api import _to_generation_request
+    from gateway.openai_api.requests import to_generation_request
 
-    request = _to_generation_request({**CHAT, "user": "user_4f2a"}, True, "")
+    request = to_generation_request({**CHAT, "user": "user_4f2a"}, True, "")
     assert request.client_request_id == "user_4f2a"
 
 

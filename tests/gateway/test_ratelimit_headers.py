@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.auth import Caller, RateLimits
-from gateway.limits import BucketState, RateLimited, RateLimiter
-from gateway.ratelimit_headers import duration_text, rate_limit_metadata
+from gateway.accounts.auth import Caller, RateLimits
+from gateway.accounts.limits import BucketState, RateLimited, RateLimiter
+from gateway.accounts.ratelimit_headers import duration_text, rate_limit_metadata
 from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_process_gateway
 from tests.gateway.test_limits import REDIS_URL, redis_reachable
 

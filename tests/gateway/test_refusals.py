@@ -3,10 +3,10 @@ batches whose rows keep their ids until acknowledged."""
 
 import pytest
 
-from gateway.auth import RateLimits
+from gateway.accounts.auth import RateLimits
+from gateway.accounts.limits import RateLimited
+from gateway.accounts.refusals import RefusalReporter, RefusalTally, this_minute
 from gateway.control_plane import ControlPlaneUnavailable
-from gateway.limits import RateLimited
-from gateway.refusals import RefusalReporter, RefusalTally, this_minute
 from tests.gateway.test_limits import caller, limiter  # noqa: F401 (the fixture, in process and in Redis)
 
 

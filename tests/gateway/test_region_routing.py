@@ -5,10 +5,11 @@ and the routed-requests counter that makes a failover visible."""
 import pytest
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.live_load import Channels, LoadBoard
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry, WorkerInfo
 from gateway.metrics import ROUTED_REQUESTS
-from gateway.registry import Registry, WorkerInfo
-from gateway.routing import Decision, Pin, Router, RouteRequest, ServingMode
+from gateway.routing.route import Decision, Pin, RouteRequest, ServingMode
+from gateway.routing.router import Router
 from gateway.types import GatewayError
 
 PROMPT = [5] * 40

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gateway.control_plane import ControlPlaneUnavailable
-from gateway.registry import Registry
+from gateway.fleet.registry import Registry
 from tests.gateway.harness import API_KEY, MODEL_CREATED_AT, in_process_gateway
 
 MODEL = {"name": "m", "source": "builtin:m", "context_length": 64}

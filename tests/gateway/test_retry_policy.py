@@ -6,9 +6,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from gateway.live_load import Channels, LoadBoard
-from gateway.registry import Registry, WorkerInfo
-from gateway.request_path import (
+from gateway.core.request_path import (
     MAX_REQUEST_FAULTS,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_S,
@@ -18,7 +16,10 @@ from gateway.request_path import (
     _backoff,
     _failure,
 )
-from gateway.routing import Router, ServingMode
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry, WorkerInfo
+from gateway.routing.route import ServingMode
+from gateway.routing.router import Router
 from gateway.types import ErrorKind, GatewayError
 
 

@@ -5,9 +5,10 @@ import pytest
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
-from gateway.live_load import Channels, LoadBoard
-from gateway.registry import Registry, WorkerInfo
-from gateway.routing import Decision, Router, RouteRequest, ServingMode
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import Registry, WorkerInfo
+from gateway.routing.route import Decision, RouteRequest, ServingMode
+from gateway.routing.router import Router
 from gateway.types import GatewayError
 
 BLOCK = 16

@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from diptych_common.builtin import DIPTYCH_TINY
-from gateway.text import TextStream
+from gateway.core.text import TextStream
 
 TEXT = "Prefill → decode: the cache moves — 日本語 too, émigré café! 🚀 done."
 

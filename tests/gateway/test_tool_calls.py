@@ -3,8 +3,8 @@ into calls; anything else stays content."""
 
 import json
 
-from gateway.idempotency import replayed_output, stored_response
-from gateway.tools import TOOL_CALL_MARKER, ToolCallStream, parse_calls
+from gateway.accounts.idempotency import replayed_output, stored_response
+from gateway.planning.tools import TOOL_CALL_MARKER, ToolCallStream, parse_calls
 from gateway.types import FinishReason, GenerationOutput, Tool, ToolCall
 
 TOOLS = (Tool("get_weather", parameters=json.dumps({"type": "object"})), Tool("get_time"))

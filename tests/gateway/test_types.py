@@ -11,12 +11,12 @@ import pytest
 from google.protobuf import json_format
 
 from diptych_proto.v1 import inference_pb2
-from gateway.auth import Caller
-from gateway.delivery import usage_events
-from gateway.idempotency import replayed_output, stored_response
-from gateway.registry import ModelInfo, WorkerInfo
-from gateway.request_path import PhaseRecord, RequestTrace, _worker_sampling
-from gateway.service import generate_response
+from gateway.accounts.auth import Caller
+from gateway.accounts.idempotency import replayed_output, stored_response
+from gateway.core.delivery import usage_events
+from gateway.core.request_path import PhaseRecord, RequestTrace, _worker_sampling
+from gateway.fleet.registry import ModelInfo, WorkerInfo
+from gateway.grpc_api.service import generate_response
 from gateway.types import FinishReason, GenerationOutput, GenerationPlan, PhaseUsage, SamplingSpec, Usage
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
@@ -24,9 +24,9 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # worker contract where workers are called (request_path.py), their tokens read (token_streams.py) and
 # their load reports read (live_load.py).
 PROTOBUF_ALLOWED = {
-    "diptych_proto": {"service.py"},
-    "google.protobuf": {"service.py"},
-    "diptych_common.proto": {"request_path.py", "token_streams.py", "live_load.py"},
+    "diptych_proto": {"grpc_api/service.py"},
+    "google.protobuf": {"grpc_api/service.py"},
+    "diptych_common.proto": {"core/request_path.py", "fleet/token_streams.py", "fleet/live_load.py"},
     "grpc_health": {"main.py"},
 }
 
@@ -43,15 +43,16 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_protobuf_is_imported_only_where_its_protocol_is_spoken():
     found = {
-        (path.name, prefix)
-        for path in sorted(GATEWAY.glob("*.py"))
+        (path.relative_to(GATEWAY).as_posix(), prefix)
+        for path in sorted(GATEWAY.rglob("*.py"))
         for module in _imported_modules(path)
         for prefix in PROTOBUF_ALLOWED
         if module == prefix or module.startswith(prefix + ".")
     }
     allowed = {(name, prefix) for prefix, names in PROTOBUF_ALLOWED.items() for name in names}
     assert found <= allowed, found - allowed
-    assert ("service.py", "diptych_proto") in found and ("request_path.py", "diptych_common.proto") in found
+    assert ("grpc_api/service.py", "diptych_proto") in found
+    assert ("core/request_path.py", "diptych_common.proto") in found
 
 
 USAGE = Usage(

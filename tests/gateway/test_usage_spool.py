@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
+from gateway.accounts.usage import INITIAL_SLOTS, UsageJournal, UsageReporter
 from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.types import UsageEvent
-from gateway.usage import INITIAL_SLOTS, UsageJournal, UsageReporter
 
 # The fields of a usage event as the control plane ingests them: the journal keeps this JSON shape.
 EVENT_FIELDS = {
@@ -108,7 +108,7 @@ def test_a_killed_gateway_bills_its_unfinished_executions_for_what_they_delivere
     path = tmp_path / "journal.sqlite3"
     script = textwrap.dedent(f"""
         import os, signal
-        from gateway.usage import UsageJournal
+        from gateway.accounts.usage import UsageJournal
         from tests.gateway.test_usage_spool import event
         journal = UsageJournal(__import__("pathlib").Path({str(path)!r}))
         journal.track("streaming", [event("streaming", tokens=40), event("streaming", "decode", 1)], delivered=1)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from diptych_server.cli import _parser
-from planner.autoscale import FleetKey, FleetLimits
-from planner.autoscale_policy import policy_from_json
+from gateway.autoscale.decision import FleetKey, FleetLimits
+from gateway.autoscale.policy_file import policy_from_json
 from tests.infra.chart import CHART, RELEASE, REPO, default_objects, install_values, render
 
 METRIC = "diptych_autoscale_desired_replicas"

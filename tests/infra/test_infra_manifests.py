@@ -184,7 +184,7 @@ def test_every_probe_asks_a_port_that_answers_it():
                 assert declared.get(port, port) == _listening_ports(args)["http"], where
                 if args.run is cli._run_gateway:
                     assert probe["httpGet"]["path"] == "/health", where
-                    assert 'add_get("/health"' in (REPO / "gateway" / "http_api.py").read_text(), where
+                    assert 'add_get("/health"' in (REPO / "gateway" / "openai_api" / "app.py").read_text(), where
                     continue
                 # The kubelet sends no credentials, and asks by pod IP unless a Host header says otherwise.
                 headers = {h["name"]: h["value"] for h in probe["httpGet"].get("httpHeaders", [])}

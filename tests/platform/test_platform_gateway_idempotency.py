@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from gateway.auth import Caller
+from gateway.accounts.auth import Caller
+from gateway.accounts.idempotency import IdempotencyKeys
+from gateway.accounts.usage import UsageJournal
 from gateway.control_plane import ControlPlaneClient
-from gateway.idempotency import IdempotencyKeys
 from gateway.types import (
     ErrorKind,
     FinishReason,
@@ -19,7 +20,6 @@ from gateway.types import (
     TopLogprob,
     Usage,
 )
-from gateway.usage import UsageJournal
 from tests.platform.conftest import INTERNAL_TOKEN
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,11 +11,11 @@ import pytest
 import diptych
 from diptych_common.worker_credential import WorkerSecret
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.live_load import Channels
-from gateway.logprobs import token_bytes
+from gateway.core.logprobs import token_bytes
+from gateway.fleet.live_load import Channels
 from gateway.metrics import MIGRATIONS
-from gateway.routing import ServingMode
-from gateway.tokenization import encode_chat, tokenizer_for
+from gateway.planning.tokenization import encode_chat, tokenizer_for
+from gateway.routing.route import ServingMode
 from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_process_gateway, post_json
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.serving import SECRET, Worker

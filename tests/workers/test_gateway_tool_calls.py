@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.grammar import llguidance_tokenizer
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.routing import ServingMode
+from gateway.routing.route import ServingMode
 from tests.gateway.harness import MODEL, post_json
 from tests.workers.test_gateway_sampling_controls import AUTH, COLOCATED, gateway_over, stream_events
 from tests.workers.test_structured_outputs import EOS

@@ -13,10 +13,11 @@ from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.grammar import JSON_SCHEMA, Grammar, llguidance_tokenizer
 from diptych_common.proto.v1 import worker_pb2
 from diptych_common.worker_credential import WorkerSecret
-from gateway.live_load import Channels, LoadBoard
-from gateway.registry import ModelInfo, Registry, WorkerInfo
-from gateway.request_path import RequestPath, RequestTrace
-from gateway.routing import Router, ServingMode
+from gateway.core.request_path import RequestPath, RequestTrace
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import ModelInfo, Registry, WorkerInfo
+from gateway.routing.route import ServingMode
+from gateway.routing.router import Router
 from gateway.types import GenerationPlan, SamplingSpec
 from tests.workers.serving import SECRET, Worker, split
 from tests.workers.test_spec_decode import NGRAM

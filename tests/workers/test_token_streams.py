@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.live_load import Channels
-from gateway.routing import ServingMode
-from gateway.token_streams import CallTokens, WorkerTokenStream
+from gateway.fleet.live_load import Channels
+from gateway.fleet.token_streams import CallTokens, WorkerTokenStream
+from gateway.routing.route import ServingMode
 from tests.gateway.harness import MODEL, post_json
 from tests.workers.conftest import prompts
 from tests.workers.serving import SECRET, Worker, sampling

@@ -17,8 +17,8 @@ from opentelemetry.trace import INVALID_SPAN, StatusCode
 from diptych_common.logs import handler_for
 from diptych_common.tracing import context_from_traceparent, grpc_metadata, start_span, traceparent_of
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.routing import ServingMode
-from gateway.usage import UsageReporter
+from gateway.accounts.usage import UsageReporter
+from gateway.routing.route import ServingMode
 from tests.gateway.harness import MODEL
 from tests.workers.conftest import prompts, wait_until
 from tests.workers.kv_wire import LAYOUT, TOKEN

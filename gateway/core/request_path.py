@@ -1,0 +1,544 @@
+"""Runs a planned request on workers and yields every output token, the first one included, surviving
+worker failures.
+
+Split mode opens the decode call first (so the decode worker expects the KV cache and its one-time
+transfer token), then the prefill call, which returns the first token and pushes the KV cache straight
+to the decode worker; the KV cache never passes through here.
+
+Failures: every read from a worker has a deadline. A prefill worker that fails before its KV cache
+arrived is replaced and the prompt runs again elsewhere. A decode worker that fails mid-stream is
+replaced too: prefill runs again on the prompt plus every token already produced, on another pair, and
+the stream goes on from the next token, so the client sees no token twice and none missing (sampling
+continues at the same token index, so seeded sampling gives the same tokens). Closing the generator
+cancels the calls on both workers at once, which frees the KV cache on both.
+"""
+
+import asyncio
+import dataclasses
+import logging
+import random
+import secrets
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import grpc
+from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
+
+from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar
+from diptych_common.logs import describe_error
+from diptych_common.proto.v1 import worker_pb2
+from diptych_common.tracing import start_span
+from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.registry import WorkerInfo
+from gateway.fleet.token_streams import CallTokens, WorkerTokenStream
+from gateway.metrics import (
+    KV_TRANSFER_BYTES,
+    KV_TRANSFER_SECONDS,
+    MIGRATIONS,
+    PREFIX_CACHE_MATCHED_TOKENS,
+    RETRIES,
+    ROUTING_DECISIONS,
+    WORKER_BYTES_RECEIVED,
+)
+from gateway.routing.route import Decision, Pin, Route, RouteRequest
+from gateway.routing.router import Lease, Router
+from gateway.types import (
+    ErrorKind,
+    GatewayError,
+    GenerationPlan,
+    Priority,
+    SampledToken,
+    SamplingSpec,
+    WorkerLogprobs,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 4
+MAX_REQUEST_FAULTS = 2  # workers that failed the request itself (INTERNAL) before it is given up
+RETRY_BACKOFF_S = 0.05  # before the second attempt; doubled for each further one, with jitter
+RETRY_BACKOFF_MAX_S = 1.0
+_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)  # the worker does not serve it
+_WORKER_PRIORITY = {Priority.INTERACTIVE: worker_pb2.PRIORITY_INTERACTIVE, Priority.BATCH: worker_pb2.PRIORITY_BATCH}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    first_token_s: float = 30.0  # a prefill call's first token (queueing included)
+    kv_delivery_s: float = 30.0  # the KV hand-off, after the first token
+    next_token_s: float = 10.0  # each following token of a stream
+
+
+@dataclass
+class PhaseRecord:
+    worker: WorkerInfo
+    started_at: datetime
+    finished_at: datetime | None = None
+    compute_ms: int = 0
+    kv_bytes: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class RequestTrace:
+    """What each phase did, for usage: filled in as the request runs."""
+
+    prefill: PhaseRecord | None = None
+    decode: PhaseRecord | None = None
+    decision: Decision | None = None
+    attempts: int = 0
+    request_faults: int = 0
+    span: Span = INVALID_SPAN  # the request's gateway.request span: each attempt's span goes under it
+    pin: Pin | None = None  # the workers to reuse (an n>1 request's later choices)
+    # Set once the prompt's KV cache is where a sibling choice finds it: on the colocated worker after the
+    # first token; in split mode once the decode worker sent a token (it admitted the handed-off blocks,
+    # named in its prefix cache, and the prefill worker named them when it computed them).
+    prompt_shared: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def pin_here(self) -> Pin | None:
+        """The workers that hold this request's prompt now, for its sibling choices."""
+        if self.prefill is None:
+            return None
+        decode = self.decode.worker.id if self.decode is not None else self.prefill.worker.id
+        return Pin(self.prefill.worker.id, decode)
+
+    @property
+    def mode(self) -> str:
+        """The routing decision as a metric label; empty before the request was routed."""
+        return self.decision.value if self.decision is not None else ""
+
+    def attempt_id(self, execution_id: str) -> str:
+        """Each attempt's own id on the workers, so that a retry never meets the attempt it replaces."""
+        return f"{execution_id}.{self.attempts}"
+
+
+class WorkerFailure(Exception):
+    """`request_fault`: the worker failed this request alone (INTERNAL), not itself; another worker will
+    likely fail it too."""
+
+    def __init__(
+        self, error: GatewayError, culprits: tuple[WorkerInfo, ...], dead: bool, request_fault: bool = False
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.culprits = culprits
+        self.dead = dead
+        self.request_fault = request_fault
+
+
+class RequestPath:
+    def __init__(self, channels: Channels, board: LoadBoard, router: Router, timeouts: Timeouts = Timeouts()) -> None:
+        self._channels = channels
+        self._board = board
+        self._router = router
+        self._timeouts = timeouts
+
+    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncGenerator[SampledToken, None]:
+        """The request's output tokens. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
+        produced: list[int] = []
+        avoid: set[str] = set()
+        while True:
+            route = self._router.route(
+                RouteRequest(
+                    plan.model.name,
+                    plan.prompt_token_ids + produced,
+                    plan.sampling.max_tokens - len(produced),
+                    frozenset(avoid),
+                    plan.cache_salt,
+                    trace.pin,
+                    f"{plan.cache_salt}:{plan.prompt_cache_key}" if plan.prompt_cache_key else "",
+                )
+            )
+            trace.decision = route.decision
+            trace.attempts += 1
+            ROUTING_DECISIONS.labels(plan.model.name, route.decision.value).inc()
+            PREFIX_CACHE_MATCHED_TOKENS.inc(route.matched_tokens)
+            lease = self._router.acquire(route)
+            span = _attempt_span(trace, route, len(produced))
+            try:
+                if trace.attempts > 1:
+                    await asyncio.sleep(_backoff(trace.attempts))
+                async with aclosing(self._attempt(plan, route, produced, trace, lease, span)) as attempt:
+                    async for event in attempt:
+                        produced.append(event.token_id)
+                        if len(produced) >= plan.sampling.max_tokens and not event.finished:
+                            event = _last_of_budget(event)  # a worker that counts the budget per call
+                        yield event
+                        if event.finished:
+                            return
+                raise WorkerFailure(_ended_early(route), (route.decode or route.prefill,), dead=False)
+            except WorkerFailure as failure:
+                span.set_status(StatusCode.ERROR, failure.error.message)
+                if self._not_served(route, failure):
+                    continue
+                self._after_failure(plan, failure, produced, trace, avoid)
+            finally:
+                span.end()
+                lease.release()
+
+    def _attempt(
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
+    ) -> AsyncGenerator[SampledToken, None]:
+        """`span`: the attempt's, whose context the worker calls carry."""
+        if route.decode is None:
+            return self._colocated(plan, route, produced, trace, lease, span)
+        return self._split(plan, route, route.decode, produced, trace, lease, span)
+
+    def _not_served(self, route: Route, failure: WorkerFailure) -> bool:
+        """A decode worker that does not serve Generate: go back to the split, without counting a failure."""
+        not_served = failure.error.kind in (ErrorKind.UNIMPLEMENTED, ErrorKind.FAILED_PRECONDITION)
+        if route.decision is Decision.SPLIT_SKIPPED and not_served and not failure.dead:
+            self._router.note_no_generate(route.prefill.id)
+            return True
+        return False
+
+    def _after_failure(self, plan, failure: WorkerFailure, produced: list[int], trace: RequestTrace, avoid: set[str]):
+        names = ", ".join(w.id for w in failure.culprits)
+        trace.request_faults += failure.request_fault
+        if trace.attempts >= MAX_ATTEMPTS or trace.request_faults >= MAX_REQUEST_FAULTS:
+            log.warning("request %s failed on its last attempt (%s): %s", plan.request_id, names, failure)
+            raise failure.error
+        for worker in failure.culprits:
+            avoid.add(worker.id)
+            if failure.dead:
+                self._board.mark_broken(worker.id)
+        if produced:
+            MIGRATIONS.inc()
+            log.warning(
+                "request %s: moving the stream after %d tokens away from %s: %s",
+                plan.request_id,
+                len(produced),
+                names,
+                failure,
+            )
+        else:
+            RETRIES.labels("prefill").inc()
+            log.warning("request %s: retrying the prompt away from %s: %s", plan.request_id, names, failure)
+
+    async def _split(
+        self,
+        plan: GenerationPlan,
+        route: Route,
+        decode: WorkerInfo,
+        produced: list[int],
+        trace: RequestTrace,
+        lease: Lease,
+        span: Span,
+    ) -> AsyncGenerator[SampledToken, None]:
+        prompt = plan.prompt_token_ids + produced
+        metadata = self._channels.metadata(span)
+        sampling = _worker_sampling(plan.sampling, produced)
+        priority = _WORKER_PRIORITY[plan.priority]
+        transfer_token = secrets.token_bytes(32)
+        deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
+        stream = await self._token_stream(decode, "decode")
+        decode_call = self._channels.stub(decode.address).Decode(
+            worker_pb2.DecodeRequest(
+                request_id=trace.attempt_id(plan.request_id),
+                transfer_token=transfer_token,
+                sampling=sampling,
+                prompt_tokens=len(prompt),
+                priority=priority,
+                cache_salt=plan.cache_salt,
+                prompt_token_ids=prompt,  # the decode worker keeps what it holds of it; the rest is sent
+                token_stream=stream.stream_id if stream is not None else "",
+            ),
+            timeout=deadline,
+            metadata=metadata,
+        )
+        decode_tokens = CallTokens(decode_call, stream, trace.attempt_id(plan.request_id))
+        prefill_call = self._channels.stub(route.prefill.address).Prefill(
+            worker_pb2.PrefillRequest(
+                request_id=trace.attempt_id(plan.request_id),
+                prompt_token_ids=prompt,
+                sampling=sampling,
+                decode_address=decode.address,
+                transfer_token=transfer_token,
+                priority=priority,
+                cache_salt=plan.cache_salt,
+            ),
+            timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
+            metadata=metadata,
+        )
+        kv_task = None
+        started = _now()
+        try:
+            message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.first_token_s)
+            first = message.first_token
+            lease.release(route.prefill.id)  # the prompt is done: it no longer weighs on the prefill worker
+            prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
+            if first.finished:
+                trace.prompt_shared.set()
+            yield SampledToken(first.token_id, first.finished, first.finished_by_eos, _logprobs(first))
+            if first.finished:
+                return
+            decode_record = _start_decode(trace, decode)
+            kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
+            while True:
+                event = await self._next_decode_event(decode_tokens, route, decode, kv_task)
+                trace.prompt_shared.set()  # a decode token: the decode worker admitted the prompt's blocks
+                if event.finished:
+                    decode_record.compute_ms += event.stats.compute_ms
+                    await self._account_kv(kv_task, prefill_record, decode_record)
+                yield _sampled(event)
+                if event.finished:
+                    return
+        finally:
+            if kv_task is not None:
+                kv_task.cancel()
+                if kv_task.done() and not kv_task.cancelled():
+                    kv_task.exception()  # retrieved: a failed hand-off was already handled or moot
+            decode_tokens.close()
+            prefill_call.cancel()
+
+    async def _next_decode_event(
+        self, decode_tokens: CallTokens, route: Route, decode: WorkerInfo, kv_task: asyncio.Task
+    ) -> worker_pb2.TokenEvent:
+        """The next decode token from `decode`; fails when the KV hand-off failed before it or no token came
+        in time."""
+        try:
+            if kv_task.done():  # the hand-off is settled: no need to race the read against it
+                async with asyncio.timeout(self._timeouts.next_token_s):  # a timer, where a race costs tasks
+                    message = await decode_tokens.read()
+            else:
+                message = await self._read_racing_kv(decode_tokens, decode, kv_task)
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (decode,), "decode") from None
+        if message is grpc.aio.EOF:
+            raise WorkerFailure(_ended_early(route), (decode,), dead=False)
+        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
+        return message
+
+    async def _read_racing_kv(self, decode_tokens: CallTokens, decode: WorkerInfo, kv_task: asyncio.Task):
+        """The decode call's next token event, unless the KV hand-off fails before it comes."""
+        read = asyncio.ensure_future(decode_tokens.read())
+        try:
+            while not read.done():
+                waiting = {read} if kv_task.done() else {read, kv_task}
+                done, _ = await asyncio.wait(
+                    waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    raise TimeoutError
+                if kv_task in done:
+                    kv_failure = kv_task.exception()
+                    if kv_failure is not None and not read.done():
+                        raise kv_failure
+            return read.result()
+        finally:
+            read.cancel()
+
+    async def _kv_delivered(self, prefill_call, prefill: WorkerInfo, decode: WorkerInfo) -> worker_pb2.KvDelivered:
+        """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
+        be at fault (a dead decode worker makes the push fail): the request moves to another pair."""
+        try:
+            message = await self._read(prefill_call, prefill, "prefill", self._timeouts.kv_delivery_s)
+        except WorkerFailure as failure:
+            raise WorkerFailure(failure.error, (prefill, decode), dead=False) from None
+        if not message.HasField("kv_delivered"):
+            raise WorkerFailure(
+                GatewayError(ErrorKind.UNAVAILABLE, f"the prefill worker {prefill.id} sent no KV delivery"),
+                (prefill, decode),
+                dead=False,
+            )
+        delivered = message.kv_delivered
+        KV_TRANSFER_BYTES.inc(delivered.kv_bytes)
+        KV_TRANSFER_SECONDS.observe(delivered.transfer_ms / 1000)
+        return delivered
+
+    async def _account_kv(self, kv_task: asyncio.Task, prefill: PhaseRecord, decode: PhaseRecord) -> None:
+        """Every token is in: the KV cache arrived, so its delivery report only adds to usage."""
+        try:
+            delivered = await asyncio.wait_for(asyncio.shield(kv_task), self._timeouts.kv_delivery_s)
+        except (WorkerFailure, TimeoutError) as error:
+            log.warning("no KV delivery report after the stream ended: %s", describe_error(error))
+            return
+        prefill.kv_bytes += delivered.kv_bytes
+        decode.kv_bytes += delivered.kv_bytes
+
+    async def _colocated(
+        self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
+    ) -> AsyncGenerator[SampledToken, None]:
+        phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
+        stream = await self._token_stream(route.prefill, phase)
+        call = self._channels.stub(route.prefill.address).Generate(
+            worker_pb2.GenerateWork(
+                request_id=trace.attempt_id(plan.request_id),
+                prompt_token_ids=plan.prompt_token_ids + produced,
+                sampling=_worker_sampling(plan.sampling, produced),
+                priority=_WORKER_PRIORITY[plan.priority],
+                cache_salt=plan.cache_salt,
+                token_stream=stream.stream_id if stream is not None else "",
+            ),
+            timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
+            metadata=self._channels.metadata(span),
+        )
+        tokens = CallTokens(call, stream, trace.attempt_id(plan.request_id))
+        started = _now()
+        try:
+            first = await self._read(tokens, route.prefill, phase, self._timeouts.first_token_s)
+            lease.prompt_done()
+            _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
+            decode_record = _start_decode(trace, route.prefill)
+            trace.prompt_shared.set()
+            event = first
+            while True:
+                if event.finished and event is not first:
+                    decode_record.compute_ms += event.stats.compute_ms
+                yield _sampled(event)
+                if event.finished:
+                    return
+                event = await self._read(tokens, route.prefill, phase, self._timeouts.next_token_s)
+        finally:
+            tokens.close()
+
+    async def _token_stream(self, worker: WorkerInfo, phase: str) -> WorkerTokenStream | None:
+        """The worker's token stream for the call about to go to it (None: the call carries its tokens)."""
+        try:
+            return await self._channels.token_stream(worker.address, self._timeouts.first_token_s)
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (worker,), phase) from None
+        except ConnectionError as error:
+            unavailable = GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id}: {error}")
+            raise WorkerFailure(unavailable, (worker,), dead=False) from None
+
+    async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
+        try:
+            async with asyncio.timeout(timeout):  # no task per message, as wait_for would make
+                message = await call.read()
+        except TimeoutError:
+            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
+        except grpc.aio.AioRpcError as error:
+            raise _failure(error, (worker,), phase) from None
+        if message is grpc.aio.EOF:
+            raise WorkerFailure(
+                GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
+                (worker,),
+                dead=False,
+            )
+        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
+        return message
+
+    def call_deadline(self, max_tokens: int) -> float:
+        """The longest a request with `max_tokens` to produce may take on workers."""
+        t = self._timeouts
+        return t.first_token_s + t.kv_delivery_s + max_tokens * t.next_token_s
+
+
+def _attempt_span(trace: RequestTrace, route: Route, produced: int) -> Span:
+    attributes = {"attempt": trace.attempts, "decision": route.decision.value, "prefill.worker": route.prefill.id}
+    if route.decode is not None:
+        attributes["decode.worker"] = route.decode.id
+    if produced:
+        attributes["tokens_already_sent"] = produced  # a migrated stream: prefill re-runs on prompt + these
+    return start_span("gateway.attempt", trace.span, attributes=attributes)
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before `attempt` (2, 3, ...): exponential, with full jitter so retries spread out."""
+    return random.uniform(0, min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (attempt - 2)))
+
+
+def _worker_sampling(sampling: SamplingSpec, produced: list[int]) -> worker_pb2.SamplingParams:
+    """The request's sampling after `produced` tokens: max_tokens stays the request's budget in all (the
+    tokens already produced count against it, as the worker knows from tokens_already_generated)."""
+    return worker_pb2.SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        has_seed=sampling.seed is not None,
+        seed=sampling.seed or 0,
+        max_tokens=sampling.max_tokens,
+        ignore_eos=sampling.ignore_eos,
+        tokens_already_generated=len(produced),
+        constraint=_constraint(sampling.grammar),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias),
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
+    )
+
+
+def _constraint(grammar: Grammar | None) -> worker_pb2.Constraint | None:
+    if grammar is None:
+        return None
+    if grammar.kind == JSON_OBJECT:
+        return worker_pb2.Constraint(json_object=True)
+    if grammar.kind == JSON_SCHEMA:
+        return worker_pb2.Constraint(json_schema=grammar.text)
+    return worker_pb2.Constraint(lark_grammar=grammar.text)
+
+
+def _sampled(event: worker_pb2.TokenEvent) -> SampledToken:
+    return SampledToken(event.token_id, event.finished, event.finished_by_eos, _logprobs(event))
+
+
+def _logprobs(event: worker_pb2.TokenEvent | worker_pb2.FirstToken) -> WorkerLogprobs | None:
+    if not event.HasField("logprobs"):
+        return None
+    top = tuple((entry.token_id, entry.logprob) for entry in event.logprobs.top)
+    return WorkerLogprobs(event.logprobs.logprob, top)
+
+
+def _last_of_budget(token: SampledToken) -> SampledToken:
+    return dataclasses.replace(token, finished=True, finished_by_eos=False)
+
+
+def _record_prefill(
+    trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int
+) -> PhaseRecord:
+    """The first prefill is the one billed; a prefill re-run after a failure only adds compute time."""
+    if trace.prefill is None:
+        trace.prefill = PhaseRecord(worker, started_at=started, finished_at=_now(), cached_tokens=cached)
+    trace.prefill.compute_ms += compute_ms
+    return trace.prefill
+
+
+def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> PhaseRecord:
+    if trace.decode is None:
+        trace.decode = PhaseRecord(worker, started_at=_now())
+    else:
+        trace.decode.worker = worker  # the stream moved: the last decode worker is the one on record
+    return trace.decode
+
+
+def finish_trace(trace: RequestTrace) -> None:
+    if trace.decode is not None and trace.decode.finished_at is None:
+        trace.decode.finished_at = _now()
+
+
+def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phase: str) -> WorkerFailure:
+    code = error.code()
+    kind = ErrorKind.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else ErrorKind.UNAVAILABLE
+    if code in _NOT_SERVED or code is grpc.StatusCode.INTERNAL:
+        kind = ErrorKind(code.name)  # the worker's own verdict, passed on
+    names = ", ".join(w.id for w in culprits)
+    message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
+    return WorkerFailure(
+        GatewayError(kind, message),
+        culprits,
+        dead=code is grpc.StatusCode.UNAVAILABLE,
+        request_fault=code is grpc.StatusCode.INTERNAL,
+    )
+
+
+def _timed_out(worker: WorkerInfo, phase: str) -> GatewayError:
+    return GatewayError(
+        ErrorKind.DEADLINE_EXCEEDED, f"the {phase} worker {worker.id} did not answer in time; retry the request"
+    )
+
+
+def _ended_early(route: Route) -> GatewayError:
+    worker = route.decode or route.prefill
+    return GatewayError(ErrorKind.UNAVAILABLE, f"the worker {worker.id} ended its stream before the last token")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

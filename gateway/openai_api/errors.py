@@ -1,0 +1,75 @@
+"""The gateway's errors as OpenAI's error answers: status, type, param and code, with the rate-limit and
+Retry-After headers."""
+
+import logging
+import math
+
+from aiohttp import web
+
+from gateway.core.pipeline import Admitted
+from gateway.openai_api.requests import PARAMS
+from gateway.openai_api.server import REQUEST_ID_HEADER
+from gateway.types import ErrorKind, GatewayError
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
+    ErrorKind.PERMISSION_DENIED: (403, "permission_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    ErrorKind.ABORTED: (409, "conflict_error"),
+    ErrorKind.INTERNAL: (500, "server_error"),
+    ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
+    ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error answer has OpenAI's JSON shape: aiohttp's own (unknown path, wrong method) too, and a
+    defect of ours is a JSON 500 rather than a text page."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return json_error(error.status, "invalid_request_error", error.reason, None)
+    except Exception:
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return json_error(500, "server_error", "the gateway failed to answer this request; retry it", None)
+
+
+def error_body(error: GatewayError) -> dict:
+    _, kind = STATUS.get(error.kind, (500, "server_error"))
+    first_word = error.message.split(" ", 1)[0].split(".", 1)[0].split("[", 1)[0]
+    code = None
+    if error.kind is ErrorKind.RESOURCE_EXHAUSTED:
+        code = "insufficient_quota" if error.message.startswith("spend limit") else "rate_limit_exceeded"
+    elif error.kind is ErrorKind.NOT_FOUND:
+        code = "model_not_found"
+    elif error.kind is ErrorKind.UNAUTHENTICATED:
+        code = "invalid_api_key"
+    param = first_word if first_word in PARAMS else None
+    return {"message": error.message, "type": kind, "param": param, "code": code}
+
+
+def error_response(error: GatewayError) -> web.Response:
+    status, _ = STATUS.get(error.kind, (500, "server_error"))
+    headers = dict(error.rate_limit_metadata)
+    if error.retry_after_ms is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
+        headers["retry-after-ms"] = str(error.retry_after_ms)
+    return web.json_response({"error": error_body(error)}, status=status, headers=headers)
+
+
+def execution_error(error: GatewayError, admitted: Admitted) -> web.Response:
+    """The error that ended an execution, named by its id."""
+    response = error_response(error)
+    response.headers[REQUEST_ID_HEADER] = admitted.execution_id
+    return response
+
+
+def json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status)

@@ -1,0 +1,93 @@
+"""OpenAI's response shapes: a whole answer, a streamed chunk and its server-sent event, usage, a model."""
+
+import json
+import time
+
+from aiohttp import web
+
+from gateway.core.logprobs import CompletionLogprobs, chat_logprobs
+from gateway.fleet.registry import ModelInfo
+from gateway.openai_api.tools import tool_calls_json
+from gateway.types import GenerationOutput, TokenLogprob, Usage
+
+
+class Shape:
+    """OpenAI's response shapes for one request."""
+
+    def __init__(self, request_id: str, model: str, chat: bool, tokenizer=None) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.chat = chat
+        self.created = int(time.time())
+        self._tokenizer = tokenizer  # the model's: the bytes of the tokens in logprobs
+        self._completion_logprobs: dict[int, CompletionLogprobs] = {}  # per choice
+
+    def whole(
+        self,
+        parts: list[tuple[str, GenerationOutput]],
+        usage: Usage | None,
+        logprobs: dict[int, list[TokenLogprob]] | None = None,
+    ) -> dict:
+        """The answer: per choice, its whole text and its last output (and its tokens' logprobs, when the
+        request asked for them)."""
+        choices = [self._whole_choice(text, last, logprobs) for text, last in parts]
+        return {**self._head(stream=False), "choices": choices, "usage": usage_json(usage)}
+
+    def _whole_choice(self, text: str, last: GenerationOutput, logprobs: dict[int, list] | None) -> dict:
+        finish = last.finish_reason or "stop"
+        shaped = self._logprobs(last.index, logprobs.get(last.index, [])) if logprobs is not None else None
+        if self.chat:
+            message: dict = {"role": "assistant", "content": text}
+            if last.tool_calls:
+                message.update(content=text or None, tool_calls=tool_calls_json(last.tool_calls))
+            return {"index": last.index, "message": message, "finish_reason": finish, "logprobs": shaped}
+        return {"index": last.index, "text": text, "finish_reason": finish, "logprobs": shaped}
+
+    def chunk(
+        self, delta, finish: str | None, include_usage: bool, index: int = 0, logprobs: list | None = None
+    ) -> dict:
+        shaped = self._logprobs(index, logprobs) if logprobs else None
+        if self.chat:
+            content = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
+            choice = {"index": index, "delta": content, "finish_reason": finish, "logprobs": shaped}
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": shaped}
+        chunk = {**self._head(stream=True), "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _logprobs(self, index: int, logprobs: list[TokenLogprob]) -> dict:
+        if self.chat:
+            return chat_logprobs(self._tokenizer, logprobs)
+        return self._completion_logprobs.setdefault(index, CompletionLogprobs()).shape(logprobs)
+
+    def usage_chunk(self, usage: Usage | None) -> dict:
+        return {**self._head(stream=True), "choices": [], "usage": usage_json(usage)}
+
+    def _head(self, stream: bool) -> dict:
+        if self.chat:
+            kind = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+
+def usage_json(usage: Usage | None) -> dict | None:
+    """None where the output carries no usage, as the gRPC API leaves it out."""
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def model_json(model: ModelInfo) -> dict:
+    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "diptych"}
+
+
+async def send_event(response: web.StreamResponse, payload: dict) -> None:
+    await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
