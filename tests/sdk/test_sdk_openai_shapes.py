@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import inspect
 import json
-import typing
 from datetime import UTC, datetime
 from itertools import islice
 
@@ -15,7 +13,6 @@ from sdk_scripted_http import Reply, ScriptedHttp
 from sdk_scripted_server import final_usage, request_id_of, tokens
 
 import diptych
-from diptych.resources import AsyncChatCompletions, AsyncCompletions, ChatCompletions, Completions
 from diptych_proto.v1 import inference_pb2 as pb
 
 HELLO = tokens(("Hel", [1, 2]), ("lo", [3]))
@@ -280,18 +277,3 @@ async def test_async_pages_walk_with_async_for(http):
         "/api/v1/api-keys?limit=1&offset=1",
         "/api/v1/files?limit=1&after=file_1",
     ]
-
-
-# ---- the sync and async create signatures -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("sync", "async_"), [(Completions, AsyncCompletions), (ChatCompletions, AsyncChatCompletions)])
-def test_sync_and_async_create_take_the_same_parameters(sync, async_):
-    def signatures(resource: type) -> list[inspect.Signature]:
-        overloads = typing.get_overloads(resource.create)
-        return [inspect.signature(function) for function in [*overloads, resource.create]]
-
-    sync_signatures, async_signatures = signatures(sync), signatures(async_)
-    assert len(sync_signatures) == len(async_signatures) == 3
-    for sync_signature, async_signature in zip(sync_signatures, async_signatures, strict=True):
-        assert sync_signature.parameters == async_signature.parameters

@@ -102,6 +102,32 @@ def test_the_private_import_check_finds_every_form(tmp_path):
     ]
 
 
+def imported_modules(path: Path, package: str) -> set[str]:
+    """The absolute names of the modules (and of the names from them) that a module of `package` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_the_resources_do_not_import_the_client():
+    """The client imports the resources; they see it only through the protocols of resources/_connections.py."""
+    resources = sorted((REPO / "sdk/src/diptych/resources").glob("*.py"))
+    imports = {path.name: imported_modules(path, "diptych.resources") for path in resources}
+    assert "diptych._http.AdminTransport" in imports["_connections.py"]
+    client_imports = [
+        f"{name}: {module}"
+        for name, modules in imports.items()
+        for module in modules
+        if module.startswith("diptych._client")
+    ]
+    assert client_imports == []
+
+
 # The wheels, built and installed the way a user would, in a virtual environment that holds nothing but
 # them and their declared dependencies (linked from this environment, as no index is reachable here): the
 # SDK and the contract package it depends on.

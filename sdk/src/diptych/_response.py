@@ -62,8 +62,13 @@ class APIResponse(Generic[R]):
         return f"<APIResponse request_id={self.request_id!r} type={type(self._parsed).__name__}>"
 
 
+# The wrappers copy no attribute of the method's function: its `__signature__` (set by
+# resources/_keyword_parameters.py) names `self`, which the bound call has not. Without it,
+# inspect.signature follows `__wrapped__` to the bound call.
+
+
 def to_raw_response_wrapper(call: Callable[P, R]) -> Callable[P, APIResponse[R]]:
-    @functools.wraps(call)
+    @functools.wraps(call, updated=())
     def wrapped(*args: P.args, **kwargs: P.kwargs) -> APIResponse[R]:
         capture = _Capture()
         token = _capture.set(capture)
@@ -77,7 +82,7 @@ def to_raw_response_wrapper(call: Callable[P, R]) -> Callable[P, APIResponse[R]]
 
 
 def async_to_raw_response_wrapper(call: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[APIResponse[R]]]:
-    @functools.wraps(call)
+    @functools.wraps(call, updated=())
     async def wrapped(*args: P.args, **kwargs: P.kwargs) -> APIResponse[R]:
         capture = _Capture()
         token = _capture.set(capture)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any, Final, Generic, Literal, NotRequired, Self, TypedDict, TypeVar
+from typing import Any, Final, Generic, Literal, NotRequired, Required, Self, TypedDict, TypeVar
 
 from ._models import BaseModel
 
@@ -31,11 +31,13 @@ __all__ = [
     "SpendAlert",
     "SpendLimit",
     "UsageGroupBy",
+    "ChatCompletionCreateParams",
     "ChatCompletionMessage",
     "ChatMessageParam",
     "Choice",
     "Completion",
     "CompletionChunk",
+    "CompletionCreateParams",
     "FinishReason",
     "Model",
     "PhaseUsage",
@@ -124,6 +126,62 @@ class ResponseFormatParam(TypedDict):
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: NotRequired[JsonSchemaParam]
+
+
+class CompletionCreateParams(TypedDict, total=False):
+    """The keyword arguments of `completions.create` but `stream`; `help()` of the method shows their defaults."""
+
+    model: Required[str]
+    prompt: Required[str | Sequence[int]]
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: str | Sequence[str] | None
+    priority: Priority
+    ignore_eos: bool
+    n: int | None
+    prompt_cache_key: str | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    logit_bias: Mapping[int | str, float] | None
+    logprobs: int | None
+    timeout: float | None
+    idempotency_key: str | None
+    extra_headers: Mapping[str, str] | None
+    extra_body: Mapping[str, object] | None
+
+
+class ChatCompletionCreateParams(TypedDict, total=False):
+    """The keyword arguments of `chat.completions.create` but `stream`; `help()` of the method shows their
+    defaults."""
+
+    model: Required[str]
+    messages: Required[Iterable[ChatMessageParam]]
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: str | Sequence[str] | None
+    priority: Priority
+    ignore_eos: bool
+    n: int | None
+    prompt_cache_key: str | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    logit_bias: Mapping[int | str, float] | None
+    logprobs: bool | None
+    top_logprobs: int | None
+    response_format: ResponseFormatParam | None
+    tools: Iterable[ToolParam] | None
+    tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None
+    parallel_tool_calls: bool | None
+    timeout: float | None
+    idempotency_key: str | None
+    extra_headers: Mapping[str, str] | None
+    extra_body: Mapping[str, object] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -16,13 +15,11 @@ from .._response import record_headers
 from .._retry import with_retries, with_retries_async
 from .._streaming import AsyncStream, Stream
 from ..types import Completion, CompletionChunk
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._connections import GatewayConnection
 
 
 def generate(
-    client: Client,
+    client: GatewayConnection,
     request: pb.GenerateRequest,
     *,
     stream: bool,
@@ -56,7 +53,7 @@ def generate(
 
 
 async def generate_async(
-    client: AsyncClient,
+    client: GatewayConnection,
     request: pb.GenerateRequest,
     *,
     stream: bool,

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import date, datetime
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 from urllib.parse import quote
 
 from .._admin_convert import (
@@ -40,9 +40,7 @@ from ..types import (
     SpendLimit,
     UsageGroupBy,
 )
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._connections import ControlPlaneConnection
 
 __all__ = ["Admin", "AsyncAdmin"]
 
@@ -53,7 +51,7 @@ T = TypeVar("T")
 
 
 class _Resource:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ControlPlaneConnection) -> None:
         self._client = client
 
     def _request(
@@ -202,7 +200,7 @@ class Invoices(_Resource):
 
 
 class Admin:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ControlPlaneConnection) -> None:
         self.usage = Usage(client)
         self.billing = Billing(client)
         self.spend_limit = SpendLimits(client)
@@ -327,8 +325,8 @@ class AsyncInvoices(_AsyncResource[Invoices]):
 
 
 class AsyncAdmin:
-    def __init__(self, client: AsyncClient) -> None:
-        sync = Admin(client)  # type: ignore[arg-type]  # only the options and the HTTP transport are used
+    def __init__(self, client: ControlPlaneConnection) -> None:
+        sync = Admin(client)
         self.usage = AsyncUsage(sync.usage)
         self.billing = AsyncBilling(sync.billing)
         self.spend_limit = AsyncSpendLimits(sync.spend_limit)

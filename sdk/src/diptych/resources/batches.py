@@ -13,15 +13,13 @@ import uuid
 from collections.abc import Mapping
 from functools import cached_property, partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 from urllib.parse import quote
 
 from .._batch_convert import batch_from_json, cursor_page_from_json, file_from_json
 from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from ..types import AsyncCursorPage, Batch, CursorPage, FileObject
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._connections import ControlPlaneConnection
 
 __all__ = ["Files", "AsyncFiles", "Batches", "AsyncBatches", "FileInput"]
 
@@ -30,7 +28,7 @@ FileInput = bytes | str | os.PathLike[str] | IO[bytes] | tuple[str, bytes]
 
 
 class _Resource:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ControlPlaneConnection) -> None:
         self._client = client
 
     def _request(
@@ -125,8 +123,8 @@ class Batches(_Resource):
 class AsyncFiles:
     """The asyncio twin of `Files`; each call runs in a worker thread."""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self._sync = Files(client)  # type: ignore[arg-type]  # only the options and the HTTP transport
+    def __init__(self, client: ControlPlaneConnection) -> None:
+        self._sync = Files(client)
 
     @cached_property
     def with_raw_response(self) -> AsyncFilesWithRawResponse:
@@ -156,8 +154,8 @@ class AsyncFiles:
 class AsyncBatches:
     """The asyncio twin of `Batches`; each call runs in a worker thread."""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self._sync = Batches(client)  # type: ignore[arg-type]  # only the options and the HTTP transport
+    def __init__(self, client: ControlPlaneConnection) -> None:
+        self._sync = Batches(client)
 
     @cached_property
     def with_raw_response(self) -> AsyncBatchesWithRawResponse:

@@ -1,23 +1,25 @@
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, Unpack, overload
+
+from diptych_proto.v1 import inference_pb2 as pb
 
 from .._convert import chat_input, generate_request, new_idempotency_key, structured_input
 from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
-from ..types import ChatMessageParam, Completion, Priority, ResponseFormatParam, ToolChoiceParam, ToolParam
+from ..types import ChatCompletionCreateParams, Completion
+from ._connections import GatewayConnection
 from ._generate import generate, generate_async
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Chat", "AsyncChat", "ChatCompletions", "AsyncChatCompletions"]
 
+_CREATE_PARAMETERS = KeywordParameters(ChatCompletionCreateParams, priority="interactive", ignore_eos=False)
+
 
 class ChatCompletions:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
@@ -27,99 +29,13 @@ class ChatCompletions:
         return ChatCompletionsWithRawResponse(self)
 
     @overload
-    def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: Literal[False] = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Completion: ...
+    def create(self, *, stream: Literal[False] = False, **params: Unpack[ChatCompletionCreateParams]) -> Completion: ...
 
     @overload
-    def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: Literal[True],
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Stream: ...
+    def create(self, *, stream: Literal[True], **params: Unpack[ChatCompletionCreateParams]) -> Stream: ...
 
-    def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Completion | Stream:
+    @_CREATE_PARAMETERS.expand
+    def create(self, *, stream: bool = False, **params: Unpack[ChatCompletionCreateParams]) -> Completion | Stream:
         """Answers the conversation in `messages`, rendered with the model's chat template.
 
         `timeout` (seconds) overrides the client's deadline for this call. `idempotency_key`
@@ -150,33 +66,15 @@ class ChatCompletions:
         name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
         refused with ValueError before sending, never dropped.
         """
-        request = generate_request(
-            model=model,
-            input_field=chat_input(messages),
-            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-            extra_body=extra_body,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-            ignore_eos=ignore_eos,
-            n=n,
-            prompt_cache_key=prompt_cache_key,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            logit_bias=logit_bias,
-            logprobs=bool(logprobs),
-            top_logprobs=top_logprobs,
-            structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
+        arguments = _CREATE_PARAMETERS.complete(params)
+        request = _chat_completion_request(arguments)
+        return generate(
+            self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
-        return generate(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
 
 
 class AsyncChatCompletions:
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
@@ -185,122 +83,50 @@ class AsyncChatCompletions:
 
     @overload
     async def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: Literal[False] = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
+        self, *, stream: Literal[False] = False, **params: Unpack[ChatCompletionCreateParams]
     ) -> Completion: ...
 
     @overload
-    async def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: Literal[True],
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> AsyncStream: ...
+    async def create(self, *, stream: Literal[True], **params: Unpack[ChatCompletionCreateParams]) -> AsyncStream: ...
 
+    @_CREATE_PARAMETERS.expand
     async def create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[ChatMessageParam],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormatParam | None = None,
-        tools: Iterable[ToolParam] | None = None,
-        tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None = None,
-        parallel_tool_calls: bool | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
+        self, *, stream: bool = False, **params: Unpack[ChatCompletionCreateParams]
     ) -> Completion | AsyncStream:
         """The asyncio twin of `ChatCompletions.create`."""
-        request = generate_request(
-            model=model,
-            input_field=chat_input(messages),
-            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-            extra_body=extra_body,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-            ignore_eos=ignore_eos,
-            n=n,
-            prompt_cache_key=prompt_cache_key,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            logit_bias=logit_bias,
-            logprobs=bool(logprobs),
-            top_logprobs=top_logprobs,
-            structured=structured_input(response_format, tools, tool_choice, parallel_tool_calls),
+        arguments = _CREATE_PARAMETERS.complete(params)
+        request = _chat_completion_request(arguments)
+        return await generate_async(
+            self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
-        return await generate_async(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
+
+
+def _chat_completion_request(arguments: ChatCompletionCreateParams) -> pb.GenerateRequest:
+    idempotency_key = arguments["idempotency_key"]
+    return generate_request(
+        model=arguments["model"],
+        input_field=chat_input(arguments["messages"]),
+        idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+        extra_body=arguments["extra_body"],
+        max_tokens=arguments["max_tokens"],
+        temperature=arguments["temperature"],
+        top_p=arguments["top_p"],
+        top_k=arguments["top_k"],
+        seed=arguments["seed"],
+        stop=arguments["stop"],
+        priority=arguments["priority"],
+        ignore_eos=arguments["ignore_eos"],
+        n=arguments["n"],
+        prompt_cache_key=arguments["prompt_cache_key"],
+        presence_penalty=arguments["presence_penalty"],
+        frequency_penalty=arguments["frequency_penalty"],
+        logit_bias=arguments["logit_bias"],
+        logprobs=bool(arguments["logprobs"]),
+        top_logprobs=arguments["top_logprobs"],
+        structured=structured_input(
+            arguments["response_format"], arguments["tools"], arguments["tool_choice"], arguments["parallel_tool_calls"]
+        ),
+    )
 
 
 class ChatCompletionsWithRawResponse:
@@ -314,10 +140,10 @@ class AsyncChatCompletionsWithRawResponse:
 
 
 class Chat:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self.completions = ChatCompletions(client)
 
 
 class AsyncChat:
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self.completions = AsyncChatCompletions(client)

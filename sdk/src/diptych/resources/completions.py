@@ -1,23 +1,25 @@
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, Unpack, overload
+
+from diptych_proto.v1 import inference_pb2 as pb
 
 from .._convert import generate_request, new_idempotency_key, prompt_input
 from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
-from ..types import Completion, Priority
+from ..types import Completion, CompletionCreateParams
+from ._connections import GatewayConnection
 from ._generate import generate, generate_async
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Completions", "AsyncCompletions"]
 
+_CREATE_PARAMETERS = KeywordParameters(CompletionCreateParams, priority="interactive", ignore_eos=False)
+
 
 class Completions:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
@@ -27,84 +29,13 @@ class Completions:
         return CompletionsWithRawResponse(self)
 
     @overload
-    def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: Literal[False] = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Completion: ...
+    def create(self, *, stream: Literal[False] = False, **params: Unpack[CompletionCreateParams]) -> Completion: ...
 
     @overload
-    def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: Literal[True],
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Stream: ...
+    def create(self, *, stream: Literal[True], **params: Unpack[CompletionCreateParams]) -> Stream: ...
 
-    def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> Completion | Stream:
+    @_CREATE_PARAMETERS.expand
+    def create(self, *, stream: bool = False, **params: Unpack[CompletionCreateParams]) -> Completion | Stream:
         """Completes `prompt`, given as text or as token ids.
 
         `timeout` (seconds) overrides the client's deadline for this call. `idempotency_key`
@@ -127,32 +58,15 @@ class Completions:
         name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
         refused with ValueError before sending, never dropped.
         """
-        request = generate_request(
-            model=model,
-            input_field=prompt_input(prompt),
-            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-            extra_body=extra_body,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-            ignore_eos=ignore_eos,
-            n=n,
-            prompt_cache_key=prompt_cache_key,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            logit_bias=logit_bias,
-            logprobs=logprobs is not None,
-            top_logprobs=logprobs,
+        arguments = _CREATE_PARAMETERS.complete(params)
+        request = _completion_request(arguments)
+        return generate(
+            self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
-        return generate(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
 
 
 class AsyncCompletions:
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
@@ -161,106 +75,47 @@ class AsyncCompletions:
 
     @overload
     async def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: Literal[False] = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
+        self, *, stream: Literal[False] = False, **params: Unpack[CompletionCreateParams]
     ) -> Completion: ...
 
     @overload
-    async def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: Literal[True],
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> AsyncStream: ...
+    async def create(self, *, stream: Literal[True], **params: Unpack[CompletionCreateParams]) -> AsyncStream: ...
 
+    @_CREATE_PARAMETERS.expand
     async def create(
-        self,
-        *,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        priority: Priority = "interactive",
-        ignore_eos: bool = False,
-        n: int | None = None,
-        prompt_cache_key: str | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: int | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, object] | None = None,
+        self, *, stream: bool = False, **params: Unpack[CompletionCreateParams]
     ) -> Completion | AsyncStream:
         """The asyncio twin of `Completions.create`."""
-        request = generate_request(
-            model=model,
-            input_field=prompt_input(prompt),
-            idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-            extra_body=extra_body,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-            ignore_eos=ignore_eos,
-            n=n,
-            prompt_cache_key=prompt_cache_key,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            logit_bias=logit_bias,
-            logprobs=logprobs is not None,
-            top_logprobs=logprobs,
+        arguments = _CREATE_PARAMETERS.complete(params)
+        request = _completion_request(arguments)
+        return await generate_async(
+            self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
-        return await generate_async(self._client, request, stream=stream, timeout=timeout, extra_headers=extra_headers)
+
+
+def _completion_request(arguments: CompletionCreateParams) -> pb.GenerateRequest:
+    idempotency_key = arguments["idempotency_key"]
+    return generate_request(
+        model=arguments["model"],
+        input_field=prompt_input(arguments["prompt"]),
+        idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
+        extra_body=arguments["extra_body"],
+        max_tokens=arguments["max_tokens"],
+        temperature=arguments["temperature"],
+        top_p=arguments["top_p"],
+        top_k=arguments["top_k"],
+        seed=arguments["seed"],
+        stop=arguments["stop"],
+        priority=arguments["priority"],
+        ignore_eos=arguments["ignore_eos"],
+        n=arguments["n"],
+        prompt_cache_key=arguments["prompt_cache_key"],
+        presence_penalty=arguments["presence_penalty"],
+        frequency_penalty=arguments["frequency_penalty"],
+        logit_bias=arguments["logit_bias"],
+        logprobs=arguments["logprobs"] is not None,
+        top_logprobs=arguments["logprobs"],
+    )
 
 
 class CompletionsWithRawResponse:

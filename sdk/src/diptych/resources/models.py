@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -12,15 +11,13 @@ from .._errors import error_from_rpc
 from .._response import async_to_raw_response_wrapper, record_headers, to_raw_response_wrapper
 from .._retry import with_retries, with_retries_async
 from ..types import Model
-
-if TYPE_CHECKING:
-    from .._client import AsyncClient, Client
+from ._connections import GatewayConnection
 
 __all__ = ["Models", "AsyncModels"]
 
 
 class Models:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
@@ -48,7 +45,7 @@ class Models:
 
 
 class AsyncModels:
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: GatewayConnection) -> None:
         self._client = client
 
     @cached_property
