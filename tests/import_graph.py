@@ -17,24 +17,17 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> list[tuple[int, str, bool]]:
-    """(line, module imported, whether at run time) for every import in the file; `from a import b` counts
-    as a.b when that is a module of the tree, else as a."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    type_only_lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                type_only_lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module imported) for every import in the file, those for type checking alone included;
+    `from a import b` counts as a.b when that is a module of the tree, else as a."""
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, node.lineno not in type_only_lines) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                target = candidate if is_module(candidate) else node.module
-                found.append((node.lineno, target, node.lineno not in type_only_lines))
+                found.append((node.lineno, candidate if is_module(candidate) else node.module))
     return found
 
 

@@ -10,16 +10,9 @@ from tests.workers.conftest import all_blocks_free, prompts, wait_until
 from workers.engine.core import RequestRejected
 from workers.engine.request import BATCH, EngineRequest, FinishReason
 from workers.engine.sampling import SamplingParams
-from workers.kv_connector.base import (
-    KvChunk,
-    KvConnector,
-    KvConnectorMeta,
-    KvConnectorStats,
-    KvLoad,
-    KvSave,
-)
+from workers.kv_connector.base import KvChunk, KvConnector, KvConnectorStats
 from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.params import KvTransferParams, Peer
+from workers.kv_connector.params import KvConnectorMeta, KvLoad, KvSave, KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender

@@ -30,7 +30,7 @@ from tests.workers.serving import SECRET, Worker, sampling, split
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.request import EngineRequest, FinishReason
 from workers.engine.sampling import SamplingParams
-from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
+from workers.engine.schedule import ScheduledChunk, SchedulerOutput
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector

@@ -6,9 +6,10 @@ import pytest
 
 from workers.engine.request import EngineRequest
 from workers.engine.sampling import SamplingParams
-from workers.engine.scheduler import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvLoad, TierStats
+from workers.engine.schedule import SchedulerOutput
+from workers.kv_connector.base import KvConnector, KvConnectorStats, TierStats
 from workers.kv_connector.multi import MultiConnector, composed, parts_of
+from workers.kv_connector.params import KvConnectorMeta, KvLoad
 
 
 class Recording(KvConnector):

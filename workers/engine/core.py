@@ -27,7 +27,8 @@ from workers.engine.sampling import (
     sample,
     token_logprobs,
 )
-from workers.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from workers.engine.schedule import ScheduledChunk, SchedulerOutput
+from workers.engine.scheduler import Scheduler
 from workers.kv_connector.base import KvConnector, KvSent, TierStats
 from workers.models.device_values import on_device
 from workers.models.step import StepInput

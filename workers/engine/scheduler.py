@@ -13,37 +13,11 @@ may supply a request's first tokens' KV (then they are loaded, not computed).
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
-from workers.kv_connector.base import KvConnector, KvConnectorMeta
-
-
-@dataclass
-class ScheduledChunk:
-    request: EngineRequest
-    start: int  # position of the first token computed this step
-    num_tokens: int  # the drafts included
-    # a decoding request's drafts, computed after its last token to be verified (speculative decoding)
-    draft_token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the request's last token, whose logits give the next token."""
-        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
-    preempted: list[EngineRequest] = field(default_factory=list)
-    kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks)
+from workers.engine.schedule import ScheduledChunk, SchedulerOutput
+from workers.kv_connector.base import KvConnector
 
 
 class Scheduler:

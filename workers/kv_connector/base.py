@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from workers.kv_connector.params import KvConnectorMeta
 from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
     from workers.engine.kv_cache_manager import KVCacheManager
     from workers.engine.request import EngineRequest
-    from workers.engine.scheduler import SchedulerOutput
+    from workers.engine.schedule import SchedulerOutput
 
 
 class KvChunk(NamedTuple):
@@ -41,32 +42,6 @@ class KvChunk(NamedTuple):
 
     first_block: int
     data: torch.Tensor
-
-
-@dataclass(frozen=True)
-class KvLoad:
-    """Write the KV the connector holds for a request into its blocks, before the step computes on them."""
-
-    request_id: str
-    block_ids: list[int]
-
-
-@dataclass(frozen=True)
-class KvSave:
-    """Blocks computed by the end of this step that leave now: the request's blocks first_block.."""
-
-    request_id: str
-    block_ids: list[int]
-    first_block: int
-
-
-@dataclass(frozen=True)
-class KvConnectorMeta:
-    """One step's KV hand-off, decided on the scheduler side, carried out on the worker side."""
-
-    loads: list[KvLoad] = field(default_factory=list)
-    saves: list[KvSave] = field(default_factory=list)
-    freed: list[str] = field(default_factory=list)  # requests whose blocks were freed since the last step
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ import grpc
 
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.request import EngineRequest
-from workers.engine.scheduler import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvLoad
+from workers.engine.schedule import SchedulerOutput
+from workers.kv_connector.base import KvConnector, KvConnectorStats
+from workers.kv_connector.params import KvConnectorMeta, KvLoad
 from workers.kv_connector.receiver import KvReceiver, ReceivedKv
 from workers.kv_connector.wire import KvTransferError, dtype_name
 from workers.runner.kv_pool import KvPool

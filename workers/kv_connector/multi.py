@@ -13,13 +13,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSent
+from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent
+from workers.kv_connector.params import KvConnectorMeta
 from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
     from workers.engine.kv_cache_manager import KVCacheManager
     from workers.engine.request import EngineRequest
-    from workers.engine.scheduler import SchedulerOutput
+    from workers.engine.schedule import SchedulerOutput
 
 
 @dataclass(frozen=True)

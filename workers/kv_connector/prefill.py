@@ -20,9 +20,9 @@ from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, new_challenge
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.request import EngineRequest, FinishReason
-from workers.engine.scheduler import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorMeta, KvConnectorStats, KvSave, KvSent
-from workers.kv_connector.params import Peer
+from workers.engine.schedule import SchedulerOutput
+from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent
+from workers.kv_connector.params import KvConnectorMeta, KvSave, Peer
 from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
 from workers.kv_connector.wire import KvTransferError
 from workers.runner.kv_pool import KvPool, KvSource

@@ -25,14 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from diptych_common.prefix_hash import block_hashes
-from workers.kv_connector.base import (
-    KvConnector,
-    KvConnectorMeta,
-    KvConnectorStats,
-    KvLoad,
-    KvSent,
-    TierStats,
-)
+from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent, TierStats
+from workers.kv_connector.params import KvConnectorMeta, KvLoad
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out
 from workers.kv_tier.client import TierClient
 from workers.runner.kv_pool import KvPool
@@ -42,7 +36,7 @@ if TYPE_CHECKING:
 
     from workers.engine.kv_cache_manager import KVCacheManager, NamingMark
     from workers.engine.request import EngineRequest
-    from workers.engine.scheduler import SchedulerOutput
+    from workers.engine.schedule import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

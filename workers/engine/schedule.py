@@ -1,0 +1,33 @@
+"""What one engine step computes, as the scheduler decides it: each request's chunk of tokens, the requests
+whose first tokens' KV a connector loads, those preempted, and the step's KV hand-off."""
+
+from dataclasses import dataclass, field
+
+from workers.engine.request import EngineRequest
+from workers.kv_connector.params import KvConnectorMeta
+
+
+@dataclass
+class ScheduledChunk:
+    request: EngineRequest
+    start: int  # position of the first token computed this step
+    num_tokens: int  # the drafts included
+    # a decoding request's drafts, computed after its last token to be verified (speculative decoding)
+    draft_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the request's last token, whose logits give the next token."""
+        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
+    preempted: list[EngineRequest] = field(default_factory=list)
+    kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
