@@ -6,6 +6,7 @@ import secrets
 
 import grpc
 
+from diptych_common.credential_server import worker_server
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
 from workers.engine.core import Engine, EngineConfig
@@ -21,7 +22,6 @@ from workers.kv_connector.tier import TierConnector
 from workers.kv_tier.blocks import tier_namespace
 from workers.kv_tier.client import TierClient
 from workers.runner.model_runner import ModelRunner
-from workers.serving.authentication import worker_server
 from workers.serving.server import Role, WorkerService, WorkerState
 from workers.structured.compiler import GrammarCompiler
 

@@ -15,6 +15,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.artifacts import DEFAULT_CACHE, ArtifactCache, model_for_worker
+from diptych_common.credential_server import worker_server
 from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
@@ -39,7 +40,6 @@ from workers.runner.kv_pool import kv_layout_of
 from workers.runner.model_loader import load_model
 from workers.runner.model_runner import ModelRunner
 from workers.runner.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
-from workers.serving.authentication import worker_server
 from workers.serving.metrics import serve_metrics
 from workers.serving.registration import ControlPlaneLink, RegistrationError
 from workers.serving.server import Role, WorkerService, WorkerState

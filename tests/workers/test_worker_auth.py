@@ -5,6 +5,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from diptych_common.credential_server import worker_server
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import (
     WorkerSecret,
@@ -14,7 +15,6 @@ from diptych_common.worker_credential import (
 from gateway.fleet.live_load import Channels
 from tests.workers.conftest import prompts
 from tests.workers.serving import SECRET, Worker, sampling
-from workers.serving.authentication import worker_server
 from workers.serving.server import Role
 
 PROMPT = prompts([12], salt=3)[0]

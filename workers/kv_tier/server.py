@@ -20,13 +20,13 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from diptych_common.credential_server import worker_server
 from diptych_common.logs import configure_logging
 from diptych_common.proto.v1 import kv_tier_pb2, kv_tier_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
 from workers.kv_tier.client import CHANNEL_OPTIONS
 from workers.kv_tier.options import add_tier_arguments, tier_arguments_problem
 from workers.kv_tier.store import TierKey, TierStore
-from workers.serving.authentication import worker_server
 
 log = logging.getLogger(__name__)
 

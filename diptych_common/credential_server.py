@@ -1,5 +1,5 @@
-"""Only the gateway and other workers may call a worker: every call but the standard health service must
-carry the worker RPC secret (see diptych_common.worker_credential)."""
+"""A gRPC server that only the gateway and other workers may call, for a worker and the KV tier alike:
+every call but the standard health service must carry the worker RPC secret (see diptych_common.worker_credential)."""
 
 import grpc
 
