@@ -38,6 +38,7 @@ __all__ = [
     "Completion",
     "CompletionChunk",
     "CompletionCreateParams",
+    "GenerationParams",
     "FinishReason",
     "Model",
     "PhaseUsage",
@@ -128,11 +129,10 @@ class ResponseFormatParam(TypedDict):
     json_schema: NotRequired[JsonSchemaParam]
 
 
-class CompletionCreateParams(TypedDict, total=False):
-    """The keyword arguments of `completions.create` but `stream`; `help()` of the method shows their defaults."""
+class GenerationParams(TypedDict, total=False):
+    """The keyword arguments `completions.create` and `chat.completions.create` share."""
 
     model: Required[str]
-    prompt: Required[str | Sequence[int]]
     max_tokens: int | None
     temperature: float | None
     top_p: float | None
@@ -146,32 +146,24 @@ class CompletionCreateParams(TypedDict, total=False):
     presence_penalty: float | None
     frequency_penalty: float | None
     logit_bias: Mapping[int | str, float] | None
-    logprobs: int | None
     timeout: float | None
     idempotency_key: str | None
     extra_headers: Mapping[str, str] | None
     extra_body: Mapping[str, object] | None
 
 
-class ChatCompletionCreateParams(TypedDict, total=False):
+class CompletionCreateParams(GenerationParams, total=False):
+    """The keyword arguments of `completions.create` but `stream`; `help()` of the method shows their defaults."""
+
+    prompt: Required[str | Sequence[int]]
+    logprobs: int | None
+
+
+class ChatCompletionCreateParams(GenerationParams, total=False):
     """The keyword arguments of `chat.completions.create` but `stream`; `help()` of the method shows their
     defaults."""
 
-    model: Required[str]
     messages: Required[Iterable[ChatMessageParam]]
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    seed: int | None
-    stop: str | Sequence[str] | None
-    priority: Priority
-    ignore_eos: bool
-    n: int | None
-    prompt_cache_key: str | None
-    presence_penalty: float | None
-    frequency_penalty: float | None
-    logit_bias: Mapping[int | str, float] | None
     logprobs: bool | None
     top_logprobs: int | None
     response_format: ResponseFormatParam | None

@@ -4,18 +4,36 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import call_metadata, completion_from_chunks
+from .._convert import call_metadata, completion_from_chunks, generate_request, new_idempotency_key
 from .._errors import error_from_rpc
 from .._response import record_headers
 from .._retry import with_retries, with_retries_async
 from .._streaming import AsyncStream, Stream
-from ..types import Completion, CompletionChunk
+from ..types import Completion, CompletionChunk, GenerationParams
 from ._connections import GatewayConnection
+
+_OF_THE_CALL = frozenset({"model", "timeout", "idempotency_key", "extra_headers"})  # not sampling fields
+_SHARED_FIELDS = tuple(name for name in GenerationParams.__annotations__ if name not in _OF_THE_CALL)
+
+
+def create_request(arguments: GenerationParams, input_field: dict[str, Any], **own: Any) -> pb.GenerateRequest:
+    """The GenerateRequest of one `create` call: the fields both resources take, the input, and `own`, the
+    fields of the resource alone."""
+    key = arguments["idempotency_key"]
+    shared: dict[str, Any] = {name: arguments[name] for name in _SHARED_FIELDS}  # type: ignore[literal-required]
+    return generate_request(
+        model=arguments["model"],
+        input_field=input_field,
+        idempotency_key=new_idempotency_key() if key is None else key,
+        **shared,
+        **own,
+    )
 
 
 def generate(

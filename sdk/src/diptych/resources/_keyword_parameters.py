@@ -25,9 +25,11 @@ class KeywordParameters(Generic[ParamsT]):
         unknown = defaults.keys() - hints.keys()
         if unknown:
             raise TypeError(f"{params.__name__} has no parameter {', '.join(sorted(unknown))}")
-        self._signature = inspect.Signature(
-            [_parameter(name, hint, getattr(params, "__total__", True), defaults) for name, hint in hints.items()]
-        )
+        total = getattr(params, "__total__", True)
+        parameters = [_parameter(name, hint, total, defaults) for name, hint in hints.items()]
+        # the required ones first: a TypedDict that extends another lists the base's keys first
+        parameters.sort(key=lambda parameter: parameter.default is not inspect.Parameter.empty)
+        self._signature = inspect.Signature(parameters)
 
     def expand(self, method: MethodT) -> MethodT:
         """Shows the parameters in `method`'s signature in place of its `**params`."""

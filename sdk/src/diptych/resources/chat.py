@@ -5,12 +5,12 @@ from typing import Literal, Unpack, overload
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import chat_input, generate_request, new_idempotency_key, structured_input
+from .._convert import chat_input, structured_input
 from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
 from ..types import ChatCompletionCreateParams, Completion
 from ._connections import GatewayConnection
-from ._generate import generate, generate_async
+from ._generate import create_request, generate, generate_async
 from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Chat", "AsyncChat", "ChatCompletions", "AsyncChatCompletions"]
@@ -102,30 +102,15 @@ class AsyncChatCompletions:
 
 
 def _chat_completion_request(arguments: ChatCompletionCreateParams) -> pb.GenerateRequest:
-    idempotency_key = arguments["idempotency_key"]
-    return generate_request(
-        model=arguments["model"],
-        input_field=chat_input(arguments["messages"]),
-        idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-        extra_body=arguments["extra_body"],
-        max_tokens=arguments["max_tokens"],
-        temperature=arguments["temperature"],
-        top_p=arguments["top_p"],
-        top_k=arguments["top_k"],
-        seed=arguments["seed"],
-        stop=arguments["stop"],
-        priority=arguments["priority"],
-        ignore_eos=arguments["ignore_eos"],
-        n=arguments["n"],
-        prompt_cache_key=arguments["prompt_cache_key"],
-        presence_penalty=arguments["presence_penalty"],
-        frequency_penalty=arguments["frequency_penalty"],
-        logit_bias=arguments["logit_bias"],
+    structured = structured_input(
+        arguments["response_format"], arguments["tools"], arguments["tool_choice"], arguments["parallel_tool_calls"]
+    )
+    return create_request(
+        arguments,
+        chat_input(arguments["messages"]),
         logprobs=bool(arguments["logprobs"]),
         top_logprobs=arguments["top_logprobs"],
-        structured=structured_input(
-            arguments["response_format"], arguments["tools"], arguments["tool_choice"], arguments["parallel_tool_calls"]
-        ),
+        structured=structured,
     )
 
 

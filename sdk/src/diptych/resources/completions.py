@@ -5,12 +5,12 @@ from typing import Literal, Unpack, overload
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import generate_request, new_idempotency_key, prompt_input
+from .._convert import prompt_input
 from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
 from .._streaming import AsyncStream, Stream
 from ..types import Completion, CompletionCreateParams
 from ._connections import GatewayConnection
-from ._generate import generate, generate_async
+from ._generate import create_request, generate, generate_async
 from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Completions", "AsyncCompletions"]
@@ -94,25 +94,9 @@ class AsyncCompletions:
 
 
 def _completion_request(arguments: CompletionCreateParams) -> pb.GenerateRequest:
-    idempotency_key = arguments["idempotency_key"]
-    return generate_request(
-        model=arguments["model"],
-        input_field=prompt_input(arguments["prompt"]),
-        idempotency_key=new_idempotency_key() if idempotency_key is None else idempotency_key,
-        extra_body=arguments["extra_body"],
-        max_tokens=arguments["max_tokens"],
-        temperature=arguments["temperature"],
-        top_p=arguments["top_p"],
-        top_k=arguments["top_k"],
-        seed=arguments["seed"],
-        stop=arguments["stop"],
-        priority=arguments["priority"],
-        ignore_eos=arguments["ignore_eos"],
-        n=arguments["n"],
-        prompt_cache_key=arguments["prompt_cache_key"],
-        presence_penalty=arguments["presence_penalty"],
-        frequency_penalty=arguments["frequency_penalty"],
-        logit_bias=arguments["logit_bias"],
+    return create_request(
+        arguments,
+        prompt_input(arguments["prompt"]),
         logprobs=arguments["logprobs"] is not None,
         top_logprobs=arguments["logprobs"],
     )
