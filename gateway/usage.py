@@ -128,7 +128,7 @@ class UsageJournal:
         self._db.execute(
             "INSERT INTO executions (execution_id, events, delivered, slot) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (execution_id) DO UPDATE SET events = excluded.events, delivered = excluded.delivered",
-            (execution_id, json.dumps([event.as_json() for event in events]), delivered, slot),
+            (execution_id, json.dumps([event.to_wire() for event in events]), delivered, slot),
         )
 
     def count_delivered(self, execution_id: str, delivered: int) -> None:
@@ -154,7 +154,9 @@ class UsageJournal:
         for execution_id, events, delivered, slot in rows:
             if slot is not None:
                 delivered = self._counts.get(slot)
-            self.finish(execution_id, with_delivered([UsageEvent(**event) for event in json.loads(events)], delivered))
+            self.finish(
+                execution_id, with_delivered([UsageEvent.from_wire(event) for event in json.loads(events)], delivered)
+            )
         return len(rows)
 
     # ---- the outbox ------------------------------------------------------------------------------
@@ -168,11 +170,11 @@ class UsageJournal:
     def _add_to_outbox(self, events: list[UsageEvent]) -> None:
         self._db.executemany(
             "INSERT OR IGNORE INTO outbox (request_id, phase, body) VALUES (?, ?, ?)",
-            [(e.request_id, e.phase, json.dumps(e.as_json())) for e in events],
+            [(e.request_id, e.phase, json.dumps(e.to_wire())) for e in events],
         )
 
     def oldest(self, limit: int) -> list[tuple[int, dict]]:
-        """The outbox's oldest events, as the control plane takes them (`UsageEvent.as_json()`)."""
+        """The outbox's oldest events, as the control plane takes them (`UsageEvent.to_wire()`)."""
         rows = self._db.execute("SELECT id, body FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
         return [(row_id, json.loads(body)) for row_id, body in rows]
 

@@ -42,18 +42,18 @@ from controlplane.internal.serializers import (
     IdempotencyKeyFields,
     LimitsSerializer,
     RefusalReportSerializer,
-    UsageReportSerializer,
+    UsageEventSerializer,
 )
 from controlplane.metering.services import (
     MAX_EVENTS_PER_BATCH,
     RefusalReport,
-    UsageReport,
     idempotency_key_claim,
     idempotency_key_complete,
     idempotency_key_release,
     rate_limit_refusals_record,
 )
 from controlplane.tenancy.services import api_key_authenticate
+from diptych_common.internal_api import messages
 
 MAX_POSITIVE_INTEGER = 2**31 - 1
 
@@ -191,7 +191,7 @@ class WorkerCredentialApi(InternalAPIView):
 
 class UsageEventIngestApi(InternalAPIView):
     class UsageEventBatchInputSerializer(serializers.Serializer):
-        events = UsageReportSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
+        events = UsageEventSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
 
     class UsageEventBatchOutputSerializer(serializers.Serializer):
         accepted = serializers.IntegerField()
@@ -201,7 +201,8 @@ class UsageEventIngestApi(InternalAPIView):
     def post(self, request: Request) -> Response:
         serializer = self.UsageEventBatchInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        reports = [UsageReport(**event) for event in serializer.validated_data["events"]]
+        # The validated events as wire bodies again (defaults filled in, times in UTC), one message each.
+        reports = [messages.UsageEvent.from_wire(event) for event in serializer.data["events"]]
         result = usage_events_ingest(reports=reports)
         return Response(self.UsageEventBatchOutputSerializer(asdict(result)).data)
 
