@@ -229,7 +229,7 @@ class UsageReporter:
 
     async def flush(self) -> None:
         while rows := self.journal.oldest(BATCH_SIZE):
-            events = [event for _, event in rows]
+            events = [UsageEvent.from_wire(body) for _, body in rows]
             spans = self._ingest_spans(events)
             try:
                 headers = {TRACEPARENT: traceparent_of(spans[0])} if spans else {}
@@ -240,14 +240,14 @@ class UsageReporter:
                     span.end()
                 raise
             self.journal.remove([row_id for row_id, _ in rows])
-            for execution_id in {event["request_id"] for event in events}:
+            for execution_id in {event.request_id for event in events}:
                 self.journal.traceparents.pop(execution_id, None)
             for span in spans:
                 span.end()
 
-    def _ingest_spans(self, events: list[dict]) -> list[Span]:
+    def _ingest_spans(self, events: list[UsageEvent]) -> list[Span]:
         """One usage.ingest span in the trace of each traced request whose events this batch carries."""
-        parents = {self.journal.traceparents.get(event["request_id"], "") for event in events} - {""}
+        parents = {self.journal.traceparents.get(event.request_id, "") for event in events} - {""}
         return [
             start_span(
                 "usage.ingest",

@@ -23,7 +23,7 @@ ALLOWED["internal"] = frozenset(LAYERS)
 PROJECT = "project"  # the modules at the top of controlplane/: settings, urls, celery, wsgi, asgi
 PROJECT_MODULES_NAMING_INTERNAL = {"urls", "settings"}
 DOTTED_NAME = re.compile(r"controlplane\.(\w+)(\.\w+)*(:\w+)?")
-INTERNAL_ROUTES = {  # what gateway/control_plane.py and workers/serving/registration.py call
+INTERNAL_ROUTES = {  # what diptych_common/internal_api/endpoints.py names, and the file URLs manifests give
     "api/v1/internal/api-keys/verify",
     "api/v1/internal/registry",
     "api/v1/internal/worker-credential",

@@ -1,7 +1,8 @@
 """The endpoints the gateway (internal token) and the workers (fleet token) call, under `internal/`.
 
-Each view translates HTTP to one call of a domain app's service or selector and back; the JSON shapes
-are the contracts of gateway/control_plane.py and workers/serving/registration.py.
+Each view translates HTTP to one call of a domain app's service or selector and back; the callers' side
+of each endpoint and message is diptych_common/internal_api/ (tests/platform/test_platform_internal_contracts.py
+checks that the two agree).
 """
 
 from dataclasses import asdict
