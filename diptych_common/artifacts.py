@@ -347,6 +347,18 @@ def _sweep_partials(directory: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
+def model_directory_files(directory: Path) -> list[str]:
+    """The path of every file under `directory` that publishing takes (dot-files and dot-folders aside), by path."""
+    paths = []
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in names:
+            file = Path(folder, name)
+            if not name.startswith(".") and file.is_file():
+                paths.append(file.relative_to(directory).as_posix())
+    return sorted(paths)
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:

@@ -1,12 +1,14 @@
 """The client of the internal API: one method per endpoint, over HTTP with a bearer token (the internal
 token, or a worker's fleet token). `ControlPlaneClient` is asynchronous (the gateway, the workers, the KV
-tier); `SyncControlPlaneClient` blocks (a worker's model manifest before it starts, the command line).
+tier); `SyncControlPlaneClient` blocks (a worker's model manifest before it starts, `diptych model register`).
 
 A call raises ControlPlaneUnavailable when the control plane cannot be reached or fails (5xx), and
 httpx.HTTPStatusError when it refuses the call (4xx), unless its method says otherwise.
 """
 
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -14,7 +16,7 @@ import httpx
 
 from diptych_common.internal_api import endpoints
 from diptych_common.internal_api.endpoints import Endpoint
-from diptych_common.internal_api.messages import UsageEvent
+from diptych_common.internal_api.messages import ModelRegistration, RegisteredModel, UsageEvent
 from diptych_common.logs import describe_error
 
 
@@ -124,6 +126,16 @@ class SyncControlPlaneClient:
     def model_artifact_manifest(self, model: str) -> dict:
         """The manifest of any model (with the internal token)."""
         return _body(self._request(endpoints.MODEL_ARTIFACT_MANIFEST, {"model": model}))
+
+    def register_model(self, registration: ModelRegistration, directory: Path) -> RegisteredModel:
+        """Sends the registration with the file at each of its paths under `directory` (with the internal
+        token); the control plane answers once every file is hashed and stored."""
+        with ExitStack() as opened:
+            files = [
+                ("files", (path, opened.enter_context((directory / path).open("rb")))) for path in registration.paths
+            ]
+            response = self._request(endpoints.MODEL_REGISTER, data=registration.to_wire(), files=files)
+        return RegisteredModel.from_wire(_body(response))
 
     def _request(
         self, endpoint: Endpoint, parameters: Mapping[str, str] | None = None, **kwargs: Any

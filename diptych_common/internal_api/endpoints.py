@@ -36,3 +36,6 @@ MODEL_ARTIFACT_FILE = Endpoint("GET", PREFIX + "/artifacts/models/{model}/files/
 WORKER_REGISTER = Endpoint("POST", PREFIX + "/workers/register")
 WORKER_HEARTBEAT = Endpoint("POST", PREFIX + "/workers/{worker_id}/heartbeat")
 ARTIFACT_MANIFEST = Endpoint("GET", PREFIX + "/artifacts/manifest")
+
+# The command line's, with the internal token.
+MODEL_REGISTER = Endpoint("POST", PREFIX + "/models/register")

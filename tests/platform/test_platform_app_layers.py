@@ -38,6 +38,7 @@ INTERNAL_ROUTES = {  # what diptych_common/internal_api/endpoints.py names, and 
     "api/v1/internal/artifacts/files/<str:model>/<str:revision>/<path:path>",
     "api/v1/internal/artifacts/models/<str:model>/manifest",  # the gateway, for a published model's tokenizer
     "api/v1/internal/artifacts/models/<str:model>/files/<str:revision>/<path:path>",
+    "api/v1/internal/models/register",  # `diptych model register`, with the internal token
 }
 
 

@@ -9,10 +9,11 @@ import pytest
 from rest_framework import serializers
 
 from controlplane.common.openapi import full_schema
+from controlplane.internal.apis import ModelRegisterApi
 from controlplane.internal.serializers import UsageEventSerializer
 from diptych_common.internal_api import endpoints
 from diptych_common.internal_api.endpoints import Endpoint
-from diptych_common.internal_api.messages import UsageEvent
+from diptych_common.internal_api.messages import ModelRegistration, RegisteredModel, UsageEvent
 
 NAMED_ENDPOINTS = {name: value for name, value in vars(endpoints).items() if isinstance(value, Endpoint)}
 REQUIRED = "(required)"
@@ -44,6 +45,16 @@ def serializer_fields(serializer: serializers.Serializer) -> dict[str, object]:
     return {name: REQUIRED if field.required else field.default for name, field in serializer.fields.items()}
 
 
-@pytest.mark.parametrize(("message", "serializer"), [(UsageEvent, UsageEventSerializer())])
-def test_a_message_and_its_serializer_agree_on_every_field(message, serializer):
-    assert serializer_fields(serializer) == message_fields(message)
+@pytest.mark.parametrize(
+    ("message", "serializer", "file_parts"),
+    [
+        (UsageEvent, UsageEventSerializer(), set()),
+        (ModelRegistration, ModelRegisterApi.ModelRegisterInputSerializer(), {"files"}),
+        (RegisteredModel, ModelRegisterApi.ModelRegisterOutputSerializer(), set()),
+    ],
+)
+def test_a_message_and_its_serializer_agree_on_every_field(message, serializer, file_parts):
+    """`file_parts`: the serializer's fields that carry files beside the message (multipart)."""
+    fields = serializer_fields(serializer)
+    assert file_parts <= set(fields)
+    assert {name: default for name, default in fields.items() if name not in file_parts} == message_fields(message)
