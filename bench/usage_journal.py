@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from diptych_common.internal_api.messages import UsageEvent
 from gateway.accounts.usage import UsageJournal
-from gateway.types import UsageEvent
 
 EVENT = UsageEvent(
     request_id="exec_bench",

@@ -22,14 +22,13 @@ from urllib.parse import quote
 
 import httpx
 
+from diptych_common.internal_api.client import ControlPlaneUnavailable, SyncControlPlaneClient, describe_failure
+from diptych_common.internal_api.endpoints import MODEL_ARTIFACT_FILE
 from diptych_common.logs import describe_error
 from diptych_common.processes import process_alive
 
 log = logging.getLogger(__name__)
 
-MANIFEST_PATH = "/api/v1/internal/artifacts/manifest"  # the calling fleet's, with its fleet token
-MODEL_MANIFEST_PATH = "/api/v1/internal/artifacts/models/{model}/manifest"  # any model's, with the internal token
-MODEL_FILES_PATH = "/api/v1/internal/artifacts/models/{model}/files/{revision}/"  # its files, likewise
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
 ARTIFACTS_SOURCE = "artifacts"
 DEFAULT_CACHE = Path("~/.cache/diptych/artifacts")
@@ -62,7 +61,7 @@ class ArtifactFile:
 
 @dataclass(frozen=True)
 class ControlPlaneStore:
-    url: str  # the files' URL prefix on the control plane, e.g. /api/v1/internal/artifacts/files/m/r/
+    url: str  # the files' URL prefix on the control plane: a file's URL is this and its path
 
 
 @dataclass(frozen=True)
@@ -82,32 +81,31 @@ class Manifest:
 
 
 def fetch_manifest(
-    control_plane_url: str, token: str, path: str = MANIFEST_PATH, timeout_s: float = 10.0, wait: bool = True
+    control_plane_url: str, token: str, model: str = "", timeout_s: float = 10.0, wait: bool = True
 ) -> Manifest:
-    """The model and current revision at `path` (by default the calling fleet's, with its fleet token).
-    With `wait`, waits while the control plane is unreachable or failing (as registration does); a refused
-    token or a malformed answer is an ArtifactError at once."""
-    with httpx.Client(base_url=control_plane_url.rstrip("/"), headers=_bearer(token), timeout=timeout_s) as http:
+    """The current revision of `model` (with the internal token), by default of the calling fleet's model
+    (with its fleet token). With `wait`, waits while the control plane is unreachable or failing (as
+    registration does); a refused token or a malformed answer is an ArtifactError at once."""
+    with SyncControlPlaneClient(control_plane_url, token, timeout=timeout_s) as control_plane:
         while True:
             try:
-                response = http.get(path)
-                if response.status_code < 500 or not wait:
-                    break
-                log.warning("the control plane answered %d for the model manifest; retrying", response.status_code)
-            except httpx.TransportError as error:
+                body = control_plane.model_artifact_manifest(model) if model else control_plane.artifact_manifest()
+                return parse_manifest(body)
+            except ControlPlaneUnavailable as error:
                 if not wait:
-                    raise ArtifactError(f"cannot reach the control plane: {describe_error(error)}") from error
+                    raise ArtifactError(f"cannot reach the control plane: {describe_failure(error)}") from error
                 log.warning(
-                    "cannot reach the control plane for the model manifest (%s); retrying", describe_error(error)
+                    "cannot reach the control plane for the model manifest (%s); retrying", describe_failure(error)
                 )
+            except httpx.HTTPStatusError as error:
+                raise ArtifactError(_refusal(error.response)) from None
             time.sleep(RETRY_DELAY_S)
+
+
+def _refusal(response: httpx.Response) -> str:
     if response.status_code in (401, 403):
-        raise ArtifactError(f"the control plane refused the token for the model manifest: {response.text}")
-    if response.status_code != 200:
-        raise ArtifactError(
-            f"the control plane answered {response.status_code} for the model manifest: {response.text}"
-        )
-    return parse_manifest(response.json())
+        return f"the control plane refused the token for the model manifest: {response.text}"
+    return f"the control plane answered {response.status_code} for the model manifest: {response.text}"
 
 
 def parse_manifest(body: dict) -> Manifest:
@@ -349,6 +347,18 @@ def _sweep_partials(directory: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
+def model_directory_files(directory: Path) -> list[str]:
+    """The path of every file under `directory` that publishing takes (dot-files and dot-folders aside), by path."""
+    paths = []
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in names:
+            file = Path(folder, name)
+            if not name.startswith(".") and file.is_file():
+                paths.append(file.relative_to(directory).as_posix())
+    return sorted(paths)
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -397,12 +407,12 @@ def model_for_worker(
 def fetch_tokenizer_files(control_plane_url: str, internal_token: str, model: str, cache: ArtifactCache) -> str:
     """For the gateway, which tokenizes but never loads weights: the directory of the model's current
     revision with every file but its weights, fetched and verified as a worker's are."""
-    path = MODEL_MANIFEST_PATH.format(model=quote(model, safe=""))
-    manifest = fetch_manifest(control_plane_url, internal_token, path, wait=False)
+    manifest = fetch_manifest(control_plane_url, internal_token, model, wait=False)
     if manifest.source != ARTIFACTS_SOURCE:
         raise ArtifactError(f"{model} is not published as artifacts (its source is {manifest.source!r})")
     files = tuple(f for f in manifest.files if not f.path.endswith(WEIGHT_SUFFIXES))
     # Through the control plane whatever the store: a few small files, and the gateway needs no store credentials.
-    store = ControlPlaneStore(MODEL_FILES_PATH.format(model=quote(model, safe=""), revision=manifest.revision))
+    # The revision's folder is the URL of a file in it without the file's path.
+    store = ControlPlaneStore(MODEL_ARTIFACT_FILE.url(model=model, revision=manifest.revision, path=""))
     tokenizer = replace(manifest, files=files, store=store)
     return resolve_model(tokenizer, cache, control_plane_url, internal_token).source

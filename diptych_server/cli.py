@@ -236,7 +236,8 @@ def _parser() -> argparse.ArgumentParser:
     register = model_commands.add_parser(
         "register",
         help="add a local Hugging Face model directory to the catalog, with a prefill, a decode and a "
-        "colocated fleet; prints the worker command of each, with a fresh fleet token",
+        "colocated fleet; prints the worker command of each, with a fresh fleet token (through the running "
+        "control plane's internal API: DIPTYCH_INTERNAL_TOKEN)",
     )
     register.add_argument("name", help="the model's name in the API (the `model` of a request)")
     register.add_argument("directory", type=Path)
@@ -246,6 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="name of the published revision (default: the first 12 hex digits of the sha256 of its files' list)",
     )
+    _add_control_plane_url(register)
     register.set_defaults(run=_run_model_register)
     return parser
 
@@ -403,17 +405,19 @@ def _run_model_register(args) -> int:
 
     from diptych_server.model_catalog import RegistrationError, register_model
 
+    internal_token = _require_env("DIPTYCH_INTERNAL_TOKEN")
     try:
-        model = register_model(args.name, args.directory, revision=args.revision)
+        model = register_model(args.control_plane_url, internal_token, args.name, args.directory, args.revision)
     except RegistrationError as error:
         print(f"diptych model register: {error}", file=sys.stderr)
         return 2
+    source = str(args.directory.resolve())  # the directory published
     if args.json:
-        registered = {"model": model.name, "source": model.source, "revision": model.revision}
+        registered = {"model": model.name, "source": source, "revision": model.revision}
         print(json.dumps({**registered, "fleet_tokens": model.fleet_tokens}))
         return 0
     print(
-        f"{model.name} ({model.source}, {model.context_length} tokens of context) is in the catalog, published "
+        f"{model.name} ({source}, {model.context_length} tokens of context) is in the catalog, published "
         f"as revision {model.revision}; workers of an earlier revision drain once one of this revision is ready."
     )
     if not model.fleet_tokens:

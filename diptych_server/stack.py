@@ -19,6 +19,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from diptych_common.internal_api.endpoints import REGISTRY
 from diptych_common.supervision import supervisor_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -205,7 +206,7 @@ class Stack:
 
     def registry(self) -> httpx.Response:
         return httpx.get(
-            f"{self.control_plane_url}/api/v1/internal/registry",
+            self.control_plane_url + REGISTRY.path,
             headers={"Authorization": f"Bearer {self.internal_token}"},
             timeout=5.0,
         )

@@ -85,6 +85,8 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
     env_file.write_text(
         f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n"
         f"DIPTYCH_ADMIN_URL={stack.control_plane_url}\n"
+        # for `diptych model register`, which calls the control plane's internal API
+        f"DIPTYCH_CONTROL_PLANE_URL={stack.control_plane_url}\nDIPTYCH_INTERNAL_TOKEN={stack.internal_token}\n"
     )
     env_file.chmod(0o600)
     _say(f"      demo credentials written to {env_file}")

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from diptych_common.artifacts import ArtifactCache, fetch_tokenizer_files
+from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Authenticator
 from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.limits import RateLimiter
@@ -26,7 +27,6 @@ from gateway.accounts.refusals import RefusalReporter
 from gateway.accounts.usage import Reporter, UsageJournal, UsageReporter
 from gateway.autoscale.decision import ScalingPolicy
 from gateway.autoscale.signals import AutoscaleSignals, SloTargets
-from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.core.pipeline import Pipeline
 from gateway.core.request_path import RequestPath, Timeouts
 from gateway.fleet.live_load import Channels, LoadBoard

@@ -1,13 +1,12 @@
 """The gateway's own types, passed between its modules: what a client asks for (`GenerationRequest`), the
 plan validated from it (`GenerationPlan`, `SamplingSpec`), what the workers produce (`SampledToken`), what
-goes back to the client (`GenerationOutput`, `Usage`), what is billed (`UsageEvent`), and how a request
-fails (`ErrorKind`, `GatewayError`).
+goes back to the client (`GenerationOutput`, `Usage`) and how a request fails (`ErrorKind`, `GatewayError`).
+What is billed is the internal API's `UsageEvent` (diptych_common.internal_api.messages).
 
 No protobuf here. The fronts, `grpc_api/` and `openai_api/` (OpenAI-compatible HTTP), map their
 protocol into and out of these types; `core/request_path.py` builds the workers' messages where it calls them.
 """
 
-import dataclasses
 import enum
 import struct
 from dataclasses import dataclass, field
@@ -252,29 +251,3 @@ class GenerationOutput:
     index: int = 0  # the choice it belongs to
     tool_calls: tuple[ToolCall, ...] = ()  # on the last output, when the answer is tool calls
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
-
-
-@dataclass(frozen=True)
-class UsageEvent:
-    """What one phase of one execution costs, as the control plane ingests it (its JSON is `as_json()`)."""
-
-    request_id: str  # the execution id; with `phase`, the ledger's idempotency key
-    client_request_id: str
-    phase: str  # "prefill" or "decode"
-    organization_id: str
-    api_key_id: str
-    model: str
-    region: str
-    worker_id: str
-    tokens: int
-    cached_tokens: int
-    kv_bytes: int
-    compute_ms: int
-    started_at: str  # ISO 8601, with the time zone
-    finished_at: str
-    # The price tier: "batch" for a request of the Batch API (a batch runner's key), else "standard". The
-    # default lets events spooled before the field existed still be replayed.
-    tier: str = "standard"
-
-    def as_json(self) -> dict:
-        return dataclasses.asdict(self)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth_cache import FailedAuthLimiter, LruCache, key_digest, peer_address, whole_seconds
-from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.types import ErrorKind, GatewayError, GenerationRequest, Priority
 
 INFERENCE_SCOPE = "inference"

@@ -20,9 +20,9 @@ import hashlib
 import json
 import logging
 
+from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Caller
 from gateway.accounts.usage import HeldKey, UsageJournal
-from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.types import (
     ErrorKind,
     FinishReason,

@@ -13,8 +13,8 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from diptych_common.internal_api.client import ControlPlaneClient
 from gateway.accounts.usage import flush_forever
-from gateway.control_plane import ControlPlaneClient
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from typing import NamedTuple, Protocol
 
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
+from diptych_common.internal_api.client import ControlPlaneClient
+from diptych_common.internal_api.messages import UsageEvent
 from diptych_common.logs import describe_error
 from diptych_common.tracing import TRACEPARENT, context_from_traceparent, start_span, traceparent_of
-from gateway.control_plane import ControlPlaneClient
 from gateway.metrics import USAGE_SPOOLED
-from gateway.types import UsageEvent
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class UsageJournal:
         self._db.execute(
             "INSERT INTO executions (execution_id, events, delivered, slot) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (execution_id) DO UPDATE SET events = excluded.events, delivered = excluded.delivered",
-            (execution_id, json.dumps([event.as_json() for event in events]), delivered, slot),
+            (execution_id, json.dumps([event.to_wire() for event in events]), delivered, slot),
         )
 
     def count_delivered(self, execution_id: str, delivered: int) -> None:
@@ -154,7 +154,9 @@ class UsageJournal:
         for execution_id, events, delivered, slot in rows:
             if slot is not None:
                 delivered = self._counts.get(slot)
-            self.finish(execution_id, with_delivered([UsageEvent(**event) for event in json.loads(events)], delivered))
+            self.finish(
+                execution_id, with_delivered([UsageEvent.from_wire(event) for event in json.loads(events)], delivered)
+            )
         return len(rows)
 
     # ---- the outbox ------------------------------------------------------------------------------
@@ -168,11 +170,11 @@ class UsageJournal:
     def _add_to_outbox(self, events: list[UsageEvent]) -> None:
         self._db.executemany(
             "INSERT OR IGNORE INTO outbox (request_id, phase, body) VALUES (?, ?, ?)",
-            [(e.request_id, e.phase, json.dumps(e.as_json())) for e in events],
+            [(e.request_id, e.phase, json.dumps(e.to_wire())) for e in events],
         )
 
     def oldest(self, limit: int) -> list[tuple[int, dict]]:
-        """The outbox's oldest events, as the control plane takes them (`UsageEvent.as_json()`)."""
+        """The outbox's oldest events, as the control plane takes them (`UsageEvent.to_wire()`)."""
         rows = self._db.execute("SELECT id, body FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
         return [(row_id, json.loads(body)) for row_id, body in rows]
 
@@ -227,7 +229,7 @@ class UsageReporter:
 
     async def flush(self) -> None:
         while rows := self.journal.oldest(BATCH_SIZE):
-            events = [event for _, event in rows]
+            events = [UsageEvent.from_wire(body) for _, body in rows]
             spans = self._ingest_spans(events)
             try:
                 headers = {TRACEPARENT: traceparent_of(spans[0])} if spans else {}
@@ -238,14 +240,14 @@ class UsageReporter:
                     span.end()
                 raise
             self.journal.remove([row_id for row_id, _ in rows])
-            for execution_id in {event["request_id"] for event in events}:
+            for execution_id in {event.request_id for event in events}:
                 self.journal.traceparents.pop(execution_id, None)
             for span in spans:
                 span.end()
 
-    def _ingest_spans(self, events: list[dict]) -> list[Span]:
+    def _ingest_spans(self, events: list[UsageEvent]) -> list[Span]:
         """One usage.ingest span in the trace of each traced request whose events this batch carries."""
-        parents = {self.journal.traceparents.get(event["request_id"], "") for event in events} - {""}
+        parents = {self.journal.traceparents.get(event.request_id, "") for event in events} - {""}
         return [
             start_span(
                 "usage.ingest",

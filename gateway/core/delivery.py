@@ -12,11 +12,12 @@ handed over (a worker's steps beyond a cancel or a stop string, a stream that fa
 token) are not billed.
 """
 
+from diptych_common.internal_api.messages import UsageEvent
 from diptych_common.tracing import traceparent_of
 from gateway.accounts.auth import Caller
 from gateway.accounts.usage import UsageJournal, with_delivered
 from gateway.core.request_path import PhaseRecord, RequestTrace
-from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob, UsageEvent
+from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob
 
 
 class Delivery:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from diptych_common.internal_api.client import ControlPlaneClient
 from diptych_common.logs import describe_error
-from gateway.control_plane import ControlPlaneClient
 
 log = logging.getLogger(__name__)
 

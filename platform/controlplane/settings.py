@@ -155,10 +155,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-# The largest body any endpoint reads (413 above it, before parsing). The largest legitimate one is a
+# The largest body any endpoint reads (413 above it, before parsing), but one that names its own limit
+# (`max_body_bytes`: the model registration's files). The largest legitimate one is a
 # usage batch of MAX_EVENTS_PER_BATCH (1000) events: about 1 KB each with every text field at its
 # maximum length, up to about 7 KB if that text is non-ASCII escaped as \uXXXX.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
+# `diptych model register` sends a model directory in one request, a part per file (and a field naming
+# its path): a sharded checkpoint can hold a couple of hundred files.
+DATA_UPLOAD_MAX_NUMBER_FILES = 500
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"

@@ -5,6 +5,7 @@ import time
 import pytest
 
 import diptych
+from diptych_common.internal_api.messages import UsageEvent
 
 
 def usage_events(live, request_id: str, expected: int, seconds: float = 15.0) -> list[dict]:
@@ -44,29 +45,8 @@ def test_posting_the_same_usage_batch_twice_counts_it_once(live):
             model="diptych-tiny", prompt="count me once", max_tokens=3, temperature=0
         )
     stored = usage_events(live, completion.id, expected=2)
-    batch = [
-        {
-            **{
-                k: e[k]
-                for k in (
-                    "request_id",
-                    "phase",
-                    "api_key_id",
-                    "model",
-                    "region",
-                    "worker_id",
-                    "tokens",
-                    "cached_tokens",
-                    "kv_bytes",
-                    "compute_ms",
-                    "started_at",
-                    "finished_at",
-                )
-            },
-            "organization_id": live.credentials.organization_id,
-        }
-        for e in stored
-    ]
+    organization_id = live.credentials.organization_id  # the ledger's events, as the gateway reports them
+    batch = [UsageEvent.from_wire({**event, "organization_id": organization_id}).to_wire() for event in stored]
     with live.internal() as internal:
         first = internal.post("/usage-events", json={"events": batch})
         second = internal.post("/usage-events", json={"events": batch})

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 import diptych
+from diptych_common.internal_api.endpoints import REGISTRY
 from diptych_server.cli import _parser
 from diptych_server.stack import REPO_ROOT, free_port
 from tests.e2e.waiting import wait_for
@@ -170,6 +171,8 @@ def test_up_runs_the_platform_split_serves_a_request_and_stops_everything_on_ctr
 
     credentials = dict(line.split("=", 1) for line in (up.state_dir / "env").read_text().split())
     assert credentials["DIPTYCH_BASE_URL"] == f"grpc://127.0.0.1:{up.gateway_port}"
+    internal = {"Authorization": f"Bearer {credentials['DIPTYCH_INTERNAL_TOKEN']}"}  # what `model register` uses
+    assert httpx.get(credentials["DIPTYCH_CONTROL_PLANE_URL"] + REGISTRY.path, headers=internal).status_code == 200
     with diptych.Client(api_key=credentials["DIPTYCH_API_KEY"], base_url=credentials["DIPTYCH_BASE_URL"]) as client:
         completion = client.completions.create(model="diptych-tiny", prompt="hello", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from diptych_common.internal_api.client import ControlPlaneUnavailable
 from gateway.accounts.auth import (
     FAILED_AUTH_BURST,
     FAILED_AUTH_PER_MINUTE,
@@ -17,7 +18,6 @@ from gateway.accounts.auth import (
     check_allowed,
 )
 from gateway.accounts.auth_cache import peer_address
-from gateway.control_plane import ControlPlaneUnavailable
 from gateway.types import ErrorKind, GatewayError, GenerationRequest, Priority
 from tests.gateway.harness import API_KEY, MODEL, ControlPlaneInMemory, in_process_gateway, post_json
 

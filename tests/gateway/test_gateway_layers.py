@@ -1,4 +1,4 @@
-"""The gateway's parts depend one way, from the ground up: its metrics and its control-plane client ← what
+"""The gateway's parts depend one way, from the ground up: its metrics ← what
 it knows of the workers (`fleet`) ← its own types ← `routing` (which workers), `autoscale` (how many),
 `accounts` (who asks, their limits, keys and usage) and `planning` (a request checked into a plan) ← the
 request `core` (the pipeline, the run on workers, delivery) ← the two fronts (`openai_api`, `grpc_api`) ←
@@ -16,13 +16,12 @@ from tests.import_graph import ROOT, circles, imports, modules_under
 
 GATEWAY = ROOT / "gateway"
 ENTRY_POINT = "gateway.main"
-GROUND = frozenset({"metrics", "control_plane"})
+GROUND = frozenset({"metrics"})
 BELOW_TYPES = GROUND | {"fleet"}
 MIDDLE = BELOW_TYPES | {"types"}
 BELOW_CORE = MIDDLE | {"routing", "autoscale", "accounts", "planning"}
 ALLOWED: dict[str, frozenset[str]] = {  # part → the parts its modules may import (their own included)
     "metrics": frozenset({"metrics"}),
-    "control_plane": frozenset({"control_plane"}),
     "fleet": BELOW_TYPES,
     "types": MIDDLE,
     "routing": MIDDLE | {"routing"},

@@ -3,10 +3,10 @@ batches whose rows keep their ids until acknowledged."""
 
 import pytest
 
+from diptych_common.internal_api.client import ControlPlaneUnavailable
 from gateway.accounts.auth import RateLimits
 from gateway.accounts.limits import RateLimited
 from gateway.accounts.refusals import RefusalReporter, RefusalTally, this_minute
-from gateway.control_plane import ControlPlaneUnavailable
 from tests.gateway.test_limits import caller, limiter  # noqa: F401 (the fixture, in process and in Redis)
 
 

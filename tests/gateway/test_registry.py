@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.control_plane import ControlPlaneUnavailable
+from diptych_common.internal_api.client import ControlPlaneUnavailable
 from gateway.fleet.registry import Registry
 from tests.gateway.harness import API_KEY, MODEL_CREATED_AT, in_process_gateway
 

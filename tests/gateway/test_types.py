@@ -126,7 +126,7 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
         "kv_bytes": 4096,
         "tier": "standard",
     }
-    assert [event.as_json() for event in events] == [
+    assert [event.to_wire() for event in events] == [
         {
             **common,
             "phase": "prefill",
@@ -149,6 +149,6 @@ def test_usage_events_keep_the_json_the_control_plane_ingests():
         },
     ]
     later_choice = usage_events(plan, Caller("org_1", "key_1"), trace, completion_tokens=5, bills_prompt=False)
-    assert [event.as_json() for event in later_choice] == [event.as_json() for event in events[1:]]  # output only
+    assert [event.to_wire() for event in later_choice] == [event.to_wire() for event in events[1:]]  # output only
     batch_runner = Caller("org_1", "key_2", kind="batch")
     assert {event.tier for event in usage_events(plan, batch_runner, trace, completion_tokens=5)} == {"batch"}

@@ -1,6 +1,7 @@
 """The usage journal: what each execution delivered survives the gateway's death, and every finished
 execution's events wait on disk, once each, until the control plane acknowledged them."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -11,28 +12,9 @@ import textwrap
 
 import pytest
 
+from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
+from diptych_common.internal_api.messages import UsageEvent
 from gateway.accounts.usage import INITIAL_SLOTS, UsageJournal, UsageReporter
-from gateway.control_plane import ControlPlaneClient, ControlPlaneUnavailable
-from gateway.types import UsageEvent
-
-# The fields of a usage event as the control plane ingests them: the journal keeps this JSON shape.
-EVENT_FIELDS = {
-    "request_id",
-    "client_request_id",
-    "phase",
-    "organization_id",
-    "api_key_id",
-    "model",
-    "region",
-    "worker_id",
-    "tokens",
-    "cached_tokens",
-    "kv_bytes",
-    "compute_ms",
-    "started_at",
-    "finished_at",
-    "tier",
-}
 
 
 def event(request_id: str, phase: str = "prefill", tokens: int = 3) -> UsageEvent:
@@ -55,7 +37,7 @@ def event(request_id: str, phase: str = "prefill", tokens: int = 3) -> UsageEven
 
 
 def bodies(*events: UsageEvent) -> list[dict]:
-    return [e.as_json() for e in events]
+    return [e.to_wire() for e in events]
 
 
 def closed_port() -> int:
@@ -80,7 +62,7 @@ async def test_events_wait_on_disk_while_the_control_plane_is_unreachable_and_su
     reopened = UsageJournal(path)  # a new gateway process on the same state directory
     rows = [e for _, e in reopened.oldest(10)]
     assert rows == bodies(event("a"), event("a", "decode"), event("b"))
-    assert all(set(row) == EVENT_FIELDS for row in rows)
+    assert all(set(row) == {field.name for field in dataclasses.fields(UsageEvent)} for row in rows)  # whole events
 
 
 def test_the_outbox_holds_each_execution_and_phase_once(tmp_path):
@@ -131,7 +113,7 @@ def test_an_execution_journaled_before_events_had_a_tier_is_billed_at_the_standa
     """A gateway upgraded over a journal its previous version wrote: the old events lack `tier`."""
     path = tmp_path / "journal.sqlite3"
     UsageJournal(path).close()
-    old_shape = [{k: v for k, v in e.as_json().items() if k != "tier"} for e in (event("old"), event("old", "decode"))]
+    old_shape = [{k: v for k, v in e.to_wire().items() if k != "tier"} for e in (event("old"), event("old", "decode"))]
     with sqlite3.connect(path) as db:
         db.execute(
             "INSERT INTO executions (execution_id, events, delivered) VALUES (?, ?, ?)",
@@ -147,7 +129,7 @@ def test_a_journal_written_before_counts_had_slots_is_recovered_from_its_rows(tm
     path = tmp_path / "journal.sqlite3"
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE executions (execution_id TEXT PRIMARY KEY, events TEXT NOT NULL, delivered INTEGER)")
-        events = [e.as_json() for e in (event("old"), event("old", "decode"))]
+        events = [e.to_wire() for e in (event("old"), event("old", "decode"))]
         db.execute("INSERT INTO executions VALUES (?, ?, ?)", ("old", json.dumps(events), 3))
     journal = UsageJournal(path)
     assert journal.recover() == 1

@@ -10,6 +10,7 @@ from controlplane.catalog.models import Fleet, FleetRole, Model
 from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.services import IssuedApiKey, api_key_create, user_ensure
+from diptych_common.internal_api.messages import UsageEvent
 
 INTERNAL_TOKEN = "internal-token-for-tests"
 ALL_SCOPES = ["inference", "admin:read", "admin:write"]
@@ -115,22 +116,22 @@ USAGE_STARTED_AT = timezone.now().replace(microsecond=123456) - timedelta(minute
 
 def usage_event(issued_key: IssuedApiKey, request_id: str = "req-1", phase: str = "prefill", **overrides) -> dict:
     """A valid usage event as the gateway posts it, for `issued_key`'s organization."""
-    event = {
-        "request_id": request_id,
-        "phase": phase,
-        "organization_id": issued_key.api_key.organization.public_id,
-        "api_key_id": issued_key.api_key.public_id,
-        "model": "diptych-tiny",
-        "region": "local",
-        "worker_id": "wrk_prefill0",
-        "tokens": 120,
-        "cached_tokens": 64,
-        "kv_bytes": 3 * 2**30,
-        "compute_ms": 35,
-        "started_at": USAGE_STARTED_AT.isoformat(),
-        "finished_at": (USAGE_STARTED_AT + timedelta(milliseconds=40)).isoformat(),
-    }
-    return {**event, **overrides}
+    event = UsageEvent(
+        request_id=request_id,
+        phase=phase,
+        organization_id=issued_key.api_key.organization.public_id,
+        api_key_id=issued_key.api_key.public_id,
+        model="diptych-tiny",
+        region="local",
+        worker_id="wrk_prefill0",
+        tokens=120,
+        cached_tokens=64,
+        kv_bytes=3 * 2**30,
+        compute_ms=35,
+        started_at=USAGE_STARTED_AT.isoformat(),
+        finished_at=(USAGE_STARTED_AT + timedelta(milliseconds=40)).isoformat(),
+    )
+    return {**event.to_wire(), **overrides}
 
 
 @pytest.fixture

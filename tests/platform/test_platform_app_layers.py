@@ -23,7 +23,7 @@ ALLOWED["internal"] = frozenset(LAYERS)
 PROJECT = "project"  # the modules at the top of controlplane/: settings, urls, celery, wsgi, asgi
 PROJECT_MODULES_NAMING_INTERNAL = {"urls", "settings"}
 DOTTED_NAME = re.compile(r"controlplane\.(\w+)(\.\w+)*(:\w+)?")
-INTERNAL_ROUTES = {  # what gateway/control_plane.py and workers/serving/registration.py call
+INTERNAL_ROUTES = {  # what diptych_common/internal_api/endpoints.py names, and the file URLs manifests give
     "api/v1/internal/api-keys/verify",
     "api/v1/internal/registry",
     "api/v1/internal/worker-credential",
@@ -38,6 +38,7 @@ INTERNAL_ROUTES = {  # what gateway/control_plane.py and workers/serving/registr
     "api/v1/internal/artifacts/files/<str:model>/<str:revision>/<path:path>",
     "api/v1/internal/artifacts/models/<str:model>/manifest",  # the gateway, for a published model's tokenizer
     "api/v1/internal/artifacts/models/<str:model>/files/<str:revision>/<path:path>",
+    "api/v1/internal/models/register",  # `diptych model register`, with the internal token
 }
 
 

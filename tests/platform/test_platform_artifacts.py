@@ -187,34 +187,6 @@ def test_a_directory_without_files_is_refused(store_root, art_model, tmp_path):
         publication_prepare(model_name="tiny-art", directory=tmp_path / "missing")
 
 
-def test_register_model_publishes_the_directory_and_a_refused_revision_changes_nothing(
-    store_root, db, model_directory, tmp_path
-):
-    from diptych_server.model_catalog import RegistrationError, register_model
-
-    registered = register_model("tiny-art", model_directory, revision="r1")
-    model = Model.objects.get(name="tiny-art")
-    assert set(registered.fleet_tokens) == {"prefill", "decode", "colocated"}
-    assert (registered.revision, registered.source) == ("r1", str(model_directory.resolve()))
-    assert (model.revision, model.source, model.context_length) == ("r1", "artifacts", 512)
-    assert recorded_files(model, "r1") == expected_files(model_directory)
-    token_hashes = list(model.fleets.order_by("name").values_list("token_hash", flat=True))
-
-    changed = write_model_directory(tmp_path / "changed", weights=b"other weights")
-    with pytest.raises(RegistrationError, match="already published with other content"):
-        register_model("tiny-art", changed, revision="r1")
-    assert list(model.fleets.order_by("name").values_list("token_hash", flat=True)) == token_hashes
-    assert Model.objects.get(pk=model.pk).source == "artifacts"
-    assert recorded_files(model, "r1") == expected_files(model_directory)
-
-    # A new (content-addressed) revision: the fleets keep their tokens, so workers of r1 hear they should drain.
-    again = register_model("tiny-art", changed)
-    assert again.fleet_tokens == {}
-    assert list(model.fleets.order_by("name").values_list("token_hash", flat=True)) == token_hashes
-    assert Model.objects.get(pk=model.pk).revision == again.revision == content_revision(expected_files(changed))
-    assert Model.objects.get(pk=model.pk).source == "artifacts"
-
-
 # ---- the manifest ---------------------------------------------------------------------------------------
 
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
+from diptych_common.internal_api.client import ControlPlaneClient
 from gateway.accounts.auth import Caller
 from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.usage import UsageJournal
-from gateway.control_plane import ControlPlaneClient
 from gateway.types import (
     ErrorKind,
     FinishReason,

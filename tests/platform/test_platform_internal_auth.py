@@ -1,10 +1,11 @@
 import pytest
 from rest_framework.test import APIClient
 
-GATEWAY_ENDPOINTS = [
+GATEWAY_ENDPOINTS = [  # and the command line's: the internal token's
     ("get", "/api/v1/internal/registry"),
     ("post", "/api/v1/internal/api-keys/verify"),
     ("post", "/api/v1/internal/usage-events"),
+    ("post", "/api/v1/internal/models/register"),
 ]
 WORKER_ENDPOINTS = [
     ("post", "/api/v1/internal/workers/register"),

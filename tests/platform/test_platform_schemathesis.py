@@ -46,6 +46,7 @@ REFUSE_SOME_VALID_REQUESTS = {
     "POST /api/v1/auth/accept-invitation",  # a password that is too common
     "POST /api/v1/internal/workers/{worker_id}/heartbeat",  # kv_blocks_free above kv_blocks_total
     "POST /api/v1/internal/workers/register",  # a revision of the model that was never published
+    "POST /api/v1/internal/models/register",  # paths that do not name the files one to one, or leave the folder
     "POST /api/v1/api-keys",  # an expiry in the past
     "POST /api/v1/files",  # a file that is not JSON Lines of requests to a served model
     "POST /api/v1/stripe/webhook",  # a missing or wrong Stripe signature

@@ -4,6 +4,7 @@ import json
 
 import httpx
 
+from diptych_common.internal_api.client import ControlPlaneClient
 from workers.serving.registration import ControlPlaneLink
 
 
@@ -17,7 +18,9 @@ async def test_a_draining_answer_drains_the_worker_and_is_reported_back():
     link = ControlPlaneLink(
         "http://control-plane", "fleet-token", "127.0.0.1:1", "w", lambda: {"queue_depth": 0}, on_state=told.append
     )
-    link._http = httpx.AsyncClient(base_url="http://control-plane", transport=httpx.MockTransport(control_plane))
+    link._control_plane = ControlPlaneClient(
+        "http://control-plane", "fleet-token", transport=httpx.MockTransport(control_plane)
+    )
     link.worker_id = "wrk_1"
     await link.heartbeat()
     assert link.draining and told == ["draining"]

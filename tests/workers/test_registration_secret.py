@@ -3,6 +3,7 @@
 import httpx
 import pytest
 
+from diptych_common.internal_api.client import ControlPlaneClient
 from workers.serving.registration import ControlPlaneLink, RegistrationError
 
 FLEET = {"name": "tiny-decode", "role": "decode", "model": "diptych-tiny"}
@@ -10,8 +11,10 @@ FLEET = {"name": "tiny-decode", "role": "decode", "model": "diptych-tiny"}
 
 def link_answering(body: dict) -> ControlPlaneLink:
     link = ControlPlaneLink("http://control-plane", "fleet-token", "127.0.0.1:1", "w", dict)
-    link._http = httpx.AsyncClient(
-        base_url="http://control-plane", transport=httpx.MockTransport(lambda request: httpx.Response(201, json=body))
+    link._control_plane = ControlPlaneClient(
+        "http://control-plane",
+        "fleet-token",
+        transport=httpx.MockTransport(lambda request: httpx.Response(201, json=body)),
     )
     return link
 

@@ -21,6 +21,7 @@ import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from diptych_common.credential_server import worker_server
+from diptych_common.internal_api.client import ControlPlaneClient
 from diptych_common.logs import configure_logging
 from diptych_common.proto.v1 import kv_tier_pb2, kv_tier_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
@@ -141,13 +142,10 @@ async def _secret_from_control_plane(control_plane_url: str, secret: WorkerSecre
             "the KV tier needs the worker RPC secret: set DIPTYCH_WORKER_RPC_SECRET, or DIPTYCH_INTERNAL_TOKEN "
             "for it to ask the control plane"
         )
-    url = f"{control_plane_url.rstrip('/')}/api/v1/internal/worker-credential"
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=5.0) as http:
+    async with ControlPlaneClient(control_plane_url, token) as control_plane:
         while True:
             try:
-                response = await http.get(url)
-                response.raise_for_status()
-                secret.set(response.json()["worker_rpc_secret"])
+                secret.set(await control_plane.worker_rpc_secret())
                 return
             except (httpx.HTTPError, KeyError, ValueError) as error:
                 log.info("waiting for the control plane to hand over the worker RPC secret: %r", error)

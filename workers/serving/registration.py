@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from diptych_common.logs import describe_error
+from diptych_common.internal_api.client import ControlPlaneClient, describe_failure
 from diptych_common.worker_credential import WorkerSecret
 
 log = logging.getLogger(__name__)
@@ -32,11 +32,7 @@ class ControlPlaneLink:
         http_timeout_s: float = 5.0,
         revision: str = "",
     ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=control_plane_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {fleet_token}"},
-            timeout=http_timeout_s,
-        )
+        self._control_plane = ControlPlaneClient(control_plane_url, fleet_token, timeout=http_timeout_s)
         self._address = address
         self._name = name
         self._load = load
@@ -49,14 +45,14 @@ class ControlPlaneLink:
         self.draining = False
 
     async def register(self) -> None:
-        response = await self._http.post(
-            "/api/v1/internal/workers/register",
-            json={"address": self._address, "name": self._name, "revision": self._revision},
-        )
-        if response.status_code == 401:
-            raise RegistrationError(f"the control plane refused the fleet token: {response.text}")
-        response.raise_for_status()
-        body = response.json()
+        try:
+            body = await self._control_plane.register_worker(
+                address=self._address, name=self._name, revision=self._revision
+            )
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code == 401:
+                raise RegistrationError(f"the control plane refused the fleet token: {error.response.text}") from None
+            raise
         if not body.get("worker_rpc_secret"):
             raise RegistrationError(
                 "the control plane handed out no worker RPC secret on registration: it predates authenticated "
@@ -74,7 +70,7 @@ class ControlPlaneLink:
                 await self.register()
                 return
             except httpx.HTTPError as error:
-                log.warning("cannot register with the control plane yet (%s); retrying", describe_error(error))
+                log.warning("cannot register with the control plane yet (%s); retrying", describe_failure(error))
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def heartbeat_forever(self) -> None:
@@ -83,23 +79,25 @@ class ControlPlaneLink:
             try:
                 await self.heartbeat()
             except httpx.HTTPError as error:
-                log.warning("heartbeat failed: %s", describe_error(error))
+                log.warning("heartbeat failed: %s", describe_failure(error))
 
     async def heartbeat(self) -> None:
         state = "draining" if self.draining else "ready"
-        response = await self._http.post(
-            f"/api/v1/internal/workers/{self.worker_id}/heartbeat", json={"state": state, **self._load()}
-        )
-        if response.status_code in (404, 410):
-            log.warning("the control plane no longer knows this worker (%s); registering again", response.status_code)
+        try:
+            body = await self._control_plane.heartbeat(self.worker_id, state, self._load())
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code not in (404, 410):
+                raise
+            log.warning(
+                "the control plane no longer knows this worker (%s); registering again", error.response.status_code
+            )
             await self.register()
             return
-        response.raise_for_status()
-        state = response.json().get("state", "")
+        state = body.get("state", "")
         if state == "draining" and not self.draining:
             log.info("the control plane asks this worker to drain")
             self.draining = True
         self._on_state(state)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._control_plane.close()

@@ -32,11 +32,12 @@ from controlplane.catalog.models import PriceTier
 from controlplane.catalog.selectors import PriceBook, price_book
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import UsageEvent
-from controlplane.metering.services import IngestResult, UsageReport, usage_batch_new, usage_events_store
+from controlplane.metering.services import IngestResult, usage_batch_new, usage_events_store
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.selectors import owner_emails
 from controlplane.tenancy.services import audit_record
+from diptych_common.internal_api import messages
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,15 @@ RollupKey = tuple[int, int, str, str, str, date, int | None]  # organization, ap
 
 
 @transaction.atomic
-def usage_events_ingest(*, reports: Sequence[UsageReport]) -> IngestResult:
+def usage_events_ingest(*, reports: Sequence[messages.UsageEvent]) -> IngestResult:
     """Store a batch of usage events, all or nothing, each new one in the billing period it is billed in
     (billing.periods); a (request_id, phase) seen before is a duplicate."""
     new = usage_batch_new(reports=reports)
     ingested_at = timezone.now()
-    wanted = [(api_key.organization_id, period_start_of(report.started_at)) for report, api_key in new.events]
+    wanted = [
+        (api_key.organization_id, period_start_of(datetime.fromisoformat(report.started_at)))
+        for report, api_key in new.events
+    ]
     billed_in = billing_periods_assign(wanted=wanted, now=ingested_at)
     return usage_events_store(new=new, period_starts=[billed_in[key] for key in wanted], ingested_at=ingested_at)
 

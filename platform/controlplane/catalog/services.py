@@ -1,22 +1,26 @@
 import hashlib
 import logging
-import os
 import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from controlplane.catalog.artifact_store import ArtifactStore, artifact_key, artifact_store
+from controlplane.catalog.artifact_store import CHUNK_BYTES, ArtifactStore, artifact_key, artifact_store
 from controlplane.catalog.models import (
     ARTIFACTS_SOURCE,
     LIVE_WORKER_STATES,
     REVISION_MAX_LENGTH,
     Fleet,
+    FleetRole,
     Model,
     ModelFile,
     Price,
@@ -24,16 +28,18 @@ from controlplane.catalog.models import (
     Worker,
     WorkerState,
 )
-from controlplane.catalog.selectors import heartbeat_deadline, revision_exists
+from controlplane.catalog.selectors import fleet_get_by_token, heartbeat_deadline, revision_exists
 from controlplane.common.errors import InvalidInput, ObjectGone, ObjectNotFound
 from controlplane.common.tokens import generate_token, hash_token
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.services import audit_record
-from diptych_common.artifacts import ArtifactFile, sha256_of
+from diptych_common.artifacts import ArtifactFile, model_directory_files, sha256_of
 
 logger = logging.getLogger(__name__)
 
 FLEET_TOKEN_PREFIX = "dft"
+LOCAL_REGION = "local"
+LOCAL_HARDWARE_CLASS = "cpu"
 WORKER_RPC_SECRET_LABEL = "diptych.catalog.worker-rpc-secret"
 
 
@@ -149,6 +155,38 @@ def fleet_token_rotate(*, fleet: Fleet) -> str:
     fleet.token_hash = hash_token(token)
     fleet.save(update_fields=["token_hash"])
     return token
+
+
+def fleet_name(
+    *, model_name: str, role: str, region: str = LOCAL_REGION, hardware_class: str = LOCAL_HARDWARE_CLASS
+) -> str:
+    """`diptych-tiny` gives `tiny-prefill`, `tiny-decode`, `tiny-colocated`; other models keep their name. A
+    region or hardware class other than the local defaults is appended (`tiny-prefill-west`,
+    `tiny-decode-us-east-1-h100`), so each region's and hardware's fleets are their own."""
+    name = f"{model_name.removeprefix('diptych-')}-{role}"
+    if region != LOCAL_REGION:
+        name += f"-{region}"
+    if hardware_class != LOCAL_HARDWARE_CLASS:
+        name += f"-{hardware_class}"
+    return name
+
+
+def fleet_tokens_issue(*, model: Model, region: str, hardware_class: str, kept: Mapping[str, str]) -> dict[str, str]:
+    """Ensures the model's fleet of each role in the region and hardware class, and issues each a fresh token
+    unless `kept` holds one (role -> token) that still works for it; returns each role's token."""
+    tokens = {}
+    for role in FleetRole.values:
+        fleet = fleet_ensure(
+            name=fleet_name(model_name=model.name, role=role, region=region, hardware_class=hardware_class),
+            role=role,
+            model=model,
+            region=region,
+            hardware_class=hardware_class,
+        )
+        kept_token = kept.get(role, "")
+        still_works = kept_token and fleet_get_by_token(token=kept_token) == fleet
+        tokens[role] = kept_token if still_works else fleet_token_rotate(fleet=fleet)
+    return tokens
 
 
 @transaction.atomic
@@ -297,17 +335,13 @@ def directory_manifest(directory: Path) -> list[ArtifactFile]:
     """Every file under `directory` (dot-files and dot-folders aside) with its size and sha256, by path."""
     if not directory.is_dir():
         raise InvalidInput(f"{directory} is not a directory.", fields={"directory": ["Not a directory."]})
-    entries = []
-    for folder, subfolders, names in os.walk(directory):
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        for name in sorted(names):
-            file = Path(folder, name)
-            if not name.startswith(".") and file.is_file():
-                path = file.relative_to(directory).as_posix()
-                entries.append(ArtifactFile(path=path, size=file.stat().st_size, sha256=sha256_of(file)))
+    entries = [
+        ArtifactFile(path=path, size=(directory / path).stat().st_size, sha256=sha256_of(directory / path))
+        for path in model_directory_files(directory)
+    ]
     if not entries:
         raise InvalidInput(f"{directory} holds no files to publish.", fields={"directory": ["No files."]})
-    return sorted(entries, key=lambda entry: entry.path)
+    return entries
 
 
 def manifest_revision(entries: list[ArtifactFile]) -> str:
@@ -368,6 +402,94 @@ def model_publish(
         )
     model.refresh_from_db()
     return PublishedRevision(model=model, revision=revision, files=files, uploaded=not already_published)
+
+
+@dataclass(frozen=True)
+class ModelRegistered:
+    model: Model
+    revision: str  # the model's current revision
+    fleet_tokens: dict[str, str]  # role -> a fresh token; empty when the model's fleets kept theirs
+
+
+def model_register(
+    *,
+    name: str,
+    context_length: int,
+    family: str,
+    dtype: str,
+    files: Sequence[tuple[str, BinaryIO]],
+    revision: str = "",
+    actor: Principal = SYSTEM,
+) -> ModelRegistered:
+    """Adds (or updates) the model with its prefill, decode and colocated fleets in the local region, and
+    publishes `files` ((path, content) each) as `revision` of the model (default: named by their content),
+    which becomes the revision its workers load.
+
+    Fleet tokens are issued only to a model whose fleets do not all hold one; the others keep theirs, so
+    that a new revision's workers use them. Everything is hashed and checked before anything changes: a
+    refused revision changes nothing.
+    """
+    with tempfile.TemporaryDirectory(prefix="diptych-model-") as folder:
+        directory = _written_directory(files, Path(folder))
+        publication = publication_prepare(model_name=name, directory=directory, revision=revision)
+        fleet_tokens = _catalog_entry_ensure(name=name, context_length=context_length, family=family, dtype=dtype)
+        published = model_publish(model=Model.objects.get(name=name), publication=publication, actor=actor)
+    return ModelRegistered(model=published.model, revision=published.revision, fleet_tokens=fleet_tokens)
+
+
+def _written_directory(files: Sequence[tuple[str, BinaryIO]], directory: Path) -> Path:
+    """`directory` holding each file at its path; InvalidInput names every path that cannot be published."""
+    problems = _file_path_problems([path for path, _ in files])
+    if problems:
+        first_field, first_problems = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InvalidInput(f"Nothing was stored. {first_field}: {first_problems[0]}{more}", fields=problems)
+    for path, content in files:
+        target = directory / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as out:
+            shutil.copyfileobj(content, out, CHUNK_BYTES)
+    return directory
+
+
+def _file_path_problems(paths: Sequence[str]) -> dict[str, list[str]]:
+    """What is wrong with each path that cannot be published, by its place in `paths`."""
+    folders = {"/".join(parts[:end]) for parts in (path.split("/") for path in paths) for end in range(1, len(parts))}
+    seen: set[str] = set()
+    problems = {}
+    for index, path in enumerate(paths):
+        if not _publishable(path):
+            problems[f"paths[{index}]"] = [
+                f"{path!r} cannot be published: give a relative POSIX path, no part of it empty, over 255 bytes or "
+                "starting with '.' (dot-files and dot-folders are never published)."
+            ]
+        elif path in seen or path in folders:
+            problems[f"paths[{index}]"] = [f"{path!r} is named twice, as a file or as a folder."]
+        seen.add(path)
+    return problems
+
+
+def _publishable(path: str) -> bool:
+    parts = path.split("/")
+    return (
+        "\\" not in path
+        and "\x00" not in path
+        and all(part and not part.startswith(".") and len(part.encode()) <= 255 for part in parts)
+    )
+
+
+@transaction.atomic
+def _catalog_entry_ensure(*, name: str, context_length: int, family: str, dtype: str) -> dict[str, str]:
+    """The model's catalog entry, published as artifacts, and its fleets with fresh tokens; the fleets of a
+    model that hold a token for every role keep theirs, and none is returned."""
+    existing = Model.objects.filter(name=name).first()
+    roles_with_tokens = set(
+        Fleet.objects.filter(model__name=name, token_hash__isnull=False).values_list("role", flat=True)
+    )
+    model = model_ensure(name=name, source=ARTIFACTS_SOURCE, context_length=context_length, family=family, dtype=dtype)
+    if existing is not None and roles_with_tokens >= set(FleetRole.values):
+        return {}
+    return fleet_tokens_issue(model=model, region=LOCAL_REGION, hardware_class=LOCAL_HARDWARE_CLASS, kept={})
 
 
 def _check_same_content(*, model: Model, revision: str, files: list[ArtifactFile]) -> bool:

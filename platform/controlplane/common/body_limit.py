@@ -1,4 +1,5 @@
-"""Refuses a request whose body is over DATA_UPLOAD_MAX_MEMORY_SIZE before anything reads it."""
+"""Refuses a request whose body is over DATA_UPLOAD_MAX_MEMORY_SIZE before anything reads it; a view that
+takes larger bodies names its own limit in `max_body_bytes` (None: none)."""
 
 from collections.abc import Callable
 
@@ -24,7 +25,11 @@ class RequestBodyLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return self.get_response(request)
+
+    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs) -> HttpResponse | None:
+        view_class = getattr(view_func, "cls", None)
+        limit = getattr(view_class, "max_body_bytes", settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if limit is not None and _declared_length(request) > limit:
             return JsonResponse(error_body("request_too_large", body_too_large_message(limit)), status=413)
-        return self.get_response(request)
+        return None

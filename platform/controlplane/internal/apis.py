@@ -1,7 +1,9 @@
-"""The endpoints the gateway (internal token) and the workers (fleet token) call, under `internal/`.
+"""The endpoints the gateway and the command line (internal token) and the workers (fleet token) call, under
+`internal/`.
 
-Each view translates HTTP to one call of a domain app's service or selector and back; the JSON shapes
-are the contracts of gateway/control_plane.py and workers/serving/registration.py.
+Each view translates HTTP to one call of a domain app's service or selector and back; the callers' side
+of each endpoint and message is diptych_common/internal_api/ (tests/platform/test_platform_internal_contracts.py
+checks that the two agree).
 """
 
 from dataclasses import asdict
@@ -15,6 +17,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -31,7 +34,13 @@ from controlplane.catalog.selectors import (
     model_manifest,
     worker_list_live,
 )
-from controlplane.catalog.services import WorkerLoad, worker_heartbeat, worker_register, worker_rpc_secret
+from controlplane.catalog.services import (
+    WorkerLoad,
+    model_register,
+    worker_heartbeat,
+    worker_register,
+    worker_rpc_secret,
+)
 from controlplane.common.errors import ObjectNotFound
 from controlplane.common.strict_input import TextField
 from controlplane.internal.base_apis import FleetAPIView, InternalAPIView
@@ -42,18 +51,18 @@ from controlplane.internal.serializers import (
     IdempotencyKeyFields,
     LimitsSerializer,
     RefusalReportSerializer,
-    UsageReportSerializer,
+    UsageEventSerializer,
 )
 from controlplane.metering.services import (
     MAX_EVENTS_PER_BATCH,
     RefusalReport,
-    UsageReport,
     idempotency_key_claim,
     idempotency_key_complete,
     idempotency_key_release,
     rate_limit_refusals_record,
 )
 from controlplane.tenancy.services import api_key_authenticate
+from diptych_common.internal_api import messages
 
 MAX_POSITIVE_INTEGER = 2**31 - 1
 
@@ -191,7 +200,7 @@ class WorkerCredentialApi(InternalAPIView):
 
 class UsageEventIngestApi(InternalAPIView):
     class UsageEventBatchInputSerializer(serializers.Serializer):
-        events = UsageReportSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
+        events = UsageEventSerializer(many=True, allow_empty=True, max_length=MAX_EVENTS_PER_BATCH)
 
     class UsageEventBatchOutputSerializer(serializers.Serializer):
         accepted = serializers.IntegerField()
@@ -201,7 +210,8 @@ class UsageEventIngestApi(InternalAPIView):
     def post(self, request: Request) -> Response:
         serializer = self.UsageEventBatchInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        reports = [UsageReport(**event) for event in serializer.validated_data["events"]]
+        # The validated events as wire bodies again (defaults filled in, times in UTC), one message each.
+        reports = [messages.UsageEvent.from_wire(event) for event in serializer.data["events"]]
         result = usage_events_ingest(reports=reports)
         return Response(self.UsageEventBatchOutputSerializer(asdict(result)).data)
 
@@ -296,6 +306,71 @@ class ModelArtifactFileApi(InternalAPIView):
     @extend_schema(responses=MODEL_FILE_RESPONSE)
     def get(self, request: Request, model: str, revision: str, path: str) -> StreamingHttpResponse:
         return _stream_model_file(model_file_get(model=model, revision=revision, path=path))
+
+
+# ---- called by the command line (`diptych model register`) ----------------------------------------------
+
+
+class ModelRegisterApi(InternalAPIView):
+    """A model directory into the catalog: the model and its prefill, decode and colocated fleets, and its
+    files published as a revision, which the model's workers then load. Registering the same files again
+    changes nothing but making their revision current; other files under a published revision are refused."""
+
+    parser_classes = [MultiPartParser]
+    max_body_bytes = None  # a model's files, as large as they come: each streams to disk, not memory
+
+    class ModelRegisterInputSerializer(serializers.Serializer):
+        name = serializers.RegexField(
+            messages.MODEL_NAME_PATTERN, error_messages={"invalid": f"Not allowed: {messages.MODEL_NAME_RULE}."}
+        )
+        context_length = serializers.IntegerField(min_value=1, max_value=MAX_POSITIVE_INTEGER)
+        family = serializers.CharField(max_length=50, help_text="The config's model_type, e.g. llama.")
+        dtype = serializers.CharField(max_length=20)
+        revision = serializers.CharField(
+            max_length=REVISION_MAX_LENGTH,
+            required=False,
+            default="",
+            allow_blank=True,
+            help_text="Empty: named by the files' content (12 hex digits of the sha256 of their list).",
+        )
+        paths = serializers.ListField(
+            child=serializers.CharField(max_length=1000, trim_whitespace=False),
+            allow_empty=False,
+            help_text="Each file's POSIX path in the model directory, in the order of `files`.",
+        )
+        files = serializers.ListField(child=serializers.FileField(allow_empty_file=True), allow_empty=False)
+
+        def validate(self, attrs: dict) -> dict:
+            if len(attrs["paths"]) != len(attrs["files"]):
+                raise serializers.ValidationError(
+                    {"paths": [f"One path per file, in their order: {len(attrs['paths'])} for {len(attrs['files'])}."]}
+                )
+            return attrs
+
+    class ModelRegisterOutputSerializer(serializers.Serializer):
+        name = serializers.CharField(source="model.name")
+        context_length = serializers.IntegerField(source="model.context_length")
+        revision = serializers.CharField(help_text="The model's current revision, which its workers load.")
+        fleet_tokens = serializers.DictField(
+            child=serializers.CharField(),
+            help_text="Role -> a fresh fleet token (the fleet's earlier one stops working); empty when the model's "
+            "fleets already held tokens, which they keep.",
+        )
+
+    @extend_schema(request=ModelRegisterInputSerializer, responses=ModelRegisterOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.ModelRegisterInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        registered = model_register(
+            name=data["name"],
+            context_length=data["context_length"],
+            family=data["family"],
+            dtype=data["dtype"],
+            revision=data["revision"],
+            files=list(zip(data["paths"], data["files"], strict=True)),
+        )
+        return Response(self.ModelRegisterOutputSerializer(registered).data)
 
 
 # ---- called by the workers ------------------------------------------------------------------------------

@@ -23,7 +23,9 @@ class LimitsSerializer(serializers.Serializer):
     output_tokens_per_minute = serializers.IntegerField(allow_null=True)
 
 
-class UsageReportSerializer(serializers.Serializer):
+class UsageEventSerializer(serializers.Serializer):
+    """The HTTP translation of the internal API's `UsageEvent` message (diptych_common/internal_api/messages.py)."""
+
     request_id = serializers.CharField(max_length=128, help_text="The execution's server-issued id.")
     client_request_id = serializers.RegexField(CLIENT_REQUEST_ID_PATTERN, required=False, default="", allow_blank=True)
     phase = serializers.ChoiceField(choices=Phase.choices)

@@ -24,6 +24,8 @@ urlpatterns = [
         apis.ModelArtifactFileApi.as_view(),
         name="internal-model-artifact-file",
     ),
+    # the command line's (DIPTYCH_INTERNAL_TOKEN)
+    path("models/register", apis.ModelRegisterApi.as_view(), name="internal-model-register"),
     # the workers' (their fleet's token)
     path("workers/register", apis.WorkerRegisterApi.as_view(), name="internal-worker-register"),
     path("workers/<str:worker_id>/heartbeat", apis.WorkerHeartbeatApi.as_view(), name="internal-worker-heartbeat"),

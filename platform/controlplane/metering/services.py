@@ -10,35 +10,11 @@ from django.utils import timezone
 from controlplane.common.errors import InvalidInput
 from controlplane.metering.models import IdempotencyRecord, IdempotencyState, RateLimitRefusal, UsageEvent
 from controlplane.tenancy.models import ApiKey, Organization
+from diptych_common.internal_api import messages
 
 logger = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 1000
-
-
-@dataclass(frozen=True)
-class UsageReport:
-    """One usage event as the gateway reports it, before it is resolved against the database."""
-
-    request_id: str
-    phase: str
-    organization_id: str
-    client_request_id: str
-    api_key_id: str
-    model: str
-    region: str
-    worker_id: str
-    tokens: int
-    cached_tokens: int
-    kv_bytes: int
-    compute_ms: int
-    started_at: datetime
-    finished_at: datetime
-    tier: str = "standard"
-
-    @property
-    def idempotency_key(self) -> tuple[str, str]:
-        return self.request_id, self.phase
 
 
 @dataclass(frozen=True)
@@ -51,18 +27,18 @@ class IngestResult:
 class NewUsage:
     """The events of a batch that the ledger does not hold yet, each with its API key."""
 
-    events: list[tuple[UsageReport, ApiKey]]
+    events: list[tuple[messages.UsageEvent, ApiKey]]
     received: int  # events in the batch, repeats included
 
 
-def usage_batch_new(*, reports: Sequence[UsageReport]) -> NewUsage:
+def usage_batch_new(*, reports: Sequence[messages.UsageEvent]) -> NewUsage:
     """The batch's events not stored before, first of each (request_id, phase) only; reads, writes nothing.
 
     InvalidInput lists every unknown or mismatched reference. The first write of an event wins: a repeat
     with different content is logged and dropped.
     """
     api_keys = _resolve_api_keys(reports)
-    first_reports: dict[tuple[str, str], UsageReport] = {}
+    first_reports: dict[tuple[str, str], messages.UsageEvent] = {}
     for report in reports:
         first = first_reports.setdefault(report.idempotency_key, report)
         if first is not report and first != report:
@@ -146,25 +122,17 @@ def _stored_events(*, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str]
     }
 
 
-def _new_event(report: UsageReport, *, api_key: ApiKey, ingested_at: datetime, period_start: date) -> UsageEvent:
+def _new_event(
+    report: messages.UsageEvent, *, api_key: ApiKey, ingested_at: datetime, period_start: date
+) -> UsageEvent:
     return UsageEvent(
         request_id=report.request_id,
-        client_request_id=report.client_request_id,
         phase=report.phase,
         organization_id=api_key.organization_id,
         api_key=api_key,
-        model=report.model,
-        region=report.region,
-        worker_id=report.worker_id,
-        tokens=report.tokens,
-        cached_tokens=report.cached_tokens,
-        kv_bytes=report.kv_bytes,
-        compute_ms=report.compute_ms,
-        started_at=report.started_at,
-        finished_at=report.finished_at,
         ingested_at=ingested_at,
         period_start=period_start,
-        tier=report.tier,
+        **_ledger_values(report),
     )
 
 
@@ -183,9 +151,15 @@ COMPARED_FIELDS = [
 ]
 
 
-def _same_content(event: UsageEvent, report: UsageReport, api_key: ApiKey) -> bool:
+def _ledger_values(report: messages.UsageEvent) -> dict[str, object]:
+    """The reported fields a repeat of a stored event must match, as the ledger stores them."""
+    values = {field: getattr(report, field) for field in COMPARED_FIELDS}
+    return values | {name: datetime.fromisoformat(values[name]) for name in ("started_at", "finished_at")}
+
+
+def _same_content(event: UsageEvent, report: messages.UsageEvent, api_key: ApiKey) -> bool:
     return event.api_key_id == api_key.pk and all(
-        getattr(event, field) == getattr(report, field) for field in COMPARED_FIELDS
+        getattr(event, field) == value for field, value in _ledger_values(report).items()
     )
 
 

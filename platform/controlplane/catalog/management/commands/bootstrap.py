@@ -19,9 +19,14 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from controlplane.catalog.models import FleetRole, Model, PricePhase, PriceTier
-from controlplane.catalog.selectors import fleet_get_by_token
-from controlplane.catalog.services import fleet_ensure, fleet_token_rotate, model_ensure, price_ensure_initial
+from controlplane.catalog.models import Model, PricePhase, PriceTier
+from controlplane.catalog.services import (
+    LOCAL_HARDWARE_CLASS,
+    LOCAL_REGION,
+    fleet_tokens_issue,
+    model_ensure,
+    price_ensure_initial,
+)
 from controlplane.common.errors import CredentialRejected
 from controlplane.tenancy.models import Membership, Role, Scope
 from controlplane.tenancy.selectors import user_get_by_email
@@ -37,8 +42,6 @@ DEFAULT_MODEL_NAME = "diptych-tiny"
 DEFAULT_CONTEXT_LENGTH = 1024
 DEFAULT_FAMILY = "llama"
 DEFAULT_DTYPE = "float32"
-LOCAL_REGION = "local"
-LOCAL_HARDWARE_CLASS = "cpu"
 # A region or hardware class becomes part of fleet names and metric labels: a short word, no spaces.
 PLACEMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DEMO_ORGANIZATION_NAME = "Demo"
@@ -53,20 +56,6 @@ DEMO_PRICES = {
 }
 PRICES_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=UTC)
 BATCH_DISCOUNT_PERCENT = 50  # the Batch API's requests run in spare capacity, at half the list price
-
-
-def fleet_name(
-    *, model_name: str, role: str, region: str = LOCAL_REGION, hardware_class: str = LOCAL_HARDWARE_CLASS
-) -> str:
-    """`diptych-tiny` gives `tiny-prefill`, `tiny-decode`, `tiny-colocated`; other models keep their name. A
-    region or hardware class other than the local defaults is appended (`tiny-prefill-west`,
-    `tiny-decode-us-east-1-h100`), so each region's and hardware's fleets are their own."""
-    name = f"{model_name.removeprefix('diptych-')}-{role}"
-    if region != LOCAL_REGION:
-        name += f"-{region}"
-    if hardware_class != LOCAL_HARDWARE_CLASS:
-        name += f"-{hardware_class}"
-    return name
 
 
 class Command(BaseCommand):
@@ -122,7 +111,7 @@ class Command(BaseCommand):
                 family=options["family"],
                 dtype=options["dtype"],
             )
-            fleet_tokens = self._issue_fleet_tokens(
+            fleet_tokens = fleet_tokens_issue(
                 model=model,
                 region=options["region"],
                 hardware_class=options["hardware_class"],
@@ -182,23 +171,6 @@ class Command(BaseCommand):
         if not Membership.objects.filter(user=user).exists():
             member_add(organization=organization, email=DEMO_OWNER_EMAIL, role=Role.OWNER)
         return password
-
-    def _issue_fleet_tokens(
-        self, *, model: Model, region: str, hardware_class: str, kept: dict[str, str]
-    ) -> dict[str, str]:
-        tokens = {}
-        for role in FleetRole.values:
-            fleet = fleet_ensure(
-                name=fleet_name(model_name=model.name, role=role, region=region, hardware_class=hardware_class),
-                role=role,
-                model=model,
-                region=region,
-                hardware_class=hardware_class,
-            )
-            kept_token = kept.get(role, "")
-            still_works = kept_token and fleet_get_by_token(token=kept_token) == fleet
-            tokens[role] = kept_token if still_works else fleet_token_rotate(fleet=fleet)
-        return tokens
 
 
 def _read_kept(path: Path | None) -> dict:
