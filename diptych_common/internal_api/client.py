@@ -16,7 +16,7 @@ import httpx
 
 from diptych_common.internal_api import endpoints
 from diptych_common.internal_api.endpoints import Endpoint
-from diptych_common.internal_api.messages import ModelRegistration, RegisteredModel, UsageEvent
+from diptych_common.internal_api.messages import ModelRegistration, RefusalReport, RegisteredModel, UsageEvent
 from diptych_common.logs import describe_error
 
 
@@ -63,8 +63,9 @@ class ControlPlaneClient:
         body = {"events": [event.to_wire() for event in events]}
         return _body(await self._request(endpoints.USAGE_EVENTS, json=body, headers=headers or {}))
 
-    async def post_rate_limit_refusals(self, refusals: list[dict]) -> dict:
-        return _body(await self._request(endpoints.RATE_LIMIT_REFUSALS, json={"refusals": refusals}))
+    async def post_rate_limit_refusals(self, refusals: Sequence[RefusalReport]) -> dict:
+        body = {"refusals": [refusal.to_wire() for refusal in refusals]}
+        return _body(await self._request(endpoints.RATE_LIMIT_REFUSALS, json=body))
 
     async def claim_idempotency_key(self, body: dict) -> dict:
         return _body(await self._request(endpoints.IDEMPOTENCY_KEY_CLAIM, json=body))

@@ -46,6 +46,28 @@ class UsageEvent:
         return cls(**_fields_in(cls, body))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RefusalReport:
+    """A gateway's count of the requests one limit refused for one API key in one minute (`POST
+    rate-limit-refusals`, in batches); sent again under the same `id`, it counts once."""
+
+    id: str
+    organization_id: str
+    api_key_id: str
+    scope: str  # whose limit refused: "organization" or "api_key"
+    limit: str  # e.g. "requests_per_minute"
+    limit_value: int
+    minute: str  # ISO 8601, with the time zone: the minute's start
+    refusals: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> Self:
+        return cls(**_fields_in(cls, body))
+
+
 # A model's name in the API (the `model` of a request), short enough for its fleets' names (`<name>-colocated`).
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,89}$"
 MODEL_NAME_RULE = "use 1 to 90 letters, digits, '.', '_' or '-', starting with a letter or digit"

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from diptych_common.internal_api.client import ControlPlaneClient
+from diptych_common.internal_api.messages import RefusalReport
 from gateway.accounts.usage import flush_forever
 
 log = logging.getLogger(__name__)
@@ -49,39 +50,39 @@ class RefusalTally:
 
     def __init__(self) -> None:
         self._counts: dict[RefusalKey, int] = {}
-        self._unacknowledged: list[dict] = []
+        self._unacknowledged: list[RefusalReport] = []
 
     def record(self, organization_id: str, api_key_id: str, scope: str, kind: str, limit_value: int) -> None:
         """One request refused by the `scope` limit (limits.py's "organization" or "API key") on `kind`."""
         key = RefusalKey(organization_id, api_key_id, SCOPES[scope], LIMITS[kind], limit_value, this_minute())
         self._counts[key] = self._counts.get(key, 0) + 1
 
-    def take(self, limit: int = BATCH_SIZE) -> list[dict]:
+    def take(self, limit: int = BATCH_SIZE) -> list[RefusalReport]:
         """Up to `limit` rows for the control plane: those not acknowledged yet first, then the new counts."""
         counts, self._counts = self._counts, {}
         self._unacknowledged += [_row(key, refusals) for key, refusals in counts.items()]
         return self._unacknowledged[:limit]
 
-    def acknowledge(self, rows: list[dict]) -> None:
-        sent = {row["id"] for row in rows}
-        self._unacknowledged = [row for row in self._unacknowledged if row["id"] not in sent]
+    def acknowledge(self, rows: list[RefusalReport]) -> None:
+        sent = {row.id for row in rows}
+        self._unacknowledged = [row for row in self._unacknowledged if row.id not in sent]
 
     @property
     def pending(self) -> int:
         return len(self._unacknowledged) + len(self._counts)
 
 
-def _row(key: RefusalKey, refusals: int) -> dict:
-    return {
-        "id": uuid.uuid4().hex,
-        "organization_id": key.organization_id,
-        "api_key_id": key.api_key_id,
-        "scope": key.scope,
-        "limit": key.limit,
-        "limit_value": key.limit_value,
-        "minute": key.minute.isoformat(),
-        "refusals": refusals,
-    }
+def _row(key: RefusalKey, refusals: int) -> RefusalReport:
+    return RefusalReport(
+        id=uuid.uuid4().hex,
+        organization_id=key.organization_id,
+        api_key_id=key.api_key_id,
+        scope=key.scope,
+        limit=key.limit,
+        limit_value=key.limit_value,
+        minute=key.minute.isoformat(),
+        refusals=refusals,
+    )
 
 
 class RefusalReporter:

@@ -4,6 +4,7 @@ batches whose rows keep their ids until acknowledged."""
 import pytest
 
 from diptych_common.internal_api.client import ControlPlaneUnavailable
+from diptych_common.internal_api.messages import RefusalReport
 from gateway.accounts.auth import RateLimits
 from gateway.accounts.limits import RateLimited
 from gateway.accounts.refusals import RefusalReporter, RefusalTally, this_minute
@@ -19,10 +20,10 @@ async def test_each_refusal_is_counted_by_key_and_the_limit_that_refused(limiter
     with pytest.raises(RateLimited):
         await limiter.admit(who, input_tokens=1, max_output_tokens=50)  # more than the organization's minute
     rows = limiter.refusals.take()
-    counted = {(row["scope"], row["limit"], row["limit_value"]): row["refusals"] for row in rows}
+    counted = {(row.scope, row.limit, row.limit_value): row.refusals for row in rows}
     assert counted == {("api_key", "requests_per_minute", 1): 2, ("organization", "output_tokens_per_minute", 10): 1}
-    assert {(row["organization_id"], row["api_key_id"]) for row in rows} == {(who.organization_id, who.api_key_id)}
-    assert {row["minute"] for row in rows} <= {this_minute().isoformat()}
+    assert {(row.organization_id, row.api_key_id) for row in rows} == {(who.organization_id, who.api_key_id)}
+    assert {row.minute for row in rows} <= {this_minute().isoformat()}
 
 
 async def test_an_admitted_request_counts_no_refusal(limiter):  # noqa: F811
@@ -36,8 +37,8 @@ class FlakyControlPlane:
     def __init__(self) -> None:
         self.calls: list[list[dict]] = []
 
-    async def post_rate_limit_refusals(self, refusals: list[dict]) -> dict:
-        self.calls.append([dict(row) for row in refusals])
+    async def post_rate_limit_refusals(self, refusals: list[RefusalReport]) -> dict:
+        self.calls.append([row.to_wire() for row in refusals])
         if len(self.calls) == 1:
             raise ControlPlaneUnavailable("control plane unreachable")
         return {"accepted": len(refusals), "duplicates": 0}

@@ -10,10 +10,10 @@ from rest_framework import serializers
 
 from controlplane.common.openapi import full_schema
 from controlplane.internal.apis import ModelRegisterApi
-from controlplane.internal.serializers import UsageEventSerializer
+from controlplane.internal.serializers import RefusalReportSerializer, UsageEventSerializer
 from diptych_common.internal_api import endpoints
 from diptych_common.internal_api.endpoints import Endpoint
-from diptych_common.internal_api.messages import ModelRegistration, RegisteredModel, UsageEvent
+from diptych_common.internal_api.messages import ModelRegistration, RefusalReport, RegisteredModel, UsageEvent
 
 NAMED_ENDPOINTS = {name: value for name, value in vars(endpoints).items() if isinstance(value, Endpoint)}
 REQUIRED = "(required)"
@@ -49,6 +49,7 @@ def serializer_fields(serializer: serializers.Serializer) -> dict[str, object]:
     ("message", "serializer", "file_parts"),
     [
         (UsageEvent, UsageEventSerializer(), set()),
+        (RefusalReport, RefusalReportSerializer(), set()),
         (ModelRegistration, ModelRegisterApi.ModelRegisterInputSerializer(), {"files"}),
         (RegisteredModel, ModelRegisterApi.ModelRegisterOutputSerializer(), set()),
     ],

@@ -55,7 +55,6 @@ from controlplane.internal.serializers import (
 )
 from controlplane.metering.services import (
     MAX_EVENTS_PER_BATCH,
-    RefusalReport,
     idempotency_key_claim,
     idempotency_key_complete,
     idempotency_key_release,
@@ -226,7 +225,8 @@ class RateLimitRefusalIngestApi(InternalAPIView):
     def post(self, request: Request) -> Response:
         serializer = self.RefusalBatchInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        reports = [RefusalReport(**row) for row in serializer.validated_data["refusals"]]
+        # The validated reports as wire bodies again (times in UTC), one message each.
+        reports = [messages.RefusalReport.from_wire(row) for row in serializer.data["refusals"]]
         result = rate_limit_refusals_record(reports=reports)
         return Response(UsageEventIngestApi.UsageEventBatchOutputSerializer(asdict(result)).data)
 

@@ -294,21 +294,7 @@ def _organization(public_id: str) -> Organization:
 # ---- refusals by a rate limit ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RefusalReport:
-    """A gateway's count of the requests one limit refused for one API key in one minute."""
-
-    id: str
-    organization_id: str
-    api_key_id: str
-    scope: str
-    limit: str
-    limit_value: int
-    minute: datetime
-    refusals: int
-
-
-def rate_limit_refusals_record(*, reports: Sequence[RefusalReport]) -> IngestResult:
+def rate_limit_refusals_record(*, reports: Sequence[messages.RefusalReport]) -> IngestResult:
     """Stores the gateway's counts of refused requests; a report sent again (same id) counts once."""
     api_keys = _resolve_api_keys(reports, items="refusals")
     ingested_at = timezone.now()
@@ -321,7 +307,7 @@ def rate_limit_refusals_record(*, reports: Sequence[RefusalReport]) -> IngestRes
                 scope=report.scope,
                 limit=report.limit,
                 limit_value=report.limit_value,
-                minute=report.minute.replace(second=0, microsecond=0),
+                minute=datetime.fromisoformat(report.minute).replace(second=0, microsecond=0),
                 refusals=report.refusals,
                 ingested_at=ingested_at,
             )
