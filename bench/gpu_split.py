@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.local_workers import Worker
+from bench.local_workers import Worker, split_calls
 from bench.migration_parity import first_difference
 from bench.progress import log
 from bench.stats import percentile
@@ -42,7 +42,6 @@ from workers.engine.core import EngineConfig
 from workers.runner.decode_graphs import DecodeGraphSpec
 from workers.runner.model_loader import load_model
 from workers.runner.model_runner import ModelRunner
-from workers.serving.server import Role
 
 BLOCK_SIZE = 16
 PAD_TOKEN = 2  # the built-in tokenizers' <pad>
@@ -116,24 +115,10 @@ def greedy(count: int) -> worker_pb2.SamplingParams:
 
 
 async def split_request(prefill: Worker, decode: Worker, request_id: str, prompt: list[int], count: int) -> Outcome:
-    """The gateway's order: the decode call first (it expects the KV under the transfer token), then the
-    prefill call, whose stream brings the first token and then the KV's delivery."""
-    token = secrets.token_bytes(32)
+    """The gateway's order (`split_calls`): the decode call first (it expects the KV under the transfer token),
+    then the prefill call, whose stream brings the first token and then the KV's delivery."""
     started = time.perf_counter()
-    decode_call = decode.stub.Decode(
-        worker_pb2.DecodeRequest(
-            request_id=request_id, transfer_token=token, sampling=greedy(count), prompt_tokens=len(prompt)
-        )
-    )
-    prefill_call = prefill.stub.Prefill(
-        worker_pb2.PrefillRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling=greedy(count),
-            decode_address=decode.address,
-            transfer_token=token,
-        )
-    )
+    decode_call, prefill_call = await split_calls(prefill, decode, request_id, prompt, greedy(count))
     first: list[int] = []
     ttft, kv_bytes, transfer_ms, data_path = 0.0, 0, 0, ""
     async for event in prefill_call:
@@ -187,7 +172,7 @@ def blocks_per_request(args) -> int:
     return -(-(args.prompt_tokens * 3 // 2 + args.output_tokens) // BLOCK_SIZE) + 1
 
 
-def start_worker(role: Role, model, executor, args, graphs: bool) -> Worker:
+def start_worker(role: str, model, executor, args, graphs: bool) -> Worker:
     """A worker of `role` whose runner is on the device, with decode graphs when asked (CUDA only)."""
     per_request = blocks_per_request(args)
     num_blocks = args.kv_blocks or 2 * args.concurrency * per_request
@@ -253,9 +238,9 @@ async def measure(model, args) -> tuple[list[Round], list[tuple[int, int]]]:
     async with AsyncExitStack() as stack:
         executors = [stack.enter_context(ThreadPoolExecutor(max_workers=1)) for _ in range(3)]
         log("building the workers" + (" and capturing decode graphs" if cuda and args.graphs else ""))
-        prefill = start_worker(Role.PREFILL, model, executors[0], args, graphs=False)
-        decode = start_worker(Role.DECODE, model, executors[1], args, graphs=cuda and args.graphs)
-        colocated = start_worker(Role.COLOCATED, model, executors[2], args, graphs=cuda and args.graphs)
+        prefill = start_worker("prefill", model, executors[0], args, graphs=False)
+        decode = start_worker("decode", model, executors[1], args, graphs=cuda and args.graphs)
+        colocated = start_worker("colocated", model, executors[2], args, graphs=cuda and args.graphs)
         workers = (prefill, decode, colocated)
         for worker in workers:
             await worker.start()
@@ -268,7 +253,8 @@ async def measure(model, args) -> tuple[list[Round], list[tuple[int, int]]]:
         for number in range(args.rounds):
             prompts = make_prompts(args.requests, args.prompt_tokens, vocab_size, f"round {number}")
             rounds.append(await measure_round(prefill, decode, colocated, prompts, args))
-        blocks = [(w.engine.stats().kv_blocks_free, w.engine.stats().kv_blocks_total) for w in workers]
+        loads = [await worker.stub.GetLoad(worker_pb2.LoadRequest()) for worker in workers]
+        blocks = [(load.kv_blocks_free, load.kv_blocks_total) for load in loads]
     return rounds, blocks
 
 

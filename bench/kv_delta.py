@@ -33,7 +33,6 @@ from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.proto.v1 import worker_pb2
 from workers.engine.core import EngineConfig
 from workers.runner.model_loader import build_builtin_model
-from workers.serving.server import Role
 
 MODES = ("whole", "missing")
 
@@ -80,11 +79,11 @@ async def run(args) -> int:
     config = EngineConfig(num_kv_blocks=args.kv_blocks, token_budget=512, cuda_graphs=False)
     executors: list[ThreadPoolExecutor] = []
 
-    def worker(role: Role) -> Worker:
+    def worker(role: str) -> Worker:
         executors.append(ThreadPoolExecutor(max_workers=1))  # a forward thread of its own
         return Worker(role, model, executors[-1], args.shm, config=config, context_length=4096)
 
-    pairs = {mode: (worker(Role.PREFILL), worker(Role.DECODE)) for mode in MODES}
+    pairs = {mode: (worker("prefill"), worker("decode")) for mode in MODES}
     for prefill, decode in pairs.values():
         await prefill.start()
         await decode.start()
@@ -115,7 +114,9 @@ async def run(args) -> int:
                 f"turn {turn + 1}/{args.turns}: prompts {min(map(len, conversations))}-{max(map(len, conversations))} "
                 f"tokens after the reply"
             )
-        received = {mode: pairs[mode][1].engine.stats().kv_bytes_received for mode in MODES}
+        received = {
+            mode: (await pairs[mode][1].stub.GetLoad(worker_pb2.LoadRequest())).kv_bytes_received for mode in MODES
+        }
     finally:
         for prefill, decode in pairs.values():
             await prefill.stop()

@@ -1,5 +1,5 @@
 """The shared KV tier against recomputation, side by side in one run, with a real store process
-(`python -m workers.kv_tier.server`) and engines in this process that reach it over gRPC:
+(`diptych kv-tier`) and engines in this process that reach it over gRPC:
 
 1. Time to first token of a prompt whose first 90% another worker computed: one engine fetches that
    prefix from the tier, another (no tier) recomputes it; the same prompts, alternating which goes first.
@@ -50,7 +50,7 @@ class Store:
     def __init__(self, memory_mib: int) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.kv_tier.server", "--port", self.address.split(":")[1]]
+            [sys.executable, "-m", "diptych_server.cli", "kv-tier", "--port", self.address.split(":")[1]]
             + ["--memory-mib", str(memory_mib)],
             env={**os.environ, "DIPTYCH_WORKER_RPC_SECRET": SECRET},
             stderr=subprocess.DEVNULL,

@@ -29,17 +29,18 @@ SECRET = "local-worker-rpc-secret"
 
 
 class Worker:
-    """A worker of `role` on `model`: engine (unless told, 128 blocks of 16 tokens, 64 tokens a step,
-    context 1024), its KV connector (a prefill worker sends, a decode worker receives), its grammar
-    compiler when given (structured outputs) and its gRPC service on loopback. `runner`: the engine's
-    model runner when the caller built it (on a device, with CUDA graphs); by default one on the CPU with
-    the config's blocks. `nixl`: its NIXL agent's staging buffers (the KV then moves over NIXL where
-    shared memory is not allowed). `kv_tier`: HOST:PORT of a KV tier store it shares prefix blocks through
-    (as the blocks of `model_name`)."""
+    """A worker of `role` ("prefill", "decode" or "colocated", the roles of `diptych worker --role`) on
+    `model`: engine (unless told, 128 blocks of 16 tokens, 64 tokens a step, context 1024), its KV
+    connector (a prefill worker sends, a decode worker receives), its grammar compiler when given
+    (structured outputs) and its gRPC service on loopback. `runner`: the engine's model runner when the
+    caller built it (on a device, with CUDA graphs); by default one on the CPU with the config's blocks.
+    `nixl`: its NIXL agent's staging buffers (the KV then moves over NIXL where shared memory is not
+    allowed). `kv_tier`: HOST:PORT of a KV tier store it shares prefix blocks through (as the blocks of
+    `model_name`)."""
 
     def __init__(
         self,
-        role: Role,
+        role: str,
         model,
         executor,
         allow_shm: bool,
@@ -52,6 +53,7 @@ class Worker:
         kv_tier: str = "",
         model_name: str = "diptych-tiny",
     ) -> None:
+        role = Role(role)
         self.secret = WorkerSecret(secret)
         config = config or EngineConfig(num_kv_blocks=128, token_budget=64)
         runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size)

@@ -30,7 +30,6 @@ from diptych_common.proto.v1 import worker_pb2
 from workers.engine.core import EngineConfig
 from workers.kv_connector.nixl import nixl_staging, nixl_unavailable
 from workers.runner.model_loader import build_builtin_model
-from workers.serving.server import Role
 
 PATHS = ("tcp", "shm", "nixl")
 
@@ -84,10 +83,17 @@ async def run(args: argparse.Namespace) -> dict[str, list[Sample]]:
         pairs = {}
         for path in paths:
             executors = [stack.enter_context(ThreadPoolExecutor(max_workers=1)) for _ in range(2)]
-            staging = {role: nixl_staging("on", role.value) if path == "nixl" else None for role in Role}
             prefill, decode = (
-                Worker(role, model, pool, path == "shm", config=config, context_length=positions, nixl=staging[role])
-                for role, pool in zip((Role.PREFILL, Role.DECODE), executors, strict=True)
+                Worker(
+                    role,
+                    model,
+                    pool,
+                    path == "shm",
+                    config=config,
+                    context_length=positions,
+                    nixl=nixl_staging("on", role) if path == "nixl" else None,
+                )
+                for role, pool in zip(("prefill", "decode"), executors, strict=True)
             )
             for worker in (prefill, decode):
                 await worker.start()

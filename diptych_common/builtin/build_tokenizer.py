@@ -12,6 +12,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+COMMITTED_DIR = Path(__file__).parent  # the tokenizer files of each built-in model, in a directory of its name
+BUILT_TOKENIZERS = ("diptych-tiny", "diptych-100m")
 VOCAB_SIZE = 512
 VOCAB_SIZE_100M = 32000
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -89,8 +91,9 @@ def build_tokenizer(
     )
 
 
-def write_tokenizer(name: str) -> Path:
-    output_dir = Path(__file__).parent / name
+def write_tokenizer(name: str, directory: Path = COMMITTED_DIR) -> Path:
+    """Writes the built-in model's tokenizer files into `directory`/`name`; returns that directory."""
+    output_dir = directory / name
     if name == "diptych-tiny":
         build_tokenizer().save_pretrained(output_dir)
     elif name == "diptych-100m":

@@ -1,10 +1,11 @@
-"""The chaos run's verdict (`bench.chaos_ledger.reconcile`) on hand-made clients' records and ledgers: each
+"""The chaos run's verdict (`bench.chaos.ledger.reconcile`) on hand-made clients' records and ledgers: each
 way of billing wrongly is caught, and counted where it belongs."""
 
 import pytest
 
-from bench.chaos import ChaosReport, parse_args, render
-from bench.chaos_ledger import LedgerEvent, RequestRecord, reconcile
+from bench.chaos.ledger import LedgerEvent, RequestRecord, reconcile
+from bench.chaos.options import parse_args
+from bench.chaos.report import ChaosReport, render
 
 ORG_A, ORG_B = "org_a", "org_b"
 

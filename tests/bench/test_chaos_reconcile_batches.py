@@ -1,10 +1,10 @@
-"""The chaos run's batch verdict (`bench.chaos_ledger_batches.reconcile_batches`) on hand-made batch files and
+"""The chaos run's batch verdict (`bench.chaos.batch_ledger.reconcile_batches`) on hand-made batch files and
 ledgers: each way of billing a batch line wrongly is caught and counted where it belongs, and the executions
 it accounts for are kept out of the interactive reconciliation."""
 
-from bench.chaos import ChaosReport, render
-from bench.chaos_ledger import LedgerEvent, reconcile
-from bench.chaos_ledger_batches import BatchRecord, ReportedLine, reconcile_batches
+from bench.chaos.batch_ledger import BatchRecord, ReportedLine, reconcile_batches
+from bench.chaos.ledger import LedgerEvent, reconcile
+from bench.chaos.report import ChaosReport, render
 
 ORG_A, ORG_B = "org_a", "org_b"
 RUNNER, OTHER_RUNNER, INTERACTIVE_KEY = "key_runner", "key_other_runner", "key_a"

@@ -14,6 +14,7 @@ import pytest
 from sdk_scripted_server import tokens
 
 import diptych
+from tests.proto_stubs import stubs_against_committed
 
 # grpc/__init__.py itself imports grpc_tools, grpc_health and grpc_reflection when they are installed.
 ALLOWED_THIRD_PARTY = {"diptych", "diptych_proto", "grpc", "google", "typing_extensions", "cython_runtime"} | {
@@ -199,25 +200,11 @@ def test_contract_wheel_holds_the_stubs_and_nothing_else(wheels):
 
 def test_the_contract_stubs_are_generated_from_inference_proto(tmp_path):
     """`make proto` was run after the last change to inference.proto: the stubs match it byte for byte."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-Idiptych_proto/v1=proto/diptych/v1",
-            f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}",
-            "proto/diptych/v1/inference.proto",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
+    stubs = stubs_against_committed(
+        tmp_path, "diptych_proto/v1=proto/diptych/v1", ["proto/diptych/v1/inference.proto"], REPO / "proto" / "src"
     )
-    for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
-        generated = (tmp_path / "diptych_proto" / "v1" / name).read_text()
-        committed = (REPO / "proto" / "src" / "diptych_proto" / "v1" / name).read_text()
-        assert generated == committed, f"{name} is not what inference.proto gives: run make proto"
+    names = ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py")
+    assert stubs == {f"diptych_proto/v1/{name}": True for name in names}, "stale stubs: run make proto"
 
 
 def test_wheels_work_in_a_clean_virtual_environment_without_the_server(wheels, tmp_path, server):

@@ -1,5 +1,5 @@
 """What a chaos run's batches report (their output and error files) against what the usage ledger billed,
-line by line (`bench.chaos_batches` collects both).
+line by line (`bench.chaos.batch_files` collects the files, `bench.chaos.database` reads the ledger).
 
 A line is identified by its custom_id, unique in the run. The files report, per custom_id, an answer (the
 output file: status 200 and the execution's server-issued id), a refusal (the error file, with the
@@ -19,13 +19,13 @@ are those labelled with its custom_id and the one its answer names. `reconcile_b
   as executions, `unclaimed_executions`);
 - unended: a batch still running when the run gave up waiting.
 
-Like `bench.chaos_ledger`, it knows nothing of how the platform got there.
+Like `bench.chaos.ledger`, it knows nothing of how the platform got there.
 """
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from bench.chaos_ledger import DECODE, PREFILL, LedgerEvent
+from bench.chaos.ledger import DECODE, PREFILL, LedgerEvent
 
 BATCH_TIER = "batch"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})

@@ -1,13 +1,12 @@
-"""Batch API traffic for the chaos run (`bench.chaos`), and what the platform reports of it afterwards.
+"""The chaos run's Batch API traffic, sent through the gateway's OpenAI-compatible HTTP API while the
+interactive load runs.
 
-While the interactive load runs, each organization uploads a JSONL file of chat requests now and then
-through the gateway's `/v1/files` and creates a batch of it (`/v1/batches`); a share of the batches is
-cancelled a few seconds after it was created. The gateway, the control plane and the jobs process that
-runs batches may be dead at any moment, so every call is retried until it is answered; a create whose
-answer was lost is retried with a new file of new custom_ids, so that every custom_id of the run belongs
-to one batch at most, and whatever batch the lost call created is found afterwards anyway: `collect`
-lists every batch of each organization on the control plane, reads its input file, output file and
-error file, and hands them to `bench.chaos_batch_ledger` as the platform reports them.
+Each organization uploads a JSONL file of chat requests now and then (`/v1/files`) and creates a batch of
+it (`/v1/batches`); a share of the batches is cancelled a few seconds after it was created. The gateway,
+the control plane and the jobs process that runs batches may be dead at any moment, so every call is
+retried until it is answered; a create whose answer was lost is retried with a new file of new
+custom_ids, so that every custom_id of the run belongs to one batch at most, and whatever batch the lost
+call created is found afterwards anyway (`bench.chaos.batch_files`).
 
 Every line's body carries `user: <custom_id>`, which the gateway keeps with the execution's usage as the
 client's label (`client_request_id`): it names the line an execution was billed for, whichever execution
@@ -25,14 +24,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.chaos_ledger_batches import BatchRecord, ReportedLine
-
 CHAT = "/v1/chat/completions"
-TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 CALL_TIMEOUT_S = 30.0
 RETRY_PAUSE_S = 0.5
 CALL_DEADLINE_S = 120.0  # a call unanswered this long (every victim is back well before) stops the run
-PAGE = 100
 ID = re.compile(r"(file|batch)_[A-Za-z0-9]+")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
@@ -121,7 +116,7 @@ class BatchTraffic:
         )
         body = {"input_file_id": uploaded["id"], "endpoint": CHAT, "completion_window": "24h"}
         try:
-            response = await http.post("/batches", json=body, headers=_auth(key))
+            response = await http.post("/batches", json=body, headers=bearer(key))
         except httpx.TransportError as error:
             self.retried_calls[f"POST /batches: {type(error).__name__}"] += 1
             return ""
@@ -148,7 +143,7 @@ class BatchTraffic:
         deadline = time.monotonic() + CALL_DEADLINE_S
         while True:
             try:
-                response = await http.request(method, path, headers=_auth(key), **kwargs)
+                response = await http.request(method, path, headers=bearer(key), **kwargs)
                 if response.status_code == 200 or response.status_code in accept:
                     return response.json()
                 if response.status_code < 500:
@@ -162,7 +157,7 @@ class BatchTraffic:
             await asyncio.sleep(RETRY_PAUSE_S)
 
 
-def _auth(key: str) -> dict[str, str]:
+def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
@@ -181,89 +176,3 @@ def _input_file(tag: str, lines: int, settings: BatchSettings, rng: random.Rando
         }
         rows.append(json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}))
     return "".join(row + "\n" for row in rows).encode()
-
-
-# --- after the run ------------------------------------------------------------------------------------
-
-
-def wait_until_ended(control_plane_url: str, api_keys: dict[str, str], timeout_s: float) -> list[str]:
-    """Waits until every batch of every organization has ended; returns the ids of those that did not."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        running = [
-            batch["id"]
-            for key in api_keys.values()
-            for batch in _list_batches(control_plane_url, key)
-            if batch["status"] not in TERMINAL
-        ]
-        if not running or time.monotonic() > deadline:
-            return running
-        time.sleep(1.0)
-
-
-def collect(control_plane_url: str, api_keys: dict[str, str], runner_keys: dict[str, str]) -> list[BatchRecord]:
-    """Every batch of every organization as the control plane's Batch API reports it: its input file's
-    custom_ids and, per custom_id, what its output and error files say. `runner_keys`: batch id -> the
-    public id of the key it ran with (the API does not show it)."""
-    records = []
-    for organization_id, key in sorted(api_keys.items()):
-        for batch in reversed(_list_batches(control_plane_url, key)):
-            custom_ids = [
-                json.loads(row)["custom_id"] for row in _file_rows(control_plane_url, key, batch["input_file_id"])
-            ]
-            reported: list[ReportedLine] = []
-            for kind, file_id in (("output", batch.get("output_file_id")), ("error", batch.get("error_file_id"))):
-                for row in _file_rows(control_plane_url, key, file_id):
-                    reported.append(_reported_line(kind, json.loads(row)))
-            records.append(
-                BatchRecord(
-                    batch_id=batch["id"],
-                    organization_id=organization_id,
-                    runner_key_id=runner_keys.get(batch["id"], ""),
-                    status=batch["status"],
-                    custom_ids=custom_ids,
-                    reported=reported,
-                    request_counts=batch.get("request_counts") or {},
-                )
-            )
-    return records
-
-
-def _reported_line(kind: str, record: dict) -> ReportedLine:
-    response = record.get("response") or {}
-    usage = (response.get("body") or {}).get("usage") or {}
-    return ReportedLine(
-        custom_id=record["custom_id"],
-        file=kind,
-        status_code=response.get("status_code"),
-        request_id=response.get("request_id") or "",
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        error_code=(record.get("error") or {}).get("code") or "",
-    )
-
-
-def _list_batches(control_plane_url: str, key: str) -> list[dict]:
-    """Every batch of the key's organization, newest first."""
-    batches: list[dict] = []
-    after = None
-    while True:
-        params: dict[str, str | int] = {"limit": PAGE, **({"after": after} if after else {})}
-        page = _get(control_plane_url, "/api/v1/batches", key, params).json()
-        batches += page["data"]
-        if not page["has_more"]:
-            return batches
-        after = page["last_id"]
-
-
-def _file_rows(control_plane_url: str, key: str, file_id: str | None) -> list[str]:
-    if not file_id:
-        return []
-    return _get(control_plane_url, f"/api/v1/files/{file_id}/content", key).text.splitlines()
-
-
-def _get(control_plane_url: str, path: str, key: str, params: dict | None = None) -> httpx.Response:
-    response = httpx.get(f"{control_plane_url}{path}", params=params, headers=_auth(key), timeout=CALL_TIMEOUT_S)
-    if response.status_code != 200:
-        raise BatchCallError(f"GET {path} answered {response.status_code}: {response.text[:500]}")
-    return response
