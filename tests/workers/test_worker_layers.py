@@ -8,9 +8,9 @@ and nothing imports an entry point. No worker module imports the gateway, the co
 the process launcher or the benchmarks, and the modules' runtime imports form no circle.
 """
 
-import ast
-from collections import defaultdict
 from pathlib import Path
+
+from tests.import_graph import circles, imports, module_name, runtime_import_circles
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "workers"
@@ -27,37 +27,6 @@ ALLOWED: dict[str, frozenset[str]] = {  # group → the groups its modules may i
 OTHER_FIRST_PARTY = {"gateway", "controlplane", "planner", "diptych_server", "bench", "tests", "diptych"}
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path) -> list[tuple[int, str, bool]]:
-    """(line, module imported, whether at run time) for every import in the file; `from a import b` counts
-    as a.b when that is a module of the tree, else as a."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    type_only_lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                type_only_lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, node.lineno not in type_only_lines) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                candidate = f"{node.module}.{alias.name}"
-                target = candidate if _is_module(candidate) else node.module
-                found.append((node.lineno, target, node.lineno not in type_only_lines))
-    return found
-
-
-def _is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
 def _group(module: str) -> str | None:
     """The package of workers/ a module belongs to (None: the workers package itself)."""
     parts = module.split(".")
@@ -65,7 +34,7 @@ def _group(module: str) -> str | None:
 
 
 def _worker_modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in WORKERS.rglob("*.py")}
+    return {module_name(path, ROOT): path for path in WORKERS.rglob("*.py")}
 
 
 def test_each_package_imports_only_the_ones_below_it():
@@ -74,7 +43,7 @@ def test_each_package_imports_only_the_ones_below_it():
         if module in ENTRY_POINTS or _group(module) is None:
             continue
         allowed = ALLOWED[_group(module)]
-        for line, target, _ in _imports(path):
+        for line, target, _ in imports(path, ROOT):
             if target.startswith("workers.") and target not in ENTRY_POINTS and _group(target) not in allowed:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert not wrong, "imports that run back up:\n" + "\n".join(wrong)
@@ -83,7 +52,7 @@ def test_each_package_imports_only_the_ones_below_it():
 def test_nothing_imports_an_entry_point_and_no_worker_module_reaches_outside_its_process():
     wrong = []
     for module, path in _worker_modules().items():
-        for line, target, _ in _imports(path):
+        for line, target, _ in imports(path, ROOT):
             if target in ENTRY_POINTS and target != module:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports the entry point {target}")
             if target.split(".")[0] in OTHER_FIRST_PARTY:
@@ -92,55 +61,14 @@ def test_nothing_imports_an_entry_point_and_no_worker_module_reaches_outside_its
 
 
 def test_the_modules_runtime_imports_form_no_circle():
-    modules = _worker_modules()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for module, path in modules.items():
-        for _, target, at_run_time in _imports(path):
-            if at_run_time and target in modules and target != module:
-                edges[module].add(target)
-    circles = _circles(edges)
-    assert not circles, "modules that import each other: " + "; ".join(" -> ".join(c) for c in circles)
-
-
-def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for successor in sorted(edges.get(node, ())):
-            if successor not in index:
-                visit(successor)
-                low[node] = min(low[node], low[successor])
-            elif successor in on_stack:
-                low[node] = min(low[node], index[successor])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
+    found = runtime_import_circles(_worker_modules(), ROOT)
+    assert not found, "modules that import each other: " + "; ".join(" -> ".join(c) for c in found)
 
 
 def test_the_parser_finds_the_imports_the_rules_judge():
     """The checks above are not vacuous: the parser finds the imports they judge."""
-    runner = _imports(WORKERS / "runner" / "model_runner.py")
+    runner = imports(WORKERS / "runner" / "model_runner.py", ROOT)
     assert any(target == "workers.models.attention" for _, target, _ in runner)
-    sampling = _imports(WORKERS / "engine" / "sampling.py")
+    sampling = imports(WORKERS / "engine" / "sampling.py", ROOT)
     assert any(target == "workers.models.device_values" for _, target, _ in sampling)
-    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
