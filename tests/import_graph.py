@@ -7,17 +7,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def modules_under(package: Path) -> dict[str, Path]:
-    """The dotted name of every module in the package, its subpackages included."""
-    return {module_name(path): path for path in package.rglob("*.py")}
+def modules_under(package: Path, source_root: Path = ROOT) -> dict[str, Path]:
+    """The dotted name of every module in the package, its subpackages included; `source_root` is the folder
+    its names start from (the repository, or platform/ for the control plane's `controlplane`)."""
+    return {module_name(path, source_root): path for path in package.rglob("*.py")}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, source_root: Path = ROOT) -> str:
+    parts = path.relative_to(source_root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
+def imports(path: Path, source_root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, module imported) for every import in the file, those for type checking alone included;
     `from a import b` counts as a.b when that is a module of the tree, else as a."""
     found = []
@@ -27,13 +28,21 @@ def imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                found.append((node.lineno, candidate if is_module(candidate) else node.module))
+                found.append((node.lineno, candidate if is_module(candidate, source_root) else node.module))
     return found
 
 
-def is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
+def is_module(name: str, source_root: Path = ROOT) -> bool:
+    path = source_root.joinpath(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def import_circles(modules: dict[str, Path], source_root: Path = ROOT) -> list[list[str]]:
+    """The circles among `modules` (dotted name → file) that their imports make."""
+    edges: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges[module] = {target for _, target in imports(path, source_root) if target in modules and target != module}
+    return circles(edges)
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:

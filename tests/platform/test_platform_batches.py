@@ -15,14 +15,14 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchLine, File, LineState
-from controlplane.batches.runner import run_slice
-from controlplane.batches.services import (
+from controlplane.batches.run_services import (
     LineAnswer,
     line_answered,
     line_postponed,
     line_sending,
     runner_key_secret,
 )
+from controlplane.batches.runner import run_slice
 from controlplane.tenancy.services import api_key_create, member_add
 from tests.platform.conftest import bearer_client
 
@@ -317,7 +317,7 @@ def test_a_batch_past_its_window_expires_without_running_its_lines(client_a, inp
 
 
 def test_a_runner_holds_a_batch_alone_until_its_lease_ends(client_a, input_file):
-    from controlplane.batches.services import batch_lease_claim
+    from controlplane.batches.run_services import batch_lease_claim
 
     batch = Batch.objects.get(public_id=create_batch(client_a, input_file["id"]).data["id"])
     now = timezone.now()

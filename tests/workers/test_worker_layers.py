@@ -8,10 +8,9 @@ and nothing imports an entry point. No worker module imports the gateway, the co
 the process launcher or the benchmarks, and the modules' imports (those for type checking too) form no circle.
 """
 
-from collections import defaultdict
 from pathlib import Path
 
-from tests.import_graph import ROOT, circles, imports, modules_under
+from tests.import_graph import ROOT, circles, import_circles, imports, modules_under
 
 WORKERS = ROOT / "workers"
 ENTRY_POINTS = {"workers.main", "workers.kv_tier.server"}
@@ -61,13 +60,7 @@ def test_nothing_imports_an_entry_point_and_no_worker_module_reaches_outside_its
 
 
 def test_the_modules_imports_form_no_circle():
-    modules = _worker_modules()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for module, path in modules.items():
-        for _, target in imports(path):
-            if target in modules and target != module:
-                edges[module].add(target)
-    found = circles(edges)
+    found = import_circles(_worker_modules())
     assert not found, "modules that import each other: " + "; ".join(" -> ".join(c) for c in found)
 
 

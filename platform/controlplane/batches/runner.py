@@ -22,8 +22,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchLine, BatchStatus
-from controlplane.batches.selectors import lines_ready
-from controlplane.batches.services import (
+from controlplane.batches.run_services import (
     LineAnswer,
     batch_finish_if_done,
     batch_lease_claim,
@@ -35,6 +34,7 @@ from controlplane.batches.services import (
     line_sending,
     runner_key_secret,
 )
+from controlplane.batches.selectors import lines_ready
 
 log = logging.getLogger(__name__)
 
