@@ -1,0 +1,1 @@
+"""The public Inference API over gRPC."""

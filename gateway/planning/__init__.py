@@ -1,0 +1,1 @@
+"""A request checked into a plan: validation, structured outputs and tools, bounded JSON, tokenization."""
