@@ -42,7 +42,7 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def _other_gemm(chosen: Projection) -> str:
-    """The CPU GEMM layout a projection's size did not choose (`workers.models.projections.gemm_for`)."""
+    """The CPU GEMM layout the runner did not choose (`workers.models.projections.gemm_for`)."""
     return "onednn" if chosen.gemm == "mm" else "mm"
 
 
@@ -115,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     one_batch = median_ms(lambda: runner.execute(decoding), args.repeats)
     runner.decode_group_cost = GROUP_COST_IN_BLOCKS
     _row("decode step, 31 x 160 tokens and 1 x 430", one_batch, grouped)
-    _layers_with(model, runner.decoder.layers, "onednn")
-    every_onednn = median_ms(lambda: runner.execute(decoding), args.repeats)
+    _layers_with(model, runner.decoder.layers, "mm")
+    every_mm = median_ms(lambda: runner.execute(decoding), args.repeats)
     _layers_with(model, runner.decoder.layers, None)
-    _row("the same step, every layer matrix on onednn", every_onednn, grouped)
+    _row("the same step, every layer matrix on mm", every_mm, grouped)
     runner.attention_backend = choose_backend("paged-cpu", runner.device, runner.kv.dtype, 16)
     _row("the same step, gather against paged-cpu", grouped, median_ms(lambda: runner.execute(decoding), args.repeats))
     runner.attention_backend = "gather"

@@ -62,15 +62,15 @@ def test_weights_outside_onednn_stay_plain_and_stacked():
 @pytest.mark.parametrize("rows", [1, 9, 300])
 @torch.inference_mode()
 def test_each_cpu_gemm_computes_the_linear(rows):
-    """A small matrix multiplies through torch.mm (stored transposed), a large one through oneDNN's packed
-    layout: both compute what the module does, with its bias."""
+    """The runner's layout (oneDNN's packed one, small matrices too) and the `mm` layout the benchmark compares
+    it with both compute what the module does, with its bias."""
     small, large = _linear(256, 512, True, 8), _linear(1024, 600, True, 9)
-    assert gemm_for(small.weight) == "mm" and gemm_for(large.weight) == "onednn"
-    for linear in (small, large):
+    assert gemm_for(small.weight) == gemm_for(large.weight) == "onednn"
+    for linear, gemm in ((small, None), (large, None), (small, "mm")):
         x = torch.randn(rows, linear.in_features)
-        got = Projection(linear)(x)
+        got = Projection(linear, gemm=gemm)(x)
         torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(Projection(linear)(x[None])[0], got)
+        torch.testing.assert_close(Projection(linear, gemm=gemm)(x[None])[0], got)
 
 
 @pytest.mark.parametrize("norm_class", [LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm])

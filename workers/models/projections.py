@@ -4,19 +4,18 @@ matrix is laid out once for the GEMM that is quicker for its size.
 
 On CPU, `nn.Linear`'s GEMM re-packs the weight on every call, which costs most when few rows multiply
 it, as in a decode step (`python -m bench.step_costs` compares the two on the LM head). A large matrix is
-therefore reordered into oneDNN's blocked layout; but oneDNN spends 40-60 µs a call before it multiplies
-(it looks up its primitive for the input's shape), more than a small matrix's whole product takes, so a
-small matrix is stored transposed for `torch.mm` instead (`bench.step_costs` prints both per shape).
+therefore reordered into oneDNN's blocked layout, small ones too.
+
+`torch.mm` on a transposed copy (the `mm` layout) multiplies a small matrix 1.35-4.2x quicker, since oneDNN
+spends 40-60 µs a call looking up its primitive, but it is not chosen: on AMD EPYC, MKL's GEMM gives a row
+other bits when 4 or more rows share the product than when 1 to 3 do, so a sequence's logits would depend on
+its batch (greedy parity with `generate` rests on them not doing so). oneDNN's are the same bits whatever the
+row count, on the Intel and AMD machines tested. `bench.step_costs` still prints both layouts per shape.
 The laid-out weights are a copy; the model's own modules keep theirs.
 """
 
 import torch
 import torch.nn.functional as F
-
-# Up to this many weights (2 MiB of float32: every matrix of diptych-tiny) `torch.mm` made whole CPU steps
-# 1.07-1.27x quicker; the 100 M model's smallest matrices (768 x 768 and 768 x 1280), read from memory
-# rather than cache in a step, were 7% slower on it at 8 rows, and larger ones up to 2x slower alone.
-MM_MAX_WEIGHTS = 1 << 19
 
 
 class Projection:
@@ -55,12 +54,10 @@ class Projection:
 
 
 def gemm_for(weight: torch.Tensor) -> str:
-    """How a CPU float32 matrix is multiplied (`mm` when small, `onednn` when large); `linear` elsewhere."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return "linear"
-    if weight.numel() <= MM_MAX_WEIGHTS or not torch.backends.mkldnn.is_available():
-        return "mm"
-    return "onednn"
+    """How a matrix is multiplied: `onednn` for CPU float32 where oneDNN is built in, else `linear`."""
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        return "onednn"
+    return "linear"
 
 
 def _stacked_bias(linears: tuple[torch.nn.Linear, ...]) -> torch.Tensor | None:
