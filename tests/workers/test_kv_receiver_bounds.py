@@ -171,3 +171,32 @@ def test_an_accepted_cache_takes_one_buffer_of_its_own_size(receiver):
     assert received.prompt_token_ids == list(range(10)) and received.first_token_id == 7
     assert receiver.staging.requested == [3 * LAYOUT.block_nbytes]
     received.release()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "complaint"),
+    [
+        ("request_id", ["req-1"], "request_id must be a short string"),
+        ("request_id", {"id": "req-1"}, "request_id must be a short string"),
+        ("request_id", "r" * 10_000, None),  # too long for the hello's bound, or for a request id
+        ("num_tokens", "12", "num_tokens must be an integer"),
+        ("num_tokens", True, "num_tokens must be an integer"),
+        ("transfer_token", ["ab"], "transfer_token must be hex"),
+        ("transfer_token", "not hex", "transfer_token must be hex"),
+        ("data_path", ["tcp"], "no known data path"),
+        ("segment", {"name": "x"}, "segment and traceparent are strings"),
+    ],
+)
+def test_a_hello_with_a_field_of_the_wrong_type_is_refused_as_malformed_without_a_traceback(
+    receiver, caplog, field, value, complaint
+):
+    arrived = queue.Queue()
+    receiver.inbox.expect("req-1", TOKEN, arrived.put, 20)
+    with caplog.at_level("ERROR", logger="workers.kv_connector.receiver"):
+        with connect(receiver) as sock:
+            sock.sendall(hello(**{"num_tokens": 8, field: value}))
+            answer = reply(sock)
+    assert answer["code"] == "INVALID_ARGUMENT"
+    assert complaint is None or complaint in answer["error"]
+    assert not [r for r in caplog.records if r.exc_info], "a malformed hello logged a traceback"
+    assert receiver.staging.requested == [] and arrived.empty()  # the waiting request is not disturbed

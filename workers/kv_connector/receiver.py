@@ -40,6 +40,7 @@ from workers.kv_connector.wire import (
     FRAME,
     KEEPALIVE,
     TOKEN_ID,
+    Hello,
     KvTransferError,
     checksum,
     error_reply,
@@ -235,16 +236,15 @@ class KvReceiver:
             with conn:
                 tune(conn)
                 try:
-                    header = read_hello(conn, self.layout, time.monotonic() + self.hello_timeout)
+                    hello = read_hello(conn, self.layout, time.monotonic() + self.hello_timeout)
                     started_ns = time.time_ns()
                     conn.settimeout(self.io_timeout)
-                    slot = self.inbox.claim(header["request_id"], bytes.fromhex(header["transfer_token"]))
-                    self._check_size(int(header["num_tokens"]), slot)
-                    held = self._held_for(header, slot)
+                    slot = self.inbox.claim(hello.request_id, hello.transfer_token)
+                    self._check_size(hello.num_tokens, slot)
+                    held = self._held_for(hello, slot)
                     send_json(conn, {"ok": True} if held is None else {"ok": True, "held_blocks": held})
-                    received = self._read_cache(conn, header, slot, held)
-                    traceparent = header.get("traceparent", "")
-                    received.traceparent = traceparent if isinstance(traceparent, str) else ""
+                    received = self._read_cache(conn, hello, slot, held)
+                    received.traceparent = hello.traceparent
                     received.started_ns, received.finished_ns = started_ns, time.time_ns()
                 except KvTransferError as error:
                     if slot is not None:
@@ -273,18 +273,17 @@ class KvReceiver:
                 f"the KV cache of {num_tokens} tokens exceeds this worker's KV pool ({self.max_tokens} tokens)",
             )
 
-    def _held_for(self, header: dict, slot: _Slot) -> int | None:
+    def _held_for(self, hello: Hello, slot: _Slot) -> int | None:
         """The leading blocks the sender may leave out: those the request holds, when the cache is of the
         prompt the request declared (never the block of its last token). None: the sender cannot."""
-        if header.get("skip_held") is not True:
+        if not hello.skip_held:
             return None
-        num_tokens = int(header["num_tokens"])
-        if num_tokens != len(slot.prompt_token_ids):
+        if hello.num_tokens != len(slot.prompt_token_ids):
             return 0
-        return min(slot.held_blocks, max_held_blocks(num_tokens, self.layout.block_size))
+        return min(slot.held_blocks, max_held_blocks(hello.num_tokens, self.layout.block_size))
 
-    def _read_cache(self, conn: socket.socket, header: dict, slot: _Slot, held: int | None) -> ReceivedKv:
-        num_tokens = int(header["num_tokens"])
+    def _read_cache(self, conn: socket.socket, hello: Hello, slot: _Slot, held: int | None) -> ReceivedKv:
+        num_tokens = hello.num_tokens
         first_block = 0
         if held is not None:
             (first_block,) = FIRST_BLOCK.unpack(recv_exact(conn, FIRST_BLOCK.size, "the first KV block sent"))
@@ -302,10 +301,10 @@ class KvReceiver:
             )
         total_blocks = -(-num_tokens // self.layout.block_size)
         nbytes = (total_blocks - first_block) * self.layout.block_nbytes
-        staging = self._staging_for(header["data_path"])
+        staging = self._staging_for(hello.data_path)
         buffer = staging.acquire(nbytes)
         try:
-            path = self._path_of(header, conn, buffer, nbytes)
+            path = self._path_of(hello, conn, buffer, nbytes)
             first_token_id, chunks = self._read_frames(conn, path, buffer, first_block, total_blocks)
         except BaseException:
             staging.release(buffer)
@@ -316,7 +315,7 @@ class KvReceiver:
             num_tokens=num_tokens,
             chunks=chunks,
             nbytes=nbytes,
-            data_path=header["data_path"],
+            data_path=hello.data_path,
             release=_once(lambda: staging.release(buffer)),
             first_block=first_block,
         )
@@ -328,10 +327,10 @@ class KvReceiver:
             raise KvTransferError(grpc.StatusCode.FAILED_PRECONDITION, "this decode worker runs no NIXL agent")
         return self.nixl
 
-    def _path_of(self, header: dict, conn: socket.socket, buffer: torch.Tensor, nbytes: int) -> ReceivePath:
-        if header["data_path"] == "shm":
-            return ShmReceive(self._segments.view(str(header.get("segment", ""))))
-        if header["data_path"] == "nixl":
+    def _path_of(self, hello: Hello, conn: socket.socket, buffer: torch.Tensor, nbytes: int) -> ReceivePath:
+        if hello.data_path == "shm":
+            return ShmReceive(self._segments.view(hello.segment))
+        if hello.data_path == "nixl":
             assert self.nixl is not None  # (`_staging_for` refused the hello otherwise)
             send_json(conn, self.nixl.target_of(buffer, nbytes).to_json())  # only now: the token checked out
             return NixlReceive(buffer, self.nixl.agent)

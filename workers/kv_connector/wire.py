@@ -27,6 +27,7 @@ import json
 import socket
 import struct
 import time
+from dataclasses import dataclass
 
 import grpc
 import torch
@@ -40,6 +41,7 @@ CHUNK, KEEPALIVE, ABORT, END = b"C", b"K", b"X", b"E"
 TOKEN_ID = struct.Struct("<I")
 FIRST_BLOCK = struct.Struct("<I")
 MAX_HELLO_BYTES = 4 << 10  # the hello carries no prompt: a few hundred bytes
+MAX_REQUEST_ID_CHARS = 256
 MAX_REPLY_BYTES = 64 << 10  # replies and abort reasons: a sentence
 SOCKET_BUFFER_BYTES = 4 << 20  # larger kernel buffers: fewer, longer system calls per chunk
 DATA_PATHS = ("tcp", "shm", "nixl")
@@ -93,7 +95,20 @@ def encode_hello(
     return MAGIC + struct.pack("<I", len(body)) + body
 
 
-def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> dict:
+@dataclass(frozen=True)
+class Hello:
+    """A sender's hello, its fields checked for type and range."""
+
+    request_id: str
+    transfer_token: bytes
+    num_tokens: int
+    data_path: str
+    segment: str = ""
+    traceparent: str = ""
+    skip_held: bool = False
+
+
+def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> Hello:
     """Reads and checks a hello: whole by `deadline`, at most MAX_HELLO_BYTES, complete, of this layout."""
     if recv_exact(sock, 4, "the KV hello", deadline) != MAGIC:
         raise KvTransferError(
@@ -102,20 +117,36 @@ def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> dict:
         )
     header = recv_json(sock, "the KV header", MAX_HELLO_BYTES, deadline)
     expected = [layout.num_layers, layout.kv_heads, layout.head_dim, layout.block_size, dtype_name(layout.dtype)]
-    try:
-        got = [header["num_layers"], header["kv_heads"], header["head_dim"], header["block_size"], header["dtype"]]
-        int(header["num_tokens"]), bytes.fromhex(header["transfer_token"]), str(header["request_id"])
-    except (KeyError, TypeError, ValueError):
-        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header is incomplete") from None
+    got = [header.get(name) for name in ("num_layers", "kv_heads", "head_dim", "block_size", "dtype")]
     if got != expected:
         raise KvTransferError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"the KV layout (layers, kv heads, head dim, block size, dtype) {got} does not match this "
             f"worker's {expected}: both workers must serve the same model with the same block size",
         )
-    if header.get("data_path") not in DATA_PATHS:
+    return _hello_of(header)
+
+
+def _hello_of(header: dict) -> Hello:
+    """The hello's fields, each of its type: anything else is a malformed hello, refused as one."""
+    request_id, token, num_tokens = header.get("request_id"), header.get("transfer_token"), header.get("num_tokens")
+    if not (isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header's request_id must be a short string")
+    if not (isinstance(num_tokens, int) and not isinstance(num_tokens, bool)):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header's num_tokens must be an integer")
+    try:
+        transfer_token = bytes.fromhex(token) if isinstance(token, str) else None
+    except ValueError:
+        transfer_token = None
+    if transfer_token is None:
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header's transfer_token must be hex")
+    data_path = header.get("data_path")
+    if not isinstance(data_path, str) or data_path not in DATA_PATHS:
         raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header names no known data path")
-    return header
+    segment, traceparent = header.get("segment", ""), header.get("traceparent", "")
+    if not (isinstance(segment, str) and isinstance(traceparent, str)):
+        raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header's segment and traceparent are strings")
+    return Hello(request_id, transfer_token, num_tokens, data_path, segment, traceparent, header.get("skip_held") is True)
 
 
 # ---- frames -----------------------------------------------------------------------------------------
