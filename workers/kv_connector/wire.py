@@ -146,7 +146,8 @@ def _hello_of(header: dict) -> Hello:
     segment, traceparent = header.get("segment", ""), header.get("traceparent", "")
     if not (isinstance(segment, str) and isinstance(traceparent, str)):
         raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "the KV header's segment and traceparent are strings")
-    return Hello(request_id, transfer_token, num_tokens, data_path, segment, traceparent, header.get("skip_held") is True)
+    skip_held = header.get("skip_held") is True
+    return Hello(request_id, transfer_token, num_tokens, data_path, segment, traceparent, skip_held)
 
 
 # ---- frames -----------------------------------------------------------------------------------------
