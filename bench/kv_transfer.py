@@ -47,6 +47,7 @@ import xxhash
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
+from workers.kv_connector.interfaces import LOOPBACK
 from workers.kv_connector.nixl import nixl_staging  # noqa: E402
 from workers.kv_connector.params import KvTransferParams, Peer  # noqa: E402
 from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
@@ -133,7 +134,7 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
         inbox.expect(
             f"bench-{index}", b"token", lambda received: getattr(received, "release", lambda: None)(), max_tokens
         )
-    receiver = KvReceiver(inbox, LAYOUT, nixl=nixl_staging("on", "decode"))
+    receiver = KvReceiver(inbox, LAYOUT, nixl=nixl_staging("on", "decode", LOOPBACK))
     receiver.start()
     tiny_inbox = KvInbox()  # the overlap run: the built-in model's own KV layout
     tiny_inbox.expect(
@@ -217,7 +218,7 @@ class DataPath:
     def __init__(self, port: int, num_blocks: int) -> None:
         self.port = port
         self.runner = PoolRunner(num_blocks)
-        self.sender = KvSender(LAYOUT, nixl=nixl_staging("on", "prefill"))
+        self.sender = KvSender(LAYOUT, nixl=nixl_staging("on", "prefill", LOOPBACK))
         # pin: the sender of a pool in device memory, which stages every path's chunks
         self.staged_sender = KvSender(LAYOUT, pin=True, nixl=self.sender.nixl)
         self.counter = 0

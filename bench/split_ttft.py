@@ -28,6 +28,7 @@ from bench.progress import log
 from diptych_common.builtin import BUILTIN_MODELS
 from diptych_common.proto.v1 import worker_pb2
 from workers.engine.core import EngineConfig
+from workers.kv_connector.interfaces import LOOPBACK
 from workers.kv_connector.nixl import nixl_staging, nixl_unavailable
 from workers.runner.model_loader import build_builtin_model
 
@@ -91,7 +92,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[Sample]]:
                     path == "shm",
                     config=config,
                     context_length=positions,
-                    nixl=nixl_staging("on", role) if path == "nixl" else None,
+                    nixl=nixl_staging("on", role, LOOPBACK) if path == "nixl" else None,
                 )
                 for role, pool in zip(("prefill", "decode"), executors, strict=True)
             )

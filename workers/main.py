@@ -166,12 +166,12 @@ async def serve(
             port=kv_port,
             staging=StagingPool(pin=cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
-            nixl=nixl_staging(kv_nixl, "decode", pin=cuda),
+            nixl=nixl_staging(kv_nixl, "decode", host, pin=cuda),
         )
         receiver.start()
         connectors.append(DecodeConnector(receiver))
     if role is Role.PREFILL:
-        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", cuda))
+        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", host, cuda))
         connectors.append(PrefillConnector(sender))
     if kv_tier:
         client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)

@@ -13,6 +13,7 @@ from diptych_common.builtin import DIPTYCH_TINY
 from tests.workers.serving import Worker
 from workers.engine.core import Engine, EngineConfig
 from workers.engine.sampling import StopCriteria
+from workers.kv_connector.interfaces import LOOPBACK
 from workers.kv_connector.nixl import RegisteredStaging, nixl_staging
 from workers.models.step import StepInput
 from workers.runner.model_loader import build_builtin_model
@@ -52,7 +53,7 @@ def executor():
 @pytest.fixture(scope="session")
 def nixl_agents() -> dict[Role, RegisteredStaging | None]:
     """A NIXL agent for each side of a hand-off (UCX on loopback), shared by the tests."""
-    return {role: nixl_staging("on", role.value) for role in (Role.PREFILL, Role.DECODE)}
+    return {role: nixl_staging("on", role.value, LOOPBACK) for role in (Role.PREFILL, Role.DECODE)}
 
 
 @pytest.fixture(params=["tcp", "shm", "nixl"])

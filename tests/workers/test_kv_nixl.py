@@ -4,6 +4,7 @@ a frame that names another place than where its blocks belong is refused, and th
 where both sides run an agent (shared memory still serves one host)."""
 
 import json
+import os
 import queue
 import socket
 import struct
@@ -12,6 +13,7 @@ import grpc
 import pytest
 import torch
 
+from tests.listening_sockets import listening_sockets, non_loopback_addresses_exist
 from tests.workers.kv_wire import LAYOUT, TOKEN, hello
 from tests.workers.test_kv_transfer import (
     PoolRunner,
@@ -20,6 +22,7 @@ from tests.workers.test_kv_transfer import (
     send_in_background,
     taken_by_the_transfer,
 )
+from workers.kv_connector.interfaces import LOOPBACK, interface_addresses
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging, nixl_staging
 from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
@@ -31,14 +34,14 @@ from workers.kv_connector.wire import FRAME, KvTransferError, recv_json
 
 @pytest.fixture(scope="module")
 def decode_agent() -> RegisteredStaging:
-    staging = nixl_staging("on", "decode")
+    staging = nixl_staging("on", "decode", LOOPBACK)
     assert staging is not None
     return staging
 
 
 @pytest.fixture(scope="module")
 def prefill_agent() -> RegisteredStaging:
-    staging = nixl_staging("on", "prefill")
+    staging = nixl_staging("on", "prefill", LOOPBACK)
     assert staging is not None
     return staging
 
@@ -171,11 +174,11 @@ def test_the_path_is_nixl_only_where_both_sides_run_an_agent(receiver, sender, p
 
 
 def test_nixl_off_runs_no_agent_and_on_fails_without_nixl(monkeypatch):
-    assert nixl_staging("off", "decode") is None
+    assert nixl_staging("off", "decode", LOOPBACK) is None
     monkeypatch.setattr("workers.kv_connector.nixl.nixl_unavailable", lambda: "not here")
-    assert nixl_staging("auto", "decode") is None
+    assert nixl_staging("auto", "decode", LOOPBACK) is None
     with pytest.raises(RuntimeError, match="not here"):
-        nixl_staging("on", "decode")
+        nixl_staging("on", "decode", LOOPBACK)
 
 
 def test_a_worker_told_to_use_nixl_where_there_is_none_refuses_to_start_with_the_reason(monkeypatch):
@@ -222,3 +225,24 @@ class SpreadRunner(PoolRunner):
 
 def test_a_pool_that_cannot_be_seen_in_place_is_copied_into_a_registered_buffer(receiver, sender):
     arrives_whole(receiver, sender, SpreadRunner(), "req-1", [9, 1])
+
+
+@pytest.mark.skipif(not non_loopback_addresses_exist(), reason="this host has no address beyond loopback to avoid")
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_an_agent_for_a_loopback_worker_listens_and_advertises_only_loopback(role):
+    before = listening_sockets(os.getpid())
+    staging = nixl_staging("on", role, LOOPBACK)
+    assert staging is not None
+    staging.agent.register(torch.zeros(1 << 16, dtype=torch.uint8))  # as a worker's first transfer does
+    opened = listening_sockets(os.getpid()) - before
+    assert opened, "UCX opened no listener: this test would see nothing"
+    assert {address for address, _ in opened} <= {"127.0.0.1", "::1"}, opened
+    metadata = staging.agent.metadata()
+    for name, address in interface_addresses():
+        if not address.is_loopback:
+            assert address.packed not in metadata, f"the agent advertises {name}'s {address}"
+
+
+def test_an_address_no_interface_holds_is_refused_before_ucx_starts():
+    with pytest.raises(ValueError, match="no network interface of this host holds 203.0.113.9"):
+        nixl_staging("on", "decode", "203.0.113.9")

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import xxhash
 
+from workers.kv_connector.interfaces import interface_of
 from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.wire import KvTransferError, check_reply, checksum, chunk_frame, recv_json
@@ -47,6 +48,8 @@ from workers.runner.kv_pool import KvLayout, KvSource
 log = logging.getLogger(__name__)
 
 MAX_METADATA_BYTES = 32 << 10  # an agent's metadata with one registered buffer: a few hundred bytes
+UCX_NET_DEVICES = "UCX_NET_DEVICES"
+OPERATOR_UCX_DEVICES = os.environ.get(UCX_NET_DEVICES)  # as the process was started
 
 
 def nixl_unavailable() -> str | None:
@@ -58,9 +61,9 @@ def nixl_unavailable() -> str | None:
     return None
 
 
-def nixl_staging(mode: str, role: str, pin: bool = False) -> RegisteredStaging | None:
+def nixl_staging(mode: str, role: str, host: str, pin: bool = False) -> RegisteredStaging | None:
     """The worker's NIXL agent, as its staging buffers: `mode` "on" (fails without NIXL), "off", or
-    "auto" (on where NIXL is installed)."""
+    "auto" (on where NIXL is installed). Its UCX listens only on the interface that holds `host`."""
     if mode == "off":
         return None
     reason = nixl_unavailable()
@@ -69,7 +72,7 @@ def nixl_staging(mode: str, role: str, pin: bool = False) -> RegisteredStaging |
             raise RuntimeError(reason)
         log.info("KV hand-off without NIXL: %s", reason)
         return None
-    return RegisteredStaging(NixlAgent(role), pin)
+    return RegisteredStaging(NixlAgent(role, host), pin)
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,35 @@ class NixlTarget:
         return cls(metadata, address, size)
 
 
+def limit_ucx_to_interface_of(host: str) -> None:
+    """Sets `UCX_NET_DEVICES` (read when an agent starts its UCX context) to the interface holding `host`."""
+    if OPERATOR_UCX_DEVICES is not None:
+        log.info("NIXL's UCX uses the network devices UCX_NET_DEVICES names: %s", OPERATOR_UCX_DEVICES)
+        return
+    interface = interface_of(host)
+    if interface is None:
+        os.environ.pop(UCX_NET_DEVICES, None)
+    else:
+        os.environ[UCX_NET_DEVICES] = interface
+
+
 class NixlAgent:
     """One NIXL agent per worker (UCX backend), its registrations, and the remote agents it loaded. NIXL's
     agent is driven from several transfer threads here, so every call into it holds one lock.
 
     It runs no progress thread: NIXL's polls without pause and would take a fifth of a core from an idle
     worker. UCX moves a write only while both ends progress, so the writer polls its transfer and the
-    receiver progresses its agent while it waits for that transfer's frames (`NixlReceive.wait_frame`)."""
+    receiver progresses its agent while it waits for that transfer's frames (`NixlReceive.wait_frame`).
 
-    def __init__(self, role: str) -> None:
+    UCX opens a listener on every network interface it may use and advertises each in the agent's
+    metadata, and authenticates nobody: the agent is limited to the interface that holds the worker's
+    address (every interface only where the worker serves on all). An operator's own `UCX_NET_DEVICES`
+    (an RDMA device, say) is kept."""
+
+    def __init__(self, role: str, host: str) -> None:
         from nixl_cu13 import nixl_agent, nixl_agent_config
 
+        limit_ucx_to_interface_of(host)
         logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines go to stdout; ours say enough
         self.name = f"diptych-{role}-{os.getpid()}-{secrets.token_hex(4)}"
         self._agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"], enable_prog_thread=False))
