@@ -84,12 +84,12 @@ async def serve(config: GatewayConfig) -> None:
     journal = UsageJournal(config.state_dir / f"gateway-{config.port}-usage-spool.sqlite3")
     recovered = journal.recover()
     if recovered:
-        log.warning("billed %d executions that a previous run of this gateway left unfinished", recovered)
+        log.warning("billed %d executions that a previous run of this gateway left unfinished", len(recovered))
     usage = UsageReporter(control_plane, journal)
     idempotency = IdempotencyKeys(control_plane, journal)
     held_by_a_killed_run = idempotency.held_by_a_previous_run()
     if held_by_a_killed_run:
-        log.warning("freeing %d idempotency keys that a previous run of this gateway held", len(held_by_a_killed_run))
+        log.warning("settling %d idempotency keys that a previous run of this gateway held", len(held_by_a_killed_run))
     limiter = RateLimiter(config.redis_url)
     refusals = RefusalReporter(control_plane, limiter.refusals)
     router = Router(
@@ -135,7 +135,7 @@ async def serve(config: GatewayConfig) -> None:
         asyncio.create_task(usage.flush_forever()),
         asyncio.create_task(refusals.flush_forever()),
         asyncio.create_task(autoscale.publish_forever()),
-        asyncio.create_task(idempotency.release_held(held_by_a_killed_run)),
+        asyncio.create_task(idempotency.settle_held(held_by_a_killed_run, recovered)),
     ]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

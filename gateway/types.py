@@ -60,6 +60,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # the end-of-sequence token or a stop string
     LENGTH = "length"  # max_tokens or the context length
     TOOL_CALLS = "tool_calls"  # the answer is tool calls
+    INTERRUPTED = "interrupted"  # the gateway stopped mid-answer: what it handed over, replayed under the key
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     client_request_id: str = ""
     idempotency_key: str = ""
+    resume_request_id: str = ""  # replay only: that execution's answer under the idempotency key
     priority: int = Priority.INTERACTIVE  # any number a gRPC client sent; validation refuses unknown ones
     ignore_eos: bool = False
     n: int | None = None  # choices; None: 1

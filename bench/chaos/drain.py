@@ -1,4 +1,4 @@
-"""After the load: waiting until the gateway's usage has reached the ledger (its spool empty, the ledger's
+"""After the load: waiting until the gateways' usage has reached the ledger (their spools empty, the ledger's
 totals still), so that what the ledger is compared with is all there is."""
 
 import time
@@ -17,7 +17,7 @@ def wait_for_usage_drained(platform: ChaosPlatform, timeout_s: float) -> bool:
     previous, stable = None, 0
     while time.monotonic() < deadline:
         totals = _ledger_totals(platform)
-        spooled = _gateway_metric(platform.metrics_url, SPOOLED_METRIC)
+        spooled = _spooled(platform.metrics_urls)
         stable = stable + 1 if totals is not None and totals == previous and spooled == 0 else 0
         if stable >= DRAIN_STABLE_POLLS:
             return True
@@ -42,6 +42,12 @@ def _ledger_totals(platform: ChaosPlatform) -> tuple | None:
             return None
         totals += [(organization_id, row["phase"], row["requests"], row["tokens"]) for row in response.json()["data"]]
     return tuple(totals)
+
+
+def _spooled(metrics_urls: list[str]) -> float | None:
+    """The usage events every gateway still spools; None while one of them does not answer."""
+    counts = [_gateway_metric(url, SPOOLED_METRIC) for url in metrics_urls]
+    return None if any(count is None for count in counts) else sum(count or 0.0 for count in counts)
 
 
 def _gateway_metric(url: str, name: str) -> float | None:

@@ -1,5 +1,6 @@
 """The platform under test, on loopback: the control plane (SQLite), its jobs process, prefill and decode
-workers of `diptych-tiny` and one split gateway, started with `diptych_server.stack.Stack`; and the
+workers of `diptych-tiny` and split gateways (two by default, as the chart runs them), started with
+`diptych_server.stack.Stack`; and the
 process-level moves the chaos run makes on it: kill one process, start it again as it was and wait until
 it serves, revive what exited by itself, stop everything."""
 
@@ -37,31 +38,44 @@ KV_PATH_WORKER_ARGS = {
 }
 
 
+@dataclass(frozen=True)
+class GatewayPorts:
+    grpc: int
+    metrics: int
+    http: int
+
+
 @dataclass
 class ChaosPlatform:
     stack: Stack
     api_keys: dict[str, str]  # organization id -> API key
-    gateway_port: int
-    metrics_url: str
+    gateways: dict[str, GatewayPorts]  # name -> its ports
     workers: dict[str, list[str]]  # role -> worker names
-    http_port: int = 0
     _replaced_ids: dict[str, str] = field(default_factory=dict)  # killed worker -> its registry id
     _jobs_log_offset: int = 0  # the jobs log's size when the jobs process was last killed
 
     @property
     def gateway_http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/v1"
+        """The first gateway's HTTP API, where the jobs process sends the batches' lines."""
+        return f"http://127.0.0.1:{next(iter(self.gateways.values())).http}/v1"
 
     @property
-    def gateway_address(self) -> str:
-        return f"127.0.0.1:{self.gateway_port}"
+    def base_url(self) -> str:
+        """Every gateway, as a client's base URL lists them."""
+        return "grpc://" + ",".join(f"127.0.0.1:{ports.grpc}" for ports in self.gateways.values())
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{ports.metrics}/metrics" for ports in self.gateways.values()]
 
     def names(self, kind: str) -> list[str]:
+        if kind == GATEWAY:
+            return list(self.gateways)
         return self.workers.get(kind) or [kind]
 
     def all_names(self) -> list[str]:
         jobs = [JOBS] if JOBS in self.stack.launches else []
-        return [CONTROL_PLANE, *(n for names in self.workers.values() for n in names), GATEWAY, *jobs]
+        return [CONTROL_PLANE, *(n for names in self.workers.values() for n in names), *self.gateways, *jobs]
 
     def kill(self, name: str) -> None:
         if self._is_worker(name):
@@ -74,12 +88,9 @@ class ChaosPlatform:
         """Starts the process again as it was started and waits until it serves."""
         self.stack.restart_process(name)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        ready = {CONTROL_PLANE: self._control_plane_ready, GATEWAY: self._gateway_ready, JOBS: self._jobs_ready}.get(
-            name
-        )
         while time.monotonic() < deadline:
             self._check_running(name)
-            if ready() if ready else self._worker_registered_anew(name):
+            if self._serves(name):
                 return
             time.sleep(POLL_S)
         raise StackError(f"{name} did not serve again within {READY_TIMEOUT_S:.0f} s; see {self.stack.log_path(name)}")
@@ -99,10 +110,11 @@ class ChaosPlatform:
         return exited
 
     def stop(self) -> None:
-        """The gateway first, the workers side by side (each may take its grace period to drain), then the
+        """The gateways first, the workers side by side (each may take its grace period to drain), then the
         control plane and anything else `Stack.stop` knows."""
-        if GATEWAY in self.stack.processes:
-            self.stack.stop_process(GATEWAY)
+        for name in self.gateways:
+            if name in self.stack.processes:
+                self.stack.stop_process(name)
         workers = [name for names in self.workers.values() for name in names if name in self.stack.processes]
         with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
             list(pool.map(self.stack.stop_process, workers))
@@ -117,7 +129,16 @@ class ChaosPlatform:
             time.sleep(POLL_S)
 
     def _is_worker(self, name: str) -> bool:
-        return name not in (GATEWAY, CONTROL_PLANE, JOBS)
+        return name not in (CONTROL_PLANE, JOBS, *self.gateways)
+
+    def _serves(self, name: str) -> bool:
+        if name == CONTROL_PLANE:
+            return self._control_plane_ready()
+        if name == JOBS:
+            return self._jobs_ready()
+        if name in self.gateways:
+            return self._gateway_ready(self.gateways[name].grpc)
+        return self._worker_registered_anew(name)
 
     def _jobs_log_size(self) -> int:
         path = self.stack.log_path(JOBS)
@@ -155,8 +176,8 @@ class ChaosPlatform:
         except httpx.TransportError:
             return False
 
-    def _gateway_ready(self) -> bool:
-        with grpc.insecure_channel(self.gateway_address) as channel:
+    def _gateway_ready(self, port: int) -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             try:
                 answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
             except grpc.RpcError:
@@ -165,7 +186,7 @@ class ChaosPlatform:
 
 
 def start_platform(
-    state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool, kv_path: str = "shm"
+    state_dir: Path, prefill_workers: int, decode_workers: int, jobs: bool, kv_path: str = "shm", gateways: int = 2
 ) -> ChaosPlatform:
     stack = Stack(
         state_dir,
@@ -189,29 +210,15 @@ def start_platform(
                 stack.start_worker(
                     name, role, credentials.fleet_tokens[role], free_port(), *KV_PATH_WORKER_ARGS[kv_path]
                 )
-        port, metrics_port, http_port = free_port(), free_port(), free_port()
+        ports = {f"{GATEWAY}-{i}": GatewayPorts(free_port(), free_port(), free_port()) for i in range(gateways)}
         log(
-            f"starting the gateway on 127.0.0.1:{port} (its usage spool under {state_dir / 'gateway'}) while "
-            f"{prefill_workers} prefill and {decode_workers} decode workers load the model"
+            f"starting {gateways} gateway(s) on 127.0.0.1:{', '.join(str(p.grpc) for p in ports.values())} (usage "
+            f"spools under {state_dir}/gateway-N) while {prefill_workers} prefill and {decode_workers} decode "
+            "workers load the model"
         )
-        # Every request takes the split path, so that killing a prefill worker always hits something.
-        stack.start_gateway(
-            GATEWAY,
-            port,
-            metrics_port,
-            "split",
-            http_port=http_port,
-            timeout=READY_TIMEOUT_S,
-            extra=(
-                "--state-dir",
-                str(state_dir / "gateway"),
-                "--skip-split-below",
-                "0",
-                "--prefill-overflow-tokens",
-                "0",
-            ),
-        )
-        platform = ChaosPlatform(stack, api_keys, port, f"http://127.0.0.1:{metrics_port}/metrics", workers, http_port)
+        for name, gateway in ports.items():
+            start_gateway(stack, state_dir, name, gateway)
+        platform = ChaosPlatform(stack, api_keys, ports, workers)
         if jobs:
             log("starting the jobs process (batches run through the gateway's HTTP API)")
             stack.start_jobs(DIPTYCH_GATEWAY_URL=platform.gateway_http_url, **JOBS_ENV)
@@ -222,3 +229,23 @@ def start_platform(
         stack.stop()
         raise
     return platform
+
+
+def start_gateway(stack: Stack, state_dir: Path, name: str, ports: GatewayPorts) -> None:
+    """Every request takes the split path, so that killing a prefill worker always hits something."""
+    stack.start_gateway(
+        name,
+        ports.grpc,
+        ports.metrics,
+        "split",
+        http_port=ports.http,
+        timeout=READY_TIMEOUT_S,
+        extra=(
+            "--state-dir",
+            str(state_dir / name),
+            "--skip-split-below",
+            "0",
+            "--prefill-overflow-tokens",
+            "0",
+        ),
+    )

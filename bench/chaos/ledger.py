@@ -23,6 +23,8 @@ class RequestRecord:
     completed: bool = False  # the stream ended with a finish reason
     error: str = ""  # the gRPC status code's name when it did not
     usage_completion_tokens: int | None = None  # what the last message's usage said, when it came
+    ended_at_s: float = 0.0  # seconds since the load started, when the stream ended or failed
+    interrupted: bool = False  # cut mid-way, and resumed with what its execution had handed over
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Reconciliation:
     errored: int = 0
     errored_before_any_token: int = 0
     errors_by_code: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0  # streams cut mid-way whose clients fetched what their execution had handed over
     delivered_tokens: int = 0
     ledger_events: int = 0
     billed_input_tokens: int = 0
@@ -55,9 +58,11 @@ class Reconciliation:
     # doubled: more than one event for a (request id, phase), or one request id given to two requests
     doubled: int = 0
     shared_request_ids: int = 0
-    # overbilled: a decode event for more tokens than reached the client; {extra tokens: requests}
+    # overbilled: a decode event for more tokens than reached the client; {extra tokens: requests}, and
+    # each such request by id with what it was billed and what its client received
     overbilled: int = 0
     overbilled_distribution: dict[int, int] = field(default_factory=dict)
+    overbilled_requests: list[dict] = field(default_factory=list)
     prefill_tokens_mismatch: int = 0  # a prefill event that does not bill the prompt the client sent
     usage_mismatch: int = 0  # a completed stream whose usage disagrees with the tokens received
     misattributed: int = 0  # events billed to another organization than the client's
@@ -66,7 +71,7 @@ class Reconciliation:
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.doubled or self.misattributed)
+        return bool(self.lost or self.doubled or self.misattributed or self.overbilled)
 
 
 def reconcile(records: list[RequestRecord], events: list[LedgerEvent]) -> Reconciliation:
@@ -85,6 +90,7 @@ def reconcile(records: list[RequestRecord], events: list[LedgerEvent]) -> Reconc
 def _count_client_side(records: list[RequestRecord], result: Reconciliation) -> None:
     errors = Counter(r.error for r in records if not r.completed)
     result.completed = sum(r.completed for r in records)
+    result.resumed = sum(r.interrupted for r in records)
     result.errored = result.requests_sent - result.completed
     result.errored_before_any_token = sum(not r.completed and r.delivered_tokens == 0 for r in records)
     result.errors_by_code = dict(errors.most_common())
@@ -128,6 +134,16 @@ def _compare(record: RequestRecord, phases: dict[str, LedgerEvent], result: Reco
         extra = billed_output - record.delivered_tokens
         result.overbilled += 1
         result.overbilled_distribution[extra] = result.overbilled_distribution.get(extra, 0) + 1
+        result.overbilled_requests.append(
+            {
+                "request_id": record.request_id,
+                "billed": billed_output,
+                "delivered": record.delivered_tokens,
+                "error": record.error,
+                "sent_at_s": round(record.sent_at_s, 2),
+                "ended_at_s": round(record.ended_at_s, 2),
+            }
+        )
     missing_prefill = record.delivered_tokens > 0 and PREFILL not in phases
     result.missing_prefill += missing_prefill
     if billed_output < record.delivered_tokens or missing_prefill:

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         default="shm",
         help="how the KV moves between the workers (all on this host): shared memory, NIXL or TCP",
     )
+    parser.add_argument(
+        "--gateways", type=int, default=2, help="gateways, each a victim of its own (default 2, the chart's replicas)"
+    )
     parser.add_argument("--prefill-workers", type=int, default=2)
     parser.add_argument("--decode-workers", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"))
@@ -122,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in (
         "duration",
         "clients_per_org",
+        "gateways",
         "prefill_workers",
         "decode_workers",
         "request_timeout",

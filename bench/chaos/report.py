@@ -76,6 +76,7 @@ def render(report: ChaosReport) -> str:
         ("requests sent", ledger.requests_sent),
         ("completed", ledger.completed),
         ("errored (before any token)", f"{ledger.errored} ({ledger.errored_before_any_token})"),
+        ("streams cut mid-way and resumed (finish reason interrupted)", ledger.resumed),
         ("errors by code", ", ".join(f"{code} {n}" for code, n in ledger.errors_by_code.items()) or "none"),
         ("delivered tokens", ledger.delivered_tokens),
         ("ledger events", ledger.ledger_events),
@@ -86,7 +87,7 @@ def render(report: ChaosReport) -> str:
             f"{ledger.lost} ({ledger.lost_output_tokens}; {ledger.missing_prefill})",
         ),
         ("**doubled** (request ids shared)", f"{ledger.doubled} ({ledger.shared_request_ids})"),
-        ("overbilled", ledger.overbilled),
+        ("**overbilled**", ledger.overbilled),
         (
             "overbilled by (extra tokens: requests)",
             ", ".join(f"+{extra}: {n}" for extra, n in sorted(ledger.overbilled_distribution.items())) or "none",
@@ -109,8 +110,15 @@ def render(report: ChaosReport) -> str:
     if report.batches is not None:
         lines += ["", "Batch API traffic:", "", "| figure | value |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in _batch_rows(report)]
+    if ledger.overbilled_requests:
+        lines += ["", "Overbilled requests (output tokens billed, received by the client):", ""]
+        lines += [
+            f"- {r['request_id'] or '(no request id)'}: billed {r['billed']}, received {r['delivered']}"
+            f"{', ' + r['error'] if r['error'] else ''}; sent at {r['sent_at_s']:g} s, ended at {r['ended_at_s']:g} s"
+            for r in ledger.overbilled_requests
+        ]
     if report.failed:
-        verdict = "FAILED: usage lost, doubled, misattributed or billed but not reported"
+        verdict = "FAILED: usage lost, doubled, overbilled, misattributed or billed but not reported"
     else:
         verdict = "every delivered token billed once"
         verdict += "" if report.batches is None else ", every answered batch line billed once and no other"

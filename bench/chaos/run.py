@@ -37,7 +37,7 @@ async def report_progress(load: Load, chaos: Chaos, every_s: float) -> None:
 
 async def run_load_under_chaos(platform: ChaosPlatform, args) -> tuple[Load, Chaos, BatchTraffic | None]:
     load = Load(
-        platform.gateway_address,
+        platform.base_url,
         platform.api_keys,
         LoadSettings(args.clients_per_org, tuple(args.prompt_tokens), tuple(args.max_tokens), args.request_timeout),
         args.seed,
@@ -97,7 +97,12 @@ def run(args) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     keep_state = args.state_dir is not None
     platform = start_platform(
-        state_dir, args.prefill_workers, args.decode_workers, args.batches or JOBS in args.victims, args.kv_path
+        state_dir,
+        args.prefill_workers,
+        args.decode_workers,
+        args.batches or JOBS in args.victims,
+        args.kv_path,
+        args.gateways,
     )
     try:
         load, chaos, traffic = asyncio.run(run_load_under_chaos(platform, args))

@@ -22,7 +22,7 @@ import logging
 
 from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Caller
-from gateway.accounts.usage import HeldKey, UsageJournal
+from gateway.accounts.usage import HeldKey, Recovered, UsageJournal
 from gateway.types import (
     ErrorKind,
     FinishReason,
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 MAX_LEASE_S = 24 * 3600
 COMPLETE_TIMEOUT_S = 2.0
+CLAIM_PATIENCE_S = 15.0  # how long a request with a key waits for an unreachable control plane
+CLAIM_RETRY_S = 0.25
 # The largest answer stored under a key, as JSON: well inside the control plane's body limit (8 MiB).
 MAX_STORED_ANSWER_BYTES = 4 * 2**20
 
@@ -47,7 +49,7 @@ MAX_STORED_ANSWER_BYTES = 4 * 2**20
 def fingerprint(request: GenerationRequest) -> str:
     """The request's parameters, without the fields that only name it. Both fronts map a request into the
     same GenerationRequest, so a key's request means the same over gRPC and HTTP."""
-    essence = dataclasses.replace(request, client_request_id="", idempotency_key="")
+    essence = dataclasses.replace(request, client_request_id="", idempotency_key="", resume_request_id="")
     return hashlib.sha256(json.dumps(dataclasses.asdict(essence), sort_keys=True).encode()).hexdigest()
 
 
@@ -64,27 +66,29 @@ class IdempotencyKeys:
         one of the same API key answers instead."""
         # Journaled before it is claimed: a gateway killed in between frees a key it may hold.
         self._journal.hold_idempotency_key(HeldKey(execution_id, caller.organization_id, key))
+        body = {
+            "organization_id": caller.organization_id,
+            "key": key,
+            "caller": f"api_key:{caller.api_key_id}",
+            "fingerprint": fingerprint(request),
+            "execution_id": execution_id,
+            "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
+        }
         try:
-            claim = await self._control_plane.claim_idempotency_key(
-                {
-                    "organization_id": caller.organization_id,
-                    "key": key,
-                    "caller": f"api_key:{caller.api_key_id}",
-                    "fingerprint": fingerprint(request),
-                    "execution_id": execution_id,
-                    "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
-                }
-            )
+            claim = await self._claim_riding_out_an_outage(body)
         except ControlPlaneUnavailable:
             self._journal.drop_idempotency_key(execution_id)
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
-                "cannot check the idempotency key now (control plane unreachable); retry shortly, or send the "
-                "request without an idempotency key",
+                f"cannot check the idempotency key now (control plane unreachable for {CLAIM_PATIENCE_S:g} s); "
+                "retry shortly, or send the request without an idempotency key",
             ) from None
         outcome = claim["outcome"]
-        if outcome == "claimed":
+        if outcome == "claimed" and not request.resume_request_id:
             return None
+        if outcome == "claimed":  # nothing to resume: the key was free, and is again
+            await self._release(HeldKey(execution_id, caller.organization_id, key))
+            raise _nothing_stored(request.resume_request_id)
         self._journal.drop_idempotency_key(execution_id)
         if outcome == "other_caller":
             raise GatewayError(
@@ -93,7 +97,10 @@ class IdempotencyKeys:
                 "goes only to the key that made the request: use a new idempotency key",
             )
         if outcome == "completed":
-            return replayed_outputs(claim["response"])
+            replay = replayed_outputs(claim["response"])
+            if request.resume_request_id and replay[0].request_id != request.resume_request_id:
+                raise _nothing_stored(request.resume_request_id)
+            return replay
         if outcome == "in_flight":
             raise GatewayError(
                 ErrorKind.ABORTED,
@@ -104,6 +111,18 @@ class IdempotencyKeys:
             ErrorKind.INVALID_ARGUMENT,
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
+
+    async def _claim_riding_out_an_outage(self, body: dict) -> dict:
+        """The claim, tried again while the control plane is unreachable, for up to CLAIM_PATIENCE_S: a
+        control plane that restarts delays the requests that carry a key rather than failing them."""
+        give_up_at = asyncio.get_running_loop().time() + CLAIM_PATIENCE_S
+        while True:
+            try:
+                return await self._control_plane.claim_idempotency_key(body)
+            except ControlPlaneUnavailable:
+                if asyncio.get_running_loop().time() + CLAIM_RETRY_S > give_up_at:
+                    raise
+            await asyncio.sleep(CLAIM_RETRY_S)
 
     async def complete(
         self, organization_id: str, key: str, execution_id: str, outputs: list[GenerationOutput]
@@ -151,20 +170,45 @@ class IdempotencyKeys:
         """The keys the journal holds as the gateway starts, before it claims any: a killed run's."""
         return self._journal.held_idempotency_keys()
 
-    async def release_held(self, held: list[HeldKey], retry_s: float = 1.0) -> None:
-        """Frees `held` (a killed run's keys), retrying those the control plane did not take until it does.
-        The control plane frees only a key its execution still holds, so a key whose answer was stored, or
+    async def settle_held(self, held: list[HeldKey], recovered: list[Recovered], retry_s: float = 1.0) -> None:
+        """Settles `held` (a killed run's keys), retrying those the control plane did not take until it does:
+        the key of an execution that handed output over gets that output as its answer (finish reason
+        `interrupted`), which is what it was billed for; any other key is freed, so a retry runs anew. The
+        control plane settles only a key its execution still holds, so a key whose answer was stored, or
         whose lease ended and went to another execution, stays as it is."""
+        answers = {r.execution_id: interrupted_answer(r) for r in recovered if r.outputs}
         while held:
-            held = [key for key in held if not await self._release(key)]
+            held = [key for key in held if not await self._settle(key, answers.get(key.execution_id))]
             if held:
                 await asyncio.sleep(retry_s)
+        for execution in recovered:
+            self._journal.drop_outputs(execution.execution_id)
+
+    async def _settle(self, held: HeldKey, answer: dict | None) -> bool:
+        if answer is None:
+            return await self._release(held)
+        body = {"organization_id": held.organization_id, "key": held.key, "execution_id": held.execution_id}
+        try:
+            await self._control_plane.complete_idempotency_key({**body, "response": answer})
+        except Exception as error:
+            log.warning("could not store the interrupted answer of %s under its key: %r", held.execution_id, error)
+            return False
+        self._journal.drop_idempotency_key(held.execution_id)
+        return True
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Lets the releases still in flight finish, for at most `timeout_s` (a key not released in time is
         freed when its lease ends)."""
         if self._background:
             await asyncio.wait(self._background, timeout=timeout_s)
+
+
+def _nothing_stored(execution_id: str) -> GatewayError:
+    return GatewayError(
+        ErrorKind.NOT_FOUND,
+        f"nothing of request {execution_id} is stored under this idempotency key (it handed no output over, or "
+        "its key's lease ended): send the request again under a new idempotency key",
+    )
 
 
 # The stored answer is a diptych.v1.GenerateResponse in proto3's JSON form: camelCase names, fields at their
@@ -178,6 +222,37 @@ def stored_responses(outputs: list[GenerationOutput]) -> dict:
     return {"choices": [stored_response(output) for output in outputs]}
 
 
+def interrupted_answer(execution: Recovered) -> dict:
+    """The answer of an execution cut mid-way, as billed: the outputs it handed over in one, finish reason
+    `interrupted`, and the usage of its events."""
+    answer: dict = {"requestId": execution.execution_id, "finishReason": _FINISH_NAMES[FinishReason.INTERRUPTED]}
+    text = "".join(output.get("text", "") for output in execution.outputs)
+    token_ids = [token for output in execution.outputs for token in output.get("tokenIds", [])]
+    logprobs = [entry for output in execution.outputs for entry in output.get("logprobs", [])]
+    answer |= _without_defaults({"text": text, "tokenIds": token_ids, "logprobs": logprobs})
+    phases = {event.phase: event for event in execution.events}
+    prefill, decode = phases.get("prefill"), phases.get("decode")
+    answer["usage"] = _without_defaults(
+        {
+            "promptTokens": prefill.tokens if prefill else 0,
+            "completionTokens": decode.tokens if decode else 0,
+            "cachedTokens": prefill.cached_tokens if prefill else 0,
+        }
+    )
+    for name, event in (("prefill", prefill), ("decode", decode)):
+        if event is not None:
+            answer["usage"][name] = _without_defaults(
+                {
+                    "tokens": event.tokens,
+                    "cachedTokens": event.cached_tokens,
+                    "kvBytes": str(event.kv_bytes) if event.kv_bytes else None,
+                    "computeMs": event.compute_ms,
+                    "workerId": event.worker_id,
+                }
+            )
+    return answer
+
+
 def replayed_outputs(body: dict) -> list[GenerationOutput]:
     if "choices" in body:
         return [replayed_output(choice) for choice in body["choices"]]
@@ -188,6 +263,7 @@ _FINISH_NAMES = {
     FinishReason.STOP: "FINISH_REASON_STOP",
     FinishReason.LENGTH: "FINISH_REASON_LENGTH",
     FinishReason.TOOL_CALLS: "FINISH_REASON_TOOL_CALLS",
+    FinishReason.INTERRUPTED: "FINISH_REASON_INTERRUPTED",
 }
 _FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
 

@@ -13,6 +13,12 @@ The journal is a SQLite file in the gateway's state directory with two tables:
 - `idempotency_keys`: the idempotency keys this gateway claims or holds, until the control plane has
   stored the answer or freed the key; a restarted gateway frees those a killed run left held.
 
+Beside them, an execution with an idempotency key keeps each output it hands over in a file of its own
+(`outputs/<execution id>`), appended before the output counts: gRPC's client library drops the messages
+it had received but not yet read when a connection breaks, so what a client of a killed gateway read may
+be less than what was handed over. The outputs let the gateway's next run store what was handed over, and
+billed, as the key's answer (`IdempotencyKeys.settle_held`): a retry under the key fetches all of it.
+
 A gateway that was killed finds its unfinished executions when it starts on the same state directory and
 bills each for the tokens its journal counted (`recover`). The control plane stores each (execution id,
 phase) once, so an event sent again after a lost answer counts once.
@@ -23,6 +29,7 @@ import dataclasses
 import json
 import logging
 import mmap
+import os
 import sqlite3
 import struct
 from pathlib import Path
@@ -79,6 +86,15 @@ class DeliveredCounts:
         self._free.extend(range(2 * slots - 1, slots - 1, -1))
 
 
+class Recovered(NamedTuple):
+    """An execution a killed run left unfinished, as billed: its events and the outputs it had handed over
+    (kept only for an execution with an idempotency key), each as `stored_response` writes it."""
+
+    execution_id: str
+    events: list[UsageEvent]
+    outputs: list[dict]
+
+
 class HeldKey(NamedTuple):
     """An idempotency key that an execution of this gateway claimed and has not settled yet."""
 
@@ -115,6 +131,9 @@ class UsageJournal:
         self.traceparents: dict[str, str] = {}
         self._counts = DeliveredCounts(path.with_name(path.stem + "-delivered.counts"))
         self._slots: dict[str, int] = {}  # execution id -> its slot in the counts file
+        self._outputs_dir = path.with_name(path.stem + "-outputs")
+        self._outputs_dir.mkdir(exist_ok=True)
+        self._output_files: dict[str, int] = {}  # execution id -> its open outputs file
         USAGE_SPOOLED.set(self.count())
 
     # ---- executions in progress -----------------------------------------------------------------
@@ -135,8 +154,36 @@ class UsageJournal:
         """The execution (tracked) has delivered `delivered` tokens: called before each is handed over."""
         self._counts.set(self._slots[execution_id], delivered)
 
-    def finish(self, execution_id: str, events: list[UsageEvent], traceparent: str = "") -> None:
-        """The execution ended: its final events go to the outbox and its row leaves, atomically."""
+    def keep_output(self, execution_id: str, output: dict) -> None:
+        """Appends an output of a keyed execution, before it counts: a count never names a missing output."""
+        descriptor = self._output_files.get(execution_id)
+        if descriptor is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+            descriptor = self._output_files[execution_id] = os.open(self._outputs_path(execution_id), flags, 0o600)
+        os.write(descriptor, json.dumps(output, separators=(",", ":")).encode() + b"\n")
+
+    def kept_outputs(self, execution_id: str, count: int) -> list[dict]:
+        """The first `count` outputs an execution kept (all it kept, if fewer)."""
+        try:
+            lines = self._outputs_path(execution_id).read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines[:count]]
+
+    def drop_outputs(self, execution_id: str) -> None:
+        descriptor = self._output_files.pop(execution_id, None)
+        if descriptor is not None:
+            os.close(descriptor)
+        self._outputs_path(execution_id).unlink(missing_ok=True)
+
+    def _outputs_path(self, execution_id: str) -> Path:
+        return self._outputs_dir / execution_id.replace("/", "_")
+
+    def finish(
+        self, execution_id: str, events: list[UsageEvent], traceparent: str = "", keep_outputs: bool = False
+    ) -> None:
+        """The execution ended: its final events go to the outbox and its row leaves, atomically; its kept
+        outputs go too, unless `keep_outputs` (a recovered execution's, until its key is settled)."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_to_outbox(events)
@@ -144,20 +191,24 @@ class UsageJournal:
         slot = self._slots.pop(execution_id, None)
         if slot is not None:  # only once no row names it
             self._counts.release(slot)
+        if not keep_outputs:
+            self.drop_outputs(execution_id)
         if traceparent and events:
             self.traceparents[execution_id] = traceparent
         USAGE_SPOOLED.set(self.count())
 
-    def recover(self) -> int:
-        """Bills every execution a killed gateway left unfinished for the tokens it had counted."""
+    def recover(self) -> list[Recovered]:
+        """Bills every execution a killed gateway left unfinished for the tokens it had counted; returns
+        them with the outputs they kept, which stay on disk until `drop_outputs`."""
         rows = self._db.execute("SELECT execution_id, events, delivered, slot FROM executions").fetchall()
+        recovered = []
         for execution_id, events, delivered, slot in rows:
             if slot is not None:
                 delivered = self._counts.get(slot)
-            self.finish(
-                execution_id, with_delivered([UsageEvent.from_wire(event) for event in json.loads(events)], delivered)
-            )
-        return len(rows)
+            billed = with_delivered([UsageEvent.from_wire(event) for event in json.loads(events)], delivered)
+            self.finish(execution_id, billed, keep_outputs=True)
+            recovered.append(Recovered(execution_id, billed, self.kept_outputs(execution_id, delivered)))
+        return recovered
 
     # ---- the outbox ------------------------------------------------------------------------------
 
@@ -203,6 +254,8 @@ class UsageJournal:
         return [HeldKey(*row) for row in rows]
 
     def close(self) -> None:
+        for descriptor in self._output_files.values():
+            os.close(descriptor)
         self._db.close()
         self._counts.close()
 

@@ -7,14 +7,17 @@ bill only their output. A token is delivered when
 the gateway hands its response to the client's connection; the journal counts it durably just before.
 So a stream the client cancels is billed for the responses handed to its connection before the cancel
 arrived (the last of them may still have been in flight, unread); a stream cut by the death of the
-gateway for those its journal counted (at most the one being handed over more). Tokens computed but never
-handed over (a worker's steps beyond a cancel or a stop string, a stream that failed before its first
+gateway for those its journal counted: the one being handed over, and those gRPC's client library had
+received but its caller not yet read (it drops them when the connection breaks). With an idempotency key,
+all of them stay the client's to fetch: the gateway's next run stores them as the key's answer. Tokens
+computed but never handed over (a worker's steps beyond a cancel or a stop string, a stream that failed before its first
 token) are not billed.
 """
 
 from diptych_common.internal_api.messages import UsageEvent
 from diptych_common.tracing import traceparent_of
 from gateway.accounts.auth import Caller
+from gateway.accounts.idempotency import stored_response
 from gateway.accounts.usage import UsageJournal, with_delivered
 from gateway.core.request_path import PhaseRecord, RequestTrace
 from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob
@@ -36,6 +39,8 @@ class Delivery:
         self._caller = caller
         self._trace = trace
         self._in_one_piece = whole  # the answer is handed over in one piece, once complete (`hand_over_whole`)
+        # a streamed answer of one choice, under an idempotency key: what a resume can fetch
+        self._keeps_outputs = bool(plan.idempotency_key) and plan.n == 1 and not whole
         self._produced = 0
         self.delivered = 0
         self._workers: tuple[str, ...] = ()  # the workers the journal's events name
@@ -47,6 +52,8 @@ class Delivery:
         """The output is about to be handed to the protocol: it counts from now on (for an answer handed
         over whole, from `hand_over_whole`)."""
         self._produced += 1
+        if self._keeps_outputs:
+            self._journal.keep_output(self._plan.request_id, stored_response(output))
         if not self._in_one_piece:
             self._count_delivered()
         if self._plan.idempotency_key:

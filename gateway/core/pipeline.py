@@ -154,6 +154,13 @@ class Pipeline:
         self, caller: Caller, plan: GenerationPlan, request: GenerationRequest, reservation: Reservation
     ) -> list[GenerationOutput] | None:
         if not plan.idempotency_key:
+            if request.resume_request_id:
+                await self._settle(reservation, 0)
+                raise GatewayError(
+                    ErrorKind.INVALID_ARGUMENT,
+                    "resume_request_id replays what an execution stored under its idempotency key: send the "
+                    "idempotency_key of the request it resumes",
+                )
             return None
         lease_s = self._path.call_deadline(plan.sampling.max_tokens)
         try:

@@ -36,6 +36,7 @@ _STATUS = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}  # each kind
 _FINISH_REASON = {
     FinishReason.STOP: inference_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
+    FinishReason.INTERRUPTED: inference_pb2.FINISH_REASON_INTERRUPTED,
     FinishReason.TOOL_CALLS: inference_pb2.FINISH_REASON_TOOL_CALLS,
 }
 
@@ -139,6 +140,7 @@ def generation_request(message: inference_pb2.GenerateRequest) -> GenerationRequ
         stop=list(message.stop),
         client_request_id=message.request_id,
         idempotency_key=message.idempotency_key,
+        resume_request_id=message.resume_request_id,
         priority=message.priority,
         ignore_eos=message.ignore_eos,
         n=message.n if message.HasField("n") else None,

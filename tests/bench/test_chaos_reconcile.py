@@ -63,7 +63,7 @@ def test_a_missing_prefill_event_is_lost_even_when_decode_is_billed():
     assert (result.lost, result.lost_output_tokens, result.missing_prefill) == (1, 0, 1)
 
 
-def test_billing_more_than_delivered_is_overbilled_with_its_distribution_not_lost():
+def test_billing_more_than_delivered_is_overbilled_fails_the_run_and_names_each_request():
     records = [
         _record("r1", 2, completed=False, error="UNAVAILABLE"),
         _record("r2", 0, completed=False, error="UNAVAILABLE"),
@@ -72,7 +72,9 @@ def test_billing_more_than_delivered_is_overbilled_with_its_distribution_not_los
     result = reconcile(records, _billed("r1", 3) + _billed("r2", 1) + _billed("r3", 9))
     assert result.overbilled == 3
     assert result.overbilled_distribution == {1: 2, 2: 1}
-    assert result.lost == 0 and not result.failed
+    assert result.lost == 0 and result.failed
+    named = {r["request_id"]: (r["billed"], r["delivered"], r["error"]) for r in result.overbilled_requests}
+    assert named == {"r1": (3, 2, "UNAVAILABLE"), "r2": (1, 0, "UNAVAILABLE"), "r3": (9, 7, "CANCELLED")}
 
 
 def test_two_events_for_one_request_and_phase_are_doubled():
@@ -140,11 +142,12 @@ def test_the_table_names_every_figure_the_run_is_judged_on():
         "billed output tokens",
         "**lost**",
         "**doubled**",
-        "overbilled",
+        "**overbilled**",
         "**misattributed**",
         "kills per victim kind",
     ):
         assert f"| {figure}" in text
     assert "| overbilled by (extra tokens: requests) | +1: 1 |" in text
     assert "gateway 1" in text
-    assert "Verdict: every delivered token billed once." in text
+    assert "- r1: billed 3, received 2, UNAVAILABLE" in text
+    assert "Verdict: FAILED" in text

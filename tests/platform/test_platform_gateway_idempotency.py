@@ -2,13 +2,17 @@
 key that made the request, an answer that cannot be stored frees its key (a retry runs instead of meeting
 409s until the lease ends), and a gateway killed while holding keys frees them when it starts again."""
 
+import asyncio
 import dataclasses
+from urllib.parse import urlsplit
 
 import pytest
 
 from diptych_common.internal_api.client import ControlPlaneClient
+from diptych_common.internal_api.messages import UsageEvent
+from diptych_server.stack import free_port
 from gateway.accounts.auth import Caller
-from gateway.accounts.idempotency import IdempotencyKeys
+from gateway.accounts.idempotency import IdempotencyKeys, stored_response
 from gateway.accounts.usage import UsageJournal
 from gateway.types import (
     ErrorKind,
@@ -44,6 +48,25 @@ def answers(choices: int, tokens: int, top: int) -> list[GenerationOutput]:
     ]
     usage = Usage(prompt_tokens=5, completion_tokens=choices * tokens, cached_tokens=0)
     return [*outputs[:-1], dataclasses.replace(outputs[-1], usage=usage)]
+
+
+def usage_event(request_id: str, phase: str, tokens: int) -> UsageEvent:
+    return UsageEvent(
+        request_id=request_id,
+        client_request_id="",
+        phase=phase,
+        organization_id="org_1",
+        api_key_id="key_owner",
+        model="diptych-tiny",
+        region="local",
+        worker_id=f"{phase}-0",
+        tokens=tokens,
+        cached_tokens=0,
+        kv_bytes=0,
+        compute_ms=1,
+        started_at="2030-01-01T00:00:00+00:00",
+        finished_at="2030-01-01T00:00:01+00:00",
+    )
 
 
 @pytest.fixture
@@ -110,7 +133,107 @@ async def test_a_restarted_gateway_frees_the_keys_its_killed_run_held(control_pl
     held = restarted.held_by_a_previous_run()
     assert [(h.execution_id, h.key) for h in held] == [(execution(1), "held")]
     await assert_key_is_held(restarted, caller, "held")
-    await restarted.release_held(held)
+    await restarted.settle_held(held, [])
     assert restarted.held_by_a_previous_run() == []
     assert await restarted.claim(caller, "held", REQUEST, execution(3), LEASE_S) is None
     assert await restarted.claim(caller, "done", REQUEST, execution(4), LEASE_S) is not None  # still answered
+
+
+async def test_a_restarted_gateway_stores_what_a_killed_execution_handed_over_as_its_keys_answer(
+    control_plane, caller, tmp_path
+):
+    """gRPC's client drops the messages it had not read when the connection breaks: what the killed run
+    handed over, and billed, is the key's answer, so a retry under the key fetches every billed token."""
+    journal_path = tmp_path / "journal.sqlite3"
+    journal = UsageJournal(journal_path)
+    killed = IdempotencyKeys(control_plane, journal)
+    assert await killed.claim(caller, "cut", REQUEST, execution(1), LEASE_S) is None
+    events = [usage_event(execution(1), "prefill", 5), usage_event(execution(1), "decode", 1)]
+    for count, token in enumerate((11, 12, 13), start=1):
+        journal.keep_output(execution(1), stored_response(GenerationOutput(execution(1), f"t{token}", [token])))
+        if count == 1:
+            journal.track(execution(1), events, count)
+        journal.count_delivered(execution(1), count)
+    # The process dies here, with three outputs handed over and counted.
+
+    restarted_journal = UsageJournal(journal_path)
+    recovered = restarted_journal.recover()
+    restarted = IdempotencyKeys(control_plane, restarted_journal)
+    await restarted.settle_held(restarted.held_by_a_previous_run(), recovered)
+    billed = {body["phase"]: body["tokens"] for _, body in restarted_journal.oldest(10)}
+    assert billed == {"prefill": 5, "decode": 3}
+    resume = dataclasses.replace(REQUEST, resume_request_id=execution(1))
+    (replay,) = await restarted.claim(caller, "cut", resume, execution(2), LEASE_S)
+    assert (replay.request_id, replay.text, replay.token_ids) == (execution(1), "t11t12t13", [11, 12, 13])
+    assert replay.finish_reason is FinishReason.INTERRUPTED
+    assert replay.usage is not None and (replay.usage.prompt_tokens, replay.usage.completion_tokens) == (5, 3)
+    assert restarted_journal.kept_outputs(execution(1), 3) == []  # settled: nothing left on disk
+
+
+async def test_a_killed_execution_that_handed_nothing_over_frees_its_key(control_plane, caller, tmp_path):
+    journal_path = tmp_path / "journal.sqlite3"
+    killed = IdempotencyKeys(control_plane, UsageJournal(journal_path))
+    assert await killed.claim(caller, "none", REQUEST, execution(1), LEASE_S) is None
+    restarted_journal = UsageJournal(journal_path)
+    restarted = IdempotencyKeys(control_plane, restarted_journal)
+    await restarted.settle_held(restarted.held_by_a_previous_run(), restarted_journal.recover())
+    resume = dataclasses.replace(REQUEST, resume_request_id=execution(1))
+    with pytest.raises(GatewayError, match=f"nothing of request {execution(1)} is stored") as refused:
+        await restarted.claim(caller, "none", resume, execution(2), LEASE_S)
+    assert refused.value.kind is ErrorKind.NOT_FOUND
+    assert await restarted.claim(caller, "none", REQUEST, execution(3), LEASE_S) is None  # free: runs anew
+
+
+async def test_a_resume_names_the_execution_whose_answer_it_fetches(control_plane, caller, tmp_path):
+    keys = IdempotencyKeys(control_plane, UsageJournal(tmp_path / "journal.sqlite3"))
+    assert await keys.claim(caller, "done", REQUEST, execution(1), LEASE_S) is None
+    await keys.complete(caller.organization_id, "done", execution(1), answers(choices=1, tokens=2, top=0))
+    with pytest.raises(GatewayError, match="nothing of request exec_9") as refused:
+        await keys.claim(caller, "done", dataclasses.replace(REQUEST, resume_request_id="exec_9"), execution(2), 60)
+    assert refused.value.kind is ErrorKind.NOT_FOUND
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+
+def forwarding_to(host: str, port: int):
+    """A connection handler that relays each connection to host:port, both ways."""
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(host, port)
+        await asyncio.gather(_pipe(client_reader, server_writer), _pipe(server_reader, client_writer))
+
+    return relay
+
+
+async def test_a_claim_rides_out_a_control_plane_that_comes_back_within_its_patience(live_server, caller, tmp_path):
+    """The control plane is unreachable (nothing listens on its address) when the claim starts, and answers
+    a second later: the request waits rather than failing."""
+    address = urlsplit(live_server.url)
+    port = free_port()
+    keys = IdempotencyKeys(ControlPlaneClient(f"http://127.0.0.1:{port}", INTERNAL_TOKEN), UsageJournal(tmp_path / "j"))
+
+    async def comes_back() -> asyncio.Server:
+        await asyncio.sleep(1.0)
+        return await asyncio.start_server(forwarding_to(address.hostname, address.port), "127.0.0.1", port)
+
+    back = asyncio.create_task(comes_back())
+    try:
+        assert await keys.claim(caller, "outage", REQUEST, execution(1), LEASE_S) is None
+    finally:
+        (await back).close()
+
+
+async def test_a_claim_gives_up_on_a_control_plane_gone_beyond_its_patience(caller, tmp_path, monkeypatch):
+    monkeypatch.setattr("gateway.accounts.idempotency.CLAIM_PATIENCE_S", 0.6)
+    journal = UsageJournal(tmp_path / "j")
+    keys = IdempotencyKeys(ControlPlaneClient(f"http://127.0.0.1:{free_port()}", INTERNAL_TOKEN), journal)
+    with pytest.raises(GatewayError, match="control plane unreachable for 0.6 s") as refused:
+        await keys.claim(caller, "gone", REQUEST, execution(1), LEASE_S)
+    assert refused.value.kind is ErrorKind.UNAVAILABLE and journal.held_idempotency_keys() == []

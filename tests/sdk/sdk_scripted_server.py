@@ -67,6 +67,18 @@ def fail(code: grpc.StatusCode, details: str = "scripted failure", trailers=(), 
     return handler
 
 
+def stored(text: str, ids: list[int], finish: int = pb.FINISH_REASON_INTERRUPTED) -> Handler:
+    """A replay of what the execution `resume_request_id` names stored under the key: one message."""
+
+    def handler(request, context):
+        message = pb.GenerateResponse(request_id=request.resume_request_id, text=text, token_ids=ids)
+        message.finish_reason = finish
+        message.usage.CopyFrom(final_usage())
+        yield message
+
+    return handler
+
+
 def unfinished(request, context):
     yield pb.GenerateResponse(request_id=request_id_of(request), text="partial", token_ids=[1])
 

@@ -8,7 +8,16 @@ import uuid
 
 import grpc
 import pytest
-from sdk_scripted_server import endless, fail, final_without_usage, request_id_of, silent_after, tokens, unfinished
+from sdk_scripted_server import (
+    endless,
+    fail,
+    final_without_usage,
+    request_id_of,
+    silent_after,
+    stored,
+    tokens,
+    unfinished,
+)
 
 import diptych
 from diptych_proto.v1 import inference_pb2 as pb
@@ -276,3 +285,63 @@ async def test_async_silent_stream_times_out_and_is_cancelled(server, async_clie
 async def test_async_models_list(server, async_client):
     server.servicer.models = [pb.Model(id="a", context_length=1), pb.Model(id="b", context_length=2)]
     assert [model.id for model in await async_client.models.list()] == ["a", "b"]
+
+
+# What grpcio's client reports when the gateway's connection breaks mid-stream.
+CONNECTION_CUT = (grpc.StatusCode.UNAVAILABLE, "Socket closed")
+
+
+def test_a_stream_cut_mid_way_is_resumed_with_what_its_execution_handed_over(server, client):
+    server.servicer.script = [
+        fail(*CONNECTION_CUT, after=2),
+        fail(grpc.StatusCode.ABORTED, "a request with this idempotency key is still running"),
+        stored("t0t1t2", [0, 1, 2]),
+    ]
+    stream = client.completions.create(model="m", prompt="x", stream=True)
+    chunks = list(stream)
+    assert [(c.text, c.token_ids, c.finish_reason) for c in chunks] == [
+        ("t0", [0], None),
+        ("t1", [1], None),
+        ("t2", [2], "interrupted"),
+    ]
+    assert stream.usage is not None and stream.usage.completion_tokens == 2
+    first, *resumes = server.servicer.requests
+    assert [r.resume_request_id for r in resumes] == [stream.request_id] * 2 and not first.resume_request_id
+    assert {r.idempotency_key for r in resumes} == {first.idempotency_key}
+
+
+def test_a_cut_stream_whose_answer_was_not_stored_raises_a_clear_retryable_error(server, client):
+    server.servicer.script = [
+        fail(*CONNECTION_CUT, after=2),
+        fail(grpc.StatusCode.NOT_FOUND, "nothing of request x is stored under this idempotency key"),
+    ]
+    stream = client.completions.create(model="m", prompt="x", stream=True)
+    texts = []
+    with pytest.raises(diptych.StreamInterruptedError, match="cut after 2 tokens") as raised:
+        for chunk in stream:
+            texts.append(chunk.text)
+    assert texts == ["t0", "t1"] and raised.value.code == "UNAVAILABLE"
+    assert "Send the request again under a new idempotency key" in raised.value.message
+    assert isinstance(raised.value, diptych.APIConnectionError)
+
+
+def test_a_stored_answer_that_does_not_continue_the_stream_is_refused(server, client):
+    server.servicer.script = [fail(*CONNECTION_CUT, after=2), stored("other text", [9, 9, 9])]
+    with pytest.raises(diptych.APIResponseValidationError, match="does not continue what was streamed"):
+        list(client.completions.create(model="m", prompt="x", stream=True))
+
+
+async def test_an_async_stream_cut_mid_way_is_resumed(server, async_client):
+    server.servicer.script = [fail(*CONNECTION_CUT, after=1), stored("t0t1", [0, 1])]
+    stream = await async_client.completions.create(model="m", prompt="x", stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert [(c.text, c.finish_reason) for c in chunks] == [("t0", None), ("t1", "interrupted")]
+    assert server.servicer.requests[1].resume_request_id == stream.request_id
+
+
+def test_a_retry_goes_to_the_next_gateway(server, closed_port):
+    server.servicer.script = [HELLO]
+    base_url = f"grpc://127.0.0.1:{closed_port},{server.base_url.removeprefix('grpc://')}"
+    with diptych.Client(api_key="sk-test", base_url=base_url, timeout=CALL_TIMEOUT_S, max_retries=1) as client:
+        for _ in range(4):  # whichever gateway a call starts on, its retry reaches the live one
+            assert client.completions.create(model="m", prompt="x").text == "Hello"

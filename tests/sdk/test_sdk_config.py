@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 import diptych
-from diptych._transport import Endpoint, parse_base_url
+from diptych._transport import Endpoint, parse_base_url, parse_base_urls
 
 
 def test_missing_api_key_fails_at_construction():
@@ -21,7 +21,7 @@ def test_configuration_from_environment(monkeypatch):
         assert client.admin_url == "https://admin.example.com"
         assert client.api_key == "env-key"
         assert client.base_url == "grpcs://api.example.com:8443"
-        assert client._endpoint == Endpoint("api.example.com:8443", secure=True)
+        assert client._endpoints == [Endpoint("api.example.com:8443", secure=True)]
         assert client._metadata == (("authorization", "Bearer env-key"),)
         assert (client.timeout, client.max_retries, client.stream_idle_timeout) == (600.0, 2, 60.0)
 
@@ -31,7 +31,7 @@ def test_arguments_take_precedence_over_environment(monkeypatch):
     monkeypatch.setenv("DIPTYCH_BASE_URL", "grpcs://api.example.com")
     with diptych.Client(api_key="arg-key", base_url="localhost:7000", timeout=5, max_retries=0) as client:
         assert client.api_key == "arg-key"
-        assert client._endpoint == Endpoint("localhost:7000", secure=False)
+        assert client._endpoints == [Endpoint("localhost:7000", secure=False)]
         assert (client.timeout, client.max_retries) == (5, 0)
 
 
@@ -39,7 +39,7 @@ def test_default_base_url():
     with diptych.Client(api_key="k") as client:
         assert client.admin_url == "http://127.0.0.1:8000"
         assert client.base_url == "grpc://127.0.0.1:50051"
-        assert client._endpoint == Endpoint("127.0.0.1:50051", secure=False)
+        assert client._endpoints == [Endpoint("127.0.0.1:50051", secure=False)]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +76,19 @@ def test_parse_base_url(base_url, expected):
 def test_parse_base_url_rejects(base_url):
     with pytest.raises(ValueError, match="must look like"):
         parse_base_url(base_url)
+
+
+def test_a_base_url_may_name_several_gateways_the_first_ones_scheme_for_all():
+    assert parse_base_urls("grpcs://gw-a:443, gw-b") == [Endpoint("gw-a:443", True), Endpoint("gw-b:443", True)]
+    assert parse_base_urls("gw-a:1,grpcs://gw-b:2") == [Endpoint("gw-a:1", False), Endpoint("gw-b:2", True)]
+    with pytest.raises(ValueError, match="an empty gateway between its commas"):
+        parse_base_urls("gw-a:1,,gw-b:2")
+
+
+def test_each_call_goes_to_the_next_gateway_in_turn():
+    with diptych.Client(api_key="k", base_url="grpc://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3") as client:
+        stubs = [client._transport.stub for _ in range(6)]
+    assert len({id(stub) for stub in stubs[:3]}) == 3 and stubs[:3] == stubs[3:]
 
 
 def test_client_rejects_bad_base_url():

@@ -16,6 +16,7 @@ from ._errors import (
     PermissionDeniedError,
     RateLimitError,
     ServiceUnavailableError,
+    StreamInterruptedError,
 )
 from ._response import APIResponse
 from ._streaming import AsyncStream, Stream
@@ -51,6 +52,7 @@ from .types import (
 
 __all__ = [
     "APIConnectionError",
+    "StreamInterruptedError",
     "APIResponse",
     "APIResponseValidationError",
     "APIStatusError",

@@ -10,7 +10,7 @@ from typing import Final, Self
 
 from ._errors import AuthenticationError
 from ._http import DEFAULT_ADMIN_URL, AdminTransport
-from ._transport import DEFAULT_BASE_URL, AsyncTransport, SyncTransport, auth_metadata, parse_base_url
+from ._transport import DEFAULT_BASE_URL, AsyncTransport, SyncTransport, auth_metadata, parse_base_urls
 from .resources import AsyncChat, AsyncCompletions, AsyncModels, Chat, Completions, Models
 from .resources.admin import Admin, AsyncAdmin
 from .resources.batches import AsyncBatches, AsyncFiles, Batches, Files
@@ -53,7 +53,7 @@ class _BaseClient(ABC):
             )
         self.api_key = api_key
         self.base_url = base_url or os.environ.get("DIPTYCH_BASE_URL") or DEFAULT_BASE_URL
-        self._endpoint = parse_base_url(self.base_url)
+        self._endpoints = parse_base_urls(self.base_url)
         self._metadata = auth_metadata(api_key)
         self._admin_transport = AdminTransport(
             admin_url or os.environ.get("DIPTYCH_ADMIN_URL") or DEFAULT_ADMIN_URL, api_key
@@ -99,7 +99,7 @@ class _BaseClient(ABC):
 
 
 class Client(_BaseClient):
-    """A client of the Diptych API. Thread-safe; holds one gRPC channel to the gateway.
+    """A client of the Diptych API. Thread-safe; holds one gRPC channel per gateway.
 
     `api_key` defaults to $DIPTYCH_API_KEY, `base_url` (the gateway) to $DIPTYCH_BASE_URL then
     grpc://127.0.0.1:50051, `admin_url` (the control plane's REST API, for `client.admin`) to
@@ -132,7 +132,7 @@ class Client(_BaseClient):
             max_retries=max_retries,
             stream_idle_timeout=stream_idle_timeout,
         )
-        self._transport = SyncTransport(self._endpoint)
+        self._transport = SyncTransport(self._endpoints)
         self._bind_resources()
 
     def _bind_resources(self) -> None:
@@ -183,7 +183,7 @@ class AsyncClient(_BaseClient):
             max_retries=max_retries,
             stream_idle_timeout=stream_idle_timeout,
         )
-        self._transport = AsyncTransport(self._endpoint)
+        self._transport = AsyncTransport(self._endpoints)
         self._bind_resources()
 
     def _bind_resources(self) -> None:

@@ -38,6 +38,7 @@ _FINISH_REASONS: dict[int, FinishReason] = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
+    pb.FINISH_REASON_INTERRUPTED: "interrupted",
 }
 
 

@@ -14,6 +14,7 @@ from .types import RateLimitStatus
 __all__ = [
     "DiptychError",
     "APIConnectionError",
+    "StreamInterruptedError",
     "APITimeoutError",
     "APIResponseValidationError",
     "APIStatusError",
@@ -60,6 +61,11 @@ class DiptychError(Exception):
 
 class APIConnectionError(DiptychError):
     """The gateway could not be reached, or the connection broke before the call finished."""
+
+
+class StreamInterruptedError(APIConnectionError):
+    """A stream was cut mid-way and what its request generated could not be fetched again: it was billed
+    for what its gateway handed over. Retryable, under a new idempotency key: the request runs anew."""
 
 
 class APITimeoutError(APIConnectionError):

@@ -53,6 +53,12 @@ def retry_delay(error: DiptychError, attempt: int, max_retries: int) -> float | 
     return retry_after if retry_after <= MAX_RETRY_AFTER else None
 
 
+def resume_delay(error: DiptychError, attempt: int) -> float | None:
+    """Seconds to wait before trying again to fetch a cut stream's answer, or None to give up: as long as
+    the gateway is unreachable, or the key is still held (ABORTED) by the execution whose gateway stopped."""
+    return backoff_delay(attempt) if _is_retryable(error) and not isinstance(error, RateLimitError) else None
+
+
 def _is_retryable(error: DiptychError) -> bool:
     if isinstance(error, APITimeoutError):
         return False

@@ -3,6 +3,13 @@
 Both guard the call with an idle timeout: when no message arrives for
 `stream_idle_timeout` seconds the call is cancelled and `APITimeoutError` raised,
 so a silent gateway cannot hang the caller (the call's `timeout` bounds it as a whole).
+
+A stream cut mid-way by a broken connection (its gateway died, say) is resumed: the SDK asks the gateways,
+under the request's idempotency key, for what that execution handed over (`resume_request_id`), which the
+gateway's next run stores as the key's answer, and yields the part the caller has not seen yet, its last
+chunk with finish reason "interrupted" and the usage billed. It tries for up to RESUME_TIMEOUT_S while
+the key is still held or the gateways unreachable; after that, or when nothing was stored,
+`StreamInterruptedError` says so.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import Self
 
@@ -20,13 +27,24 @@ import grpc.aio
 from diptych_proto.v1 import inference_pb2 as pb
 
 from ._convert import chunk_from_proto
-from ._errors import APIResponseValidationError, APITimeoutError, DiptychError, error_from_rpc
+from ._errors import (
+    APIConnectionError,
+    APIResponseValidationError,
+    APITimeoutError,
+    DiptychError,
+    StreamInterruptedError,
+    error_from_rpc,
+)
 from ._ratelimits import rate_limit_status
+from ._retry import resume_delay
 from .types import CompletionChunk, RateLimitStatus, Usage
 
 __all__ = ["Stream", "AsyncStream"]
 
 _INCOMPLETE = "The response stream ended before its final message"
+RESUME_TIMEOUT_S = 60.0
+SyncReopen = Callable[[str], grpc.Call]  # opens the replay of an execution (its request id)
+AsyncReopen = Callable[[str], grpc.aio.UnaryStreamCall]
 
 
 class _StreamState:
@@ -44,10 +62,16 @@ class _StreamState:
         self._closed = False
         self._first: pb.GenerateResponse | None = None
         self._initial_metadata: tuple[tuple[str, str | bytes], ...] = ()
+        self._seen_text = ""  # what the caller got of choice 0, to resume after
+        self._seen_tokens = 0
+        self._multiple_choices = False
 
     def _chunk(self, message: pb.GenerateResponse) -> CompletionChunk:
         chunk = chunk_from_proto(message)
         self.request_id = self.request_id or chunk.id or None
+        self._multiple_choices = self._multiple_choices or message.index > 0
+        self._seen_text += message.text
+        self._seen_tokens += len(message.token_ids)
         if chunk.usage is not None and chunk.finish_reason is not None:
             self.usage = chunk.usage
         return chunk
@@ -65,6 +89,38 @@ class _StreamState:
 
     def _incomplete_error(self) -> APIResponseValidationError:
         return APIResponseValidationError(_INCOMPLETE, request_id=self.request_id, idempotency_key=self.idempotency_key)
+
+    def _resumable(self, error: DiptychError) -> bool:
+        """A connection broken mid-stream, of a request whose answer a gateway can store under its key."""
+        return (
+            isinstance(error, APIConnectionError)
+            and error.code == "UNAVAILABLE"
+            and self.request_id is not None
+            and not self._multiple_choices
+        )
+
+    def _unseen(self, stored: pb.GenerateResponse) -> pb.GenerateResponse:
+        """The stored answer less what the caller already got."""
+        if stored.request_id != self.request_id or not stored.text.startswith(self._seen_text):
+            raise APIResponseValidationError(
+                "The stored answer does not continue what was streamed", request_id=self.request_id
+            )
+        rest = pb.GenerateResponse()
+        rest.CopyFrom(stored)
+        rest.text = stored.text[len(self._seen_text) :]
+        del rest.token_ids[: self._seen_tokens]
+        del rest.logprobs[: self._seen_tokens]
+        return rest
+
+    def _interrupted(self, cut: DiptychError, error: DiptychError) -> StreamInterruptedError:
+        return StreamInterruptedError(
+            f"The stream was cut after {self._seen_tokens} tokens ({cut.message}) and what request "
+            f"{self.request_id} generated could not be fetched again ({error.code}: {error.message}); it was "
+            "billed for what its gateway handed over. Send the request again under a new idempotency key",
+            code="UNAVAILABLE",
+            request_id=self.request_id,
+            idempotency_key=self.idempotency_key,
+        )
 
 
 class _IdleWatchdog:
@@ -121,9 +177,12 @@ class Stream(_StreamState):
     stream's last chunk also the request's `usage`; `stream.usage` holds it too once read.
     """
 
-    def __init__(self, call: grpc.Call, *, idle_timeout: float | None, idempotency_key: str) -> None:
+    def __init__(
+        self, call: grpc.Call, *, idle_timeout: float | None, idempotency_key: str, reopen: SyncReopen | None = None
+    ) -> None:
         super().__init__(idle_timeout, idempotency_key)
         self._call = call
+        self._reopen = reopen
         self._watchdog = _IdleWatchdog(call, idle_timeout)
         self._chunks = self._iterate()
 
@@ -183,19 +242,53 @@ class Stream(_StreamState):
                 yield chunk
                 if chunk.usage is not None:  # the stream's last message (every choice has ended)
                     return
-                message = self._read()
+                message = self._next_or_resumed()
             if not self._closed:
                 raise self._incomplete_error()
         finally:
             self._watchdog.stop()
 
+    def _next_or_resumed(self) -> pb.GenerateResponse | None:
+        try:
+            return self._read()
+        except DiptychError as cut:
+            if self._reopen is None or not self._resumable(cut):
+                raise
+            return self._resume(cut)
+
+    def _resume(self, cut: DiptychError) -> pb.GenerateResponse:
+        assert self._reopen is not None and self.request_id is not None
+        give_up_at = time.monotonic() + RESUME_TIMEOUT_S
+        attempt = 0
+        while True:
+            call = self._reopen(self.request_id)
+            try:
+                return self._unseen(next(call))
+            except grpc.RpcError as rpc_error:
+                error = self._rpc_error(rpc_error)
+            finally:
+                call.cancel()
+            delay = resume_delay(error, attempt)
+            if delay is None or time.monotonic() + delay > give_up_at:
+                raise self._interrupted(cut, error) from error
+            time.sleep(delay)
+            attempt += 1
+
 
 class AsyncStream(_StreamState):
     """The asyncio twin of `Stream`: `async for` it, ideally inside `async with`."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, *, idle_timeout: float | None, idempotency_key: str) -> None:
+    def __init__(
+        self,
+        call: grpc.aio.UnaryStreamCall,
+        *,
+        idle_timeout: float | None,
+        idempotency_key: str,
+        reopen: AsyncReopen | None = None,
+    ) -> None:
         super().__init__(idle_timeout, idempotency_key)
         self._call = call
+        self._reopen = reopen
         self._chunks = self._iterate()
 
     async def _wait_first_message(self) -> None:
@@ -249,6 +342,35 @@ class AsyncStream(_StreamState):
             yield chunk
             if chunk.usage is not None:  # the stream's last message (every choice has ended)
                 return
-            message = await self._read()
+            message = await self._next_or_resumed()
         if not self._closed:
             raise self._incomplete_error()
+
+    async def _next_or_resumed(self) -> pb.GenerateResponse | None:
+        try:
+            return await self._read()
+        except DiptychError as cut:
+            if self._reopen is None or not self._resumable(cut):
+                raise
+            return await self._resume(cut)
+
+    async def _resume(self, cut: DiptychError) -> pb.GenerateResponse:
+        assert self._reopen is not None and self.request_id is not None
+        give_up_at = time.monotonic() + RESUME_TIMEOUT_S
+        attempt = 0
+        while True:
+            call = self._reopen(self.request_id)
+            try:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    raise self._incomplete_error()
+                return self._unseen(message)
+            except grpc.RpcError as rpc_error:
+                error = self._rpc_error(rpc_error)
+            finally:
+                call.cancel()
+            delay = resume_delay(error, attempt)
+            if delay is None or time.monotonic() + delay > give_up_at:
+                raise self._interrupted(cut, error) from error
+            await asyncio.sleep(delay)
+            attempt += 1

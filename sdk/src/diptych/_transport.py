@@ -1,7 +1,12 @@
-"""Where the gateway is and how to open a channel to it."""
+"""Where the gateways are and how to open a channel to each.
+
+A base URL may name several gateways, comma-separated (`grpc://gw-a:50051,gw-b:50051`): each call goes to
+the next one in turn, so a call retried after a gateway failed to answer goes to another gateway.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -42,58 +47,78 @@ def parse_base_url(base_url: str) -> Endpoint:
     return Endpoint(target=f"{host}:{port}", secure=scheme == "grpcs")
 
 
+def parse_base_urls(base_url: str) -> list[Endpoint]:
+    """The gateways a base URL names: one, or several separated by commas; a gateway without a scheme
+    takes the first one's."""
+    parts = [part.strip() for part in base_url.split(",")]
+    if not all(parts):
+        raise ValueError(f"base_url {base_url!r} has an empty gateway between its commas")
+    scheme = parts[0].split("://", 1)[0] + "://" if "://" in parts[0] else ""
+    return [parse_base_url(part if "://" in part else scheme + part) for part in parts]
+
+
 def auth_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
 
 class SyncTransport:
-    """Owns the client's single gRPC channel."""
+    """Owns the client's gRPC channels, one per gateway."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        if endpoint.secure:
-            self._channel = grpc.secure_channel(endpoint.target, grpc.ssl_channel_credentials(), _CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(endpoint.target, _CHANNEL_OPTIONS)
-        self._stub: InferenceStub | None = _new_stub(self._channel)
+    def __init__(self, endpoints: list[Endpoint]) -> None:
+        self._channels = [_sync_channel(endpoint) for endpoint in endpoints]
+        self._stubs: list[InferenceStub] = [_new_stub(channel) for channel in self._channels]
+        self._turn = itertools.count()
 
     @property
     def stub(self) -> InferenceStub:
-        if self._stub is None:
+        """The next gateway's stub, in turn."""
+        if not self._stubs:
             raise RuntimeError("The client has been closed")
-        return self._stub
+        return self._stubs[next(self._turn) % len(self._stubs)]
 
     def close(self) -> None:
-        self._stub = None
-        self._channel.close()
+        self._stubs = []
+        for channel in self._channels:
+            channel.close()
+
+
+def _sync_channel(endpoint: Endpoint) -> grpc.Channel:
+    if endpoint.secure:
+        return grpc.secure_channel(endpoint.target, grpc.ssl_channel_credentials(), _CHANNEL_OPTIONS)
+    return grpc.insecure_channel(endpoint.target, _CHANNEL_OPTIONS)
 
 
 class AsyncTransport:
-    """Owns the client's single grpc.aio channel, opened on first use.
+    """Owns the client's grpc.aio channels, one per gateway, opened on first use.
 
     A grpc.aio channel binds to the event loop running when it is created, and
     clients are usually built before any loop runs.
     """
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: InferenceStub | None = None
+    def __init__(self, endpoints: list[Endpoint]) -> None:
+        self._endpoints = endpoints
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[InferenceStub] = []
+        self._turn = itertools.count()
         self._closed = False
 
     @property
     def stub(self) -> InferenceStub:
+        """The next gateway's stub, in turn."""
         if self._closed:
             raise RuntimeError("The client has been closed")
-        if self._stub is None:
-            if self._endpoint.secure:
-                credentials = grpc.ssl_channel_credentials()
-                self._channel = grpc.aio.secure_channel(self._endpoint.target, credentials, _CHANNEL_OPTIONS)
-            else:
-                self._channel = grpc.aio.insecure_channel(self._endpoint.target, _CHANNEL_OPTIONS)
-            self._stub = _new_stub(self._channel)
-        return self._stub
+        if not self._stubs:
+            self._channels = [_async_channel(endpoint) for endpoint in self._endpoints]
+            self._stubs = [_new_stub(channel) for channel in self._channels]
+        return self._stubs[next(self._turn) % len(self._stubs)]
 
     async def close(self) -> None:
         self._closed = True
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
+
+
+def _async_channel(endpoint: Endpoint) -> grpc.aio.Channel:
+    if endpoint.secure:
+        return grpc.aio.secure_channel(endpoint.target, grpc.ssl_channel_credentials(), _CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(endpoint.target, _CHANNEL_OPTIONS)

@@ -67,7 +67,7 @@ NOT_GIVEN: Final = NotGiven()
 Priority = Literal["interactive", "batch"]
 """"interactive" (the default) goes first when workers are busy; "batch" waits for spare capacity."""
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "interrupted"]
 """"stop": end of sequence or a stop string; "length": max_tokens or the context length reached;
 "tool_calls": the answer is tool calls (`Choice.tool_calls`); calls of a function `tool_choice` named
 finish as "stop", as OpenAI's do."""

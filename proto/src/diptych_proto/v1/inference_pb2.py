@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n diptych_proto/v1/inference.proto\x12\ndiptych.v1\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.diptych.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.diptych.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x85\x07\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.diptych.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.diptych.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12&\n\x08priority\x18\r \x01(\x0e\x32\x14.diptych.v1.Priority\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0f \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x10 \x01(\x02H\x07\x88\x01\x01\x12>\n\nlogit_bias\x18\x11 \x03(\x0b\x32*.diptych.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x12 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x13 \x01(\rH\x08\x88\x01\x01\x12\x0e\n\x01n\x18\x17 \x01(\rH\t\x88\x01\x01\x12\x18\n\x10prompt_cache_key\x18\x18 \x01(\t\x12\x33\n\x0fresponse_format\x18\x14 \x01(\x0b\x32\x1a.diptych.v1.ResponseFormat\x12\x1f\n\x05tools\x18\x15 \x03(\x0b\x32\x10.diptych.v1.Tool\x12+\n\x0btool_choice\x18\x16 \x01(\x0b\x32\x16.diptych.v1.ToolChoice\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobsB\x04\n\x02_n\"l\n\nPhaseUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x12\n\ncompute_ms\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xa1\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\'\n\x07prefill\x18\x04 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\x12&\n\x06\x64\x65\x63ode\x18\x05 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\"\xff\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.diptych.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.diptych.v1.Usage\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.diptych.v1.TokenLogprob\x12\r\n\x05index\x18\x08 \x01(\r\x12(\n\ntool_calls\x18\x07 \x03(\x0b\x32\x14.diptych.v1.ToolCall\"\x13\n\x11ListModelsRequest\"F\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x19\n\x11has_chat_template\x18\x03 \x01(\x08\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.diptych.v1.Model\"n\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12,\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x16.diptych.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"Q\n\x0eResponseFormat\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"M\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"k\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rfunction_name\x18\x02 \x01(\t\x12 \n\x13parallel_tool_calls\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\xa1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.diptych.v1.GenerateRequest\x1a\x1c.diptych.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.diptych.v1.ListModelsRequest\x1a\x1e.diptych.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n diptych_proto/v1/inference.proto\x12\ndiptych.v1\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.diptych.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.diptych.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa0\x07\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.diptych.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.diptych.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12\x19\n\x11resume_request_id\x18\x19 \x01(\t\x12&\n\x08priority\x18\r \x01(\x0e\x32\x14.diptych.v1.Priority\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0f \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x10 \x01(\x02H\x07\x88\x01\x01\x12>\n\nlogit_bias\x18\x11 \x03(\x0b\x32*.diptych.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x12 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x13 \x01(\rH\x08\x88\x01\x01\x12\x0e\n\x01n\x18\x17 \x01(\rH\t\x88\x01\x01\x12\x18\n\x10prompt_cache_key\x18\x18 \x01(\t\x12\x33\n\x0fresponse_format\x18\x14 \x01(\x0b\x32\x1a.diptych.v1.ResponseFormat\x12\x1f\n\x05tools\x18\x15 \x03(\x0b\x32\x10.diptych.v1.Tool\x12+\n\x0btool_choice\x18\x16 \x01(\x0b\x32\x16.diptych.v1.ToolChoice\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobsB\x04\n\x02_n\"l\n\nPhaseUsage\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x12\n\ncompute_ms\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xa1\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\'\n\x07prefill\x18\x04 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\x12&\n\x06\x64\x65\x63ode\x18\x05 \x01(\x0b\x32\x16.diptych.v1.PhaseUsage\"\xff\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.diptych.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.diptych.v1.Usage\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.diptych.v1.TokenLogprob\x12\r\n\x05index\x18\x08 \x01(\r\x12(\n\ntool_calls\x18\x07 \x03(\x0b\x32\x14.diptych.v1.ToolCall\"\x13\n\x11ListModelsRequest\"F\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x19\n\x11has_chat_template\x18\x03 \x01(\x08\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.diptych.v1.Model\"n\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12,\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x16.diptych.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"Q\n\x0eResponseFormat\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"M\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"k\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rfunction_name\x18\x02 \x01(\t\x12 \n\x13parallel_tool_calls\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01*\x9c\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x12\x1d\n\x19\x46INISH_REASON_INTERRUPTED\x10\x04\x32\xa1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.diptych.v1.GenerateRequest\x1a\x1c.diptych.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.diptych.v1.ListModelsRequest\x1a\x1e.diptych.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_PRIORITY']._serialized_start=2332
-  _globals['_PRIORITY']._serialized_end=2388
-  _globals['_FINISHREASON']._serialized_start=2390
-  _globals['_FINISHREASON']._serialized_end=2515
+  _globals['_PRIORITY']._serialized_start=2359
+  _globals['_PRIORITY']._serialized_end=2415
+  _globals['_FINISHREASON']._serialized_start=2418
+  _globals['_FINISHREASON']._serialized_end=2574
   _globals['_CHATMESSAGE']._serialized_start=48
   _globals['_CHATMESSAGE']._serialized_end=156
   _globals['_CHATMESSAGES']._serialized_start=158
@@ -44,33 +44,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=217
   _globals['_TOKENIDS']._serialized_end=240
   _globals['_GENERATEREQUEST']._serialized_start=243
-  _globals['_GENERATEREQUEST']._serialized_end=1144
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=961
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1009
-  _globals['_PHASEUSAGE']._serialized_start=1146
-  _globals['_PHASEUSAGE']._serialized_end=1254
-  _globals['_USAGE']._serialized_start=1257
-  _globals['_USAGE']._serialized_end=1418
-  _globals['_GENERATERESPONSE']._serialized_start=1421
-  _globals['_GENERATERESPONSE']._serialized_end=1676
-  _globals['_LISTMODELSREQUEST']._serialized_start=1678
-  _globals['_LISTMODELSREQUEST']._serialized_end=1697
-  _globals['_MODEL']._serialized_start=1699
-  _globals['_MODEL']._serialized_end=1769
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1771
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1826
-  _globals['_TOKENLOGPROB']._serialized_start=1828
-  _globals['_TOKENLOGPROB']._serialized_end=1938
-  _globals['_TOPLOGPROB']._serialized_start=1940
-  _globals['_TOPLOGPROB']._serialized_end=2002
-  _globals['_RESPONSEFORMAT']._serialized_start=2004
-  _globals['_RESPONSEFORMAT']._serialized_end=2085
-  _globals['_TOOL']._serialized_start=2087
-  _globals['_TOOL']._serialized_end=2164
-  _globals['_TOOLCHOICE']._serialized_start=2166
-  _globals['_TOOLCHOICE']._serialized_end=2273
-  _globals['_TOOLCALL']._serialized_start=2275
-  _globals['_TOOLCALL']._serialized_end=2330
-  _globals['_INFERENCE']._serialized_start=2518
-  _globals['_INFERENCE']._serialized_end=2679
+  _globals['_GENERATEREQUEST']._serialized_end=1171
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=988
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1036
+  _globals['_PHASEUSAGE']._serialized_start=1173
+  _globals['_PHASEUSAGE']._serialized_end=1281
+  _globals['_USAGE']._serialized_start=1284
+  _globals['_USAGE']._serialized_end=1445
+  _globals['_GENERATERESPONSE']._serialized_start=1448
+  _globals['_GENERATERESPONSE']._serialized_end=1703
+  _globals['_LISTMODELSREQUEST']._serialized_start=1705
+  _globals['_LISTMODELSREQUEST']._serialized_end=1724
+  _globals['_MODEL']._serialized_start=1726
+  _globals['_MODEL']._serialized_end=1796
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1798
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1853
+  _globals['_TOKENLOGPROB']._serialized_start=1855
+  _globals['_TOKENLOGPROB']._serialized_end=1965
+  _globals['_TOPLOGPROB']._serialized_start=1967
+  _globals['_TOPLOGPROB']._serialized_end=2029
+  _globals['_RESPONSEFORMAT']._serialized_start=2031
+  _globals['_RESPONSEFORMAT']._serialized_end=2112
+  _globals['_TOOL']._serialized_start=2114
+  _globals['_TOOL']._serialized_end=2191
+  _globals['_TOOLCHOICE']._serialized_start=2193
+  _globals['_TOOLCHOICE']._serialized_end=2300
+  _globals['_TOOLCALL']._serialized_start=2302
+  _globals['_TOOLCALL']._serialized_end=2357
+  _globals['_INFERENCE']._serialized_start=2577
+  _globals['_INFERENCE']._serialized_end=2738
 # @@protoc_insertion_point(module_scope)

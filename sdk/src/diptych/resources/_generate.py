@@ -36,6 +36,14 @@ def create_request(arguments: GenerationParams, input_field: dict[str, Any], **o
     )
 
 
+def resumed(request: pb.GenerateRequest, request_id: str) -> pb.GenerateRequest:
+    """The request asking for what execution `request_id` stored under the request's idempotency key."""
+    replay = pb.GenerateRequest()
+    replay.CopyFrom(request)
+    replay.resume_request_id = request_id
+    return replay
+
+
 def generate(
     client: GatewayConnection,
     request: pb.GenerateRequest,
@@ -53,7 +61,14 @@ def generate(
             call = client._transport.stub.Generate(request, timeout=deadline, metadata=metadata)
         except grpc.RpcError as rpc_error:
             raise error_from_rpc(rpc_error, idempotency_key=request.idempotency_key) from rpc_error
-        chunks = Stream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
+        chunks = Stream(
+            call,
+            idle_timeout=client.stream_idle_timeout,
+            idempotency_key=request.idempotency_key,
+            reopen=lambda request_id: client._transport.stub.Generate(
+                resumed(request, request_id), timeout=deadline, metadata=metadata
+            ),
+        )
         try:
             chunks._wait_first_message()
         except BaseException:
@@ -84,7 +99,14 @@ async def generate_async(
 
     async def attempt() -> AsyncStream:
         call = client._transport.stub.Generate(request, timeout=deadline, metadata=metadata)
-        chunks = AsyncStream(call, idle_timeout=client.stream_idle_timeout, idempotency_key=request.idempotency_key)
+        chunks = AsyncStream(
+            call,
+            idle_timeout=client.stream_idle_timeout,
+            idempotency_key=request.idempotency_key,
+            reopen=lambda request_id: client._transport.stub.Generate(
+                resumed(request, request_id), timeout=deadline, metadata=metadata
+            ),
+        )
         try:
             await chunks._wait_first_message()
         except BaseException:
