@@ -216,6 +216,17 @@ class Pipeline:
                 delivered += run.delivery.delivered
             admitted.span.set_attributes({"outcome": outcome, "output_tokens": delivered})
             admitted.span.end()
+            log.info(
+                "%s %s request of %s ended %s: %d prompt and %d output tokens in %.3f s (%s)",
+                admitted.protocol,
+                runs[0].trace.mode or "unrouted",
+                plan.model.name,
+                outcome,
+                len(plan.prompt_token_ids),
+                delivered,
+                time.monotonic() - admitted.arrived,
+                admitted.caller.organization_id,
+            )
             REQUESTS.labels(plan.model.name, runs[0].trace.mode, outcome, admitted.protocol).inc()
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivered)
             if plan.idempotency_key and not complete:  # failed or cancelled: a retry runs anew

@@ -6,10 +6,12 @@ its call names), a decode worker's a `DecodeConnector` (it receives and loads KV
 hands each request its part in the hand-off (`KvTransferParams`) and reports the outcome."""
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -17,7 +19,7 @@ import grpc
 from opentelemetry.trace import Span, SpanKind
 
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, LARK_GRAMMAR, Grammar
-from diptych_common.logs import bind_request
+from diptych_common.logs import bind_request, describe_error
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.tracing import (
     context_from_metadata,
@@ -151,7 +153,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # ---- serving ------------------------------------------------------------------------------
 
     async def Prefill(self, request, context):
-        with ending(_call_span("worker.prefill", request.request_id, context)) as span:
+        span = _call_span("worker.prefill", request.request_id, context)
+        with ending(span), _logged_call("prefill", len(request.prompt_token_ids)):
             transfer = start_span("kv.transfer", span, kind=SpanKind.PRODUCER)
             with ending(transfer):
                 async for event in self._prefill(request, context, span, transfer):
@@ -212,7 +215,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
 
     async def Decode(self, request, context):
-        with ending(_call_span("worker.decode", request.request_id, context)) as span:
+        span = _call_span("worker.decode", request.request_id, context)
+        with ending(span), _logged_call("decode"):
             async for event in self._decode(request, context, span):
                 yield event
 
@@ -248,7 +252,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _record_queue_and_compute(engine_request, "decode.compute", span, now_ns())
 
     async def Generate(self, request, context):
-        with ending(_call_span("worker.generate", request.request_id, context)) as span:
+        span = _call_span("worker.generate", request.request_id, context)
+        with ending(span), _logged_call("generate", len(request.prompt_token_ids)):
             async for event in self._generate(request, context, span):
                 yield event
 
@@ -456,6 +461,26 @@ def _call_span(name: str, request_id: str, context: grpc.aio.ServicerContext) ->
     span = start_span(name, parent, kind=SpanKind.SERVER, attributes={"request_id": request_id})
     bind_request(request_id, trace_id_of(span))
     return span
+
+
+@contextlib.contextmanager
+def _logged_call(call: str, prompt_tokens: int | None = None) -> Iterator[None]:
+    """One line when a call ends, naming its request (bound to the task by `_call_span`): how it ended and
+    how long it took, so that an operator can follow a request through the workers' logs."""
+    started = time.monotonic()
+    outcome = "cancelled"
+    try:
+        yield
+        outcome = "done"
+    except grpc.aio.AbortError:
+        outcome = "refused"
+        raise
+    except Exception as error:
+        outcome = f"failed ({describe_error(error)})"
+        raise
+    finally:
+        prompt = "" if prompt_tokens is None else f", {prompt_tokens} prompt tokens"
+        log.info("%s call %s after %.0f ms%s", call, outcome, (time.monotonic() - started) * 1000, prompt)
 
 
 def _record_queue_and_compute(request: EngineRequest, compute: str, parent: Span, end_ns: int) -> None:
