@@ -6,6 +6,7 @@ and see each token's arrival; the SDK rides on the same stub.
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterable
 
 import grpc
@@ -19,10 +20,14 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 class GatewayClient:
-    def __init__(self, address: str, api_key: str, model: str, temperature: float = 0.0) -> None:
-        """`temperature` 0: greedy requests; above it, every request samples at it."""
+    def __init__(
+        self, address: str, api_key: str, model: str, temperature: float = 0.0, idempotency_keys: bool = False
+    ) -> None:
+        """`temperature` 0: greedy requests; above it, every request samples at it. `idempotency_keys`: each
+        request carries a key of its own, as the SDK's do."""
         self._address = address.removeprefix("grpc://")
         self._temperature = temperature
+        self._idempotency_keys = idempotency_keys
         self._metadata = (("authorization", f"Bearer {api_key}"),)
         self._model = model
         self._channel: grpc.aio.Channel | None = None
@@ -54,6 +59,7 @@ class GatewayClient:
             max_tokens=max_tokens,
             temperature=self._temperature,
             ignore_eos=ignore_eos,
+            idempotency_key=f"bench-{uuid.uuid4().hex}" if self._idempotency_keys else "",
         )
         stub = inference_pb2_grpc.InferenceStub(self._channel)
         result = RequestResult(sent_at=time.perf_counter() if due_at is None else due_at, shares_prefix=shares_prefix)

@@ -59,7 +59,9 @@ def measure_mode(platform: LivePlatform, mode: str, args: argparse.Namespace) ->
     )
     requests = make_requests(spec)
     with platform.serving(mode) as address:
-        client = GatewayClient(address, platform.api_key, platform.model, temperature=args.temperature)
+        client = GatewayClient(
+            address, platform.api_key, platform.model, args.temperature, idempotency_keys=args.idempotency_keys
+        )
         asyncio.run(_replay(client, requests[: args.concurrency], args.concurrency))  # warm-up
         pids = {name: process.pid for name, process in platform.stack.processes.items()}
         before = {name: process_cpu_s(pid) for name, pid in pids.items()}
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else every request samples at it")
+    parser.add_argument(
+        "--idempotency-keys", action="store_true", help="each request with a key of its own, as the SDK sends them"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="diptych-cost-") as scratch:
         platform = start_platform(Path(scratch), args.model, 1024, args.threads, args.threads, log)
