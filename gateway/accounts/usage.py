@@ -191,7 +191,7 @@ class UsageJournal:
         slot = self._slots.pop(execution_id, None)
         if slot is not None:  # only once no row names it
             self._counts.release(slot)
-        if not keep_outputs:
+        if not keep_outputs and execution_id in self._output_files:
             self.drop_outputs(execution_id)
         if traceparent and events:
             self.traceparents[execution_id] = traceparent

@@ -148,3 +148,13 @@ def test_more_executions_at_once_than_the_counts_file_first_holds_keep_their_own
     assert len(reopened.recover()) == len(ids)
     decode_tokens = {e["request_id"]: e["tokens"] for _, e in reopened.oldest(10 * len(ids)) if e["phase"] == "decode"}
     assert decode_tokens == {execution_id: index + 1 for index, execution_id in enumerate(ids)}
+
+
+def test_the_outputs_an_execution_kept_leave_with_it_when_it_finishes(tmp_path):
+    journal = UsageJournal(tmp_path / "journal.sqlite3")
+    journal.keep_output("exec_1", {"text": "a", "tokenIds": [1]})
+    journal.track("exec_1", [event("exec_1", "decode", 1)], 1)
+    assert journal.kept_outputs("exec_1", 5) == [{"text": "a", "tokenIds": [1]}]
+    journal.finish("exec_1", [event("exec_1", "decode", 1)])
+    assert journal.kept_outputs("exec_1", 5) == []
+    assert list((tmp_path / "journal-outputs").iterdir()) == []
