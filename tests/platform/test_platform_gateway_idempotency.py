@@ -237,3 +237,11 @@ async def test_a_claim_gives_up_on_a_control_plane_gone_beyond_its_patience(call
     with pytest.raises(GatewayError, match="control plane unreachable for 0.6 s") as refused:
         await keys.claim(caller, "gone", REQUEST, execution(1), LEASE_S)
     assert refused.value.kind is ErrorKind.UNAVAILABLE and journal.held_idempotency_keys() == []
+
+
+async def test_an_execution_claiming_its_key_again_after_a_lost_answer_holds_it(control_plane, caller, tmp_path):
+    """A claim whose answer was lost (a timeout) is sent again by the same execution: it still holds the key."""
+    keys = IdempotencyKeys(control_plane, UsageJournal(tmp_path / "journal.sqlite3"))
+    assert await keys.claim(caller, "again", REQUEST, execution(1), LEASE_S) is None
+    assert await keys.claim(caller, "again", REQUEST, execution(1), LEASE_S) is None
+    await assert_key_is_held(keys, caller, "again")

@@ -225,6 +225,8 @@ def idempotency_key_claim(
         return IdempotencyClaim("mismatch", record.execution_id)
     if record.state == IdempotencyState.COMPLETED:
         return IdempotencyClaim("completed", record.execution_id, record.response)
+    if record.execution_id == execution_id:  # its own claim again: the answer to the first one was lost
+        return IdempotencyClaim("claimed", execution_id)
     if record.lease_expires_at > now:
         return IdempotencyClaim("in_flight", record.execution_id)
     # The execution holding the key outlived its lease (its gateway died): it was billed for what it
