@@ -144,6 +144,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "controlplane.common.request_id.RequestIdMiddleware",
     "controlplane.common.body_limit.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -225,6 +226,27 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 
+# The cache holds the sign-in throttle's counts: in Redis when REDIS_URL is set (the gateway's Redis; every
+# control-plane process then counts together), else in each process's own memory.
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "diptych:cp"}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
+# Failed sign-ins (a wrong password, a wrong invitation token) a client address may make a minute; past them
+# every sign-in from it answers 429 until the minute is up.
+DIPTYCH_SIGN_IN_FAILURES_PER_MINUTE = _env_int("DIPTYCH_SIGN_IN_FAILURES_PER_MINUTE", 10)
+if DIPTYCH_SIGN_IN_FAILURES_PER_MINUTE < 1:
+    raise ImproperlyConfigured("DIPTYCH_SIGN_IN_FAILURES_PER_MINUTE must be at least 1.")
+# How many reverse proxies in front of the control plane append the client's address to X-Forwarded-For; the
+# throttle counts per the address the first of them saw. 0 (the default) trusts none and counts per the
+# connection's address, as a client must not choose its own.
+DIPTYCH_TRUSTED_PROXIES = _env_int("DIPTYCH_TRUSTED_PROXIES", 0)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenancy.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -234,6 +256,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "controlplane.common.exception_handler.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "controlplane.common.openapi.AutoSchema",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_THROTTLE_RATES": {"sign_in_failure": f"{DIPTYCH_SIGN_IN_FAILURES_PER_MINUTE}/min"},
+    "NUM_PROXIES": DIPTYCH_TRUSTED_PROXIES,
 }
 
 SPECTACULAR_SETTINGS = {

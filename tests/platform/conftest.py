@@ -1,6 +1,8 @@
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -36,6 +38,14 @@ def make_bearer_client() -> Callable[[str], APIClient]:
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def cache_of_its_own(settings) -> None:
+    """Each test counts its own failed sign-ins (every test client calls from 127.0.0.1): a key prefix of its own
+    in the configured cache (Redis in CI, which is not flushed: other programs may share it)."""
+    default = settings.CACHES["default"]
+    settings.CACHES = {**settings.CACHES, "default": {**default, "KEY_PREFIX": f"test-{uuid.uuid4().hex}"}}
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +122,19 @@ def decode_client(decode_fleet) -> APIClient:
 
 
 USAGE_STARTED_AT = timezone.now().replace(microsecond=123456) - timedelta(minutes=5)
+
+# Midday in the middle of a month: far from every edge of a day and of a billing period (and no leap day).
+MID_PERIOD = datetime(2026, 11, 18, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def mid_period_clock(monkeypatch) -> datetime:
+    """Runs the control plane's clock (django.utils.timezone.now, which its services and models read) from
+    MID_PERIOD on, at the real pace: for a test whose usage lands "today", "a minute ago" or on "the period's
+    first day", which must not see those fall together or apart with the day it is run on."""
+    started = time.monotonic()
+    monkeypatch.setattr(timezone, "now", lambda: MID_PERIOD + timedelta(seconds=time.monotonic() - started))
+    return MID_PERIOD
 
 
 def usage_event(issued_key: IssuedApiKey, request_id: str = "req-1", phase: str = "prefill", **overrides) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane.catalog.artifact_store import LocalArtifactStore
+from controlplane.catalog.artifact_store import LocalArtifactStore, S3ArtifactStore
 from controlplane.catalog.models import FleetRole, Model, ModelFile, Worker
 from controlplane.catalog.services import model_ensure, model_publish, publication_prepare
 from controlplane.common.errors import InvalidInput
@@ -26,6 +26,7 @@ REGISTER_URL = "/api/v1/internal/workers/register"
 REGISTRY_URL = "/api/v1/internal/registry"
 WEIGHTS = bytes(range(256)) * 1024 + b"tail"  # 256 KiB and a bit: more than one streamed chunk is not needed
 CONFIG = {"model_type": "llama", "max_position_embeddings": 512, "torch_dtype": "float32"}
+MODEL_PATHS = ["config.json", "model.safetensors", "tokenizer/tokenizer.json"]  # what write_model_directory publishes
 
 
 def write_model_directory(directory: Path, weights: bytes = WEIGHTS) -> Path:
@@ -40,10 +41,9 @@ def write_model_directory(directory: Path, weights: bytes = WEIGHTS) -> Path:
 
 
 def expected_files(directory: Path) -> dict[str, tuple[int, str]]:
-    paths = ["config.json", "model.safetensors", "tokenizer/tokenizer.json"]
     return {
         path: ((directory / path).stat().st_size, hashlib.sha256((directory / path).read_bytes()).hexdigest())
-        for path in paths
+        for path in MODEL_PATHS
     }
 
 
@@ -55,6 +55,14 @@ def content_revision(files: dict[str, tuple[int, str]]) -> str:
 def recorded_files(model: Model, revision: str) -> dict[str, tuple[int, str]]:
     rows = ModelFile.objects.filter(model=model, revision=revision).values_list("path", "size", "sha256")
     return {path: (size, sha256) for path, size, sha256 in rows}
+
+
+def stored_files(root: Path) -> dict[str, bytes]:
+    """Every file under the local store's root (dot-files included) by its key; a leftover folder, too, as b""."""
+    entries = sorted(root.rglob("*"))
+    leftover_folders = [entry for entry in entries if entry.is_dir() and not any(entry.iterdir())]
+    files = {entry.relative_to(root).as_posix(): entry.read_bytes() for entry in entries if entry.is_file()}
+    return files | {folder.relative_to(root).as_posix(): b"" for folder in leftover_folders}
 
 
 def publish(model: Model, directory: Path, revision: str = ""):
@@ -153,6 +161,8 @@ def test_a_conflicting_publication_recorded_during_the_upload_is_refused(
         model_publish(model=art_model, publication=publication, store=RacingStore(root=store_root))
     assert recorded_files(art_model, "r1") == expected_files(rival)
     assert AuditEvent.objects.filter(action="model.publish").count() == 1
+    # The store holds the recorded bytes, and nothing of the refused publication (no staged file either).
+    assert stored_files(store_root) == {f"tiny-art/r1/{path}": (rival / path).read_bytes() for path in MODEL_PATHS}
 
 
 def test_same_revision_with_the_same_content_uploads_nothing_and_becomes_current_again(
@@ -456,6 +466,26 @@ def test_s3_refused_republish_uploads_nothing(s3, art_model, model_directory, tm
     with pytest.raises(InvalidInput, match="already published with other content"):
         publish(art_model, changed, revision="r1")
     assert s3_objects(s3) == before
+
+
+def test_s3_a_publication_refused_after_its_upload_leaves_nothing_in_the_bucket(
+    s3, moto_endpoint, art_model, model_directory, tmp_path
+):
+    """As with the local store: a rival records the revision while this publication uploads; the bucket then
+    holds the rival's bytes under the revision, and nothing staged."""
+    rival = write_model_directory(tmp_path / "rival", weights=b"rival weights")
+
+    class RacingS3Store(S3ArtifactStore):
+        def put(self, key: str, source: Path) -> None:
+            if not ModelFile.objects.exists():
+                publish(art_model, rival, revision="r1")
+            super().put(key, source)
+
+    store = RacingS3Store(bucket=S3_BUCKET, prefix="models/", endpoint_url=moto_endpoint)
+    publication = publication_prepare(model_name="tiny-art", directory=model_directory, revision="r1")
+    with pytest.raises(InvalidInput, match="already published with other content"):
+        model_publish(model=art_model, publication=publication, store=store)
+    assert s3_objects(s3) == {f"models/tiny-art/r1/{path}": (rival / path).read_bytes() for path in MODEL_PATHS}
 
 
 def test_s3_store_without_a_prefix(s3, settings, art_model, model_directory):

@@ -262,8 +262,10 @@ def test_event_for_an_open_past_period_stays_in_its_period(internal_client, make
 
 
 def test_billing_current_and_spend_limit_alerts_fire_once(
-    internal_client, make_usage_event, key_a, org_a, client_a, tiny_prices
+    mid_period_clock, internal_client, make_usage_event, key_a, org_a, client_a, tiny_prices
 ):
+    """Usage of a minute or two ago counts in the open period: the clock is pinned mid-period, as a minute ago
+    is last month in the first minutes of a month."""
     member_add(organization=org_a, email="owner@acme.test", role="owner", password="a-long-owner-password")
     assert client_a.put("/api/v1/spend-limit", {"limit_micros": 1_000}, format="json").data == {"limit_micros": 1_000}
     now = timezone.now()
@@ -365,7 +367,7 @@ def test_billing_jobs_run_as_tasks(internal_client, make_usage_event, key_a, tin
 
 
 def test_lowering_the_limit_below_the_spend_alerts_at_once(
-    internal_client, make_usage_event, key_a, org_a, client_a, tiny_prices
+    mid_period_clock, internal_client, make_usage_event, key_a, org_a, client_a, tiny_prices
 ):
     ingest_decode(internal_client, make_usage_event, key_a, "r", timezone.now() - timedelta(minutes=1), 2_500)
     usage_rollup()  # 1 000 µ$ spent, no limit yet: no alert

@@ -84,9 +84,11 @@ def refusal(issued, minute: datetime, **overrides) -> dict:
     return {**row, **overrides}
 
 
-def test_refusals_reported_by_the_gateway_show_by_day_key_and_limit(client_a, client_b, internal_client, key_a):
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    earlier = now - timedelta(minutes=2)
+def test_refusals_reported_by_the_gateway_show_by_day_key_and_limit(
+    mid_period_clock, client_a, client_b, internal_client, key_a
+):
+    now = mid_period_clock.replace(second=0, microsecond=0)
+    earlier = now - timedelta(minutes=2)  # the same day: in a day's first two minutes it would be the one before
     batch = [
         refusal(key_a, earlier, refusals=2),
         refusal(key_a, now, refusals=5),

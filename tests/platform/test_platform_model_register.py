@@ -3,17 +3,23 @@ the internal token only): a model directory's files, one multipart part each, pu
 the model, with its prefill, decode and colocated fleets. Bad input is a 400 naming the field that changes
 nothing; registering again keeps the fleets' tokens; the command's options and output are as before."""
 
+import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
+from rest_framework.response import Response
 from rest_framework.test import APIClient
 
+from controlplane.catalog import services as catalog_services
+from controlplane.catalog.artifact_store import LocalArtifactStore
 from controlplane.catalog.models import ARTIFACTS_SOURCE, Fleet, FleetRole, Model
 from controlplane.tenancy.models import AuditEvent
 from diptych_common.artifacts import model_directory_files
@@ -25,6 +31,7 @@ from tests.platform.test_platform_artifacts import (
     content_revision,
     expected_files,
     recorded_files,
+    stored_files,
     write_model_directory,
 )
 
@@ -182,6 +189,49 @@ def test_a_model_whose_fleets_lack_tokens_gets_fresh_ones_for_every_role(
     assert set(response.json()["fleet_tokens"]) == ROLES
     assert bearer_client(prefill_fleet.token).get(ARTIFACT_MANIFEST.path).status_code == 401
     assert Model.objects.get(name="diptych-tiny").source == ARTIFACTS_SOURCE
+
+
+def test_the_refused_one_of_two_concurrent_registrations_leaves_nothing_in_the_store(
+    transactional_db, store_root, internal_client, model_directory, tmp_path, monkeypatch
+):
+    """Two registrations of revision r1 with other files, interleaved as the race needs: the late one passes
+    its first check while nothing is recorded, and writes to the store only once the other was accepted. The
+    store then holds exactly the accepted files' bytes, and nothing the refused one sent."""
+    late_directory = write_model_directory(tmp_path / "late", weights=b"the late registration's weights")
+    late_at_store, first_done = threading.Event(), threading.Event()
+    answers: dict[str, Response] = {}
+
+    class LateWriterStore(LocalArtifactStore):
+        def put(self, key: str, source: Path) -> None:
+            if threading.current_thread() is late and not late_at_store.is_set():
+                late_at_store.set()
+                if not first_done.wait(timeout=60):
+                    raise TimeoutError("the first registration did not finish")
+            super().put(key, source)
+
+    def register_late() -> None:
+        try:
+            answers["late"] = register(bearer_client(INTERNAL_TOKEN), form(late_directory, revision="r1"))
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(catalog_services, "artifact_store", lambda: LateWriterStore(root=store_root))
+    late = threading.Thread(target=register_late)
+    late.start()
+    try:
+        assert late_at_store.wait(timeout=60), "the late registration never reached the store"
+        answers["first"] = register(internal_client, form(model_directory, revision="r1"))
+    finally:
+        first_done.set()
+        late.join(timeout=60)
+
+    assert answers["first"].status_code == 200, answers["first"].json()
+    assert answers["late"].status_code == 400, answers["late"].json()
+    assert "already published with other content" in answers["late"].json()["error"]["message"]
+    accepted = expected_files(model_directory)
+    assert recorded_files(Model.objects.get(name="tiny-art"), "r1") == accepted
+    stored = {key: hashlib.sha256(content).hexdigest() for key, content in stored_files(store_root).items()}
+    assert stored == {f"tiny-art/r1/{path}": sha256 for path, (_, sha256) in accepted.items()}
 
 
 # ---- the command ----------------------------------------------------------------------------------------

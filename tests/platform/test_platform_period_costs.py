@@ -16,6 +16,9 @@ COSTS_URL = "/api/v1/billing/current/costs"
 BATCH_DECODE_PRICE = 200_000
 EMPTY_PHASES = [{"phase": phase, "tokens": 0, "amount_micros": 0} for phase in ("prefill", "cached_prefill", "decode")]
 
+# The period's first day and now must be days apart: on the 1st of a month they are one day, whose rows merge.
+pytestmark = pytest.mark.usefixtures("mid_period_clock")
+
 
 @pytest.fixture
 def prices(tiny_model):
@@ -27,7 +30,7 @@ def prices(tiny_model):
 
 
 def this_period_moments() -> tuple[datetime, datetime]:
-    """The open period's first hour and a second ago (the same day on the 1st of a month)."""
+    """The open period's first hour and a second ago."""
     now = timezone.now() - timedelta(seconds=1)
     start = period_start_of(now)
     return datetime(start.year, start.month, start.day, tzinfo=UTC), now

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
+from django.test.client import encode_multipart
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
@@ -358,6 +359,80 @@ def test_usage_summary_and_daily_count_cached_tokens_the_same_way(
     assert summary["prefill"]["cached_tokens"] == by_phase["cached_prefill"]
     assert summary["decode"]["tokens"] == by_phase["decode"]
     assert sum(row["tokens"] + row["cached_tokens"] for row in summary.values()) == sum(by_phase.values())
+
+
+BATCH_LINE = json.dumps(
+    {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "diptych-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    }
+)
+
+
+def signed_in_browser(organization) -> tuple[APIClient, str]:
+    """A member's browser as the dashboard has it: a session, CSRF checked, and the token it echoes."""
+    _, membership = member_client(organization, "owner")
+    browser = APIClient(enforce_csrf_checks=True)
+    browser.force_login(membership.user)
+    assert browser.get("/api/v1/auth/session").status_code == 200  # sets the csrftoken cookie
+    return browser, browser.cookies["csrftoken"].value
+
+
+def upload_file(client: APIClient, key: str, content: bytes, *, boundary="first-try", purpose_first=False, **headers):
+    """POST /api/v1/files as a client library sends it: multipart under `boundary`, the parts in either order."""
+    parts = {"file": SimpleUploadedFile("input.jsonl", content), "purpose": "batch"}
+    if purpose_first:
+        parts = {"purpose": parts["purpose"], "file": parts["file"]}
+    return client.post(
+        "/api/v1/files",
+        encode_multipart(boundary, parts),
+        content_type=f"multipart/form-data; boundary={boundary}",
+        HTTP_IDEMPOTENCY_KEY=key,
+        **headers,
+    )
+
+
+def test_a_browser_upload_with_a_key_is_stored_once_and_replayed(org_a, tiny_model):
+    """The CSRF check of a session's POST reads the multipart body before the view: the key still works."""
+    browser, csrf = signed_in_browser(org_a)
+    content = f"{BATCH_LINE}\n".encode()
+    first = upload_file(browser, "upload-1", content, HTTP_X_CSRFTOKEN=csrf)
+    retry = upload_file(browser, "upload-1", content, HTTP_X_CSRFTOKEN=csrf)
+    assert first.status_code == 200, first.content
+    assert retry.status_code == 200 and retry["Idempotent-Replayed"] == "true"
+    assert retry.json() == first.json()
+    assert File.objects.filter(organization=org_a).count() == 1
+
+
+@pytest.mark.parametrize("caller", ["api key", "browser"])
+def test_the_same_file_under_another_boundary_is_a_replay(org_a, client_a, tiny_model, caller):
+    """httpx and requests draw a new multipart boundary on every try: the retry means the same, so it replays."""
+    client, headers = client_a, {}
+    if caller == "browser":
+        client, csrf = signed_in_browser(org_a)
+        headers = {"HTTP_X_CSRFTOKEN": csrf}
+    content = f"{BATCH_LINE}\n".encode()
+    first = upload_file(client, "upload-1", content, boundary="first-try", **headers)
+    retry = upload_file(client, "upload-1", content, boundary="second-try", purpose_first=True, **headers)
+    assert first.status_code == 200, first.content
+    assert retry.status_code == 200, retry.content
+    assert retry["Idempotent-Replayed"] == "true" and retry.json() == first.json()
+    assert File.objects.filter(organization=org_a).count() == 1
+
+
+@pytest.mark.parametrize("caller", ["api key", "browser"])
+def test_another_file_under_the_same_key_is_refused(org_a, client_a, tiny_model, caller):
+    client, headers = client_a, {}
+    if caller == "browser":
+        client, csrf = signed_in_browser(org_a)
+        headers = {"HTTP_X_CSRFTOKEN": csrf}
+    assert upload_file(client, "upload-1", f"{BATCH_LINE}\n".encode(), **headers).status_code == 200
+    other = upload_file(client, "upload-1", f"{BATCH_LINE}\n{BATCH_LINE}\n".encode(), **headers)
+    assert other.status_code == 400, other.content
+    assert other.json()["error"]["type"] == "idempotency_key_reused"
+    assert File.objects.filter(organization=org_a).count() == 1
 
 
 def test_a_file_upload_with_one_key_stores_one_file(client_a, org_a, tiny_model):

@@ -1,10 +1,15 @@
 """Where the files of published model revisions are kept, under the key `<model>/<revision>/<path>`.
 
+A publication uploads its files to a staging folder of its own first (`.staging-<random>/<path>`, a name no
+model has) and moves them to their revision's keys only once the catalog accepts it; a refused publication's
+staged files are deleted, so nothing it sent ever sits under a revision's keys.
+
 The embedded default is a local directory that the control plane serves to workers; production uses an
 S3-compatible bucket (DIPTYCH_ARTIFACT_STORE=s3://BUCKET/PREFIX) that workers read directly.
 """
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +27,12 @@ class ArtifactNotFound(LookupError):
     pass
 
 
+def staging_folder() -> str:
+    """A fresh folder for one publication's uploads, outside every model's keys (a model name starts with a
+    letter or digit)."""
+    return f".staging-{secrets.token_hex(16)}"
+
+
 def artifact_key(*, model: str, revision: str, path: str) -> str:
     """The store key of one file; refuses a path that could leave the revision's folder."""
     relative = PurePosixPath(path)
@@ -32,6 +43,14 @@ def artifact_key(*, model: str, revision: str, path: str) -> str:
 
 class ArtifactStore(Protocol):
     def put(self, key: str, source: Path) -> None: ...
+
+    def move(self, source_key: str, key: str) -> None:
+        """Puts what is stored under `source_key` under `key` (replacing what was there) and deletes the source."""
+        ...
+
+    def delete_folder(self, folder: str) -> None:
+        """Deletes every key under `folder/`; nothing there is no error."""
+        ...
 
     def open(self, key: str) -> Iterator[bytes]: ...
 
@@ -58,6 +77,14 @@ class LocalArtifactStore:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+
+    def move(self, source_key: str, key: str) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(source_key), target)
+
+    def delete_folder(self, folder: str) -> None:
+        shutil.rmtree(self._path(folder), ignore_errors=True)
 
     def open(self, key: str) -> Iterator[bytes]:
         path = self._path(key)
@@ -98,6 +125,20 @@ class S3ArtifactStore:
 
     def put(self, key: str, source: Path) -> None:
         self._client().upload_file(str(source), self.bucket, self.prefix + key)
+
+    def move(self, source_key: str, key: str) -> None:
+        client = self._client()
+        # S3 renames nothing: a server-side copy (multipart for a large object), then the source is deleted.
+        client.copy({"Bucket": self.bucket, "Key": self.prefix + source_key}, self.bucket, self.prefix + key)
+        client.delete_object(Bucket=self.bucket, Key=self.prefix + source_key)
+
+    def delete_folder(self, folder: str) -> None:
+        client = self._client()
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{self.prefix}{folder}/")
+        for page in pages:
+            keys = [{"Key": listed["Key"]} for listed in page.get("Contents", [])]
+            if keys:  # a page lists at most 1000 keys, as many as one delete_objects takes
+                client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
 
     def open(self, key: str) -> Iterator[bytes]:
         from botocore.exceptions import ClientError

@@ -14,7 +14,13 @@ from django.db.models import Case, Value, When
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from controlplane.catalog.artifact_store import CHUNK_BYTES, ArtifactStore, artifact_key, artifact_store
+from controlplane.catalog.artifact_store import (
+    CHUNK_BYTES,
+    ArtifactStore,
+    artifact_key,
+    artifact_store,
+    staging_folder,
+)
 from controlplane.catalog.models import (
     ARTIFACTS_SOURCE,
     LIVE_WORKER_STATES,
@@ -373,35 +379,77 @@ def model_publish(
     """Upload the publication's files and make its revision the model's current one, which the model's
     workers then load and its older workers drain for.
 
-    A revision's files never change: publishing it again with other content is refused, and changes
-    nothing; with the same content nothing is uploaded and the revision becomes current again.
+    A revision's files never change: publishing it again with other content is refused and changes nothing,
+    in the catalog or in the store; with the same content nothing is uploaded and the revision becomes
+    current again.
     """
     revision, files = publication.revision, publication.files
-    already_published = _check_same_content(model=model, revision=revision, files=files)
-    if not already_published:
+    if _check_same_content(model=model, revision=revision, files=files):
+        uploaded = False
+        with transaction.atomic():
+            Model.objects.select_for_update().get(pk=model.pk)
+            _revision_make_current(model=model, publication=publication, actor=actor)
+    else:
         store = store or artifact_store()
-        for entry in files:
-            key = artifact_key(model=model.name, revision=revision, path=entry.path)
-            store.put(key, publication.directory / entry.path)
-    with transaction.atomic():
-        # Serialises publications of one model; a concurrent one of the same revision is checked again here.
-        Model.objects.select_for_update().get(pk=model.pk)
-        if not _check_same_content(model=model, revision=revision, files=files):
-            ModelFile.objects.bulk_create(
-                ModelFile(model=model, revision=revision, path=entry.path, size=entry.size, sha256=entry.sha256)
-                for entry in files
-            )
-        Model.objects.filter(pk=model.pk).update(revision=revision, source=ARTIFACTS_SOURCE)
-        audit_record(
-            actor=actor,
-            organization=None,
-            action="model.publish",
-            target_type="model",
-            target_id=model.name,
-            details={"revision": revision, "files": len(files), "bytes": sum(entry.size for entry in files)},
-        )
+        uploaded = _revision_publish_staged(model=model, publication=publication, store=store, actor=actor)
     model.refresh_from_db()
-    return PublishedRevision(model=model, revision=revision, files=files, uploaded=not already_published)
+    return PublishedRevision(model=model, revision=revision, files=files, uploaded=uploaded)
+
+
+def _revision_publish_staged(*, model: Model, publication: Publication, store: ArtifactStore, actor: Principal) -> bool:
+    """Uploads the files to a staging folder of this publication's own, then checks the revision again under
+    the model's lock and moves them to the revision's keys only if this publication records it: one refused
+    there (a concurrent one recorded other content) or beaten to it with the same content leaves nothing in
+    the store. Returns whether this publication recorded the revision."""
+    staging = staging_folder()
+    try:
+        for entry in publication.files:
+            store.put(f"{staging}/{entry.path}", publication.directory / entry.path)
+        with transaction.atomic():
+            # Serialises publications of one model; one of the same revision since the first check is seen here.
+            Model.objects.select_for_update().get(pk=model.pk)
+            records = not _check_same_content(model=model, revision=publication.revision, files=publication.files)
+            if records:
+                _revision_files_record(model=model, publication=publication, store=store, staging=staging)
+            _revision_make_current(model=model, publication=publication, actor=actor)
+        return records
+    finally:
+        _staging_discard(store, staging)
+
+
+def _revision_files_record(*, model: Model, publication: Publication, store: ArtifactStore, staging: str) -> None:
+    """Moves the staged files to the revision's keys and records them. It runs under the model's lock and
+    before the commit, so no other publication of the revision writes there meanwhile and the catalog never
+    lists a file the store lacks."""
+    for entry in publication.files:
+        key = artifact_key(model=model.name, revision=publication.revision, path=entry.path)
+        store.move(f"{staging}/{entry.path}", key)
+    ModelFile.objects.bulk_create(
+        ModelFile(model=model, revision=publication.revision, path=entry.path, size=entry.size, sha256=entry.sha256)
+        for entry in publication.files
+    )
+
+
+def _revision_make_current(*, model: Model, publication: Publication, actor: Principal) -> None:
+    files = publication.files
+    Model.objects.filter(pk=model.pk).update(revision=publication.revision, source=ARTIFACTS_SOURCE)
+    audit_record(
+        actor=actor,
+        organization=None,
+        action="model.publish",
+        target_type="model",
+        target_id=model.name,
+        details={"revision": publication.revision, "files": len(files), "bytes": sum(entry.size for entry in files)},
+    )
+
+
+def _staging_discard(store: ArtifactStore, staging: str) -> None:
+    """Deletes what is left in the staging folder; a failure is logged, not raised, as the publication's
+    outcome stands and the leftover sits under no revision's keys."""
+    try:
+        store.delete_folder(staging)
+    except Exception:
+        logger.warning("Could not delete the staged upload %s from the artifact store.", staging, exc_info=True)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from importlib import import_module
 from types import ModuleType
 
 from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.http import QueryDict
 from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
@@ -76,14 +78,43 @@ def idempotency_key_of(request: Request) -> str | None:
 
 
 def request_fingerprint(request: Request) -> str:
-    """The method, path and body: JSON compared by value (key order and spacing do not matter), any other
-    body byte for byte."""
-    if request.content_type.startswith("application/json"):
-        body = json.dumps(request.data, sort_keys=True, separators=(",", ":")).encode()
-    else:
-        body = request._request.body
+    """The method, path and what the body says, so that a retry of one request matches however it is encoded:
+    JSON by value (key order and spacing do not matter); a form by its fields and each file's name and
+    sha256 (the multipart boundary, which a client draws anew on each try, and the order of the parts do not
+    matter); any other body byte for byte."""
     digest = hashlib.sha256(f"{request.method} {request.path}\n".encode())
-    digest.update(body)
+    if request.content_type.startswith("application/json"):
+        digest.update(_canonical_json(request.data))
+    elif request.content_type.startswith(FORM_MEDIA_TYPES):
+        # Parsed, never read raw: the CSRF check of a session's POST has already read the stream.
+        digest.update(_canonical_json(_form_meaning(request.data)))
+    else:
+        digest.update(request._request.body)
+    return digest.hexdigest()
+
+
+FORM_MEDIA_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def _canonical_json(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _form_meaning(form: QueryDict) -> dict[str, list]:
+    return {name: [_form_value_meaning(value) for value in values] for name, values in form.lists()}
+
+
+def _form_value_meaning(value: object) -> object:
+    if isinstance(value, UploadedFile):
+        return {"filename": value.name, "sha256": _sha256_of_upload(value)}
+    return value
+
+
+def _sha256_of_upload(upload: UploadedFile) -> str:
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    upload.seek(0)  # the view reads it next
     return digest.hexdigest()
 
 

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.common.strict_input import StrictInputSerializer, WholeNumberField
+from controlplane.common.throttles import SignInFailureThrottle, sign_in_failures_counted
 from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import MemberSessionAuthentication
 from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
@@ -375,6 +376,7 @@ class AuditLogApi(PaginatedListMixin, TenantAPIView):
 class LoginApi(APIView):
     authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
+    throttle_classes = [SignInFailureThrottle]
 
     class LoginInputSerializer(serializers.Serializer):
         email = serializers.CharField(max_length=254)
@@ -387,7 +389,8 @@ class LoginApi(APIView):
     def post(self, request: Request) -> Response:
         serializer = self.LoginInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = user_authenticate(**serializer.validated_data)
+        with sign_in_failures_counted(request, self):
+            user = user_authenticate(**serializer.validated_data)
         login(request._request, user)
         get_token(request._request)  # sets the csrftoken cookie the dashboard echoes in X-CSRFToken
         return Response({"user": _me(Principal.of_user(user))})
@@ -396,6 +399,7 @@ class LoginApi(APIView):
 class AcceptInvitationApi(APIView):
     authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
+    throttle_classes = [SignInFailureThrottle]  # it checks an account's password, as a sign-in does
 
     class AcceptInvitationInputSerializer(serializers.Serializer):
         token = serializers.CharField(max_length=64)
@@ -409,7 +413,8 @@ class AcceptInvitationApi(APIView):
     def post(self, request: Request) -> Response:
         serializer = self.AcceptInvitationInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = invitation_accept(**serializer.validated_data)
+        with sign_in_failures_counted(request, self):
+            user = invitation_accept(**serializer.validated_data)
         login(request._request, user)
         get_token(request._request)
         return Response({"user": _me(Principal.of_user(user))})
