@@ -279,7 +279,7 @@ def stored_response(output: GenerationOutput) -> dict:
         }
     )
     if output.logprobs is not None:
-        body["logprobs"] = [_stored_logprob(entry) for entry in output.logprobs]
+        body["logprobs"] = stored_logprobs(output.logprobs)
     if output.tool_calls:
         body["toolCalls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in output.tool_calls]
     if output.usage is not None:
@@ -303,6 +303,10 @@ def stored_response(output: GenerationOutput) -> dict:
                     }
                 )
     return body
+
+
+def stored_logprobs(entries: list[TokenLogprob]) -> list[dict]:
+    return [_stored_logprob(entry) for entry in entries]
 
 
 def _stored_logprob(entry: TokenLogprob) -> dict:

@@ -17,7 +17,7 @@ token) are not billed.
 from diptych_common.internal_api.messages import UsageEvent
 from diptych_common.tracing import traceparent_of
 from gateway.accounts.auth import Caller
-from gateway.accounts.idempotency import stored_response
+from gateway.accounts.idempotency import stored_logprobs
 from gateway.accounts.usage import UsageJournal, with_delivered
 from gateway.core.request_path import PhaseRecord, RequestTrace
 from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob
@@ -53,7 +53,8 @@ class Delivery:
         over whole, from `hand_over_whole`)."""
         self._produced += 1
         if self._keeps_outputs:
-            self._journal.keep_output(self._plan.request_id, stored_response(output))
+            logprobs = None if output.logprobs is None else stored_logprobs(output.logprobs)
+            self._journal.keep_output(self._plan.request_id, output.text, output.token_ids, logprobs)
         if not self._in_one_piece:
             self._count_delivered()
         if self._plan.idempotency_key:

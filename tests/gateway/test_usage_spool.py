@@ -152,9 +152,14 @@ def test_more_executions_at_once_than_the_counts_file_first_holds_keep_their_own
 
 def test_the_outputs_an_execution_kept_leave_with_it_when_it_finishes(tmp_path):
     journal = UsageJournal(tmp_path / "journal.sqlite3")
-    journal.keep_output("exec_1", {"text": "a", "tokenIds": [1]})
+    journal.keep_output("exec_1", "a", [1])
+    journal.keep_output("exec_1", "b", [2], [{"tokenId": 2, "logprob": -0.5}])
     journal.track("exec_1", [event("exec_1", "decode", 1)], 1)
-    assert journal.kept_outputs("exec_1", 5) == [{"text": "a", "tokenIds": [1]}]
+    assert journal.kept_outputs("exec_1", 5) == [
+        {"text": "a", "tokenIds": [1]},
+        {"text": "b", "tokenIds": [2], "logprobs": [{"tokenId": 2, "logprob": -0.5}]},
+    ]
+    assert journal.kept_outputs("exec_1", 1) == [{"text": "a", "tokenIds": [1]}]
     journal.finish("exec_1", [event("exec_1", "decode", 1)])
     assert journal.kept_outputs("exec_1", 5) == []
     assert list((tmp_path / "journal-outputs").iterdir()) == []

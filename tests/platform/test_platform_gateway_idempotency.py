@@ -12,7 +12,7 @@ from diptych_common.internal_api.client import ControlPlaneClient
 from diptych_common.internal_api.messages import UsageEvent
 from diptych_server.stack import free_port
 from gateway.accounts.auth import Caller
-from gateway.accounts.idempotency import IdempotencyKeys, stored_response
+from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.usage import UsageJournal
 from gateway.types import (
     ErrorKind,
@@ -150,7 +150,7 @@ async def test_a_restarted_gateway_stores_what_a_killed_execution_handed_over_as
     assert await killed.claim(caller, "cut", REQUEST, execution(1), LEASE_S) is None
     events = [usage_event(execution(1), "prefill", 5), usage_event(execution(1), "decode", 1)]
     for count, token in enumerate((11, 12, 13), start=1):
-        journal.keep_output(execution(1), stored_response(GenerationOutput(execution(1), f"t{token}", [token])))
+        journal.keep_output(execution(1), f"t{token}", [token])
         if count == 1:
             journal.track(execution(1), events, count)
         journal.count_delivered(execution(1), count)
