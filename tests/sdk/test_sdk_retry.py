@@ -6,7 +6,14 @@ import time
 import pytest
 
 import diptych
-from diptych._retry import INITIAL_BACKOFF, MAX_BACKOFF, MAX_RETRY_AFTER, backoff_delay, retry_delay
+from diptych._retry import (
+    EARLIER_TRY_PATIENCE_S,
+    INITIAL_BACKOFF,
+    MAX_BACKOFF,
+    MAX_RETRY_AFTER,
+    backoff_delay,
+    retry_delay,
+)
 
 
 @pytest.mark.parametrize("attempt", range(10))
@@ -31,8 +38,6 @@ def _status(error_class, **fields):
     [
         _status(diptych.ServiceUnavailableError),
         _status(diptych.RateLimitError),
-        diptych.ConflictError("idempotency key in use", code="ABORTED", request_id="req_1"),
-        diptych.ConflictError("a request with this Idempotency-Key runs", code="idempotency_key_in_use"),
         diptych.APIConnectionError("refused", code="UNAVAILABLE"),
         diptych.APIConnectionError("refused", code="connection_error"),
     ],
@@ -42,6 +47,21 @@ def test_transient_errors_are_retried_up_to_max_retries(error):
     assert 0 <= retry_delay(error, attempt=1, max_retries=2) <= 2 * INITIAL_BACKOFF
     assert retry_delay(error, attempt=2, max_retries=2) is None
     assert retry_delay(error, attempt=0, max_retries=0) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        diptych.ConflictError("idempotency key in use", code="ABORTED", request_id="req_1"),
+        diptych.ConflictError("a request with this Idempotency-Key runs", code="idempotency_key_in_use"),
+    ],
+)
+def test_an_earlier_try_still_running_is_waited_out_for_a_time_however_many_tries_it_takes(error):
+    """The earlier try may be on a gateway that died: its key is settled once that gateway is back."""
+    assert 0 <= retry_delay(error, attempt=0, max_retries=1) <= INITIAL_BACKOFF
+    assert 0 <= retry_delay(error, attempt=5, max_retries=2, waited_s=30.0) <= MAX_BACKOFF
+    assert retry_delay(error, attempt=5, max_retries=2, waited_s=EARLIER_TRY_PATIENCE_S) is None
+    assert retry_delay(error, attempt=0, max_retries=0) is None  # no retries asked for: none
 
 
 @pytest.mark.parametrize(

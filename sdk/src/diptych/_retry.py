@@ -4,7 +4,10 @@ Retried: UNAVAILABLE (the gateway unreachable or without capacity),
 RESOURCE_EXHAUSTED (rate limited), waiting what the server asks (`retry-after-ms`)
 when it says, else exponential backoff with full jitter, and ABORTED (an earlier
 try with the same idempotency key still runs, on the gateway or the admin API:
-once it completed, the retry gets its stored result). Timeouts are not retried:
+once it completed, the retry gets its stored result). Where retries are allowed at
+all (`max_retries` > 0), ABORTED is waited out for up to EARLIER_TRY_PATIENCE_S however
+many tries that takes: the earlier try may be on a gateway that died, whose key its
+next run settles once it is back. Timeouts are not retried:
 `timeout` is the caller's budget for a call, and a generation that ran out of it
 would most likely run out again. A call is only retried until its first response
 message arrives, so a retry never repeats output the caller has seen; every retry of
@@ -33,6 +36,7 @@ INITIAL_BACKOFF = 0.5
 MAX_BACKOFF = 8.0
 # A longer retry-after than this is handed to the caller rather than slept through.
 MAX_RETRY_AFTER = 60.0
+EARLIER_TRY_PATIENCE_S = 60.0
 
 T = TypeVar("T")
 log = logging.getLogger("diptych")
@@ -43,8 +47,11 @@ def backoff_delay(attempt: int, *, rng: Callable[[], float] = random.random) -> 
     return rng() * min(MAX_BACKOFF, INITIAL_BACKOFF * 2.0**attempt)
 
 
-def retry_delay(error: DiptychError, attempt: int, max_retries: int) -> float | None:
-    """Seconds to wait before retrying after `error` on try `attempt` (0-based), or None to give up."""
+def retry_delay(error: DiptychError, attempt: int, max_retries: int, waited_s: float = 0.0) -> float | None:
+    """Seconds to wait before retrying after `error` on try `attempt` (0-based), `waited_s` into the call,
+    or None to give up."""
+    if _is_earlier_try_running(error) and max_retries > 0:
+        return backoff_delay(attempt) if waited_s < EARLIER_TRY_PATIENCE_S else None
     if attempt >= max_retries or not _is_retryable(error):
         return None
     retry_after = getattr(error, "retry_after", None)
@@ -65,21 +72,23 @@ def _is_retryable(error: DiptychError) -> bool:
     if isinstance(error, APIConnectionError):
         # Refused or reset before an answer; CANCELLED is never retried.
         return error.code in ("UNAVAILABLE", "connection_error")
-    if isinstance(error, ConflictError):
-        # an earlier try with the same idempotency key still runs (gRPC ABORTED, or the admin API's 409);
-        # any other REST conflict does not go away by waiting
-        return error.code in ("ABORTED", "idempotency_key_in_use")
-    return isinstance(error, (ServiceUnavailableError, RateLimitError))
+    return _is_earlier_try_running(error) or isinstance(error, (ServiceUnavailableError, RateLimitError))
+
+
+def _is_earlier_try_running(error: DiptychError) -> bool:
+    """An earlier try with the same idempotency key still runs (gRPC ABORTED, or the admin API's 409); any
+    other conflict does not go away by waiting."""
+    return isinstance(error, ConflictError) and error.code in ("ABORTED", "idempotency_key_in_use")
 
 
 def with_retries(attempt_call: Callable[[], T], *, max_retries: int) -> T:
     """Runs `attempt_call` until it returns, retrying the SDK errors that allow it."""
-    attempt = 0
+    attempt, started = 0, time.monotonic()
     while True:
         try:
             return attempt_call()
         except DiptychError as error:
-            delay = retry_delay(error, attempt, max_retries)
+            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started)
             if delay is None:
                 raise
             _log_retry(error, delay, attempt)
@@ -89,12 +98,12 @@ def with_retries(attempt_call: Callable[[], T], *, max_retries: int) -> T:
 
 async def with_retries_async(attempt_call: Callable[[], Awaitable[T]], *, max_retries: int) -> T:
     """The asyncio twin of `with_retries`."""
-    attempt = 0
+    attempt, started = 0, time.monotonic()
     while True:
         try:
             return await attempt_call()
         except DiptychError as error:
-            delay = retry_delay(error, attempt, max_retries)
+            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started)
             if delay is None:
                 raise
             _log_retry(error, delay, attempt)
