@@ -12,17 +12,22 @@ from aiohttp import web
 
 from gateway.core.pipeline import Admitted, Pipeline
 from gateway.openai_api.batches import BatchApiProxy
-from gateway.openai_api.errors import error_body, error_response, execution_error, json_error, json_errors
+from gateway.openai_api.bodies import MAX_BODY_BYTES, BodyRefused, read_body
+from gateway.openai_api.errors import (
+    aiohttp_errors_as_json,
+    as_told,
+    error_body,
+    error_response,
+    execution_error,
+    json_error,
+    json_errors,
+)
 from gateway.openai_api.requests import KNOWN_PARAMS, HttpError, flag, stream_options, to_generation_request
 from gateway.openai_api.responses import Shape, model_json, send_event
 from gateway.openai_api.server import REQUEST_ID_HEADER, name_answer
 from gateway.openai_api.tools import tool_call_deltas
 from gateway.planning.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.types import ErrorKind, GatewayError, GenerationOutput, TokenLogprob
-
-# Bounds the body before it is parsed: twice the longest prompt any model takes (validation.py's
-# MAX_PROMPT_BYTES), for JSON's escapes and the rest of the body.
-MAX_BODY_BYTES = 8 << 20
 
 
 def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web.Application:
@@ -31,6 +36,7 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
     app.on_startup.append(start_parsers)
     app.on_response_prepare.append(_name_answer)
+    app.on_response_prepare.append(aiohttp_errors_as_json)
     if batch_api is not None:
         batch_api.add_routes(app)
     app.router.add_get("/v1/models", api.models)
@@ -91,6 +97,8 @@ class OpenAiApi:
             )
         except HttpError as error:
             return json_error(error.status, "invalid_request_error", error.message, error.param)
+        except BodyRefused as error:
+            return json_error(error.status, "invalid_request_error", error.message, None)
         except GatewayError as error:
             return error_response(error)
         shape = Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer)
@@ -170,7 +178,7 @@ class OpenAiApi:
                     if output.usage is not None and include_usage:
                         await send_event(response, shape.usage_chunk(output.usage))
         except GatewayError as error:
-            await send_event(response, {"error": error_body(error)})
+            await send_event(response, {"error": error_body(as_told(error, admitted.execution_id))})
         except ConnectionError:  # the client went away: leaving the pipeline cancelled the workers' calls
             return response
         await response.write(b"data: [DONE]\n\n")
@@ -183,12 +191,7 @@ async def _name_answer(request: web.Request, response: web.StreamResponse) -> No
 
 
 async def _json_body(request: web.Request) -> dict:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise HttpError(
-            f"the request body is larger than {MAX_BODY_BYTES} bytes; send a shorter prompt", status=413
-        ) from None
+    raw = await read_body(request)
     try:
         return await read_body_off_loop(raw, KNOWN_PARAMS)
     except JsonRefused as error:

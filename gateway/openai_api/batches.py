@@ -4,7 +4,8 @@ its one base URL uploads files and runs batches unchanged.
 The control plane keeps files and batches (its public API, `/api/v1/files` and `/api/v1/batches`, in the same
 shapes): each call is forwarded there with the caller's own `Authorization`, and the answer goes back as it
 is. The gateway adds no credential of its own, so a caller reaches only its organization's files and
-batches, exactly as on the control plane. The body is bounded by the HTTP app's client_max_size.
+batches, exactly as on the control plane. The body is bounded and inflated as the
+generating routes' are (`bodies.py`).
 
 Only the operations below are forwarded, to a path built from the operation and an id of the control
 plane's format (`file_` or `batch_` and base62, `controlplane/common/ids.py`), never from the client's
@@ -18,6 +19,8 @@ from functools import partial
 
 import httpx
 from aiohttp import web
+
+from gateway.openai_api.bodies import BodyRefused, read_body
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,10 @@ class BatchApiProxy:
         except UnknownId as error:
             return _error(404, "not_found_error", str(error), error.param)
         headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
-        body = await request.read()
+        try:
+            body = await read_body(request)  # forwarded inflated: Content-Encoding is not forwarded
+        except BodyRefused as error:
+            return _error(error.status, "invalid_request_error", error.message, None)
         try:
             answer = await self._http.request(
                 request.method, path, params=list(request.query.items()), content=body, headers=headers

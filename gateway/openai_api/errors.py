@@ -1,10 +1,11 @@
 """The gateway's errors as OpenAI's error answers: status, type, param and code, with the rate-limit and
 Retry-After headers."""
 
+import json
 import logging
 import math
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from gateway.core.pipeline import Admitted
 from gateway.openai_api.requests import PARAMS
@@ -26,6 +27,13 @@ STATUS = {
 }
 
 
+_INSIDE_FAILURES = {  # what an execution that failed inside the platform is told, by its kind
+    ErrorKind.INTERNAL: "the request failed inside the platform",
+    ErrorKind.UNAVAILABLE: "no worker could serve the request right now",
+    ErrorKind.DEADLINE_EXCEEDED: "the request did not finish in time",
+}
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     """Every error answer has OpenAI's JSON shape: aiohttp's own (unknown path, wrong method) too, and a
@@ -39,6 +47,21 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return json_error(500, "server_error", "the gateway failed to answer this request; retry it", None)
+
+
+async def aiohttp_errors_as_json(request: web.Request, response: web.StreamResponse) -> None:
+    """An on_response_prepare hook: an error of aiohttp's that no middleware saw gets the JSON shape too. Its
+    Expect check runs before the middlewares: any expectation but 100-continue was a text/plain 417."""
+    if not isinstance(response, web.HTTPException) or response.status < 400:
+        return
+    message = response.text or response.reason
+    if response.status == 417:
+        expect = request.headers.get(hdrs.EXPECT, "")[:64]
+        message = f"the Expect header asks for '{expect}', which this server does not meet; send 100-continue or none"
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}})
+    response.body = body.encode()
+    response.content_type = "application/json"
+    response.headers[hdrs.CONTENT_LENGTH] = str(len(response.body))  # Response set it from the text before
 
 
 def error_body(error: GatewayError) -> dict:
@@ -65,10 +88,23 @@ def error_response(error: GatewayError) -> web.Response:
 
 
 def execution_error(error: GatewayError, admitted: Admitted) -> web.Response:
-    """The error that ended an execution, named by its id."""
-    response = error_response(error)
+    """The error that ended an execution, as its client is told it, named by its id."""
+    response = error_response(as_told(error, admitted.execution_id))
     response.headers[REQUEST_ID_HEADER] = admitted.execution_id
     return response
+
+
+def as_told(error: GatewayError, execution_id: str) -> GatewayError:
+    """An error that ended an execution inside the platform, in words of its kind and the execution's id: its
+    own words (a worker's id, a grammar's parser state) are for the gateway's log, where the request path
+    writes them. Any other error is the client's to fix and is told as it is."""
+    said = _INSIDE_FAILURES.get(error.kind)
+    if said is None:
+        return error
+    told = GatewayError(error.kind, f"{said}; retry it, and quote request id {execution_id} if it fails again")
+    told.retry_after_ms = error.retry_after_ms
+    told.rate_limit_metadata = error.rate_limit_metadata
+    return told
 
 
 def json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:

@@ -23,7 +23,8 @@ def name_answer(response: web.StreamResponse) -> None:
 
 
 class JsonErrorAppRunner(web.AppRunner):
-    """An `AppRunner` whose connections answer errors outside the application in OpenAI's JSON shape."""
+    """An `AppRunner` whose connections answer errors outside the application in OpenAI's JSON shape, and
+    leave a body as it was sent: the application inflates it (`bodies.py`, which says why)."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -31,7 +32,7 @@ class JsonErrorAppRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
-            **server._kwargs,
+            **{**server._kwargs, "auto_decompress": False},
         )
 
 

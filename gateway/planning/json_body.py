@@ -11,6 +11,7 @@ time. What comes back is bounded by MAX_BODY_VALUES.
 import asyncio
 import json
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
@@ -18,6 +19,7 @@ MAX_BODY_DEPTH = 16  # the deepest legitimate body: messages / a message / conte
 MAX_BODY_VALUES = 200_000  # a prompt of token ids as long as the longest context, with room to spare
 INLINE_BODY_BYTES = 64 << 10  # parsed on the event loop at most about 5 ms
 PARSER_PROCESSES = 2
+PARSER_NICENESS = 10  # below the gateway and the workers in the CPU's queue, as the tokenizer threads are
 
 
 class JsonRefused(ValueError):
@@ -139,4 +141,5 @@ def _named(param: str | None, params: frozenset[str]) -> str | None:
 @lru_cache(maxsize=1)
 def _parsers() -> ProcessPoolExecutor:
     # spawn: a fork would copy the gateway's threads' state (gRPC's among them) into the child
-    return ProcessPoolExecutor(PARSER_PROCESSES, mp_context=multiprocessing.get_context("spawn"))
+    spawn = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(PARSER_PROCESSES, mp_context=spawn, initializer=os.nice, initargs=(PARSER_NICENESS,))

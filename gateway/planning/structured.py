@@ -1,15 +1,16 @@
 """Structured outputs and tools at the door: checks response_format, tools, tool_choice and
 parallel_tool_calls, and turns them into the grammar the workers make the output follow
 (`diptych_common.grammar`) and the tools whose calls are read back out of it (`tools.py`). Every schema is
-compiled here, against the model's tokenizer, so a bad one is the client's 400, never a worker's failure."""
+compiled here, against the model's tokenizer, and started as a worker starts it, so a bad one is the
+client's 400, never a worker's failure after prefill."""
 
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llguidance import LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
-from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar, grammar_error, llguidance_tokenizer
+from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar, llguidance_grammar, llguidance_tokenizer
 from gateway.planning.json_body import TooDeep, loads_nested
 from gateway.planning.tokenization import run_off_loop, tokenizer_for
 from gateway.planning.tools import tool_grammar
@@ -21,6 +22,8 @@ MAX_SCHEMA_DEPTH = 64  # how deep a schema's JSON may nest
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("auto", "none", "required", "function")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+FORCED_STRETCHES = 8  # how far a grammar is started at the door: its forced tokens, up to its first choices
+_LIMITS = LLParserLimits(verbose_errors=False)  # llguidance's errors without its parser's state
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,19 @@ class Structure:
     tool_named: bool = False  # tool_choice named the one function to call
 
 
-async def plan_structure(request: GenerationRequest, model_source: str) -> Structure:
-    """The request's grammar and tools, each schema compiled against the model's tokenizer off the event
-    loop. Raises GatewayError (INVALID_ARGUMENT) naming the parameter at fault."""
+async def plan_structure(request: GenerationRequest, model_source: str, tenant: str) -> Structure:
+    """The request's grammar and tools, its schemas read and compiled against the model's tokenizer off the
+    event loop, on the tenant's share of its threads (128 tools of 64 KB are 8 MB of JSON). Raises
+    GatewayError (INVALID_ARGUMENT) naming the parameter at fault."""
+    if not request.tools and request.response_format is None:
+        return _structure(request)  # nothing to read: free text
+    return await run_off_loop(_checked_structure, request, model_source, tenant=tenant)
+
+
+def _checked_structure(request: GenerationRequest, model_source: str) -> Structure:
     structure = _structure(request)
     if structure.grammar is not None:
-        await run_off_loop(_check_schemas, request, structure, model_source)
+        _check_schemas(request, structure, model_source)
     return structure
 
 
@@ -127,10 +137,37 @@ def _tools(request: GenerationRequest) -> tuple[Tool, ...]:
 
 
 @lru_cache(maxsize=256)
-def _compile_error(grammar: Grammar, model_source: str) -> str | None:
-    """Why `grammar` does not compile for the model's tokenizer, or None; remembered, so that the schema a
-    client sends with every request is compiled once per gateway rather than on each."""
-    return grammar_error(grammar, grammar_tokenizer(model_source))
+def grammar_problem(grammar: Grammar, model_source: str) -> str | None:
+    """Why a worker could not follow `grammar` for the model's tokenizer, or None; remembered, so that the
+    schema a client sends with every request is checked once per gateway rather than on each.
+
+    It is compiled as a worker compiles it (LLMatcher lets go of the GIL while it compiles, where
+    LLMatcher.validate_grammar held it for a third of a second on 8 tools of 60 KB), then started: the first
+    token's mask, and each stretch of tokens the grammar forces, up to its first choices. A schema that
+    admits no value (`{"$ref": "#"}`) or whose parse blows up fails there, where it failed on a worker after
+    prefill."""
+    try:
+        compiled = llguidance_grammar(grammar)
+    except ValueError as error:
+        return f"it is not valid JSON: {error}"
+    matcher = LLMatcher(grammar_tokenizer(model_source), compiled, log_level=0, limits=_LIMITS)
+    for _ in range(FORCED_STRETCHES):
+        if matcher.is_error():
+            break
+        matcher.compute_bitmask()
+        forced = [] if matcher.is_error() else matcher.compute_ff_tokens()
+        if not forced:
+            break
+        matcher.consume_tokens(forced)
+    return _described(matcher.get_error()) if matcher.is_error() else None
+
+
+def _described(error: str) -> str:
+    """llguidance's error, without the state it may append; an empty choice said in words."""
+    error = error.split("\n<", 1)[0].strip()
+    if error == "NoExtensionBias":
+        return 'no JSON value satisfies it (a schema that only refers to itself, such as {"$ref": "#"}, admits none)'
+    return error
 
 
 def _check_schemas(request: GenerationRequest, structure: Structure, model_source: str) -> None:
@@ -143,11 +180,11 @@ def _check_schemas(request: GenerationRequest, structure: Structure, model_sourc
         if tool.parameters:
             checks.append((f"tools[{index}].function.parameters", Grammar(JSON_SCHEMA, tool.parameters)))
     for where, grammar in checks:
-        error = _compile_error(grammar, model_source)
+        error = grammar_problem(grammar, model_source)
         if error is not None:
             raise _invalid(f"{where} is not a schema this platform can follow: {error[:300]}; fix the schema")
     if request.tools and structure.grammar is not None:  # each tool's schema is now part of the list of calls
-        error = _compile_error(structure.grammar, model_source)
+        error = grammar_problem(structure.grammar, model_source)
         if error is not None:
             raise _invalid(
                 f"tools: the tools' parameters do not combine into one grammar ({error[:300]}); make each "

@@ -26,7 +26,7 @@ def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": tool_parameters(tool)},
+            "properties": {"name": {"const": tool.name}, "arguments": _own_document(tool)},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -40,6 +40,13 @@ def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict:
 
 def tool_parameters(tool: Tool) -> dict:
     return json.loads(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
+
+
+def _own_document(tool: Tool) -> dict:
+    """The tool's parameters as a schema document of their own inside the list of calls: without an `$id`
+    their `$ref`s ("#", "#/$defs/...") would point into the list of calls rather than into the parameters
+    (a `{"$ref": "#"}` made the list of calls its own arguments, which no parser could finish)."""
+    return {"$id": f"urn:diptych:tool:{tool.name}", **tool_parameters(tool)}
 
 
 def tool_grammar(tools: tuple[Tool, ...], required: bool, parallel: bool, text: dict | None) -> Grammar:

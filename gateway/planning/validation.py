@@ -8,7 +8,7 @@ import uuid
 from gateway.fleet.registry import ModelInfo, Registry
 from gateway.planning.json_body import TooDeep
 from gateway.planning.structured import MAX_TOOLS, plan_structure
-from gateway.planning.tokenization import encode_chat, encode_prompt, run_off_loop, tokenizer_for
+from gateway.planning.tokenization import TooManyTokens, encode_chat, encode_prompt, run_off_loop, tokenizer_for
 from gateway.planning.tools import MAX_ARGUMENTS_DEPTH, template_calls, template_tools
 from gateway.types import (
     ChatMessage,
@@ -61,10 +61,8 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
             f"model {_shown(request.model)} does not exist; available models: {available}", ErrorKind.NOT_FOUND
         )
     tokenizer = await run_off_loop(tokenizer_for, model.source)
-    structure = await plan_structure(request, model.source)
-    prompt = await _prompt_token_ids(request, tokenizer, model)
-    if len(prompt) >= model.context_length:
-        raise _too_many_tokens(len(prompt), model)
+    structure = await plan_structure(request, model.source, organization_id)
+    prompt = await _prompt_token_ids(request, tokenizer, model, organization_id)
     return GenerationPlan(
         request_id=new_execution_id(),
         organization_id=organization_id,
@@ -144,19 +142,29 @@ def max_prompt_bytes(model: ModelInfo) -> int:
     return min(MAX_PROMPT_BYTES, PROMPT_BYTES_PER_TOKEN * model.context_length)
 
 
-async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelInfo) -> list[int]:
-    """The prompt's token ids; tokenizing and chat templates run off the event loop, after the size checks."""
-    if request.prompt is not None:
-        if not request.prompt:
-            raise _invalid("prompt must not be empty")
-        _check_prompt_size(request.prompt, model)
-        return await run_off_loop(encode_prompt, tokenizer, request.prompt)
+async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelInfo, tenant: str) -> list[int]:
+    """The prompt's token ids, fewer than the context holds; tokenizing and chat templates run off the event
+    loop, on the tenant's share of its threads, after the size checks."""
     if request.prompt_token_ids is not None:
         return _checked_token_ids(request.prompt_token_ids, tokenizer, model)
-    if request.chat is not None:
-        messages = _chat_messages(request.chat, tokenizer, model)
-        return await run_off_loop(encode_chat, tokenizer, messages, template_tools(request.tools))
+    try:
+        if request.prompt is not None:
+            if not request.prompt:
+                raise _invalid("prompt must not be empty")
+            _check_prompt_size(request.prompt, model)
+            return await run_off_loop(encode_prompt, tokenizer, request.prompt, model.context_length, tenant=tenant)
+        if request.chat is not None:
+            return await run_off_loop(_encode_chat, request.chat, request.tools, tokenizer, model, tenant=tenant)
+    except TooManyTokens as too_many:
+        raise _too_many_tokens(too_many.count, model) from None
     raise _invalid("set one of prompt, prompt_token_ids or chat")
+
+
+def _encode_chat(chat: list[ChatMessage], tools, tokenizer, model: ModelInfo) -> list[int]:
+    """The chat checked, rendered with its tools and tokenized, all on a tokenizer thread: the tool calls'
+    arguments and the tools' schemas it parses may be megabytes of JSON."""
+    messages = _chat_messages(chat, tokenizer, model)
+    return encode_chat(tokenizer, messages, template_tools(tools), model.context_length)
 
 
 def _checked_token_ids(ids: list[int], tokenizer, model: ModelInfo) -> list[int]:

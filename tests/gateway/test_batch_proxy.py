@@ -3,10 +3,12 @@ the operations it serves, to paths built from ids of the control plane's format,
 whose id decodes to another path (`..%2F`), a fragment (`%23`) or a NUL gets a JSON 404 and reaches nothing."""
 
 import asyncio
+import gzip
 import json
 from contextlib import contextmanager
 
 import aiohttp
+import httpx
 import pytest
 
 from controlplane.tenancy.models import ApiKey, Organization
@@ -94,3 +96,22 @@ def test_the_operations_it_serves_still_reach_the_control_plane(live_server, tmp
     assert unknown[0] == 400 and b"Unknown query parameter x" in unknown[1]  # the control plane's own check
     assert content == (200, json.dumps(line).encode())
     assert missing[0] == 404  # well formed, but the control plane has no such batch
+
+
+def test_a_compressed_upload_reaches_the_control_plane_inflated(live_server, tmp_path, api_key):
+    """The gateway inflates the body and forwards it without its Content-Encoding."""
+    line = {"custom_id": "z", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}
+    form = httpx.Request(
+        "POST", live_server.url, data={"purpose": "batch"}, files={"file": ("lines.jsonl", json.dumps(line).encode())}
+    )
+    headers = {"Content-Type": form.headers["Content-Type"], "Content-Encoding": "gzip"}
+    body = gzip.compress(form.read())
+    with gateway_before(live_server, tmp_path) as (runner, gateway):
+
+        async def upload_then_read() -> tuple:
+            status, raw = await call(gateway, "POST", "/v1/files", api_key, data=body, headers=headers)
+            assert status == 200, raw
+            return await call(gateway, "GET", f"/v1/files/{json.loads(raw)['id']}/content", api_key)
+
+        content = runner.run(upload_then_read())
+    assert content == (200, json.dumps(line).encode())
