@@ -345,3 +345,16 @@ def test_a_retry_goes_to_the_next_gateway(server, closed_port):
     with diptych.Client(api_key="sk-test", base_url=base_url, timeout=CALL_TIMEOUT_S, max_retries=1) as client:
         for _ in range(4):  # whichever gateway a call starts on, its retry reaches the live one
             assert client.completions.create(model="m", prompt="x").text == "Hello"
+
+
+async def test_an_async_client_passes_over_a_gateway_failing_to_connect(server, closed_port):
+    server.servicer.script = [HELLO]
+    base_url = f"grpc://127.0.0.1:{closed_port},{server.base_url.removeprefix('grpc://')}"
+    async with diptych.AsyncClient(api_key="sk-test", base_url=base_url, max_retries=0) as client:
+        outcomes = []
+        for _ in range(6):
+            try:
+                outcomes.append((await client.completions.create(model="m", prompt="x")).text)
+            except diptych.APIConnectionError:
+                outcomes.append("refused")
+    assert outcomes.count("refused") <= 1 and outcomes[1:] == ["Hello"] * 5, outcomes

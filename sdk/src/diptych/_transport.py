@@ -1,13 +1,15 @@
 """Where the gateways are and how to open a channel to each.
 
 A base URL may name several gateways, comma-separated (`grpc://gw-a:50051,gw-b:50051`): each call goes to
-the next one in turn, so a call retried after a gateway failed to answer goes to another gateway.
+the next one in turn, so a call retried after a gateway failed to answer goes to another gateway. The
+asyncio client also passes over a gateway whose channel is failing to connect while another is not
+(grpc.aio's `get_state`; a sync channel tells its state only to a polling thread, which races its close).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -61,6 +63,16 @@ def auth_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
 
+def next_in_turn(turn: Iterator[int], failing: Callable[[int], bool], count: int) -> int:
+    """The next gateway in turn that is not failing to connect; the next one in turn if all are."""
+    first = next(turn) % count
+    for offset in range(count):
+        index = (first + offset) % count
+        if not failing(index):
+            return index
+    return first
+
+
 class SyncTransport:
     """Owns the client's gRPC channels, one per gateway."""
 
@@ -110,7 +122,9 @@ class AsyncTransport:
         if not self._stubs:
             self._channels = [_async_channel(endpoint) for endpoint in self._endpoints]
             self._stubs = [_new_stub(channel) for channel in self._channels]
-        return self._stubs[next(self._turn) % len(self._stubs)]
+        failing = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        index = next_in_turn(self._turn, lambda i: self._channels[i].get_state() is failing, len(self._stubs))
+        return self._stubs[index]
 
     async def close(self) -> None:
         self._closed = True
