@@ -253,3 +253,23 @@ class GenerationOutput:
     index: int = 0  # the choice it belongs to
     tool_calls: tuple[ToolCall, ...] = ()  # on the last output, when the answer is tool calls
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
+
+
+_INSIDE_FAILURES = {  # what an execution that failed inside the platform is told, by its kind
+    ErrorKind.INTERNAL: "the request failed inside the platform",
+    ErrorKind.UNAVAILABLE: "no worker could serve the request right now",
+    ErrorKind.DEADLINE_EXCEEDED: "the request did not finish in time",
+}
+
+
+def as_told(error: GatewayError, execution_id: str) -> GatewayError:
+    """An error that ended an execution inside the platform, in words of its kind and the execution's id: its
+    own words (a worker's id, a grammar's parser state) are for the gateway's log, where the request path
+    writes them. Any other error is the client's to fix and is told as it is. Both fronts tell it so."""
+    said = _INSIDE_FAILURES.get(error.kind)
+    if said is None:
+        return error
+    told = GatewayError(error.kind, f"{said}; retry it, and quote request id {execution_id} if it fails again")
+    told.retry_after_ms = error.retry_after_ms
+    told.rate_limit_metadata = error.rate_limit_metadata
+    return told

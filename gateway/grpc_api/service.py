@@ -29,6 +29,7 @@ from gateway.types import (
     ToolCall,
     ToolChoice,
     Usage,
+    as_told,
 )
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
@@ -102,7 +103,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 async for output in outputs:
                     yield generate_response(output)
         except GatewayError as error:
-            await _abort(context, _as_told(error, request_id) if executing else error, request_id)
+            await _abort(context, as_told(error, request_id) if executing else error, request_id)
 
     async def ListModels(self, request, context):
         if isinstance(request, MalformedRequest):
@@ -228,27 +229,6 @@ def _authorization(context) -> str | None:
         if key == "authorization":
             return value if isinstance(value, str) else None
     return None
-
-
-# What a client is told of a failure inside the platform, by its kind: its own words (a worker's id, a
-# grammar's parser state) are for the gateway's log, where the request path writes them.
-_INSIDE_FAILURES = {
-    ErrorKind.INTERNAL: "the request failed inside the platform",
-    ErrorKind.UNAVAILABLE: "no worker could serve the request right now",
-    ErrorKind.DEADLINE_EXCEEDED: "the request did not finish in time",
-}
-
-
-def _as_told(error: GatewayError, execution_id: str) -> GatewayError:
-    """An error that ended an execution inside the platform, in words of its kind and the execution's id (also
-    in the trailing metadata, `request-id`); any other error is the client's to fix and is told as it is."""
-    said = _INSIDE_FAILURES.get(error.kind)
-    if said is None:
-        return error
-    told = GatewayError(error.kind, f"{said}; retry it, and quote request id {execution_id} if it fails again")
-    told.retry_after_ms = error.retry_after_ms
-    told.rate_limit_metadata = error.rate_limit_metadata
-    return told
 
 
 async def _abort(context, error: GatewayError, request_id: str) -> None:

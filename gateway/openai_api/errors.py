@@ -10,7 +10,7 @@ from aiohttp import hdrs, web
 from gateway.core.pipeline import Admitted
 from gateway.openai_api.requests import PARAMS
 from gateway.openai_api.server import REQUEST_ID_HEADER
-from gateway.types import ErrorKind, GatewayError
+from gateway.types import ErrorKind, GatewayError, as_told
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +24,6 @@ STATUS = {
     ErrorKind.INTERNAL: (500, "server_error"),
     ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
     ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
-}
-
-
-_INSIDE_FAILURES = {  # what an execution that failed inside the platform is told, by its kind
-    ErrorKind.INTERNAL: "the request failed inside the platform",
-    ErrorKind.UNAVAILABLE: "no worker could serve the request right now",
-    ErrorKind.DEADLINE_EXCEEDED: "the request did not finish in time",
 }
 
 
@@ -92,19 +85,6 @@ def execution_error(error: GatewayError, admitted: Admitted) -> web.Response:
     response = error_response(as_told(error, admitted.execution_id))
     response.headers[REQUEST_ID_HEADER] = admitted.execution_id
     return response
-
-
-def as_told(error: GatewayError, execution_id: str) -> GatewayError:
-    """An error that ended an execution inside the platform, in words of its kind and the execution's id: its
-    own words (a worker's id, a grammar's parser state) are for the gateway's log, where the request path
-    writes them. Any other error is the client's to fix and is told as it is."""
-    said = _INSIDE_FAILURES.get(error.kind)
-    if said is None:
-        return error
-    told = GatewayError(error.kind, f"{said}; retry it, and quote request id {execution_id} if it fails again")
-    told.retry_after_ms = error.retry_after_ms
-    told.rate_limit_metadata = error.rate_limit_metadata
-    return told
 
 
 def json_error(status: int, kind: str, message: str, param: str | None) -> web.Response:
