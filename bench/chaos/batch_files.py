@@ -9,7 +9,7 @@ import time
 import httpx
 
 from bench.chaos.batch_ledger import TERMINAL, BatchRecord, ReportedLine
-from bench.chaos.batch_load import CALL_TIMEOUT_S, BatchCallError, bearer
+from bench.chaos.batch_load import CALL_DEADLINE_S, CALL_TIMEOUT_S, RETRY_PAUSE_S, BatchCallError, bearer
 
 PAGE = 100
 
@@ -91,7 +91,21 @@ def _file_rows(control_plane_url: str, key: str, file_id: str | None) -> list[st
 
 
 def _get(control_plane_url: str, path: str, key: str, params: dict | None = None) -> httpx.Response:
-    response = httpx.get(f"{control_plane_url}{path}", params=params, headers=bearer(key), timeout=CALL_TIMEOUT_S)
-    if response.status_code != 200:
-        raise BatchCallError(f"GET {path} answered {response.status_code}: {response.text[:500]}")
-    return response
+    """The GET's 200 answer, asked again after a transport error, a 429 or a 5xx (a loaded machine's control
+    plane may be slow to answer once, and the run should not end for it) until CALL_DEADLINE_S has passed."""
+    deadline = time.monotonic() + CALL_DEADLINE_S
+    while True:
+        try:
+            response = httpx.get(
+                f"{control_plane_url}{path}", params=params, headers=bearer(key), timeout=CALL_TIMEOUT_S
+            )
+            if response.status_code == 200:
+                return response
+            if response.status_code != 429 and response.status_code < 500:
+                raise BatchCallError(f"GET {path} answered {response.status_code}: {response.text[:500]}")
+            reason = str(response.status_code)
+        except httpx.TransportError as error:
+            reason = type(error).__name__
+        if time.monotonic() > deadline:
+            raise BatchCallError(f"GET {path} unanswered for {CALL_DEADLINE_S:.0f} s; last: {reason}")
+        time.sleep(RETRY_PAUSE_S)

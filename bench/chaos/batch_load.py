@@ -120,8 +120,9 @@ class BatchTraffic:
         except httpx.TransportError as error:
             self.retried_calls[f"POST /batches: {type(error).__name__}"] += 1
             return ""
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:
             self.retried_calls[f"POST /batches: {response.status_code}"] += 1
+            await asyncio.sleep(RETRY_PAUSE_S)
             return ""
         if response.status_code != 200:
             raise BatchCallError(f"POST /batches answered {response.status_code}: {response.text[:500]}")
@@ -146,7 +147,7 @@ class BatchTraffic:
                 response = await http.request(method, path, headers=bearer(key), **kwargs)
                 if response.status_code == 200 or response.status_code in accept:
                     return response.json()
-                if response.status_code < 500:
+                if response.status_code < 500 and response.status_code != 429:
                     raise BatchCallError(f"{method} {path} answered {response.status_code}: {response.text[:500]}")
                 reason = str(response.status_code)
             except httpx.TransportError as error:

@@ -56,7 +56,7 @@ def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_
         str(report_path),
     ]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert result.returncode in (0, 1), result.stderr[-4000:]
+    assert result.returncode in (0, 1) and report_path.exists(), result.stderr[-4000:]
     report = json.loads(report_path.read_text())
     ledger = report["ledger"]
 
@@ -89,7 +89,7 @@ def test_a_brief_chaos_run_with_batches_kills_the_jobs_process_and_reconciles_ev
         *("--state-dir", str(state_dir), "--json", str(report_path)),
     ]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert result.returncode in (0, 1), result.stderr[-4000:]
+    assert result.returncode in (0, 1) and report_path.exists(), result.stderr[-4000:]
     report = json.loads(report_path.read_text())
     batches = report["batches"]
 
