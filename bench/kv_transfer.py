@@ -204,8 +204,10 @@ class PoolRunner:
         self.kv = torch.randn(lay.num_layers, 2, num_blocks, lay.block_size, lay.kv_heads, lay.head_dim)
 
     layout = LAYOUT
+    device = torch.device("cpu")
     block_views = ModelRunner.block_views
     pool_memory = ModelRunner.pool_memory
+    start_reading_blocks = ModelRunner.start_reading_blocks
     supports_block_views = True  # a host-memory pool
 
     def read_blocks(self, block_ids, out) -> None:

@@ -98,7 +98,8 @@ def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: Tensor
     else:
         model = loaded.model.to(config.device)
         max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
-        graphs = DecodeGraphSpec(config.max_running, max_blocks) if config.cuda_graphs else None
+        every_step = DecodeGraphSpec(config.max_running, max_blocks, max_tokens=config.token_budget)
+        graphs = every_step if config.cuda_graphs else None
         runner = ModelRunner(
             model, num_blocks, config.block_size, config.device, decode_graphs=graphs, attention=config.attention
         )

@@ -47,6 +47,7 @@ from workers.kv_connector.wire import (
     recv_json,
     send_json,
 )
+from workers.runner.kv_pool import BlocksRead
 from workers.serving.server import Role
 
 BLOCK = 16  # the serving workers' block size
@@ -298,6 +299,10 @@ class StagingRunner:
 
     def read_blocks(self, block_ids, out) -> None:
         torch.index_select(self.kv, 2, torch.tensor(block_ids), out=out)
+
+    def start_reading_blocks(self, block_ids, out) -> BlocksRead:
+        self.read_blocks(block_ids, out)
+        return BlocksRead()  # a host pool: the copy is done
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.runner.kv_pool import KvLayout, KvSource
+from workers.runner.kv_pool import BlocksRead, KvLayout, KvSource
 
 
 class BytesByPath:
@@ -38,6 +38,7 @@ class StagedChunk:
 
     first_block: int
     count: int
+    read: BlocksRead | None = None  # the copy out of the pool, where it may still be under way
 
 
 class SendPath(ABC):
@@ -162,16 +163,20 @@ class BufferedSendPath(SendPath):
         self._layout = layout
         self._lock = threading.Lock()
         self._released = False
+        self._reads: list[BlocksRead] = []  # copies into the buffer, which may not be given back under way
 
     def stage(self, runner: KvSource, block_ids: list[int], first_block: int) -> StagedChunk | None:
         out = blocks_in(self._buffer, self._layout, first_block, len(block_ids))
         with self._lock:  # the buffer may not be given back while the forward thread fills it
             if self._released:
                 return None
-            runner.read_blocks(block_ids, out)
-        return StagedChunk(first_block, len(block_ids))
+            read = runner.start_reading_blocks(block_ids, out)
+            self._reads.append(read)
+        return StagedChunk(first_block, len(block_ids), read)
 
     def send(self, sock: socket.socket, chunk: StagedChunk) -> None:
+        if chunk.read is not None:
+            chunk.read.wait()
         start, size = chunk.first_block * self._layout.block_nbytes, chunk.count * self._layout.block_nbytes
         self._deliver(sock, chunk, start, self._bytes[start : start + size])
 
@@ -187,6 +192,9 @@ class BufferedSendPath(SendPath):
             if self._released:
                 return
             self._released = True
+            reads, self._reads = self._reads, []
+        for read in reads:
+            read.wait()
         self._give_back()
 
     @abstractmethod

@@ -13,9 +13,10 @@ so a runner that uses it takes blocks of 256 tokens (`--block-size 256`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -77,6 +78,7 @@ class FlashVarlenPlan:
         (this step's keys and values already in it) → [tokens, heads * head_dim]."""
         from torch.nn.attention.varlen import varlen_attn
 
+        one_split: dict[str, Any] = {"num_splits": 1} if _takes_num_splits(varlen_attn) else {}
         attended = varlen_attn(
             query,
             layer_kv[0],
@@ -90,9 +92,17 @@ class FlashVarlenPlan:
             enable_gqa=True,
             seqused_k=self.seqused_k,
             block_table=self.block_table,
+            **one_split,
         )
         assert isinstance(attended, torch.Tensor)  # no auxiliary outputs were asked for
         return attended.reshape(query.shape[0], -1)
+
+
+@functools.cache
+def _takes_num_splits(varlen_attn) -> bool:
+    """Whether this torch's varlen_attn takes `num_splits`: where it does, the paged path is asked for one
+    split, since its automatic split-KV corrupts the output (pytorch #194167, open)."""
+    return "num_splits" in inspect.signature(varlen_attn).parameters
 
 
 def _offsets(counts: list[int], device: torch.device) -> torch.Tensor:

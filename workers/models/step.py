@@ -14,6 +14,10 @@ class StepInput:
     # speculative decoding: its last tokens are this many drafts, whose positions (and the one before
     # them) all need logits, to verify the drafts and pick the token after them
     num_draft_tokens: int = 0
+    # the KV cache manager's own block table of the request (`KVCacheManager.block_tables`): one object for as
+    # long as the request holds its blocks, growing only, so a runner that saw it last step writes only the
+    # ids added since (`workers.runner.step_buffers`); None: the ids are written whole
+    table: object | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_draft_tokens < len(self.token_ids):

@@ -50,13 +50,16 @@ PADDED_COLUMNS = 4
 
 @dataclass(frozen=True)
 class DecodeGraphSpec:
-    """The decode steps a runner pads and replays: up to `max_batch` rows, block tables up to `max_blocks`."""
+    """The steps a runner pads and replays: up to `max_batch` inputs (decoding rows), block tables up to
+    `max_blocks`; with the triton attention backend, steps of up to `max_tokens` rows of any mix
+    (`workers.runner.step_graphs`; 0: `max_batch`)."""
 
     max_batch: int
     max_blocks: int
     # True: capture CUDA graphs, on CUDA devices only (elsewhere the runner pads nothing and runs steps eagerly);
     # False: run the padded steps eagerly from the same buffers, on any device (how the CPU tests run them).
     capture: bool = True
+    max_tokens: int = 0
 
 
 def capture_batch_sizes(max_batch: int) -> list[int]:

@@ -39,6 +39,27 @@ def kv_layout_of(config: PreTrainedConfig, block_size: int, dtype: torch.dtype) 
     return KvLayout(config.num_hidden_layers, kv_heads, head_dim, block_size, dtype)
 
 
+@dataclass
+class BlocksRead:
+    """A copy of blocks out of the pool, under way: `wait` returns once its `out` holds them. On a GPU the
+    copy runs on a stream of its own, from blocks gathered in the step's stream order (a later step may
+    overwrite the blocks; the gathered copy stays), into pinned memory: `out` itself where it is pinned,
+    else a pinned bounce buffer that `wait` copies into `out`. Elsewhere the copy is done already."""
+
+    done: torch.cuda.Event | None = None
+    bounce: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+
+    def wait(self) -> None:
+        if self.done is None:
+            return
+        self.done.synchronize()
+        self.done = None
+        if self.bounce is not None and self.out is not None:
+            self.out.copy_(self.bounce)
+            self.bounce = None
+
+
 class KvSource(Protocol):
     """Blocks out of a worker's KV pool (what a sending path reads). Block data is laid out
     [layers, 2 (keys, values), blocks, block_size, kv_heads, head_dim], in `layout.dtype`."""
@@ -53,6 +74,11 @@ class KvSource(Protocol):
 
     def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
         """Copies the blocks into `out` (host memory)."""
+        ...
+
+    def start_reading_blocks(self, block_ids: list[int], out: torch.Tensor) -> BlocksRead:
+        """Starts copying the blocks into `out` (host memory) without waiting for the device: the calling
+        thread (the forward thread) goes on; whoever reads `out` waits on the result first."""
         ...
 
     def block_views(self, block_ids: list[int]) -> list[memoryview]:

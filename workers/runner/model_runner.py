@@ -32,8 +32,11 @@ from workers.models.flash_varlen import FlashVarlenPlan
 from workers.models.paged_cpu import PagedCpuPlan
 from workers.models.sharding import Shard, check_sharded, with_all_reduce
 from workers.models.step import StepInput
+from workers.models.triton_attention import TritonPlan
 from workers.runner.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGraphSpec
-from workers.runner.kv_pool import kv_layout_of
+from workers.runner.kv_pool import BlocksRead, kv_layout_of
+from workers.runner.step_buffers import StepBuffers, StepView
+from workers.runner.step_graphs import StepGraphs
 
 
 class ModelRunner:
@@ -47,8 +50,10 @@ class ModelRunner:
         shard: Shard | None = None,
         attention: str = "auto",
     ) -> None:
-        """`decode_graphs`: pad decode steps to those shapes and replay them from CUDA graphs captured here
-        (on CUDA devices; elsewhere only with `capture=False`, which runs the padded steps eagerly).
+        """`decode_graphs`: pad steps to those shapes and replay them from CUDA graphs captured here (on CUDA
+        devices; elsewhere only with `capture=False`, which runs the padded steps eagerly): with the triton
+        attention backend every step up to the spec's `max_tokens` (`StepGraphs`), else decode steps only
+        (`DecodeGraphs`).
         `shard`: this runner is one rank of a tensor-parallel group (`workers.runner.tensor_parallel`), over a
         model that `workers.models.sharding.shard_model` cut down to the rank's heads and MLP units.
         `attention`: the attention backend (`workers.models.backends`)."""
@@ -73,16 +78,32 @@ class ModelRunner:
             lay.num_layers, 2, num_blocks + 1, block_size, self.kv_heads, lay.head_dim, dtype=dtype, device=self.device
         )
         self._gather_buffers = GatherBuffers(self.kv.shape[3:], dtype, self.device)
+        self._copy_stream: torch.cuda.Stream | None = None  # KV copied out to the host (start_reading_blocks)
         self.decode_group_cost: float = GROUP_COST_IN_BLOCKS  # math.inf: every decoding input in one padded batch
         self.decode_graphs = None  # the DecodeGraphs that run the steps they cover, when the spec asks for them
+        self.step_graphs: StepGraphs | None = None  # with the triton backend, instead of decode_graphs
         if decode_graphs is not None and (self.device.type == "cuda" or not decode_graphs.capture):
-            self.decode_graphs = DecodeGraphs(self, decode_graphs)
-            self.decode_graphs.capture()
+            if self.attention_backend == "triton":
+                self.step_buffers = StepBuffers(
+                    max(decode_graphs.max_tokens, decode_graphs.max_batch),
+                    decode_graphs.max_batch,
+                    decode_graphs.max_blocks,
+                    block_size,
+                    self.padding_block,
+                    self.device,
+                )
+                self.step_graphs = StepGraphs(self, decode_graphs.capture)
+                self.step_graphs.capture()
+            else:
+                self.decode_graphs = DecodeGraphs(self, decode_graphs)
+                self.decode_graphs.capture()
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
         """Runs one step; returns float32 logits [sum of the inputs' num_logits, vocab] on the device, in
         input order (a sampling input's rows in position order)."""
+        if self.step_graphs is not None and (padded_rows := self.step_graphs.rows_for(inputs)) is not None:
+            return self.step_graphs.run(inputs, padded_rows)
         if self.decode_graphs is not None and self.decode_graphs.covers(inputs):
             return self.decode_graphs.run(inputs)
         token_ids, positions, slots = self._packed(inputs)
@@ -96,6 +117,8 @@ class ModelRunner:
     def _plan(self, inputs: list[StepInput]) -> StepAttention:
         if self.attention_backend == "flash-varlen":
             return FlashVarlenPlan(inputs, self.layout.block_size, self.device)
+        if self.attention_backend == "triton":
+            return TritonPlan.of(inputs, self.layout.block_size, self.device)
         if self.attention_backend == "paged-cpu":
             return PagedCpuPlan(inputs, self.layout.block_size, self._gather_buffers, self.decoder.windows)
         return AttentionPlan(
@@ -126,6 +149,15 @@ class ModelRunner:
             return groups[window].attend(query, layer_kv, scale, gather_fresh).reshape(batch.shape[0], -1)
 
         return self.decoder.logits(self._forward(token_ids, positions, slots, attend))
+
+    @torch.inference_mode()
+    def forward_view(self, view: StepView, logit_rows: torch.Tensor) -> torch.Tensor:
+        """A step loaded into the runner's StepBuffers, attended by the triton kernel over the view's
+        indices (what a CUDA graph captures: fixed addresses, shapes by row count); float32 logits of
+        `logit_rows` [rows, vocab]."""
+        attention = TritonPlan(view.query_start, view.seq_lens, view.block_table, view.max_query_len, view.max_seq_len)
+        hidden = self._forward(view.token_ids, view.positions, view.slots, attention.attend)
+        return self.decoder.logits(hidden.index_select(0, logit_rows))
 
     def _forward(self, token_ids, positions, slots, attend) -> torch.Tensor:
         """The decoder over packed tokens (device tensors; `slots`: each token's slot in the pool, counted
@@ -174,6 +206,25 @@ class ModelRunner:
         else:
             out.copy_(torch.index_select(self.kv, 2, index), non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
+
+    @torch.inference_mode()
+    def start_reading_blocks(self, block_ids: list[int], out: torch.Tensor) -> BlocksRead:
+        """As read_blocks, without waiting for the device (see BlocksRead)."""
+        if self.device.type != "cuda":
+            self.read_blocks(block_ids, out)
+            return BlocksRead()
+        gathered = torch.index_select(self.kv, 2, on_device(block_ids, self.device))
+        target = out if out.is_pinned() else torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        stream = self._copy_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            target.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        gathered.record_stream(stream)  # its memory is not handed out again before the copy has read it
+        return BlocksRead(done, None if target is out else target, out)
 
     def block_views(self, block_ids: list[int]) -> list[memoryview]:
         """The blocks' bytes in pool memory, in the order read_blocks would copy them (layer, keys then

@@ -40,6 +40,7 @@ from transformers import PreTrainedModel
 from diptych_common.supervision import stop_with_supervisor, supervisor_env
 from workers.models.sharding import Shard, check_shardable, shard_model
 from workers.models.step import StepInput
+from workers.runner.kv_pool import BlocksRead
 from workers.runner.model_loader import load_model
 from workers.runner.model_runner import ModelRunner
 
@@ -226,6 +227,11 @@ class TensorParallelRunner(ModelRunner):
             out[..., rank * heads : (rank + 1) * heads, :].copy_(part, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+    def start_reading_blocks(self, block_ids: list[int], out: torch.Tensor) -> BlocksRead:
+        """As read_blocks (the group's ranks answer in turn: nothing is left under way)."""
+        self.read_blocks(block_ids, out)
+        return BlocksRead()
 
     @torch.inference_mode()
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
