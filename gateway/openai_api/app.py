@@ -10,9 +10,10 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from gateway.anthropic_api.app import add_routes as add_messages_routes
+from gateway.bodies import MAX_BODY_BYTES, BodyRefused, read_body
 from gateway.core.pipeline import Admitted, Pipeline
 from gateway.openai_api.batches import BatchApiProxy
-from gateway.openai_api.bodies import MAX_BODY_BYTES, BodyRefused, read_body
 from gateway.openai_api.errors import (
     aiohttp_errors_as_json,
     as_told,
@@ -43,6 +44,7 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     app.router.add_get("/v1/models/{model}", api.model)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
+    add_messages_routes(app, pipeline)  # Anthropic's Messages API (gateway/anthropic_api)
     app.router.add_get("/health", api.health)
     # No /metrics here: this port is public, and metrics name models, workers and volumes. Prometheus and
     # benchmark tools scrape the gateway's --metrics-port, on the private network.

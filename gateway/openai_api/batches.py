@@ -20,7 +20,7 @@ from functools import partial
 import httpx
 from aiohttp import web
 
-from gateway.openai_api.bodies import BodyRefused, read_body
+from gateway.bodies import BodyRefused, read_body
 
 log = logging.getLogger(__name__)
 

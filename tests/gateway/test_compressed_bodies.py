@@ -13,8 +13,8 @@ import zlib
 import httpx
 import pytest
 
+from gateway.bodies import MAX_BODY_BYTES
 from gateway.openai_api.batches import BatchApiProxy
-from gateway.openai_api.bodies import MAX_BODY_BYTES
 from tests.gateway.harness import API_KEY, MODEL, assert_openai_error_shape, in_process_gateway, post_json
 
 BODY = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()

@@ -1,25 +1,28 @@
 """The gateway's parts depend one way, from the ground up: its metrics ← what
 it knows of the workers (`fleet`) ← its own types ← `routing` (which workers), `autoscale` (how many),
 `accounts` (who asks, their limits, keys and usage) and `planning` (a request checked into a plan) ← the
-request `core` (the pipeline, the run on workers, delivery) ← the two fronts (`openai_api`, `grpc_api`) ←
-the process (`gateway.main`).
+request `core` (the pipeline, the run on workers, delivery) ← the fronts (`anthropic_api`, `openai_api`,
+`grpc_api`) ← the process (`gateway.main`). The HTTP server (`openai_api.app`) mounts the Messages API's
+routes beside OpenAI's; the Messages API imports nothing of OpenAI's front (both read bodies through
+`gateway.bodies`, at the ground).
 
 Every module under gateway/ is parsed, imports inside functions and under TYPE_CHECKING included. The fronts
-do not import each other, nothing imports the entry point, no gateway module imports the workers, the
-control plane, the planner, the launcher, the SDK, the benchmarks or the tests, and the modules' imports
-(those for type checking too) form no circle.
+do not import each other (but for that mount), nothing imports the entry point, no gateway module imports
+the workers, the control plane, the planner, the launcher, the SDK, the benchmarks or the tests, and the
+modules' imports (those for type checking too) form no circle.
 """
 
 from tests.import_graph import ROOT, import_circles, imports, modules_under
 
 GATEWAY = ROOT / "gateway"
 ENTRY_POINT = "gateway.main"
-GROUND = frozenset({"metrics"})
+GROUND = frozenset({"metrics", "bodies"})
 BELOW_TYPES = GROUND | {"fleet"}
 MIDDLE = BELOW_TYPES | {"types"}
 BELOW_CORE = MIDDLE | {"routing", "autoscale", "accounts", "planning"}
 ALLOWED: dict[str, frozenset[str]] = {  # part → the parts its modules may import (their own included)
     "metrics": frozenset({"metrics"}),
+    "bodies": frozenset({"bodies"}),
     "fleet": BELOW_TYPES,
     "types": MIDDLE,
     "routing": MIDDLE | {"routing"},
@@ -27,7 +30,8 @@ ALLOWED: dict[str, frozenset[str]] = {  # part → the parts its modules may imp
     "accounts": MIDDLE | {"accounts"},
     "planning": MIDDLE | {"planning"},
     "core": BELOW_CORE | {"core"},
-    "openai_api": BELOW_CORE | {"core", "openai_api"},
+    "anthropic_api": BELOW_CORE | {"core", "anthropic_api"},
+    "openai_api": BELOW_CORE | {"core", "openai_api", "anthropic_api"},
     "grpc_api": BELOW_CORE | {"core", "grpc_api"},
 }
 OUTSIDE_THE_GATEWAY = {"workers", "controlplane", "planner", "diptych_server", "diptych", "bench", "tests"}
