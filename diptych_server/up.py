@@ -27,6 +27,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # A staff user of this machine's platform only, to see fleets and workers on the dashboard; in production one is
 # made with `manage.py createsuperuser` (docs/sdk.md, Dashboard).
 DEMO_STAFF_EMAIL = "staff@diptych.local"
+# The workers `up` runs, by name, with their roles; each serves Prometheus metrics on a free port of its own.
+WORKERS = {"prefill-0": "prefill", "decode-0": "decode"}
 KV_TIER_NAME = "kv-tier"
 KV_TIER_MEMORY_MIB = 256
 KV_TIER_DISK_MIB = 1024
@@ -68,12 +70,17 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
     stack.start_jobs(DIPTYCH_GATEWAY_URL=f"http://127.0.0.1:{http_port}/v1")  # batches run through the gateway
     _step(3, "starting a prefill and a decode worker, each loading diptych-tiny")
     tier_options = _start_kv_tier(stack) if kv_tier else ()
-    stack.start_worker("prefill-0", "prefill", credentials.fleet_tokens["prefill"], 0, *tier_options)
-    stack.start_worker("decode-0", "decode", credentials.fleet_tokens["decode"], 0, *tier_options)
+    worker_metrics = {name: free_port() for name in WORKERS}
+    for name, role in WORKERS.items():
+        metrics = ("--metrics-port", str(worker_metrics[name]))
+        stack.start_worker(name, role, credentials.fleet_tokens[role], 0, *metrics, *tier_options)
     worker_names = {}
-    for worker in stack.wait_for_workers(["prefill-0", "decode-0"]):
+    for worker in stack.wait_for_workers(list(WORKERS)):
         worker_names[worker["id"]] = worker["name"]
-        _say(f"      {worker['role']:<8} {worker['name']} ({worker['id']}) at {worker['address']}")
+        _say(
+            f"      {worker['role']:<8} {worker['name']} ({worker['id']}) at {worker['address']}, "
+            f"metrics on :{worker_metrics[worker['name']]}"
+        )
     _step(
         4,
         f"starting the gateway on 127.0.0.1:{gateway_port}, OpenAI-compatible HTTP on :{http_port} "
@@ -96,6 +103,9 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
     _say(f"  export $(cat {env_file})")
     _say(f"  control plane: {stack.control_plane_url}/api/v1/   gateway: {base_url}")
     _say(f"  OpenAI-compatible API: http://127.0.0.1:{http_port}/v1 (Authorization: Bearer $DIPTYCH_API_KEY)")
+    scraped = [f"http://127.0.0.1:{metrics_port}/metrics (gateway)"]
+    scraped += [f"http://127.0.0.1:{port}/metrics ({name})" for name, port in worker_metrics.items()]
+    _say(f"  Prometheus metrics: {', '.join(scraped)}")
     if credentials.dashboard_password:
         _say(
             f"  dashboard: {stack.control_plane_url}/dashboard/ (sign in as {credentials.dashboard_email}, "

@@ -29,6 +29,7 @@ READY_LINE = "Ctrl-C stops it"
 GATEWAY_STARTING_LINE = "[4/5]"
 DASHBOARD_LINE = re.compile(r"dashboard: (?P<url>http://\S+)/dashboard/ \(sign in as")
 STAFF_LINE = re.compile(r"fleets and workers: .*\(sign in as (?P<email>\S+), password (?P<password>[^\s)]+)\)")
+WORKER_METRICS = re.compile(r"(?P<url>http://127\.0\.0\.1:\d+/metrics) \((?P<name>prefill-0|decode-0)\)")
 SPLIT_USAGE = re.compile(
     r"usage: (\d+) prompt tokens, (\d+) completion tokens \(prefill on prefill-0, (\d+) KV bytes sent to decode on "
     r"decode-0\)"
@@ -176,7 +177,9 @@ def test_up_runs_the_platform_split_serves_a_request_and_stops_everything_on_ctr
     with diptych.Client(api_key=credentials["DIPTYCH_API_KEY"], base_url=credentials["DIPTYCH_BASE_URL"]) as client:
         completion = client.completions.create(model="diptych-tiny", prompt="hello", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5
-    _assert_the_printed_staff_user_sees_the_workers(up.read_until("fleets and workers: "))
+    summary = up.read_until("fleets and workers: ")
+    _assert_the_printed_staff_user_sees_the_workers(summary)
+    _assert_each_worker_serves_the_metrics_of_the_demo_s_hand_off(summary, kv_bytes)
     up.record_descendants()
 
     os.killpg(up.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
@@ -194,6 +197,22 @@ def _assert_the_printed_staff_user_sees_the_workers(text: str) -> None:
         assert signed_in.json()["user"]["is_staff"]
         workers = session.get("/workers").json()["data"]
     assert {worker["name"] for worker in workers if worker["state"] == "ready"} == {"prefill-0", "decode-0"}
+
+
+def _assert_each_worker_serves_the_metrics_of_the_demo_s_hand_off(text: str, kv_bytes: int) -> None:
+    """`up` prints where each worker serves Prometheus metrics, and there the demo's KV hand-off shows: the
+    prefill worker sent the bytes the usage line names, the decode worker received them."""
+    urls = {match["name"]: match["url"] for match in WORKER_METRICS.finditer(text)}
+    assert set(urls) == {"prefill-0", "decode-0"}, f"up printed no metrics address per worker:\n{text}"
+    sent = _counter(urls["prefill-0"], "diptych_worker_kv_sent_bytes", "prefill")
+    received = _counter(urls["decode-0"], "diptych_worker_kv_received_bytes", "decode")
+    assert sent >= kv_bytes and received >= kv_bytes, (sent, received, kv_bytes)
+
+
+def _counter(metrics_url: str, name: str, role: str) -> float:
+    text = httpx.get(metrics_url, timeout=5).text
+    (value,) = [line.split()[-1] for line in text.splitlines() if line.startswith(f'{name}_total{{role="{role}"')]
+    return float(value)
 
 
 def test_up_stops_everything_on_sigterm_when_nobody_reads_its_output(up):

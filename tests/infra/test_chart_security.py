@@ -69,3 +69,50 @@ def test_a_cpu_colocated_fleet_and_an_s3_store_keep_the_same_restrictions():
     values["fleets"].append({**values["fleets"][0], "name": "cpu-colocated", "role": "colocated", "hardware": "cpu"})
     values["fleets"][-1]["region"] = "eu-west-1"
     assert f"{RELEASE}-cpu-colocated" in _check(render(values))
+
+
+def _service_accounts(objects) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in objects if d["kind"] == "ServiceAccount"}
+
+
+def _check_identities(objects) -> None:
+    """Each workload's pods run on a ServiceAccount of their own, named as the workload, and neither the pod nor
+    the account mounts an API token: no Diptych process calls the Kubernetes API."""
+    accounts = _service_accounts(objects)
+    pods = _pods(objects)
+    assert set(accounts) == set(pods), "a ServiceAccount per workload, and none besides"
+    for name, pod in pods.items():
+        assert pod.get("serviceAccountName") == name, f"{name} runs on {pod.get('serviceAccountName', 'default')}"
+        assert pod.get("automountServiceAccountToken") is False, name
+        assert accounts[name].get("automountServiceAccountToken") is False, name
+
+
+def test_every_workload_runs_on_a_service_account_of_its_own_without_an_api_token():
+    objects = default_objects()
+    _check_identities(objects)
+    without_tier = render(install_values(kvTier={"enabled": False}))
+    _check_identities(without_tier)
+    assert f"{RELEASE}-kv-tier" not in _service_accounts(without_tier)
+
+
+def test_the_migrations_job_s_service_account_exists_before_the_hook_job_runs():
+    """Hooks run before the release's other objects exist: the Job's account is a hook that runs first."""
+    objects = default_objects()
+    (job,) = [d for d in objects if d["kind"] == "Job"]
+    account = _service_accounts(objects)[job["spec"]["template"]["spec"]["serviceAccountName"]]
+    assert account["metadata"]["annotations"]["helm.sh/hook"] == job["metadata"]["annotations"]["helm.sh/hook"]
+    weight = int(account["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert weight < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+
+
+def test_service_account_annotations_reach_every_long_running_workload_s_account():
+    """e.g. the cloud role that reads the S3 artifact store (IRSA's eks.amazonaws.com/role-arn)."""
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/diptych"}
+    objects = render(install_values(serviceAccount={"annotations": role}))
+    annotated = {
+        name for name, account in _service_accounts(objects).items() if account["metadata"].get("annotations") == role
+    }
+    long_running = {
+        name for name in _pods(objects) if not name.endswith("-migrate")
+    }  # migrations read only the database
+    assert annotated == long_running

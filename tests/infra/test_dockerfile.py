@@ -58,6 +58,7 @@ def _stages(variant: str | None, header_defaults: bool = True, build_args: dict[
     for keyword, arguments in _instructions():
         if keyword == "ARG":
             name, _, default = arguments.partition("=")
+            default = " ".join(shlex.split(default))  # a quoted default is its words, as the builder reads it
             if stages:
                 stages[-1].args[name] = given.get(name, default)
             elif name in given:
@@ -344,3 +345,61 @@ def test_the_image_s_user_has_a_home_directory_it_owns_and_home_names_it():
     (groupadd,) = _commands(runtime, "groupadd")
     assert _option(groupadd, "--gid", "-g") == _option(useradd, "--gid", "-g") == str(IMAGE_GID)
     assert groupadd[-1] == user
+
+
+OCI_LABELS = ["title", "description", "source", "version", "revision", "created", "licenses"]
+OCI_PREFIX = "org.opencontainers.image."
+
+
+def _labels(stage: Stage) -> dict[str, str]:
+    """The stage's LABELs as written, before the builder substitutes its ARGs."""
+    labels: dict[str, str] = {}
+    for keyword, arguments in stage.instructions:
+        if keyword == "LABEL":
+            labels.update(word.partition("=")[::2] for word in shlex.split(arguments))
+    return labels
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_image_carries_the_oci_labels_each_from_a_build_argument(variant):
+    """Each label names a build argument of the runtime stage itself (an ARG declared only before the first FROM
+    is empty there), whose default says what the source tree knows and which a release build overrides."""
+    import tomllib
+
+    runtime = _stages(variant)[-1]
+    written = _labels(runtime)
+    assert {f"{OCI_PREFIX}{name}" for name in OCI_LABELS} <= set(written), sorted(written)
+    arguments = {}
+    for name in OCI_LABELS:
+        reference = re.fullmatch(r"\$\{(\w+)\}", written[OCI_PREFIX + name])
+        assert reference and reference.group(1) in runtime.args, f"{name}: {written[OCI_PREFIX + name]}"
+        arguments[name] = reference.group(1)
+
+    defaults = {name: runtime.args[arguments[name]] for name in OCI_LABELS}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert defaults["title"] == "diptych"
+    assert defaults["description"] == project["description"]
+    assert defaults["version"] == project["version"]
+    assert re.fullmatch(r"NOASSERTION|[A-Za-z0-9.+-]+( (AND|OR|WITH) [A-Za-z0-9.+-]+)*", defaults["licenses"])
+
+    given = {
+        "source": "https://git.example.com/diptych.git",
+        "version": "0.2.0",
+        "revision": "0123456789abcdef0123456789abcdef01234567",
+        "created": "2026-12-02T10:00:00Z",
+    }
+    built = _stages(variant, build_args={arguments[name]: value for name, value in given.items()})[-1]
+    assert {name: built.args[arguments[name]] for name in given} == given
+
+
+def test_the_labels_come_after_every_layer_so_a_new_revision_rebuilds_none():
+    """A changed ARG invalidates the cache of every RUN after its declaration: the labels' ARGs come last."""
+    every = _instructions()
+    last_from = max(i for i, (keyword, _) in enumerate(every) if keyword == "FROM")
+    instructions = every[last_from + 1 :]  # the runtime stage's, its ARGs among them
+    label_arguments = set(re.findall(r"\$\{(\w+)\}", " ".join(a for k, a in instructions if k == "LABEL")))
+    assert label_arguments, "the runtime stage has no LABEL taken from a build argument"
+    declared = [i for i, (k, a) in enumerate(instructions) if k == "ARG" and a.partition("=")[0] in label_arguments]
+    assert declared, "the labels' build arguments are not declared in the runtime stage"
+    last_layer = max(i for i, (k, _) in enumerate(instructions) if k in {"RUN", "COPY", "ADD"})
+    assert min(declared) > last_layer, instructions[last_layer:]

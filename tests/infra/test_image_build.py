@@ -1,6 +1,7 @@
 """Builds infra/Dockerfile with buildah and runs the image: migrations, then the control plane and the gateway,
 each as the image's own user through its entrypoint. The control plane's API index and the gateway's /health
 must answer 200; the gateway starts only after it has fetched its secret and the catalog from the control plane.
+The image's OCI labels carry the revision and build time the build was given.
 
 No container registry is needed. The base images are stand-ins made here: Debian 12 (bookworm) from debootstrap
 with Debian's Python 3.11 (for `python:3.11-slim-bookworm`) and this machine's Node.js (for
@@ -35,6 +36,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "infra" / "Dockerfile"
+PROJECT_VERSION = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+OCI = "org.opencontainers.image."
 TORCH_VERSION = re.search(r"^torch==([\d.]+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE).group(1)
 OPT_IN = "DIPTYCH_IMAGE_TEST"
 KEEP = "DIPTYCH_IMAGE_TEST_KEEP"  # 1: keep the storage root, its images and the logs (the path is printed)
@@ -299,6 +302,10 @@ def test_the_image_builds_from_local_bases_and_serves(buildah):
     buildah.timings["base image"] = round(time.monotonic() - started, 1)
 
     build_args = {"NODE_BASE": base, "PYTHON_BASE": base}
+    # What a release build gives the OCI labels (infra/Dockerfile's last ARGs).
+    revision = run(["git", "-C", str(REPO), "rev-parse", "HEAD"], buildah.log, 30)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    build_args |= {"IMAGE_REVISION": revision, "IMAGE_CREATED": created}
     volumes: list[str] = []
     wheels = torch_wheels()
     if wheels is not None:
@@ -327,6 +334,10 @@ def test_the_image_builds_from_local_bases_and_serves(buildah):
     assert config["User"] == "diptych" and config["WorkingDir"] == "/app"
     entrypoint = config["Entrypoint"]
     assert entrypoint == ["diptych"]
+    labels = {key.removeprefix(OCI): value for key, value in config["Labels"].items() if key.startswith(OCI)}
+    assert labels["revision"] == revision and labels["created"] == created, labels
+    assert labels["title"] == "diptych" and labels["version"] == PROJECT_VERSION, labels
+    assert {"description", "source", "licenses"} <= set(labels), labels
 
     started = time.monotonic()
     container = buildah("from", "--pull=never", image, timeout=600)

@@ -66,3 +66,52 @@ files, torch's compile caches) and the image user's HOME (the caches libraries k
 - {name: tmp, emptyDir: {}}
 - {name: home, emptyDir: {}}
 {{- end -}}
+
+{{/* A pod's own ServiceAccount, named as its workload: (list $ "diptych-gateway"). No pod talks to the Kubernetes
+API, so none gets a token mounted (templates/service-accounts.yaml turns it off on the accounts as well). */}}
+{{- define "diptych.podIdentity" -}}
+serviceAccountName: {{ index . 1 }}
+automountServiceAccountToken: false
+{{- end -}}
+
+{{/* A ServiceAccount for one workload's pods: (list $ "diptych-gateway"); serviceAccount.annotations go on each
+(e.g. the cloud role that reads the artifact store). */}}
+{{- define "diptych.serviceAccount" -}}
+{{- $root := index . 0 -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ index . 1 }}
+  labels: {{- include "diptych.labels" $root | nindent 4 }}
+  {{- with $root.Values.serviceAccount.annotations }}
+  annotations: {{- toYaml . | nindent 4 }}
+  {{- end }}
+automountServiceAccountToken: false
+{{- end -}}
+
+{{/* Replicas of a component on different nodes where the scheduler can (preferred, not required: a small
+cluster still runs them all), so that one node going down takes at most one of them: (list $ "gateway"). */}}
+{{- define "diptych.spreadOverNodes" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels: {{- include "diptych.selector" . | nindent 12 }}
+{{- end -}}
+
+{{/* Voluntary disruptions (node drains, upgrades) take one replica of a component at a time: (list $ "gateway").
+maxUnavailable rather than minAvailable, so that a single replica does not block a drain for good. */}}
+{{- define "diptych.disruptionBudget" -}}
+{{- $root := index . 0 -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ printf "%s-%s" $root.Release.Name (index . 1) }}
+  labels: {{- include "diptych.labels" $root | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels: {{- include "diptych.selector" . | nindent 6 }}
+{{- end -}}
