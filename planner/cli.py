@@ -5,6 +5,7 @@ cost profile, and which of the two costs less. Building the arguments imports no
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price-prefill", type=float, default=1.0, help="cost of one prefill worker")
     parser.add_argument("--price-decode", type=float, default=1.0, help="cost of one decode worker")
     parser.add_argument("--price-colocated", type=float, default=1.0, help="cost of one colocated worker")
+    parser.add_argument(
+        "--search",
+        choices=("narrow", "full"),
+        default="narrow",
+        help="narrow: simulate only near the queueing model's answer, counts within 2%% (default); "
+        "full: simulate from the smallest fleet up, exact and slow past a few hundred workers",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -59,11 +67,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"diptych plan: {error}", file=sys.stderr)
         return 2
 
-    def progress(line: str) -> None:
-        print(f"  simulated {line}", file=sys.stderr, flush=True)
+    started = time.monotonic()
 
-    print(f"searching up to {goal.max_workers} workers ...", file=sys.stderr, flush=True)
-    result = plan(profile, workload, goal, progress)
+    def progress(line: str) -> None:
+        print(f"  [{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    print(f"searching up to {goal.max_workers} workers ({args.search} search) ...", file=sys.stderr, flush=True)
+    result = plan(profile, workload, goal, progress, args.search)
     if args.json:
         print(json.dumps(plan_json(args.profile, workload, goal, result)))
     else:

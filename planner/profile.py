@@ -61,8 +61,9 @@ class CostProfile:
             return 0.0
         return _interpolate([t for t, _ in self.prefill_points], [s for _, s in self.prefill_points], tokens)
 
-    def decode_step_s(self, batch: int, context: float) -> float:
-        """One engine step of `batch` decoding sequences whose mean context is `context` tokens."""
+    def decode_step_s(self, batch: float, context: float) -> float:
+        """One engine step of `batch` decoding sequences whose mean context is `context` tokens (a mean
+        batch, as the queueing model's, may be fractional: interpolated alike)."""
         if batch <= 0:
             return 0.0
         contexts = sorted({c for _, c, _ in self.decode_points})
@@ -97,7 +98,7 @@ class CostProfile:
     def kv_transfer_s(self, tokens: int) -> float:
         return self.kv_fixed_s + self.kv_per_token_s * tokens
 
-    def _decode_at_context(self, batch: int, context: int) -> float:
+    def _decode_at_context(self, batch: float, context: int) -> float:
         points = sorted((b, s) for b, c, s in self.decode_points if c == context)
         return _interpolate([b for b, _ in points], [s for _, s in points], batch)
 

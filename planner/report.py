@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from planner.analytic import Prediction
 from planner.profile import CostProfile, ProfileError, load_profile
 from planner.search import Evaluation, Goal, GoodputComparison, Plan, compare_goodput, evaluate, horizon_s
 from planner.types import FleetShape, Mode, Slo
@@ -36,6 +37,11 @@ def plan_table(profile: CostProfile, workload: Workload, goal: Goal, result: Pla
     for name, found in (("split", result.split), ("colocated", result.colocated)):
         lines.append(_row(name, found, goal))
     lines += ["", verdict(result, goal), f"({result.simulations} fleets simulated)"]
+    if result.model_split or result.model_colocated:
+        lines.append(
+            f"(the queueing model's first cut: split {_model(result.model_split)}, colocated "
+            f"{_model(result.model_colocated)})"
+        )
     return "\n".join(lines)
 
 
@@ -47,6 +53,13 @@ def _row(name: str, found: Evaluation | None, goal: Goal) -> str:
     ttft = f"{found.ttft_p50_s * 1000:.0f} / {found.ttft_p90_s * 1000:.0f}"
     tpot = f"{found.tpot_p50_s * 1000:.1f} / {found.tpot_p90_s * 1000:.1f}"
     return f"{name:<10} {fleet.workers:>7} {ratio:>7} {found.cost:>8g} {found.attainment:>7.1%} {ttft:>17} {tpot:>17}"
+
+
+def _model(found: Prediction | None) -> str:
+    if found is None:
+        return "none"
+    fleet = found.fleet
+    return f"{fleet.prefill}:{fleet.decode}" if fleet.mode is Mode.SPLIT else f"{fleet.colocated} workers"
 
 
 def verdict(result: Plan, goal: Goal) -> str:
@@ -85,6 +98,16 @@ def plan_json(profile_path: Path, workload: Workload, goal: Goal, result: Plan) 
         "colocated": _evaluation_json(result.colocated),
         "winner": winner(result),
         "simulations": result.simulations,
+        "model_split": _prediction_json(result.model_split),
+        "model_colocated": _prediction_json(result.model_colocated),
+    }
+
+
+def _prediction_json(found: Prediction | None) -> dict | None:
+    if found is None:
+        return None
+    return {**dataclasses.asdict(found.fleet), "mode": str(found.fleet.mode)} | {
+        key: value for key, value in dataclasses.asdict(found).items() if key != "fleet"
     }
 
 
@@ -103,6 +126,8 @@ def _evaluation_json(found: Evaluation | None) -> dict | None:
         "ttft_p90_s": found.ttft_p90_s,
         "tpot_p50_s": found.tpot_p50_s,
         "tpot_p90_s": found.tpot_p90_s,
+        "ttft_p99_s": found.ttft_p99_s,
+        "tpot_p99_s": found.tpot_p99_s,
     }
 
 

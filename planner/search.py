@@ -2,15 +2,27 @@
 
 Every candidate fleet serves the same sampled requests (one seed), so two candidates differ only by their
 shape. The share of requests meeting the SLO grows with workers (within the noise of routing), which lets
-the search bisect: for colocated fleets on the count, for split fleets on the count at each prefill share of
-`PREFILL_SHARES` (starting near the size found last), then it walks down from the best split found, one
-worker at a time, while a smaller fleet still meets the target, so that no fleet one worker smaller meets it.
+the search bisect.
+
+The default search (`search="narrow"`) starts from the queueing model's answer (`planner.analytic`, no
+simulation) and simulates only near it: colocated, the count galloping from the model's (down while fleets
+meet, up while they fail) then bisecting; split, first a fleet that meets (the model's, grown until it
+does), then the smallest decode count at its prefill count, then the smallest prefill count at that decode
+count, then the walk down. Counts are found to within `PRECISION` of the fleet (one worker below 50): the
+answer meets the goal and a fleet smaller by that many workers (of either kind) does not.
+
+The full search (`search="full"`, the planner's before it had a model) bisects colocated counts from one
+worker up and split counts at each prefill share of `PREFILL_SHARES` (starting near the size found last),
+then walks down one worker at a time: exact, and slow past a few hundred workers.
 """
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+from planner.analytic import FleetModel, Prediction
 from planner.profile import CostProfile
 from planner.simulator import RoutingOptions, simulate
 from planner.types import MAX_WORKERS, FleetShape, Mode, RequestOutcome, RequestSpec, Slo
@@ -23,6 +35,7 @@ GOODPUT_RATIOS = ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (2, 3), (3, 2), (1, 4)
 HORIZON_LIFETIMES = 50.0
 # ... but no longer than this many requests take to arrive (a large fleet's trace would grow without bound).
 MAX_TRACE_REQUESTS = 50_000
+PRECISION = 0.02  # the narrow search's counts: within 2% of the fleet (exact below 50 workers)
 
 Progress = Callable[[str], None]
 
@@ -48,6 +61,8 @@ class Evaluation:
     tpot_p50_s: float
     tpot_p90_s: float
     cost: float
+    ttft_p99_s: float
+    tpot_p99_s: float
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,9 @@ class Plan:
     split: Evaluation | None  # None: no split fleet within max_workers meets the goal
     colocated: Evaluation | None
     simulations: int
+    # the queueing model's first cut (None: no fleet within its limit meets the goal, or a full search)
+    model_split: Prediction | None = None
+    model_colocated: Prediction | None = None
 
 
 def evaluate(
@@ -96,6 +114,8 @@ def summarize(outcomes: Sequence[RequestOutcome], fleet: FleetShape, slo: Slo, c
         _quantile(tpots, 0.5),
         _quantile(tpots, 0.9),
         cost,
+        _quantile(ttfts, 0.99),
+        _quantile(tpots, 0.99),
     )
 
 
@@ -114,23 +134,103 @@ class _Candidates:
 
     def evaluate(self, fleet: FleetShape) -> Evaluation:
         if fleet not in self.seen:
+            if self.progress is not None:
+                self.progress(f"trying {_describe(fleet)} on {len(self.requests)} requests")
+            started = time.monotonic()
             self.seen[fleet] = evaluate(self.profile, self.requests, fleet, self.goal.slo, self.goal.prices)
             if self.progress is not None:
                 result = self.seen[fleet]
-                self.progress(f"{_describe(fleet)}: {result.attainment:.1%} meet the SLO")
+                self.progress(
+                    f"simulated {_describe(fleet)}: {result.attainment:.1%} meet the SLO "
+                    f"({time.monotonic() - started:.1f} s)"
+                )
         return self.seen[fleet]
 
     def meets(self, fleet: FleetShape) -> bool:
         return self.evaluate(fleet).attainment >= self.goal.attainment
 
 
-def plan(profile: CostProfile, workload: Workload, goal: Goal, progress: Progress | None = None) -> Plan:
+def plan(
+    profile: CostProfile,
+    workload: Workload,
+    goal: Goal,
+    progress: Progress | None = None,
+    search: Literal["narrow", "full"] = "narrow",
+) -> Plan:
     """The cheapest split and the cheapest colocated fleet meeting the goal under the workload."""
     workload = workload.lasting(horizon_s(profile, workload, workload.rate_per_s))
     candidates = _Candidates(profile, workload.sample(), goal, progress)
-    colocated = cheapest_colocated(candidates)
-    split = cheapest_split(candidates, colocated.fleet.workers if colocated else None)
-    return Plan(split, colocated, len(candidates.seen))
+    if search == "full":
+        colocated = cheapest_colocated(candidates)
+        split = cheapest_split(candidates, colocated.fleet.workers if colocated else None)
+        return Plan(split, colocated, len(candidates.seen))
+    model = FleetModel(profile, list(candidates.requests), goal.slo, workload.seed)
+    model_colocated = model.smallest_colocated(goal.attainment)
+    model_split = model.smallest_split(goal.attainment)
+    if progress is not None:
+        progress(f"queueing model: split {_predicted(model_split)}, colocated {_predicted(model_colocated)}")
+    colocated = colocated_near(candidates, model_colocated.fleet if model_colocated else None)
+    split = split_near(candidates, model_split.fleet if model_split else None)
+    return Plan(split, colocated, len(candidates.seen), model_split, model_colocated)
+
+
+def _predicted(found: Prediction | None) -> str:
+    return "none" if found is None else f"{_describe(found.fleet)} ({found.attainment:.1%} predicted to meet the SLO)"
+
+
+def colocated_near(candidates: _Candidates, cut: FleetShape | None) -> Evaluation | None:
+    """The smallest colocated count meeting the goal, searched from the model's `cut` (None: from the
+    largest fleet allowed, which then most likely fails)."""
+    high = candidates.goal.max_workers
+    hint = cut.colocated if cut is not None else high
+    count = _smallest(lambda n: candidates.meets(_colocated(n)), 1, high, hint, PRECISION)
+    return candidates.evaluate(_colocated(count)) if count is not None else None
+
+
+def split_near(candidates: _Candidates, cut: FleetShape | None) -> Evaluation | None:
+    """The cheapest split fleet near the model's `cut`: a fleet that meets (the cut, both kinds grown until
+    it does), the smallest decode count at its prefill count, the smallest prefill count at that one, then
+    the walk down."""
+    high = candidates.goal.max_workers
+    prefill, decode = (cut.prefill, cut.decode) if cut is not None else (max(1, high // 8), high - max(1, high // 8))
+    if prefill + decode > high:  # the model wants more than allowed: the largest fleet of its proportion
+        prefill = min(high - 1, max(1, round(prefill * high / (prefill + decode))))
+        decode = high - prefill
+    meeting = _meeting_split(candidates, prefill, decode)
+    if meeting is None:
+        return None
+    room_prefill, room_decode = meeting
+    # both kinds to within the same number of workers: PRECISION of the whole fleet
+    precision = PRECISION * (room_prefill + room_decode) / room_decode
+    decode = _smallest(_decode_meets(candidates, room_prefill), 1, room_decode, decode, precision) or room_decode
+    precision = PRECISION * (room_prefill + decode) / room_prefill
+    prefill = _smallest(_prefill_meets(candidates, decode), 1, room_prefill, prefill, precision) or room_prefill
+    return _walk_down(candidates, candidates.evaluate(_split_of(prefill, decode)), PRECISION)
+
+
+def _meeting_split(candidates: _Candidates, prefill: int, decode: int) -> tuple[int, int] | None:
+    """A split fleet that meets, from (prefill, decode) grown by a margin that doubles while it fails;
+    None when the largest fleet allowed in that proportion fails."""
+    high, margin = candidates.goal.max_workers, 0.0
+    while True:
+        grown_prefill = prefill + math.ceil(margin * prefill)
+        grown_decode = decode + math.ceil(margin * decode)
+        if grown_prefill + grown_decode > high:
+            grown_prefill = min(high - 1, max(1, round(grown_prefill * high / (grown_prefill + grown_decode))))
+            grown_decode = high - grown_prefill
+        if candidates.meets(_split_of(grown_prefill, grown_decode)):
+            return grown_prefill, grown_decode
+        if grown_prefill + grown_decode >= high:
+            return None
+        margin = max(4 * PRECISION, 2 * margin, 1 / min(prefill, decode))  # the first growth adds one at least
+
+
+def _decode_meets(candidates: _Candidates, prefill: int) -> Callable[[int], bool]:
+    return lambda decode: candidates.meets(_split_of(prefill, decode))
+
+
+def _prefill_meets(candidates: _Candidates, decode: int) -> Callable[[int], bool]:
+    return lambda prefill: candidates.meets(_split_of(prefill, decode))
 
 
 def horizon_s(profile: CostProfile, workload: Workload, rate_per_s: float) -> float:
@@ -161,27 +261,33 @@ def _split_meets(candidates: _Candidates, prefill_share: float) -> Callable[[int
     return lambda count: candidates.meets(_split(count, prefill_share))
 
 
-def _walk_down(candidates: _Candidates, best: Evaluation) -> Evaluation:
-    """Drops one prefill or one decode worker while the smaller fleet still meets the goal, the cheaper
-    drop first: at the end, no fleet one worker smaller meets it."""
+def _walk_down(candidates: _Candidates, best: Evaluation, precision: float = 0.0) -> Evaluation:
+    """Drops prefill or decode workers (`_tolerance` of the fleet's count: one at precision 0) while the
+    smaller fleet still meets the goal, the cheaper drop first: at the end, no fleet that much smaller
+    meets it."""
     while True:
         fleet = best.fleet
+        drop = _tolerance(fleet.workers, precision)
         smaller = [
-            FleetShape(Mode.SPLIT, prefill=fleet.prefill - 1, decode=fleet.decode),
-            FleetShape(Mode.SPLIT, prefill=fleet.prefill, decode=fleet.decode - 1),
+            _split_of(max(1, fleet.prefill - drop), fleet.decode),
+            _split_of(fleet.prefill, max(1, fleet.decode - drop)),
         ]
+        smaller = [f for f in smaller if f != fleet]
         usable = [f for f in smaller if f.prefill >= 1 and f.decode >= 1 and candidates.meets(f)]
         if not usable:
             return best
         best = min((candidates.evaluate(f) for f in usable), key=lambda e: (e.cost, -e.attainment))
 
 
-def _smallest(meets: Callable[[int], bool], low: int, high: int, hint: int | None = None) -> int | None:
+def _smallest(
+    meets: Callable[[int], bool], low: int, high: int, hint: int | None = None, precision: float = 0.0
+) -> int | None:
     """The smallest count in [low, high] that meets; None if even `high` fails. From `hint` (default `low`)
     it gallops, in steps that double, down while counts meet or up while they fail, then bisects between
-    the last count that failed and the first that met."""
+    the last count that failed and the first that met. With a `precision`, it stops once the two are
+    within `_tolerance` of the count that met (the first step is that tolerance too)."""
     probe = min(max(hint or low, low), high)
-    failed, met, step = low - 1, probe, 1
+    failed, met, step = low - 1, probe, _tolerance(probe, precision)
     if meets(probe):
         while met > low:
             probe = max(low, met - step)
@@ -199,13 +305,17 @@ def _smallest(meets: Callable[[int], bool], low: int, high: int, hint: int | Non
                 met = probe
                 break
             failed, step = probe, step * 2
-    while met - failed > 1:
+    while met - failed > _tolerance(met, precision):
         middle = (failed + met) // 2
         if meets(middle):
             met = middle
         else:
             failed = middle
     return met
+
+
+def _tolerance(count: int, precision: float) -> int:
+    return max(1, int(precision * count))
 
 
 def _colocated(count: int) -> FleetShape:
@@ -215,6 +325,10 @@ def _colocated(count: int) -> FleetShape:
 def _split(count: int, prefill_share: float) -> FleetShape:
     prefill = min(count - 1, max(1, round(prefill_share * count)))
     return FleetShape(Mode.SPLIT, prefill=prefill, decode=count - prefill)
+
+
+def _split_of(prefill: int, decode: int) -> FleetShape:
+    return FleetShape(Mode.SPLIT, prefill=prefill, decode=decode)
 
 
 def _describe(fleet: FleetShape) -> str:

@@ -37,6 +37,10 @@ def test_plan_prints_both_fleets_and_which_wins(profile_path):
     assert any(line.startswith("colocated ") for line in lines)
     assert any(" wins: cost " in line or line.startswith("a tie") for line in lines)
     assert "simulated " in result.stderr  # progress goes to stderr, not into the table
+    # what is tried, when, and what the queueing model said first
+    assert re.search(r"^  \[ *\d+\.\d s\] queueing model: split \d+ prefill \+ \d+ decode", result.stderr, re.M)
+    assert re.search(r"^  \[ *\d+\.\d s\] trying \d+ colocated on \d+ requests$", result.stderr, re.M)
+    assert "queueing model's first cut" in result.stdout
 
 
 def test_plan_json_names_the_fleets_their_attainment_and_the_winner(profile_path):

@@ -7,7 +7,18 @@ from pathlib import Path
 import pytest
 
 from planner.profile import load_profile
-from planner.search import Goal, _Candidates, _smallest, compare_goodput, evaluate, goodput, horizon_s, plan
+from planner.search import (
+    PRECISION,
+    Goal,
+    _Candidates,
+    _smallest,
+    _tolerance,
+    compare_goodput,
+    evaluate,
+    goodput,
+    horizon_s,
+    plan,
+)
 from planner.types import FleetShape, Mode, Slo
 from planner.workload import PRESETS, Lengths, Workload
 from tests.planner.hand_profile import hand_profile
@@ -73,7 +84,7 @@ def test_the_split_search_walks_down_from_a_poor_ratio_to_a_fleet_no_worker_smal
     monkeypatch.setattr("planner.search.PREFILL_SHARES", (1 / 2,))  # prefill-heavy work, half the fleet decodes
     workload = Workload(8.0, Lengths(1024, 2048), Lengths(8, 32), requests=400)
     slo = Slo(ttft_s=0.8, tpot_s=0.03)
-    result = plan(PROFILE, workload, Goal(slo, max_workers=40))
+    result = plan(PROFILE, workload, Goal(slo, max_workers=40), search="full")
     assert result.split is not None
     split = result.split.fleet
     assert split.decode < split.prefill
@@ -97,6 +108,34 @@ def test_smallest_finds_the_first_count_that_meets_from_any_hint(high):
         for first in range(1, high + 1):
             assert _smallest(lambda n, first=first: n >= first, 1, high, hint) == first
         assert _smallest(lambda n: False, 1, high, hint) is None
+
+
+@pytest.mark.parametrize("first", [1, 7, 49, 50, 51, 333, 999, 1000])
+def test_smallest_within_a_precision_meets_and_a_tolerance_below_it_does_not(first):
+    for hint in (None, 1, first // 2, first, first + 3, int(first * 1.3), 1000):
+        asked: list[int] = []
+
+        def meets(n: int, asked: list[int] = asked) -> bool:
+            asked.append(n)
+            return n >= first
+
+        found = _smallest(meets, 1, 1000, hint, PRECISION)
+        assert found is not None and found >= first
+        assert found - _tolerance(found, PRECISION) < first  # the count a tolerance below fails
+        assert len(asked) <= 24
+
+
+def test_the_narrow_search_answers_as_the_full_one_with_fewer_simulations():
+    preset = PRESETS["chat"]
+    workload, goal = preset.workload(requests=400, rate_per_s=60.0), Goal(preset.slo(PROFILE), max_workers=100)
+    narrow, full = plan(PROFILE, workload, goal), plan(PROFILE, workload, goal, search="full")
+    assert narrow.split is not None and full.split is not None
+    assert narrow.colocated is not None and full.colocated is not None
+    print(f"narrow: {narrow.split.fleet} {narrow.colocated.fleet} ({narrow.simulations} simulated)")
+    print(f"full: {full.split.fleet} {full.colocated.fleet} ({full.simulations} simulated)")
+    assert narrow.colocated.fleet == full.colocated.fleet
+    assert narrow.split.cost <= full.split.cost + 1
+    assert narrow.simulations * 2 < full.simulations
 
 
 def test_no_fleet_meets_an_slo_tighter_than_a_request_alone():
