@@ -156,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
         "~/.cache/diptych/artifacts)",
     )
     worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument(
+        "--host-id",
+        default="",
+        help="which host this worker runs on: prefill and decode workers of one host id hand KV over through "
+        "shared memory (default: DIPTYCH_HOST_ID, else this machine's id and network namespace)",
+    )
     worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
     worker.add_argument("--name", default="")
     worker.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -371,6 +377,7 @@ def _run_worker(args) -> int:
                 tensor_parallel=args.tensor_parallel,
                 kv_nixl=args.kv_nixl,
                 kv_shm=args.kv_shm,
+                host_id=args.host_id,
                 artifact_cache=args.artifact_cache,
                 engine_config=engine_config,
             )

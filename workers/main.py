@@ -126,6 +126,7 @@ async def serve(
     artifact_cache: Path = DEFAULT_CACHE,
     kv_nixl: str = "auto",
     kv_shm: bool = True,
+    host_id: str = "",
 ) -> None:
     """`model_source`: builtin:<name> or a local directory; empty: the fleet's model as the catalog has
     it (its files fetched into `artifact_cache` when it is published as artifacts); `model` empty: the fleet's.
@@ -133,7 +134,8 @@ async def serve(
     `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
     followers it starts, on devices cuda:n.. under --device cuda:n). `kv_nixl`: whether KV hand-offs may
     go over NIXL (workers.kv_connector.nixl.nixl_staging); `kv_shm`: whether a prefill worker hands KV to
-    a decode worker on its host through shared memory."""
+    a decode worker on its host through shared memory. `host_id`: which host that is
+    (workers.kv_connector.host_identity; empty: DIPTYCH_HOST_ID, else this machine and network namespace)."""
     engine_config = engine_config or EngineConfig()
     torch.set_num_threads(threads)
     if swept := sweep_stale_files():
@@ -168,11 +170,13 @@ async def serve(
             staging=StagingPool(pin=cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
             nixl=nixl_staging(kv_nixl, "decode", host, pin=cuda),
+            host_id=host_id,
         )
         receiver.start()
         connectors.append(DecodeConnector(receiver))
     if role is Role.PREFILL:
-        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl_staging(kv_nixl, "prefill", host, cuda))
+        nixl = nixl_staging(kv_nixl, "prefill", host, cuda)
+        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl, host_id=host_id)
         connectors.append(PrefillConnector(sender))
     if kv_tier:
         client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)

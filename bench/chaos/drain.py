@@ -2,10 +2,25 @@
 totals still), so that what the ledger is compared with is all there is."""
 
 import time
+from typing import Protocol
 
 import httpx
 
-from bench.chaos.harness import ChaosPlatform
+from diptych_server.stack import Stack
+
+
+class ChaosPlatform(Protocol):
+    """What draining reads of a platform: the chaos run's (bench.chaos.harness) or the hosts' (bench.hosts)."""
+
+    @property
+    def stack(self) -> Stack: ...
+
+    @property
+    def api_keys(self) -> dict[str, str]: ...
+
+    @property
+    def metrics_urls(self) -> list[str]: ...
+
 
 DRAIN_STABLE_POLLS = 3  # the ledger unchanged for this many polls, one a second, with nothing spooled
 SPOOLED_METRIC = "diptych_gateway_usage_events_spooled"
@@ -17,8 +32,8 @@ def wait_for_usage_drained(platform: ChaosPlatform, timeout_s: float) -> bool:
     previous, stable = None, 0
     while time.monotonic() < deadline:
         totals = _ledger_totals(platform)
-        spooled = _spooled(platform.metrics_urls)
-        stable = stable + 1 if totals is not None and totals == previous and spooled == 0 else 0
+        held_back = spooled(platform.metrics_urls)
+        stable = stable + 1 if totals is not None and totals == previous and held_back == 0 else 0
         if stable >= DRAIN_STABLE_POLLS:
             return True
         previous = totals
@@ -44,7 +59,7 @@ def _ledger_totals(platform: ChaosPlatform) -> tuple | None:
     return tuple(totals)
 
 
-def _spooled(metrics_urls: list[str]) -> float | None:
+def spooled(metrics_urls: list[str]) -> float | None:
     """The usage events every gateway still spools; None while one of them does not answer."""
     counts = [_gateway_metric(url, SPOOLED_METRIC) for url in metrics_urls]
     return None if any(count is None for count in counts) else sum(count or 0.0 for count in counts)

@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds to wait for the gateway's usage to reach the ledger after the load",
     )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="across hosts made of network namespaces (bench.hosts, needs root): hosts lost, links cut, the "
+        "gateway partitioned from the control plane, instead of processes killed on loopback; --victims, the "
+        "worker counts and the batches do not apply",
+    )
     parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--seed", type=int, default=0, help="seeds the victims, pauses, prompts and lengths")
     parser.add_argument(

@@ -143,4 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM ends the run as Ctrl-C does: through the `finally` that stops every process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.hosts:
+        from bench.hosts.chaos import run_hosts  # namespaces and links: only this mode needs them
+
+        return run_hosts(args)
     return run(args)

@@ -86,7 +86,9 @@ class PrefillConnector(KvConnector):
 
     def learn_peer(self, decode_address: str, endpoint) -> Peer:
         """Checks a decode worker's KvEndpoint (layout, shared memory) and remembers where it is."""
-        peer = peer_from_endpoint(decode_address, endpoint, self.sender.layout, self.sender.allow_shm)
+        peer = peer_from_endpoint(
+            decode_address, endpoint, self.sender.layout, self.sender.allow_shm, self.sender.host_id
+        )
         self._peers[decode_address] = peer
         return peer
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from workers.kv_connector import host_identity
 from workers.kv_connector.base import KvChunk
 from workers.kv_connector.nixl import NixlReceive, RegisteredStaging
 from workers.kv_connector.paths import BytesByPath, ReceivePath, blocks_in
@@ -162,8 +163,10 @@ class KvReceiver:
         max_connections: int = MAX_DATA_CONNECTIONS,
         hello_timeout: float = 5.0,
         nixl: RegisteredStaging | None = None,
+        host_id: str = "",
     ) -> None:
         self.inbox = inbox
+        self.host_id = host_identity.host_id(host_id)  # written into the shared-memory probe
         self.layout = layout
         self.io_timeout = io_timeout
         self.hello_timeout = hello_timeout  # the whole hello must arrive within it
@@ -186,7 +189,7 @@ class KvReceiver:
         return self.received.total
 
     def start(self) -> None:
-        self.shm_probe_name, self.shm_probe_nonce = make_probe()
+        self.shm_probe_name, self.shm_probe_nonce = make_probe(self.host_id)
         self._thread.start()
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from workers.kv_connector import host_identity
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging
 from workers.kv_connector.params import Peer
 from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
@@ -37,9 +38,12 @@ from workers.kv_connector.wire import (
 from workers.runner.kv_pool import KvLayout, KvSource
 
 
-def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True) -> Peer:
+def peer_from_endpoint(
+    decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True, host_id: str = ""
+) -> Peer:
     """Checks that the decode worker's KV layout (a worker_pb2.KvEndpoint) matches ours, whether its
-    probe file is visible here (then shared memory reaches it), and whether it takes NIXL writes."""
+    probe file is visible here and names our host id (`host_id`, empty: this process's; then shared
+    memory reaches it), and whether it takes NIXL writes."""
     if endpoint.block_size != layout.block_size or endpoint.dtype != dtype_name(layout.dtype):
         raise KvTransferError(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -49,7 +53,9 @@ def peer_from_endpoint(decode_address: str, endpoint, layout: KvLayout, allow_sh
     host = endpoint.data_host
     if not host or host in ("0.0.0.0", "::"):
         host = decode_address.rpartition(":")[0].strip("[]")
-    same_host = allow_shm and probe_matches(endpoint.shm_probe_name, endpoint.shm_probe_nonce)
+    same_host = allow_shm and probe_matches(
+        endpoint.shm_probe_name, endpoint.shm_probe_nonce, host_identity.host_id(host_id)
+    )
     return Peer(host, endpoint.data_port, same_host, endpoint.nixl)
 
 
@@ -243,8 +249,10 @@ class KvSender:
         allow_shm: bool = True,
         pin: bool = False,
         nixl: RegisteredStaging | None = None,
+        host_id: str = "",
     ) -> None:
         self.layout = layout
+        self.host_id = host_identity.host_id(host_id)  # shared memory only to decode workers of this id
         self.send_from_pool = not pin  # a host-memory KV pool: TCP sends read its blocks directly
         self.io_timeout = io_timeout
         self.hello_timeout = hello_timeout  # above the receiver's arrival timeout

@@ -2,9 +2,13 @@
 each chunk into a reusable segment under /dev/shm, and the frame on the connection tells the receiver
 where it lies.
 
-The decode worker writes a probe file holding a random nonce; a sender that can read it back shares
-its /dev/shm. Files are named /dev/shm/diptych-kv-<pid>-...: a worker removes its own when it stops, and
-at start removes those of processes that no longer run.
+The decode worker writes a probe file holding a random nonce and its host id
+(`workers.kv_connector.host_identity`); a sender that reads both back shares its /dev/shm and is on its
+host. Seeing the file is not enough: two network namespaces of one machine share /dev/shm, yet each is a
+host of its own unless the operator gives them one host id.
+
+Files are named /dev/shm/diptych-kv-<pid>-...: a worker removes its own when it stops, and at start
+removes those of processes that no longer run.
 """
 
 import hmac
@@ -160,25 +164,27 @@ def _close(mapping: mmap.mmap) -> None:
 # ---- the probe: whether a sender shares this host's /dev/shm ------------------------------------------
 
 
-def make_probe() -> tuple[str, bytes]:
-    """Writes a file only a process on this host (same /dev/shm) can read back; returns its name and
-    nonce, or ("", b"") where there is no /dev/shm."""
+def make_probe(host_id: str) -> tuple[str, bytes]:
+    """Writes a file only a process on this host (same /dev/shm) can read back, holding a fresh nonce and
+    `host_id`; returns its name and nonce, or ("", b"") where there is no /dev/shm."""
     if not os.path.isdir(SHM_DIR):
         return "", b""
     name = f"{SHM_PREFIX}probe-{os.getpid()}-{secrets.token_hex(8)}"
     nonce = secrets.token_bytes(16)
     with open(os.path.join(SHM_DIR, name), "xb") as probe:
-        probe.write(nonce)
+        probe.write(nonce + host_id.encode())
     return name, nonce
 
 
-def probe_matches(name: str, nonce: bytes) -> bool:
-    """Whether the peer's probe file is readable here and holds its nonce (then both share /dev/shm)."""
+def probe_matches(name: str, nonce: bytes, host_id: str) -> bool:
+    """Whether the peer's probe file is readable here and holds its nonce and our host id (then both
+    share /dev/shm and the operator counts them as one host)."""
     if not name.startswith(SHM_PREFIX) or "/" in name:
         return False
+    expected = nonce + host_id.encode()
     try:
         with open(os.path.join(SHM_DIR, name), "rb") as probe:
-            return hmac.compare_digest(probe.read(64), nonce)
+            return hmac.compare_digest(probe.read(len(expected) + 1), expected)
     except OSError:
         return False
 
