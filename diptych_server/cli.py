@@ -177,11 +177,18 @@ def _parser() -> argparse.ArgumentParser:
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="on CUDA, replay decode steps from graphs captured at start-up",
+        help="on CUDA, replay steps from graphs captured at start-up (with --attention triton every step, "
+        "else decode steps)",
+    )
+    worker.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule each engine step while the one before it runs (docs/engine.md)",
     )
     worker.add_argument(
         "--attention",
-        choices=["auto", "gather", "paged-cpu", "flash-varlen"],  # workers.models.backends.ATTENTION_BACKENDS
+        choices=["auto", "gather", "paged-cpu", "flash-varlen", "triton"],  # workers.models.backends.ATTENTION_BACKENDS
         default="auto",
         help="the attention backend: flash-varlen (CUDA, half precision, --block-size 256) reads the paged KV in "
         "place in one kernel call per layer; paged-cpu (CPU, float32, built with the machine's C++ compiler) "
@@ -356,6 +363,7 @@ def _run_worker(args) -> int:
         max_running=args.max_running,
         device=args.device,
         cuda_graphs=args.cuda_graphs,
+        async_scheduling=args.async_scheduling,
         attention=args.attention,
         speculative=speculative,
     )

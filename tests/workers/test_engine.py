@@ -42,7 +42,7 @@ async def settle(engine) -> None:
 def assert_all_blocks_free(engine) -> None:
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     assert all(block.ref_count == 0 for block in engine.kv.pool.blocks)
-    assert not engine.kv.block_tables and not engine._handles
+    assert not engine.kv.block_tables and not engine.output.handles
 
 
 async def run_all(engine, batch, counts, **request_options):

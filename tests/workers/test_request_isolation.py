@@ -69,14 +69,14 @@ async def test_non_finite_logits_fail_that_request_alone(make_engine, reference)
 
 async def test_a_request_whose_sampling_raises_fails_alone(make_engine, reference, monkeypatch):
     engine = make_engine(token_budget=64)
-    original = sampling_module._seeded_draw
+    original = sampling_module.seeded_fraction
 
-    def raising_for_seed_13(probs, seed, token_index):
+    def raising_for_seed_13(seed, token_index):
         if seed == 13 and token_index == 4:
             raise RuntimeError("injected sampling failure")
-        return original(probs, seed, token_index)
+        return original(seed, token_index)
 
-    monkeypatch.setattr(sampling_module, "_seeded_draw", raising_for_seed_13)
+    monkeypatch.setattr(sampling_module, "seeded_fraction", raising_for_seed_13)
     batch = prompts([8, 25, 50], salt=23)
     greedy_handles = [engine.add(EngineRequest(f"r{i}", p, greedy(10))) for i, p in enumerate(batch)]
     seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True)

@@ -1,6 +1,6 @@
 import torch
 
-from workers.engine.sampling import SamplingParams, StopCriteria, finite_rows, sample
+from workers.engine.sampling import SamplingParams, StopCriteria, finite_rows, sample, seeded_fraction
 
 
 def logits(rows: int = 4, vocab: int = 64, seed: int = 0) -> torch.Tensor:
@@ -126,3 +126,31 @@ def test_unseeded_rows_with_nan_or_infinite_logits_draw_as_seeded_ones_do():
     draws = [sample(values, params, [0, 0, 0]) for _ in range(100)]
     assert all(32 <= first < 64 and second in (9, 50) and 0 <= third < 64 for first, second, third in draws)
     assert {second for _, second, _ in draws} == {9, 50} and len({third for *_, third in draws}) > 10
+
+
+def test_seeded_rows_drawn_together_each_draw_what_they_draw_alone():
+    values = logits(rows=12, vocab=256, seed=5)
+    params = [
+        SamplingParams(temperature=0.7 + 0.1 * row, seed=100 + row, top_k=row * 10, top_p=0.95) for row in range(12)
+    ]
+    indices = [3 * row for row in range(12)]
+    together = sample(values, params, indices)
+    assert together == [sample(values[row : row + 1], [params[row]], [indices[row]])[0] for row in range(12)]
+    # ... and among greedy and unseeded rows
+    mixed = params[:6] + [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)] + params[6:10]
+    picks = sample(torch.cat([values[:6], values[:2], values[6:10]]), mixed, indices[:6] + [0, 0] + indices[6:10])
+    assert picks[:6] + picks[8:] == together[:10]
+
+
+def test_seeded_draws_follow_the_distribution_over_token_indices():
+    values = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]]))
+    picks = sample(values.expand(4000, 5), [SamplingParams(seed=17)] * 4000, list(range(4000)))
+    counts = torch.bincount(torch.tensor(picks), minlength=5).float()
+    assert torch.allclose(counts / counts.sum(), torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=0.03)
+    assert counts[4] == 0
+
+
+def test_a_seeded_fraction_depends_on_the_seed_and_the_index_alone():
+    fractions = [seeded_fraction(seed, index) for seed in range(50) for index in range(50)]
+    assert all(0.0 <= f < 1.0 for f in fractions) and len(set(fractions)) == len(fractions)
+    assert seeded_fraction(7, 3) == seeded_fraction(7, 3) and seeded_fraction(-1, 0) != seeded_fraction(1, 0)

@@ -13,9 +13,10 @@ from tests.workers.conftest import prompts
 from tests.workers.serving import Worker, split_calls
 from tests.workers.test_engine import assert_all_blocks_free, settle
 from tests.workers.test_spec_decode import SAME_MODEL_DRAFT
-from workers.engine.core import RequestFailed, _controlled
+from workers.engine.core import RequestFailed
 from workers.engine.request import EngineRequest
-from workers.engine.sampling import MIN_LOGPROB, SamplingParams, adjust_logits, token_logprobs
+from workers.engine.sampler import Sampler, SamplingRow
+from workers.engine.sampling import MIN_LOGPROB, SamplingParams, logprob_table, logprobs_of
 from workers.serving.server import Role
 
 # The engine's logits differ from `transformers`' in the last bits (another summation order: up to 5e-5
@@ -79,19 +80,55 @@ def assert_logprobs_match(got, expected, top: int) -> None:
 # ---- the pieces ------------------------------------------------------------------------------------
 
 
-def test_bias_then_penalties_follow_openai_formula():
-    row = torch.zeros(8)
-    params = SamplingParams(logit_bias=((1, 5.0), (2, -3.0)), presence_penalty=0.5, frequency_penalty=2.0)
-    adjust_logits(row, [1, 1, 3, 1], params)
-    assert row.tolist() == [0.0, 5.0 - 3 * 2.0 - 0.5, -3.0, -2.0 - 0.5, 0.0, 0.0, 0.0, 0.0]
-    negative = torch.zeros(4)
-    adjust_logits(negative, [2, 2], SamplingParams(presence_penalty=-1.0, frequency_penalty=-0.5))
-    assert negative.tolist() == [0.0, 0.0, 2.0, 0.0]
+def test_bias_then_penalties_follow_openai_formula_and_count_each_pick_on():
+    """The sampler's changes to a row, read back as its logprobs (the log_softmax of the changed row): bias
+    added, then `frequency_penalty * count + presence_penalty * (count > 0)` over the output so far, given
+    once as the row's history; the next step's row comes without it and counts the pick on."""
+    sampler = Sampler()
+    params = SamplingParams(
+        temperature=0.0,
+        logit_bias=((1, 5.0), (2, -3.0)),
+        presence_penalty=0.5,
+        frequency_penalty=2.0,
+        logprobs=True,
+        top_logprobs=8,
+    )
+    first = sampler(torch.zeros(1, 8), [SamplingRow("r", params, 4, history=(1, 1, 3, 1))])[0]
+    expected = torch.tensor([0.0, 5.0 - 3 * 2.0 - 0.5, -3.0, -2.0 - 0.5, 0.0, 0.0, 0.0, 0.0])
+    assert first.token_id == 0  # the first of the highest logits, 0.0
+    assert_row(first.logprobs, expected)
+    second = sampler(torch.zeros(1, 8), [SamplingRow("r", params, 5)])[0]
+    expected[0] -= 2.0 + 0.5  # token 0 is in the output now
+    assert_row(second.logprobs, expected)
+    negative = SamplingParams(temperature=0.0, presence_penalty=-1.0, frequency_penalty=-0.5, logprobs=True)
+    other = Sampler()(torch.zeros(1, 4), [SamplingRow("n", negative, 2, history=(2, 2))])[0]
+    assert other.token_id == 2 and other.logprobs is not None
+    assert other.logprobs.logprob == pytest.approx(float(torch.log_softmax(torch.tensor([0.0, 0, 2, 0]), -1)[2]))
+
+
+def assert_row(logprobs, row: torch.Tensor) -> None:
+    assert logprobs is not None
+    expected = torch.log_softmax(row, dim=-1)
+    assert sorted(token_id for token_id, _ in logprobs.top) == list(range(len(row)))
+    for token_id, value in logprobs.top:
+        assert value == pytest.approx(float(expected[token_id]), abs=1e-6)
+
+
+def test_a_request_leaving_gives_back_its_counts_and_a_new_one_of_its_id_starts_afresh():
+    sampler = Sampler()
+    params = SamplingParams(temperature=0.0, frequency_penalty=1.0, logprobs=True, top_logprobs=4)
+    sampler(torch.zeros(1, 4), [SamplingRow("r", params, 0, history=(3,))])
+    assert len(sampler.counts) == 1
+    sampler.forget(["r"])
+    assert len(sampler.counts) == 0
+    again = sampler(torch.zeros(1, 4), [SamplingRow("r", params, 0, history=())])[0]
+    assert dict(again.logprobs.top)[3] == pytest.approx(float(torch.log_softmax(torch.zeros(4), -1)[0]))
 
 
 def test_logprobs_are_the_log_softmax_and_a_ruled_out_token_reports_the_floor():
     rows = torch.tensor([[1.0, 3.0, 2.0, float("-inf")], [0.5, 0.0, 0.0, 2.0]])
-    got, other = token_logprobs(rows, torch.tensor([3, 0]), tops=[2, 0])
+    table = logprob_table(rows, torch.tensor([3, 0]), 2).tolist()
+    got, other = logprobs_of(table[0], 2), logprobs_of(table[1], 0)
     expected = torch.log_softmax(rows, dim=-1)
     assert got.logprob == MIN_LOGPROB
     assert [token_id for token_id, _ in got.top] == [1, 2]
@@ -101,12 +138,33 @@ def test_logprobs_are_the_log_softmax_and_a_ruled_out_token_reports_the_floor():
 
 def test_a_batch_of_plain_requests_samples_the_models_logits_without_a_copy():
     logits = torch.randn(3, 16)
-    plain = [EngineRequest(f"r{i}", [1, 2], SamplingParams(logprobs=True)) for i in range(3)]
-    assert _controlled(logits, plain, [0, 0, 0], [0, 1, 2]) == (logits, {})
-    biased = [*plain[:2], EngineRequest("b", [1, 2], SamplingParams(logit_bias=((3, 1.0),)))]
-    changed, failed = _controlled(logits, biased, [0, 0, 0], [0, 1, 2])
+    plain = [SamplingRow(f"r{i}", SamplingParams(logprobs=True), 0) for i in range(3)]
+    assert Sampler()._controlled(logits, plain, {}) == (logits, {})
+    biased = [*plain[:2], SamplingRow("b", SamplingParams(logit_bias=((3, 1.0),)), 0)]
+    changed, failed = Sampler()._controlled(logits, biased, {})
     assert changed is not logits and not failed
     assert torch.equal(changed[:2], logits[:2]) and changed[2, 3] == logits[2, 3] + 1.0
+
+
+def test_a_sampler_call_crosses_to_the_host_once_with_the_logprobs_in_it(monkeypatch):
+    """Picks, finite flags and logprobs of every row, penalties and bias among them, come in one copy."""
+    copies = []
+    original = torch.Tensor.tolist
+
+    def counted(tensor):
+        copies.append(tuple(tensor.shape))
+        return original(tensor)
+
+    rows = [
+        SamplingRow("a", SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3), 0),
+        SamplingRow("b", SamplingParams(temperature=0.0, frequency_penalty=1.0, logprobs=True), 2, history=(1, 5)),
+        SamplingRow("c", SamplingParams(temperature=0.0, logit_bias=((4, 2.0),)), 1),
+    ]
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    monkeypatch.setattr(torch.Tensor, "item", lambda tensor: pytest.fail("a second copy to the host"))
+    sampled = Sampler()(torch.randn(3, 32), rows)
+    assert len(copies) == 1
+    assert all(row.logprobs is not None for row in sampled[:2]) and sampled[2].logprobs is None
 
 
 # ---- the engine --------------------------------------------------------------------------------------

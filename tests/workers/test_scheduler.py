@@ -153,3 +153,67 @@ def test_finish_frees_blocks_wherever_the_request_is():
     scheduler.finish(running)
     scheduler.finish(waiting)
     assert kv.num_free_blocks == 8 and not scheduler.running and scheduler.num_waiting == 0
+
+
+# ---- scheduling ahead of a step under way (asynchronous scheduling) ------------------------------------
+
+
+def launch(scheduler: Scheduler):
+    """Schedules a step and launches it as the engine does; its outputs are not processed yet."""
+    out = scheduler.schedule()
+    scheduler.commit(out)
+    return out
+
+
+def processed(out) -> None:
+    """The engine's update of a launched step: each sampling chunk's placeholder becomes its token."""
+    for chunk in out.chunks:
+        if chunk.samples:
+            chunk.request.num_output_placeholders -= 1
+            chunk.request.output_token_ids.append(1)
+
+
+def test_a_step_scheduled_ahead_decodes_from_the_placeholder_of_the_step_under_way():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=16)
+    short, long = request("short", 6), request("long", 24)
+    scheduler.add(short)
+    scheduler.add(long)
+    first = launch(scheduler)  # short's whole prompt (it samples), 10 of long's
+    assert [(c.start, c.num_tokens, c.samples) for c in first.chunks] == [(0, 6, True), (0, 10, False)]
+    assert short.num_computed_tokens == 6 and short.num_output_placeholders == 1
+    second = launch(scheduler)  # before the first's outputs: short decodes its placeholder, long goes on
+    assert [(c.start, c.num_tokens, c.samples) for c in second.chunks] == [(6, 1, True), (10, 14, True)]
+    assert short.num_output_placeholders == 2 and long.num_output_placeholders == 1
+    processed(first)
+    assert short.num_tokens == 7 and short.num_output_placeholders == 1
+    third = launch(scheduler)
+    assert [(c.start, c.num_tokens) for c in third.chunks] == [(7, 1), (24, 1)]
+    assert len(scheduler.kv.block_ids("short")) == scheduler.kv.blocks_for(8)  # a slot for every token it computes
+
+
+def test_a_request_whose_token_under_way_is_surely_its_last_gets_no_chunk_after_it():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=64, context_length=12)
+    capped = EngineRequest("capped", list(range(10, 16)), SamplingParams(temperature=0.0, max_tokens=1))
+    migrated_capped = EngineRequest(
+        "migrated", list(range(10, 18)), SamplingParams(temperature=0.0, max_tokens=3, tokens_already_generated=2)
+    )
+    handing_off = EngineRequest("prefill", list(range(10, 15)), SamplingParams(max_tokens=50), prefill_only=True)
+    at_context = request("context", 11)
+    going_on = request("going-on", 5)
+    for r in (capped, migrated_capped, handing_off, at_context, going_on):
+        scheduler.add(r)
+    launch(scheduler)
+    assert planned(launch(scheduler)) == {"going-on": 1}
+    aborted = request("aborted", 4)
+    scheduler.add(aborted)
+    launch(scheduler)
+    aborted.aborted = True  # it leaves once no step holds it; until then it gets nothing more
+    assert "aborted" not in planned(launch(scheduler))
+
+
+def test_a_chunk_knows_whether_it_samples_once_its_step_is_launched():
+    scheduler = Scheduler(KVCacheManager(64, SIZE), token_budget=8)
+    scheduler.add(request("a", 4))
+    [chunk] = launch(scheduler).chunks
+    assert chunk.samples  # though the request's counts moved on: its placeholder is counted now
+    assert chunk.request.num_tokens_with_placeholders == 5 and chunk.request.num_computed_tokens == 4

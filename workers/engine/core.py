@@ -1,8 +1,40 @@
-"""The engine loop: schedule a step, run it on the model runner, sample, hand out tokens, repeat.
+"""The engine loop: schedule a step, run it on the forward thread, update from its output, repeat.
 
 One engine serves every role. A prefill worker's requests are `prefill_only` (they stop after the first
 token) and its KV connector streams their KV out as it is computed; a decode worker's connector loads
 the KV its requests received; a colocated request runs both phases here, with no connector.
+
+A step is three parts, as in vLLM's engine: the scheduler decides it (`Scheduler.schedule`, on the event
+loop); the forward thread executes it (`_execute`: the connector's loads, the forward pass, the connector's
+saves, the sampler once over every row, verifying drafts and proposing the next ones); the output
+processor updates from its output (`OutputProcessor.update`, on the event loop: tokens handed out, stop
+checks, the prefix cache's names, requests that ended removed).
+
+Asynchronous scheduling (`EngineConfig.async_scheduling`, on by default): step N+1 is scheduled and
+launched while step N runs, and N's outputs are processed while N+1 runs, so the device does not wait for
+the host's scheduling and updates, nor the host for the device. The scheduler takes it that each request
+sampling in N gets one token there: N+1's input for it holds a placeholder, which the forward thread fills
+with N's pick before it runs N+1 (it made that pick: nothing more to wait for; the step's one wait for the
+device stays the copy of its picks). A request that finished in N (a stop token, max_tokens, an abort, a
+failure) has its token from N+1 discarded: never emitted, never counted (`workers.engine.output`). The
+scheduler gives no chunk to a request whose token in N is surely its last (a prefill-only request's first,
+its max_tokens-th, the context's last), nor to an aborted one, which leaves once no step holds it.
+
+What runs ahead and what does not. The engine schedules the next step before a step's outputs are
+processed unless that step (a) samples for a request whose next input or logits need host work on this
+token first: a grammar (its next mask follows the token through llguidance on the host) or drafts
+(speculative decoding proposes the next step's drafts from this step's tokens); or (b) loads KV through the
+connector (the KV tier counts a step's loads between its `build_meta` and its `before_update`). Such a
+step is synchronous: the next is scheduled once its outputs are processed. Made safe to run ahead instead:
+logit_bias and logprobs (the logprobs cross in the step's one copy); penalties (the sampler keeps each
+request's output counts on the device and counts each pick there); seeded draws (by token index, which
+counts the placeholder); prefill-only requests (never scheduled past their first token; their KV saves
+name blocks by chunk position); blocks and the connectors. A request preempted, finished or failed while
+the step after holds it leaves at once: its blocks can go only to steps scheduled later, which the forward
+thread runs after that one (a prefill connector waits for their sends first, `wait_for_save`), and that
+step gives a connector nothing of it to read (a prefill-only request is not in it; a failed request's
+placeholder is left out). An aborted request leaves once no step holds it. A step that fails as a whole
+fails its requests once the step after it, which may still compute for them, is done.
 """
 
 import asyncio
@@ -10,49 +42,45 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import torch
 
 from workers.engine.kv_cache_manager import KVCacheManager
-from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, FinishReason, RequestStatus
-from workers.engine.sampling import (
-    SamplingParams,
-    StopCriteria,
-    TokenLogprobs,
-    adjust_logits,
-    draw,
-    finite_rows,
-    sample,
-    token_logprobs,
+from workers.engine.output import (
+    OutputProcessor,
+    RequestHandle,
+    Sampled,
+    StepResult,
+    TokenOutput,
+    finishes,
+    until_stop,
 )
+from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, RequestFailed
+from workers.engine.sampler import Sampler, SamplingRow
+from workers.engine.sampling import StopCriteria
 from workers.engine.schedule import ScheduledChunk, SchedulerOutput
 from workers.engine.scheduler import Scheduler
-from workers.kv_connector.base import KvConnector, KvSent, TierStats
-from workers.models.device_values import on_device
+from workers.kv_connector.base import KvConnector, TierStats
+from workers.kv_connector.multi import MultiMeta
+from workers.kv_connector.params import KvConnectorMeta
 from workers.models.step import StepInput
 from workers.runner.model_runner import ModelRunner
 from workers.spec_decode.build import build_proposer
 from workers.spec_decode.config import SpecConfig
 from workers.spec_decode.proposer import DraftRequest
 from workers.spec_decode.verify import Verdict, verify
-from workers.structured.masks import apply_grammar_mask
-from workers.structured.state import GrammarViolation
+
+__all__ = ["Engine", "EngineConfig", "EngineStats", "RequestFailed", "RequestHandle", "RequestRejected", "TokenOutput"]
 
 log = logging.getLogger(__name__)
+
+PLACEHOLDER = -1  # the token id a step's input holds for the pick of the step before, until the forward thread has it
 
 
 class RequestRejected(Exception):
     """A request this engine can never serve as given; the message says why."""
-
-
-class RequestFailed(Exception):
-    """One request failed in a step its batch-mates survived (its sampling raised, or its logits were
-    not finite); the message starts "the request failed on this worker: "."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"the request failed on this worker: {reason}")
 
 
 @dataclass(frozen=True)
@@ -67,36 +95,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # on CUDA devices, replay decode steps from captured graphs
     attention: str = "auto"  # the attention backend (workers.models.backends)
     speculative: SpecConfig | None = None  # draft tokens on decoding requests and verify them (off: None)
-
-
-@dataclass(frozen=True)
-class TokenOutput:
-    token_id: int
-    finished: bool
-    finished_by_eos: bool
-    logprobs: TokenLogprobs | None = None  # when the request asked for them
-
-
-@dataclass
-class Sampled:
-    """What one sampling request got from a step: its tokens, in order (the accepted drafts and the
-    target's next pick, cut after a token that ends the request), and the drafts for its next step."""
-
-    tokens: list[int]
-    num_accepted: int  # drafts accepted by the target (even past a stop)
-    drafts: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # per token, when asked for
-
-
-@dataclass
-class RequestHandle:
-    """The caller's side of a request: tokens (or one exception) arrive on `outputs`; when the connector
-    sends its KV, the transfer's outcome arrives on `kv_sent` (KvSent, or a KvTransferError)."""
-
-    request: EngineRequest
-    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
-    compute_ms: float = 0.0
-    kv_sent: Future[KvSent] | None = None
+    async_scheduling: bool = True  # schedule each step while the one before runs (off: one step at a time)
 
 
 @dataclass(frozen=True)
@@ -136,6 +135,24 @@ class EngineStats:
         return sum(self.kv_bytes_received_by_path.values())
 
 
+@dataclass
+class _StepWork:
+    """One step as the forward thread runs it, made on the event loop when the step is launched."""
+
+    out: SchedulerOutput
+    inputs: list[StepInput]  # one per chunk, in order
+    rows: list[list[SamplingRow]]  # per chunk: one per position that samples (none: the chunk does not sample)
+    awaiting: list[str | None]  # per chunk: the request whose pick in the step before is its last token
+    departed: list[str]  # requests that left since the last step was launched: the sampler forgets them
+
+
+@dataclass
+class _StepUnderWay:
+    out: SchedulerOutput
+    result: asyncio.Future[StepResult]
+    runs_ahead: bool  # whether the next step may be scheduled before this one's outputs are processed
+
+
 class Engine:
     def __init__(self, runner: ModelRunner, config: EngineConfig, stop: StopCriteria, executor: Executor) -> None:
         num_blocks = runner.num_blocks  # the runner's pool, sized by workers.main.build_engine
@@ -143,30 +160,46 @@ class Engine:
         self.config = config
         self.connector: KvConnector | None = None  # KV that crosses workers: see attach_connector
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running)
+        self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running, context_length=stop.context_length)
+        self.output = OutputProcessor(self.scheduler, stop, self._changed)
+        self.sampler = Sampler()  # the forward thread's
         self._stop = stop
         self._executor = executor
-        self._handles: dict[str, RequestHandle] = {}
         self._wakeup = asyncio.Event()
         self._load_watchers: set[asyncio.Event] = set()
-        self.tokens_generated = 0
-        self.prompt_tokens_computed = 0
+        self._counted: dict[str, EngineRequest] = {}  # penalized requests whose output the sampler counts
+        self._last_picks: dict[str, int] = {}  # the forward thread's: each request's last token in the last step
         self.steps_run = 0
-        # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks)
+        # called as on_step(tokens, milliseconds) after every step (metrics, benchmarks): the tokens it computed
+        # for requests still here, its time on the forward thread
         self.on_step: Callable[[int, float], None] | None = None
         # called as on_logits(requests, logits) on the forward thread before sampling (benchmarks); a
         # request with drafts has one row per draft more
         self.on_logits: Callable[[list[EngineRequest], torch.Tensor], None] | None = None
         spec = config.speculative
         self.proposer = build_proposer(spec, runner.config.vocab_size, config.device) if spec else None
-        self.draft_tokens_proposed = 0
-        self.draft_tokens_accepted = 0
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.output.tokens_generated
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        return self.output.prompt_tokens_computed
+
+    @property
+    def draft_tokens_proposed(self) -> int:
+        return self.output.draft_tokens_proposed
+
+    @property
+    def draft_tokens_accepted(self) -> int:
+        return self.output.draft_tokens_accepted
 
     def attach_connector(self, connector: KvConnector) -> None:
         """Gives the engine its KV connector (several composed: `workers.kv_connector.multi`), before its
         first request (the connector is built for the runner's KV layout and pool, which are known once the
         engine is)."""
-        if self._handles or self.steps_run:
+        if self.output.handles or self.steps_run:
             raise RuntimeError("attach the KV connector before the engine takes its first request")
         self.connector = connector
         self.scheduler.connector = connector
@@ -183,14 +216,14 @@ class Engine:
         except BaseException:
             self.connector.discard(request)
             raise
-        if request.request_id not in self._handles:  # failed at once: never queued
+        if request.request_id not in self.output.handles:  # failed at once: never queued
             self.connector.discard(request)
         return handle
 
     def add(self, request: EngineRequest) -> RequestHandle:
         """Queues a request. Raises RequestRejected when it can never be served as given (and the
         connector's KvTransferError when the KV it should load is not there)."""
-        if request.request_id in self._handles:
+        if request.request_id in self.output.handles:
             raise RequestRejected(f"request {request.request_id} is already running on this worker")
         if not request.prompt_token_ids:
             raise RequestRejected("the prompt is empty")
@@ -206,7 +239,7 @@ class Engine:
             return handle
         if self.connector is not None:
             handle.kv_sent = self.connector.add_request(request)
-        self._handles[request.request_id] = handle
+        self.output.handles[request.request_id] = handle
         self.scheduler.add(request)
         self._changed()
         return handle
@@ -234,10 +267,11 @@ class Engine:
         return None
 
     def abort(self, request_id: str) -> None:
-        """Stops a request; its blocks are freed before the next step."""
-        handle = self._handles.get(request_id)
+        """Stops a request: it gets nothing more, and its blocks are freed once no step under way computes
+        for it."""
+        handle = self.output.handles.get(request_id)
         if handle is not None:
-            handle.request.aborted = True
+            self.output.abort(handle.request)
             self._wakeup.set()
 
     def stats(self) -> EngineStats:
@@ -281,105 +315,210 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        under_way: _StepUnderWay | None = None
         while True:
-            await self._wakeup.wait()
-            self._drop_aborted()
+            if under_way is None:
+                await self._wakeup.wait()
+            elif not under_way.runs_ahead:
+                await self._update(under_way)
+                under_way = None
+            self.output.drop_aborted(under_way.out if under_way is not None else None)
             out = self.scheduler.schedule()
             if not out.chunks:
-                self._wakeup.clear()
+                if under_way is not None:
+                    await self._update(under_way)
+                    under_way = None
+                else:
+                    self._wakeup.clear()
                 continue
-            inputs = self._prepare(out)
-            started = time.monotonic()
-            try:
-                results = await loop.run_in_executor(self._executor, self._step, out, inputs)
-            except Exception as error:  # a failed step fails its requests, never the engine
-                log.exception("engine step failed")
-                self._connector_step_done(out)
-                self._fail(out, error)
-                continue
-            self._connector_step_done(out)
-            self.steps_run += 1
-            self._account(out, (time.monotonic() - started) * 1000)
-            if self.connector is not None:
-                self.connector.before_update(out)
-            self._update(out, results)
-            if self.connector is not None:
-                await self.connector.after_update(out)
+            launched = self._launch(out)
+            if under_way is not None:
+                await self._update(under_way, then=launched)
+            under_way = launched
+
+    def _launch(self, out: SchedulerOutput) -> _StepUnderWay:
+        """Hands the step to the forward thread; from now on its tokens count as computed."""
+        work = self._work(out)
+        self.scheduler.commit(out)
+        runs_ahead = self.config.async_scheduling and self._may_run_ahead(out)
+        result = asyncio.get_running_loop().run_in_executor(self._executor, self._execute, work)
+        return _StepUnderWay(out, result, runs_ahead)
+
+    async def _update(self, step: _StepUnderWay, then: _StepUnderWay | None = None) -> None:
+        """Waits for the step and processes its outputs; `then`: the step launched after it, if any."""
+        try:
+            result = await step.result
+        except Exception as error:  # a failed step fails its requests, never the engine
+            log.exception("engine step failed")
+            if then is not None:
+                await asyncio.wait([then.result])  # it may compute for this step's requests: they leave after it
+            self._connector_step_done(step.out)
+            self.output.fail_step(step.out, error)
             self._changed()
-
-    def _prepare(self, out: SchedulerOutput) -> list[StepInput]:
-        inputs = []
-        for chunk in out.chunks:
-            request, drafts = chunk.request, chunk.draft_token_ids
-            tokens = request.all_token_ids[chunk.start : chunk.start + chunk.num_tokens - len(drafts)] + drafts
-            block_ids = self.kv.block_ids(request.request_id)
-            inputs.append(StepInput(tokens, chunk.start, block_ids, chunk.samples, len(drafts)))
-        return inputs
-
-    def _step(self, out: SchedulerOutput, inputs: list[StepInput]) -> list[Sampled | RequestFailed]:
-        """Runs on the forward thread: the connector's loads, the model, the connector's saves, sampling
-        (verifying drafts) and drafting for the next step; returns, per sampling request, its tokens or
-        why it alone failed.
-        Every tensor operation of the engine runs on this one thread: an operation on another thread
-        would start a second OpenMP team whose spinning threads take cores from this one's."""
-        connector, meta = self.connector, out.kv_connector_meta
-        if connector is not None and meta is not None:
-            connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
-            connector.load_kv(meta, self.runner)
-        logits = self.runner.execute(inputs)
-        if connector is not None and meta is not None:
-            connector.save_kv(meta, self.runner)
-        sampling = [chunk for chunk in out.chunks if chunk.samples]
-        if self.on_logits is not None:
-            self.on_logits([chunk.request for chunk in sampling], logits)
-        rows = [(chunk.request, chunk.request.sample_index + j) for chunk in sampling for j in _positions(chunk)]
-        picks, logprobs = _sample_each(logits, [request for request, _ in rows], [index for _, index in rows])
-        results: list[Sampled | RequestFailed] = []
-        first_row = 0
-        for chunk in sampling:
-            chunk_rows = slice(first_row, first_row + len(_positions(chunk)))
-            first_row = chunk_rows.stop
-            verdict = verify(chunk.draft_token_ids, picks[chunk_rows])
-            if isinstance(verdict, RequestFailed):
-                results.append(verdict)
-                continue
-            sampled = self._until_stop(chunk.request, verdict)
-            # the distribution at position j picked token j (an accepted draft is the pick it equals)
-            sampled.logprobs = logprobs[chunk_rows][: len(sampled.tokens)]
-            results.append(sampled)
-        self._propose(sampling, results)
-        return results
-
-    def _account(self, out: SchedulerOutput, step_ms: float) -> None:
+            return
+        self._connector_step_done(step.out)
+        self.steps_run += 1
+        tokens = self.output.account(step.out, result.step_ms)
         if self.on_step is not None:
-            self.on_step(out.num_tokens, step_ms)
+            self.on_step(tokens, result.step_ms)
+        if self.connector is not None:
+            self.connector.before_update(step.out)
+        self.output.update(step.out, result.sampled)
+        if self.connector is not None:
+            await self.connector.after_update(step.out)
+        self._changed()
+
+    def _may_run_ahead(self, out: SchedulerOutput) -> bool:
+        """Whether the step after `out` may be scheduled before out's outputs are processed (the rule is in
+        the module's docstring)."""
+        if _loads_kv(out.kv_connector_meta):
+            return False
+        drafting = self.proposer is not None and self.config.speculative is not None
         for chunk in out.chunks:
-            handle = self._handles.get(chunk.request.request_id)
-            if handle is not None:
-                handle.compute_ms += step_ms * chunk.num_tokens / out.num_tokens
+            request = chunk.request
+            if chunk.samples and not request.prefill_only:
+                if request.constraint is not None or (drafting and _draftable(request)):
+                    return False
+        return True
 
     def _connector_step_done(self, out: SchedulerOutput) -> None:
         if self.connector is not None and out.kv_connector_meta is not None:
             self.connector.step_done(out.kv_connector_meta)
 
-    def _until_stop(self, request: EngineRequest, verdict: Verdict) -> Sampled:
-        """The verdict's tokens up to the first that ends the request: none after it is ever emitted."""
-        for count, token_id in enumerate(verdict.tokens, 1):
-            if request.prefill_only or self._finishes(request, token_id, request.sample_index + count)[0]:
-                return Sampled(verdict.tokens[:count], verdict.num_accepted)
-        return Sampled(verdict.tokens, verdict.num_accepted)
+    # ---- a step's inputs, made on the event loop ------------------------------------------------------
 
-    def _propose(self, sampling: list[ScheduledChunk], results: list[Sampled | RequestFailed]) -> None:
+    def _work(self, out: SchedulerOutput) -> _StepWork:
+        """The runner's input and the sampler's rows of each chunk; a chunk whose last token is the pick of
+        the step under way holds a placeholder for it."""
+        inputs: list[StepInput] = []
+        rows: list[list[SamplingRow]] = []
+        awaiting: list[str | None] = []
+        for chunk in out.chunks:
+            request, drafts = chunk.request, chunk.draft_token_ids
+            end = chunk.start + chunk.num_tokens - len(drafts)
+            tokens = request.tokens_between(chunk.start, end)
+            placeholder = end > request.num_tokens
+            if placeholder:
+                tokens.append(PLACEHOLDER)
+            block_ids = self.kv.block_ids(request.request_id)
+            table = self.kv.block_tables[request.request_id]  # the runner writes only the ids added to it
+            inputs.append(StepInput(tokens + drafts, chunk.start, block_ids, chunk.samples, len(drafts), table))
+            rows.append(self._rows(chunk) if chunk.samples else [])
+            awaiting.append(request.request_id if placeholder else None)
+        return _StepWork(out, inputs, rows, awaiting, self._departed())
+
+    def _rows(self, chunk: ScheduledChunk) -> list[SamplingRow]:
+        """One row per position of the chunk that samples: its last token's, then each draft's. A penalized
+        request's first row carries its output so far, from which the sampler counts on."""
+        request = chunk.request
+        first_index = request.sample_index + request.num_output_placeholders
+        history = None
+        if request.sampling.penalizes and self._counted.get(request.request_id) is not request:
+            self._counted[request.request_id] = request
+            history = tuple(request.generated_token_ids)
+        params, constraint = request.sampling, request.constraint
+        return [
+            SamplingRow(request.request_id, params, first_index + j, history if j == 0 else None, constraint)
+            for j in range(len(chunk.draft_token_ids) + 1)
+        ]
+
+    def _departed(self) -> list[str]:
+        """The penalized requests that left since the last step, whose output counts the sampler drops."""
+        departed, self.output.departed = self.output.departed, []
+        gone = []
+        for request in departed:
+            if self._counted.get(request.request_id) is request:
+                del self._counted[request.request_id]
+                gone.append(request.request_id)
+        return gone
+
+    # ---- the forward thread -----------------------------------------------------------------------------
+
+    def _execute(self, work: _StepWork) -> StepResult:
+        """Runs on the forward thread: the connector's loads, the model, the connector's saves, the sampler
+        over every row (verifying drafts) and drafting for the next step; returns, per chunk, what its request
+        sampled or why it alone failed.
+        Every tensor operation of the engine runs on this one thread: an operation on another thread
+        would start a second OpenMP team whose spinning threads take cores from this one's."""
+        started = time.monotonic()
+        picks_before, self._last_picks = self._last_picks, {}
+        self.sampler.forget(work.departed)
+        kept = self._fill_placeholders(work, picks_before)
+        connector, meta = self.connector, work.out.kv_connector_meta
+        if connector is not None and meta is not None:
+            connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
+            connector.load_kv(meta, self.runner)
+        logits = self.runner.execute([work.inputs[index] for index in kept]) if kept else None
+        if connector is not None and meta is not None:
+            connector.save_kv(meta, self.runner)
+        chunks = work.out.chunks
+        sampled: list[Sampled | RequestFailed | None] = [None] * len(chunks)
+        for index in set(range(len(chunks))) - set(kept):
+            sampled[index] = RequestFailed("its step before failed")  # it failed with that step already
+        sampling = [index for index in kept if work.rows[index]]
+        if logits is not None and sampling:
+            self._sample(work, sampling, logits, sampled)
+        self._propose(chunks, sampled)
+        self._last_picks = {
+            chunk.request.request_id: result.tokens[-1]
+            for chunk, result in zip(chunks, sampled, strict=True)
+            if isinstance(result, Sampled)
+        }
+        return StepResult(sampled, (time.monotonic() - started) * 1000)
+
+    def _fill_placeholders(self, work: _StepWork, picks_before: dict[str, int]) -> list[int]:
+        """Writes the step before's picks into the inputs waiting on them; returns the chunks to run: all but
+        those whose request has no pick (its step before failed for it, so it fails too)."""
+        kept = []
+        for index, request_id in enumerate(work.awaiting):
+            if request_id is not None:
+                pick = picks_before.get(request_id)
+                if pick is None:
+                    continue
+                step = work.inputs[index]
+                step.token_ids[len(step.token_ids) - 1 - step.num_draft_tokens] = pick
+            kept.append(index)
+        return kept
+
+    def _sample(
+        self, work: _StepWork, sampling: list[int], logits: torch.Tensor, sampled: list[Sampled | RequestFailed | None]
+    ) -> None:
+        """The sampler once over the rows of the sampling chunks, then each chunk's verdict on its drafts."""
+        chunks = work.out.chunks
+        if self.on_logits is not None:
+            self.on_logits([chunks[index].request for index in sampling], logits)
+        rows = self.sampler(logits, [row for index in sampling for row in work.rows[index]])
+        first = 0
+        for index in sampling:
+            chunk, count = chunks[index], len(work.rows[index])
+            own, first = rows[first : first + count], first + count
+            verdict = verify(chunk.draft_token_ids, [row.token_id for row in own])
+            if isinstance(verdict, RequestFailed):
+                sampled[index] = verdict
+                continue
+            # the distribution at position j picked token j (an accepted draft is the pick it equals)
+            result = (
+                self._until_stop(chunk.request, verdict)
+                if chunk.draft_token_ids
+                else Sampled(verdict.tokens, verdict.num_accepted)
+            )
+            result.logprobs = [row.logprobs for row in own][: len(result.tokens)]
+            sampled[index] = result
+
+    def _until_stop(self, request: EngineRequest, verdict: Verdict) -> Sampled:
+        """A verdict on drafts, cut after the first token that ends the request (`output.until_stop`)."""
+        return until_stop(self._stop, request, verdict)
+
+    def _propose(self, chunks: list[ScheduledChunk], sampled: list[Sampled | RequestFailed | None]) -> None:
         """Drafts, for every sampling request that decodes on, the tokens its next step verifies."""
         if self.proposer is None or self.config.speculative is None:
             return
         wanted = []
-        for chunk, result in zip(sampling, results, strict=True):
+        for chunk, result in zip(chunks, sampled, strict=True):
             request = chunk.request
-            if isinstance(result, RequestFailed) or request.prefill_only or not _draftable(request):
+            if not isinstance(result, Sampled) or request.prefill_only or not _draftable(request):
                 continue
-            if self._finishes(request, result.tokens[-1], request.sample_index + len(result.tokens))[0]:
+            if finishes(self._stop, request, result.tokens[-1], request.sample_index + len(result.tokens))[0]:
                 continue
             token_ids = request.all_token_ids + result.tokens
             # tokens it may still produce: the next step emits its accepted drafts and one more
@@ -398,93 +537,10 @@ class Engine:
         for (result, draft_request), drafts in zip(wanted, proposals, strict=True):
             result.drafts = drafts[: draft_request.max_drafts]
 
-    def _update(self, out: SchedulerOutput, results: list[Sampled | RequestFailed]) -> None:
-        sampling = [chunk for chunk in out.chunks if chunk.samples]
-        by_chunk = {id(chunk): result for chunk, result in zip(sampling, results, strict=True)}
-        for chunk in out.chunks:
-            request, result = chunk.request, by_chunk.get(id(chunk))
-            computed = chunk.num_tokens - len(chunk.draft_token_ids)
-            if isinstance(result, Sampled):  # the accepted drafts' KV is the request's, up to a stop
-                computed += min(len(result.tokens), result.num_accepted)
-            request.num_computed_tokens += computed
-            if request.num_computed_tokens <= len(request.prompt_token_ids):
-                self.prompt_tokens_computed += computed
-            if isinstance(result, RequestFailed):
-                continue  # its fresh KV may hold the non-finite values that failed it: never share it
-            token_ids = request.all_token_ids + (result.tokens if result is not None else [])
-            self.kv.cache_full_blocks(request.request_id, token_ids, request.num_computed_tokens, request.cache_salt)
-        for chunk, result in zip(sampling, results, strict=True):
-            if isinstance(result, RequestFailed):
-                self._fail_request(chunk.request, result)
-                continue
-            self.draft_tokens_proposed += len(chunk.draft_token_ids)
-            self.draft_tokens_accepted += result.num_accepted
-            chunk.request.draft_token_ids = result.drafts
-            for token_id, logprobs in zip(result.tokens, result.logprobs, strict=True):
-                self._emit(chunk.request, token_id, logprobs)
-
-    def _finishes(self, request: EngineRequest, token_id: int, num_output_tokens: int) -> tuple[bool, bool]:
-        """(finished, by end of sequence) when `token_id` becomes the request's output token number
-        `num_output_tokens` (counted from 1 over the whole request, a migration's earlier tokens included)."""
-        # max_tokens counts the request's tokens in all, those made before a migration included; they
-        # are also part of this call's prompt, so the original prompt is what remains.
-        prompt_length = len(request.prompt_token_ids) - request.sampling.tokens_already_generated
-        return self._stop.check(token_id, num_output_tokens, prompt_length, request.sampling)
-
-    def _emit(self, request: EngineRequest, token_id: int, logprobs: TokenLogprobs | None) -> None:
-        request.output_token_ids.append(token_id)
-        self.tokens_generated += 1
-        finished, by_eos = self._finishes(request, token_id, request.sample_index)
-        if request.constraint is not None:
-            try:
-                request.constraint.advance(token_id)
-            except GrammarViolation as violation:
-                self._fail_request(request, RequestFailed(str(violation)))
-                return
-            if request.constraint.complete:  # the grammar takes nothing more: the output is whole
-                finished, by_eos = True, True
-        handle = self._handles[request.request_id]
-        handle.outputs.put_nowait(TokenOutput(token_id, finished, by_eos, logprobs))
-        if finished or request.prefill_only:
-            self._remove(request, FinishReason.STOPPED if finished else FinishReason.HANDED_OFF)
-
-    def _drop_aborted(self) -> None:
-        for handle in [h for h in self._handles.values() if h.request.aborted]:
-            self._remove(handle.request, FinishReason.ABORTED)
-
-    def _fail(self, out: SchedulerOutput, error: Exception) -> None:
-        """The step as a whole failed (the forward pass raised): so do all its requests."""
-        for request in {id(c.request): c.request for c in out.chunks}.values():
-            self._fail_request(request, error)
-        self._changed()
-
-    def _fail_request(self, request: EngineRequest, error: Exception) -> None:
-        if isinstance(error, RequestFailed):
-            log.warning("request %s failed alone: %s", request.request_id, error)
-        handle = self._handles.get(request.request_id)
-        if handle is not None:
-            handle.outputs.put_nowait(error)
-        self._remove(request, FinishReason.FAILED)
-
-    def _remove(self, request: EngineRequest, reason: FinishReason) -> None:
-        if request.status is not RequestStatus.FINISHED:
-            request.finish_reason = reason
-            self.scheduler.finish(request)
-        self._handles.pop(request.request_id, None)
-        self._changed()
-
     def _changed(self) -> None:
         self._wakeup.set()
         for event in self._load_watchers:
             event.set()
-
-
-_GREEDY = SamplingParams(temperature=0.0)
-
-
-def _positions(chunk: ScheduledChunk) -> range:
-    """The positions of a sampling chunk that get logits: its last token's, then each draft's."""
-    return range(len(chunk.draft_token_ids) + 1)
 
 
 def _draftable(request: EngineRequest) -> bool:
@@ -494,95 +550,8 @@ def _draftable(request: EngineRequest) -> bool:
     return not (sampling.adjusts_logits or sampling.logprobs or request.constraint is not None)
 
 
-def _controls_logits(request: EngineRequest) -> bool:
-    """Whether the request's logits change before sampling (logit_bias, penalties, a grammar's mask)."""
-    return request.sampling.adjusts_logits or request.constraint is not None
-
-
-def _mask_by_grammar(row: torch.Tensor, request: EngineRequest) -> None:
-    """The hook for structured outputs: masks, in place, the tokens the request's grammar forbids next;
-    it runs after logit_bias and penalties, before temperature, top-k and top-p. No grammar: nothing."""
-    if request.constraint is not None:
-        apply_grammar_mask(row, request.constraint)
-
-
-def _sample_each(
-    logits, requests: list[EngineRequest], token_indices: list[int]
-) -> tuple[list[int | RequestFailed], list[TokenLogprobs | None]]:
-    """Samples every row of logits (row i: token `token_indices[i]` of `requests[i]`) after the request's
-    own changes to its logits (`_controlled`); a row that is not finite, or whose changes or sampling
-    raise, fails its request alone. Also each row's logprobs, where asked for. The rows stay on the
-    logits' device until their picks and whether they were finite cross to the host in one copy.
-    A request whose logits change has one row (it gets no drafts: `_draftable`)."""
-    rows = list(range(len(requests)))
-    finite = finite_rows(logits)  # before the changes: a grammar's mask is -inf by design
-    logits, failed = _controlled(logits, requests, token_indices, rows)
-    usable = [row for row in rows if row not in failed]
-    picks = _sample_rows(logits, requests, token_indices, usable)
-    if isinstance(picks, torch.Tensor):
-        host = torch.cat([picks, finite.to(picks.dtype)]).tolist()
-        results: list[int | RequestFailed] = list(host[: len(rows)])
-        is_finite = host[len(rows) :]
-    else:
-        results, is_finite = list(picks), finite.tolist()
-    for row, failure in failed.items():
-        results[row] = failure
-    for row, ok in enumerate(is_finite):
-        if not ok:
-            message = f"the model's logits for its output token {token_indices[row]} hold NaN or infinite values"
-            results[row] = RequestFailed(message)
-    logprobs: list[TokenLogprobs | None] = [None] * len(requests)
-    wanting = [row for row in rows if requests[row].sampling.logprobs and not isinstance(results[row], RequestFailed)]
-    if wanting:
-        ids = on_device([results[row] for row in wanting], logits.device)
-        tops = [requests[row].sampling.top_logprobs for row in wanting]
-        wanted = logits[on_device(wanting, logits.device)]
-        for row, entry in zip(wanting, token_logprobs(wanted, ids, tops), strict=True):
-            logprobs[row] = entry
-    return results, logprobs
-
-
-def _controlled(
-    logits, requests: list[EngineRequest], token_indices: list[int], rows: list[int]
-) -> tuple[torch.Tensor, dict[int, RequestFailed]]:
-    """The logits with the rows (of `rows`) whose request controls them changed, on a copy; the same
-    tensor when none does, so a batch of plain requests pays nothing. Also the rows whose change raised:
-    each fails its request alone."""
-    failed: dict[int, RequestFailed] = {}
-    changed = [row for row in rows if _controls_logits(requests[row])]
-    if not changed:
-        return logits, failed
-    logits = logits.clone()
-    for row in changed:
-        request = requests[row]
-        try:
-            adjust_logits(logits[row], request.generated_token_ids, request.sampling)
-            _mask_by_grammar(logits[row], request)
-        except Exception as error:  # noqa: BLE001 - its own failure: logged, and the request fails alone
-            log.exception("adjusting the logits of request %s raised", request.request_id)
-            failed[row] = RequestFailed(f"adjusting its logits for output token {token_indices[row]} raised {error!r}")
-    return logits, failed
-
-
-def _sample_rows(
-    logits, requests: list[EngineRequest], token_indices: list[int], rows: list[int]
-) -> torch.Tensor | list[int | RequestFailed]:
-    """The picks of all rows, on the logits' device (a row not in `rows` keeps its argmax: it failed
-    already). One batched call; if it raises, row by row, so that only the rows that raise fail."""
-    sampled = set(rows)
-    params = [requests[row].sampling if row in sampled else _GREEDY for row in range(len(requests))]
-    try:
-        return draw(logits, params, token_indices)
-    except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
-        picks: list[int | RequestFailed] = [0] * len(requests)
-        for row in rows:
-            picks[row] = _sample_one(logits[row : row + 1], requests[row], token_indices[row])
-        return picks
-
-
-def _sample_one(logits, request: EngineRequest, token_index: int) -> int | RequestFailed:
-    try:
-        return sample(logits, [request.sampling], [token_index])[0]
-    except Exception as error:
-        log.exception("sampling request %s raised", request.request_id)
-        return RequestFailed(f"sampling its output token {token_index} raised {error!r}")
+def _loads_kv(meta: KvConnectorMeta | None) -> bool:
+    """Whether a step's connector meta (a composed connector's: any part's) loads KV."""
+    if isinstance(meta, MultiMeta):
+        return any(_loads_kv(part) for part in meta.parts)
+    return meta is not None and bool(meta.loads)

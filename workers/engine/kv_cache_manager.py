@@ -167,6 +167,10 @@ class KVCacheManager:
             table.extend(self.pool.take(needed))
         return True
 
+    def fills_blocks(self, request_id: str, num_computed: int) -> bool:
+        """Whether `num_computed` computed tokens fill a block of the request that has no name yet."""
+        return self.enable_prefix_caching and num_computed // self.block_size > len(self._hashes[request_id])
+
     def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int, salt: str = "") -> None:
         """Names the request's blocks that are now full of computed tokens, under the request's `salt`."""
         if not self.enable_prefix_caching:

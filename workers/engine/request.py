@@ -16,6 +16,14 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class RequestFailed(Exception):
+    """One request failed in a step its batch-mates survived (its sampling raised, or its logits were
+    not finite); the message starts "the request failed on this worker: "."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the request failed on this worker: {reason}")
+
+
 class FinishReason(enum.Enum):
     STOPPED = "stopped"  # a stop condition: end of sequence, max tokens, context length
     HANDED_OFF = "handed_off"  # a prefill-only request produced its first token; decode goes on elsewhere
@@ -47,6 +55,10 @@ class EngineRequest:
     draft_token_ids: list[int] = field(default_factory=list)
     # structured outputs: its place in the grammar its output follows (None: free text)
     constraint: GrammarState | None = None
+    # asynchronous scheduling: tokens that launched steps sample for it and the host has not seen yet (one
+    # per such step); the scheduler counts them among its tokens, and the next step's input holds a
+    # placeholder for the last, which the forward thread fills with the pick
+    num_output_placeholders: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -55,6 +67,19 @@ class EngineRequest:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Its tokens at positions start..end-1 (as far as it has them), without joining prompt and output."""
+        prompt = len(self.prompt_token_ids)
+        if start >= prompt:
+            return self.output_token_ids[start - prompt : end - prompt]
+        if end <= prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt]
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return self.num_tokens + self.num_output_placeholders
 
     @property
     def prompt_tokens_pending(self) -> int:

@@ -1,19 +1,20 @@
-"""Sampling parameters and the sampler.
+"""Sampling parameters, stop criteria and the batched draw (the engine's `Sampler`, `workers.engine.sampler`,
+calls it once a step with every row).
 
-A seeded sequence draws each token from a generator seeded by (seed, token index), so its output
-depends neither on the batch it ran in nor on which worker produced which token.
+A seeded sequence draws each token by a fraction hashed from (seed, token index) (`seeded_fraction`), so
+its output depends neither on the batch it ran in nor on which worker produced which token.
 
 The sampler never fails on numbers: a temperature too small to divide by (or not a number) samples
 greedily, NaN logits are never picked, infinite ones share the whole probability, and every pick is a
 token of the vocabulary. Whether a row of logits is fit to sample at all is the engine's call
 (`finite_rows`): a sequence whose logits are not finite fails alone.
 
-Before sampling, a request's own controls change its row (`adjust_logits`: logit_bias, then the
-presence and frequency penalties over its output so far); its logprobs are taken from that row, before
-temperature, top-k and top-p (`token_logprobs`).
+Before sampling, a request's own controls change its row (the sampler's: logit_bias, then the presence
+and frequency penalties over its output so far); its logprobs are taken from that row, before
+temperature, top-k and top-p (`logprob_table`).
 
-All of it runs on the logits' device, the rows together: only the picks and the logprobs asked for cross
-to the host, once a step.
+All of it runs on the logits' device, the rows together, seeded ones among them: only the picks and the
+logprobs asked for cross to the host, once a step.
 """
 
 import math
@@ -24,7 +25,7 @@ import torch
 from workers.models.device_values import on_device
 
 _SEED_MIX = 0x9E3779B97F4A7C15
-_MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
 
 # Below this temperature sampling is greedy: logits divided by it would overflow float32, and the
 # distribution is already a point mass on the argmax (vLLM draws the same line).
@@ -54,7 +55,12 @@ class SamplingParams:
     @property
     def adjusts_logits(self) -> bool:
         """Whether logit_bias or a penalty changes the logits before sampling."""
-        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return bool(self.logit_bias) or self.penalizes
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a presence or frequency penalty counts the output's tokens."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass(frozen=True)
@@ -70,36 +76,24 @@ class TokenLogprobs:
 MIN_LOGPROB = -9999.0
 
 
-def adjust_logits(row: torch.Tensor, output_token_ids: list[int], params: SamplingParams) -> None:
-    """In place, on one row of logits [vocab]: adds logit_bias, then takes off the penalties as OpenAI
-    defines them, `frequency_penalty * count + presence_penalty * (count > 0)`, where count is how often
-    the token occurs in `output_token_ids` (the request's output so far, never its prompt)."""
-    if params.logit_bias:
-        ids = on_device([token_id for token_id, _ in params.logit_bias], row.device)
-        bias = on_device([value for _, value in params.logit_bias], row.device, row.dtype)
-        row.index_add_(0, ids, bias)
-    if output_token_ids and (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0):
-        ids, counts = on_device(output_token_ids, row.device).unique(return_counts=True)
-        penalty = params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
-        row.index_add_(0, ids, -penalty)
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, tops: list[int]) -> list[TokenLogprobs]:
-    """Per row of logits [rows, vocab]: the logprob of its token (`token_ids` [rows], on the logits' device)
-    under the row's softmax, and its `tops[row]` most likely tokens'. One copy to the host for all rows."""
+def logprob_table(logits: torch.Tensor, token_ids: torch.Tensor, widest: int) -> torch.Tensor:
+    """On the logits' device, float32 [rows, 1 + 2 * widest]: per row, its token's logprob, the `widest` highest
+    logprobs, then their token ids (below 2**24: exact in float32). `logprobs_of` reads a row of it."""
     logprobs = torch.log_softmax(torch.nan_to_num(logits.float(), nan=-math.inf), dim=-1)
     logprobs = torch.nan_to_num(logprobs, nan=MIN_LOGPROB).clamp(min=MIN_LOGPROB)  # NaN: a row ruled out whole
     picked = logprobs.gather(1, token_ids.view(-1, 1))
-    widest = min(max(tops, default=0), logprobs.shape[-1])
-    if widest > 0:
-        values, ids = torch.topk(logprobs, widest)
-        host = torch.cat([picked, values, ids.to(values.dtype)], dim=1).tolist()  # ids < 2**24: exact in float32
-    else:
-        host = picked.tolist()
-    return [
-        TokenLogprobs(row[0], tuple(zip(map(int, row[1 + widest : 1 + widest + top]), row[1 : 1 + top], strict=True)))
-        for row, top in zip(host, tops, strict=True)
-    ]
+    if widest == 0:
+        return picked
+    values, ids = torch.topk(logprobs, widest)
+    return torch.cat([picked, values, ids.to(values.dtype)], dim=1)
+
+
+def logprobs_of(row: list[float], top: int) -> TokenLogprobs:
+    """A row of `logprob_table`, on the host, as its token's logprobs with the `top` most likely tokens'."""
+    widest = (len(row) - 1) // 2
+    top = min(top, widest)
+    ids = map(int, row[1 + widest : 1 + widest + top])
+    return TokenLogprobs(row[0], tuple(zip(ids, row[1 : 1 + top], strict=True)))
 
 
 def finite_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -115,9 +109,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], token_indices: li
 
 def draw(logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]) -> torch.Tensor:
     """As `sample`, on the logits' device: the picks [batch] stay there, nothing waits for them. The rows
-    that draw are handled together: scaled, cut to their top-k and top-p, then each unseeded row draws
-    from its distribution by one uniform number against its cumulative sum (one number a row, not one a
-    token); a seeded row draws from a generator of its own (`_seeded_draw`)."""
+    that draw are handled together: scaled, cut to their top-k and top-p, then each draws from its
+    distribution by one fraction against its cumulative sum (one number a row, not one a token): a uniform
+    number for an unseeded row, the fraction hashed from its seed and token index for a seeded one."""
     greedy = [row for row, p in enumerate(params) if p.greedy]
     if len(greedy) == len(params):
         return _argmax(logits)
@@ -131,16 +125,34 @@ def draw(logits: torch.Tensor, params: list[SamplingParams], token_indices: list
     chosen = [params[row] for row in drawing]
     drawing_rows = on_device(drawing, logits.device)
     probs = _distributions(logits if len(drawing) == len(params) else logits[drawing_rows], chosen)
-    seeded = [(row, p.seed) for row, p in enumerate(chosen) if p.seed is not None]
-    unseeded = [row for row, p in enumerate(chosen) if p.seed is None]
-    drawn = torch.empty(len(drawing), dtype=torch.long, device=logits.device)
-    if unseeded:
-        unseeded_rows = on_device(unseeded, logits.device)
-        drawn[unseeded_rows] = _inverse_cdf_draws(probs if not seeded else probs[unseeded_rows])
-    for row, seed in seeded:
-        drawn[row] = _seeded_draw(probs[row], seed, token_indices[drawing[row]])
-    picks[drawing_rows] = drawn
+    picks[drawing_rows] = _inverse_cdf_draws(probs, _fractions(chosen, [token_indices[row] for row in drawing], probs))
     return picks
+
+
+def _fractions(params: list[SamplingParams], token_indices: list[int], probs: torch.Tensor) -> torch.Tensor:
+    """One fraction in [0, 1) per drawing row [rows, 1]: uniform for an unseeded row, `seeded_fraction` for a
+    seeded one (computed on the host, sent with the step's other per-row values)."""
+    seeded = [(row, p.seed) for row, p in enumerate(params) if p.seed is not None]
+    if not seeded:
+        return torch.rand(len(params), 1, dtype=probs.dtype, device=probs.device)
+    fractions = [seeded_fraction(seed, token_indices[row]) for row, seed in seeded]
+    seeded_fractions = on_device(fractions, probs.device, probs.dtype)[:, None]
+    if len(seeded) == len(params):
+        return seeded_fractions
+    uniform = torch.rand(len(params), 1, dtype=probs.dtype, device=probs.device)
+    uniform[on_device([row for row, _ in seeded], probs.device)] = seeded_fractions
+    return uniform
+
+
+def seeded_fraction(seed: int, token_index: int) -> float:
+    """The fraction in [0, 1) by which a seeded sequence draws its token `token_index`: splitmix64's finalizer
+    over (seed, token index), its top 53 bits. Pure integer arithmetic on the host: the same on every worker
+    and device, whatever else runs in the batch."""
+    mixed = (seed * _SEED_MIX + token_index + _SEED_MIX) & _MASK64
+    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _MASK64
+    mixed ^= mixed >> 31
+    return (mixed >> 11) * 2.0**-53
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -195,21 +207,14 @@ def _top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
 
 
-def _inverse_cdf_draws(probs: torch.Tensor) -> torch.Tensor:
-    """One draw per row of unnormalized probabilities: the first token whose cumulative mass exceeds a
-    uniform fraction of the row's total. A token of zero mass adds nothing to the sum, so it is never the
-    first to exceed it; the fraction is kept below the total so that some token always does."""
+def _inverse_cdf_draws(probs: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
+    """One draw per row of unnormalized probabilities: the first token whose cumulative mass exceeds the
+    row's fraction [rows, 1] of its total. A token of zero mass adds nothing to the sum, so it is never the
+    first to exceed it; the target is kept below the total so that some token always does."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
-    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(fractions * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).view(-1)
-
-
-def _seeded_draw(probs: torch.Tensor, seed: int, token_index: int) -> torch.Tensor:
-    """A seeded row's draw from a generator seeded by (seed, token index), on the row's device."""
-    generator = torch.Generator(device=probs.device).manual_seed(((seed * _SEED_MIX) + token_index) & _MASK63)
-    return torch.multinomial(probs, 1, generator=generator)[0]
 
 
 def _sanitized(logits: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,13 @@ class ScheduledChunk:
     num_tokens: int  # the drafts included
     # a decoding request's drafts, computed after its last token to be verified (speculative decoding)
     draft_token_ids: list[int] = field(default_factory=list)
+    # whether this chunk reaches the request's last token (its placeholder included), whose logits give
+    # the next token: fixed when the chunk is made, as the request's counts move on once its step runs
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the request's last token, whose logits give the next token."""
-        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
+    def __post_init__(self) -> None:
+        end = self.start + self.num_tokens - len(self.draft_token_ids)
+        self.samples = end == self.request.num_tokens_with_placeholders
 
 
 @dataclass

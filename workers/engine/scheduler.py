@@ -9,6 +9,13 @@ included): its blocks are freed, what it was given this step is withdrawn, and i
 recomputed from its tokens. Waiting requests (interactive before batch, then arrival order) are admitted
 while blocks, budget and batch slots last; a prompt's cached prefix blocks are reused, and a KV connector
 may supply a request's first tokens' KV (then they are loaded, not computed).
+
+The engine may schedule a step while the one before it still runs (asynchronous scheduling, see
+`workers.engine.core`): a request whose token that step samples is not on the host yet counts it as a
+placeholder (`EngineRequest.num_output_placeholders`), and decodes on from it; it gets no chunk when that
+token is surely its last (a prefill-only request's first token, its max_tokens-th, the context's last), nor
+once aborted (it leaves when the step holding it is done). `commit` records a step as launched: its tokens
+count as computed from then on.
 """
 
 import time
@@ -22,7 +29,12 @@ from workers.kv_connector.base import KvConnector
 
 class Scheduler:
     def __init__(
-        self, kv: KVCacheManager, token_budget: int = 512, max_running: int = 64, connector: KvConnector | None = None
+        self,
+        kv: KVCacheManager,
+        token_budget: int = 512,
+        max_running: int = 64,
+        connector: KvConnector | None = None,
+        context_length: int | None = None,
     ) -> None:
         if token_budget < 1 or max_running < 1:
             raise ValueError("the token budget and the batch size must be positive")
@@ -30,6 +42,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.max_running = max_running
         self.connector = connector
+        self.context_length = context_length  # a request reaching it stops (None: no limit)
         self.running: list[EngineRequest] = []
         self._waiting: dict[int, deque[EngineRequest]] = {INTERACTIVE: deque(), BATCH: deque()}
         self._arrivals = 0
@@ -74,7 +87,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.aborted or self._last_token_under_way(request):
+                index += 1
+                continue
+            num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
             drafts = self._drafts_that_fit(request, budget)
             scheduled = True
             while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
@@ -94,6 +110,22 @@ class Scheduler:
         if self.connector is not None and out.chunks:
             out.kv_connector_meta = self.connector.build_meta(out, self.kv)
         return out
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """The step `out` is launched: its tokens count as computed (accepted drafts are added once verified),
+        and each request it samples for holds a placeholder until the step's outputs are processed."""
+        for chunk in out.chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens - len(chunk.draft_token_ids)
+            if chunk.samples:
+                chunk.request.num_output_placeholders += 1
+
+    def _last_token_under_way(self, request: EngineRequest) -> bool:
+        """Whether the token a step under way samples for the request is surely its last."""
+        if not request.num_output_placeholders:
+            return False
+        produced = request.sample_index + request.num_output_placeholders  # max_tokens counts a migration's too
+        context = self.context_length is not None and request.num_tokens_with_placeholders >= self.context_length
+        return request.prefill_only or produced >= request.sampling.max_tokens or context
 
     def _drafts_that_fit(self, request: EngineRequest, budget: int) -> list[int]:
         """The drafts a decoding request verifies this step: as many as the budget left after its last
