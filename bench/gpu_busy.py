@@ -15,17 +15,19 @@ next request when the last ends) fed straight into one engine in this process:
 
     .venv/bin/python -m bench.gpu_busy --device cuda                 # diptych-1b, bfloat16, 64 streams, graphs on
     .venv/bin/python -m bench.gpu_busy --device cpu                  # diptych-tiny, float32: the host proxy
+    .venv/bin/python -m bench.gpu_busy --device cpu --async-scheduling off,on --rounds 3   # medians, side by side
 """
 
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -36,6 +38,7 @@ from bench.workload import BenchRequest, WorkloadSpec, make_requests
 from diptych_common.builtin import BUILTIN_MODELS
 from workers.engine.core import Engine, EngineConfig
 from workers.main import build_engine
+from workers.models.backends import ATTENTION_BACKENDS, AttentionBackendUnavailable, choose_backend
 from workers.runner.model_loader import LoadedModel, load_model
 
 # the profiler's names of device activities (libkineto's), and what each is here
@@ -54,6 +57,7 @@ class LoopRun:
     seconds: float
     step_ms: list[float]
     output_tokens: int
+    async_scheduling: bool = True
 
     @property
     def steps(self) -> int:
@@ -97,13 +101,15 @@ async def timed_loop(engine: Engine, requests: list[BenchRequest], concurrency: 
     return LoopRun(concurrency, seconds, steps, sum(map(len, outputs.values())))
 
 
-def engine_config(args, concurrency: int) -> EngineConfig:
+def engine_config(args, concurrency: int, async_scheduling: bool = True) -> EngineConfig:
     return EngineConfig(
+        async_scheduling=async_scheduling,
         device=args.device,
         kv_cache_mib=args.kv_cache_mib,
         max_running=concurrency,
         token_budget=args.token_budget,
         cuda_graphs=args.graphs,
+        attention=args.attention,
     )
 
 
@@ -112,15 +118,18 @@ async def host_loops(loaded: LoadedModel, args) -> list[LoopRun]:
     runs = []
     vocab_size = loaded.model.config.vocab_size
     for concurrency in args.concurrency:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as executor:
-            engine = build_engine(loaded, engine_config(args, concurrency), executor)
-            task = asyncio.create_task(engine.run())
-            try:
-                await engine_closed_loop(engine, requests_for(args, 1, vocab_size, seed=1)[:2], 2)
-                log(f"closed loop of {concurrency} streams")
-                runs.append(await timed_loop(engine, requests_for(args, concurrency, vocab_size, 11), concurrency))
-            finally:
-                task.cancel()
+        for round_index in range(args.rounds):  # the modes interleaved, their order alternating round by round
+            for mode in args.async_scheduling[:: 1 if round_index % 2 == 0 else -1]:
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as executor:
+                    engine = build_engine(loaded, engine_config(args, concurrency, mode), executor)
+                    task = asyncio.create_task(engine.run())
+                    try:
+                        await engine_closed_loop(engine, requests_for(args, 1, vocab_size, seed=1)[:2], 2)
+                        log(f"closed loop of {concurrency} streams, async scheduling {'on' if mode else 'off'}")
+                        run = await timed_loop(engine, requests_for(args, concurrency, vocab_size, 11), concurrency)
+                        runs.append(replace(run, async_scheduling=mode))
+                    finally:
+                        task.cancel()
     return runs
 
 
@@ -137,6 +146,42 @@ def render_host(runs: Sequence[LoopRun]) -> str:
             f" {run.output_tokens / run.seconds:>8.0f} {total:>11.1f} {inside:>9.1f} {outside:>8.1f}"
         )
     return "\n".join(lines)
+
+
+def render_modes(runs: Sequence[LoopRun]) -> str:
+    """Asynchronous scheduling off and on, per concurrency: each round's host time per sequence-step, and the
+    medians over the rounds."""
+    lines = [
+        "async scheduling off vs on: host us per sequence-step (each round, then the median) and output tok/s",
+        f"{'streams':>7} {'async':>5} {'us/seq-step':>11} {'in steps':>9} {'outside':>8} {'tok/s':>8}  each round",
+    ]
+    for concurrency in dict.fromkeys(run.concurrency for run in runs):
+        for mode in (False, True):
+            own = [run for run in runs if run.concurrency == concurrency and run.async_scheduling == mode]
+            if not own:
+                continue
+            per_round = [run.per_sequence_step_us() for run in own]
+            total, inside, outside = (statistics.median(values) for values in zip(*per_round, strict=True))
+            tok_s = statistics.median(run.output_tokens / run.seconds for run in own)
+            rounds = " ".join(f"{us:.1f}" for us, _, _ in per_round)
+            lines.append(
+                f"{concurrency:>7} {'on' if mode else 'off':>5} {total:>11.1f} {inside:>9.1f} {outside:>8.1f} "
+                f"{tok_s:>8.0f}  {rounds}"
+            )
+        pairs = _paired(runs, concurrency)
+        if pairs:  # each round ran the two modes back to back: their ratio is steadier than either figure
+            ratios = " ".join(f"{ratio:.2f}" for ratio in pairs)
+            lines.append(f"{concurrency:>7} on/off us/seq-step, median {statistics.median(pairs):.2f}: {ratios}")
+    return "\n".join(lines)
+
+
+def _paired(runs: Sequence[LoopRun], concurrency: int) -> list[float]:
+    """Per round, on's host time per sequence-step over off's (rounds hold one run of each, in turn)."""
+    on = [run for run in runs if run.concurrency == concurrency and run.async_scheduling]
+    off = [run for run in runs if run.concurrency == concurrency and not run.async_scheduling]
+    if not on or len(on) != len(off):
+        return []
+    return [a.per_sequence_step_us()[0] / b.per_sequence_step_us()[0] for a, b in zip(on, off, strict=True)]
 
 
 # ---- the device's share of the wall time -------------------------------------------------------------------
@@ -266,7 +311,7 @@ async def profiled_loop(loaded: LoadedModel, args) -> tuple[DeviceShare, LoopRun
     concurrency = args.concurrency[-1]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as executor:
-        engine = build_engine(loaded, engine_config(args, concurrency), executor)
+        engine = build_engine(loaded, engine_config(args, concurrency, args.async_scheduling[-1]), executor)
         task = asyncio.create_task(engine.run())
         try:
             vocab_size = loaded.model.config.vocab_size
@@ -325,6 +370,13 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _modes(text: str) -> list[bool]:
+    words = text.split(",")
+    if not words or any(word not in ("on", "off") for word in words) or len(set(words)) < len(words):
+        raise argparse.ArgumentTypeError(f"{text!r}: give on, off, or both (on,off or off,on)")
+    return [word == "on" for word in words]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_busy", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda[:n] (bfloat16), or cpu (float32)")
@@ -336,7 +388,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=2048, help="tokens per step")
     p.add_argument("--kv-cache-mib", type=int, help="the KV pool (default: 4096 on cuda, 128 on cpu)")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True, help="CUDA graphs (CUDA)")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="the attention backend")
     p.add_argument("--profiler", action=argparse.BooleanOptionalAction, help="the profiled loop (default: on CUDA)")
+    p.add_argument("--async-scheduling", type=_modes, default=[True], help="on, off, or both: on,off (default: on)")
+    p.add_argument("--rounds", type=int, default=1, help="closed loops per concurrency and mode, interleaved")
     # the micro model's compute is negligible: more threads add only their wake-ups to each step
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     return p
@@ -350,16 +405,23 @@ def main(argv: list[str] | None = None) -> int:
     args.prompt_tokens = args.prompt_tokens or (128 if cuda else 16)
     args.kv_cache_mib = args.kv_cache_mib or (4096 if cuda else 128)
     profiled = cuda if args.profiler is None else args.profiler
-    if args.requests_per_stream < 1 or args.prompt_tokens < 1 or args.output_tokens < 1:
-        raise SystemExit("--requests-per-stream, --prompt-tokens and --output-tokens must be at least 1")
+    if min(args.requests_per_stream, args.prompt_tokens, args.output_tokens, args.rounds) < 1:
+        raise SystemExit("--requests-per-stream, --prompt-tokens, --output-tokens and --rounds must be at least 1")
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if cuda else torch.float32
+    try:  # before the model loads: a backend asked for that cannot run here stops the run
+        attention = choose_backend(args.attention, torch.device(args.device), dtype, EngineConfig.block_size)
+    except AttentionBackendUnavailable as error:
+        raise SystemExit(f"--attention {args.attention} cannot run on {args.device}: {error}") from None
     log(f"loading {args.model} ({str(dtype).removeprefix('torch.')}) for {args.device}")
     loaded = load_model(args.model, f"builtin:{args.model}", dtype=dtype)
     runs = asyncio.run(host_loops(loaded, args))
     graphs = f", CUDA graphs {'on' if args.graphs else 'off'}" if cuda else f", {args.threads} torch threads"
-    print(f"{args.model} on {args.device}, {str(dtype).removeprefix('torch.')}{graphs}", flush=True)
-    print(render_host(runs), flush=True)
+    print(
+        f"{args.model} on {args.device}, {str(dtype).removeprefix('torch.')}{graphs}, attention {attention}", flush=True
+    )
+    side_by_side = len(args.async_scheduling) > 1 or args.rounds > 1
+    print(render_modes(runs) if side_by_side else render_host(runs), flush=True)
     if profiled:
         share, _ = asyncio.run(profiled_loop(loaded, args))
         print(render_share(share, runs[-1]), flush=True)

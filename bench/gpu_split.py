@@ -39,6 +39,7 @@ from bench.workload import random_tokens
 from diptych_common.builtin import BUILTIN_MODELS
 from diptych_common.proto.v1 import worker_pb2
 from workers.engine.core import EngineConfig
+from workers.models.backends import ATTENTION_BACKENDS, AttentionBackendUnavailable, choose_backend
 from workers.runner.decode_graphs import DecodeGraphSpec
 from workers.runner.model_loader import load_model
 from workers.runner.model_runner import ModelRunner
@@ -182,9 +183,10 @@ def start_worker(role: str, model, executor, args, graphs: bool) -> Worker:
         block_size=BLOCK_SIZE,
         token_budget=args.token_budget,
         max_running=args.concurrency,
+        attention=args.attention,
     )
     spec = DecodeGraphSpec(args.concurrency, per_request) if graphs else None
-    runner = ModelRunner(model, num_blocks, BLOCK_SIZE, args.device, decode_graphs=spec)
+    runner = ModelRunner(model, num_blocks, BLOCK_SIZE, args.device, decode_graphs=spec, attention=args.attention)
     context = max(4096, per_request * BLOCK_SIZE)
     return Worker(role, model, executor, allow_shm=args.shm, config=config, context_length=context, runner=runner)
 
@@ -265,6 +267,10 @@ def run(args) -> SplitReport:
     torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cuda else torch.float32)
+    try:  # before the model loads: a backend asked for that cannot run here stops the run
+        attention = choose_backend(args.attention, torch.device(args.device), dtype, BLOCK_SIZE)
+    except AttentionBackendUnavailable as error:
+        raise SystemExit(f"--attention {args.attention} cannot run on {args.device}: {error}") from None
     log(f"loading {args.model} ({str(dtype).removeprefix('torch.')}) onto {args.device}")
     model = load_model(args.model, f"builtin:{args.model}", dtype=dtype).model
     model.to(args.device)
@@ -283,7 +289,7 @@ def run(args) -> SplitReport:
     header = (
         f"{args.model} ({parameters / 1e6:,.0f} M parameters) on {args.device}, {str(dtype).removeprefix('torch.')}; "
         f"{args.requests} requests, {args.concurrency} concurrent, prompts ~{args.prompt_tokens} tokens, "
-        f"{args.output_tokens} out; KV over {'shared memory' if args.shm else 'TCP'}"
+        f"{args.output_tokens} out; KV over {'shared memory' if args.shm else 'TCP'}; attention {attention}"
     )
     return SplitReport(header, str(dtype).removeprefix("torch."), rounds, reference, blocks)
 
@@ -337,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True, help="decode graphs (CUDA)")
     p.add_argument("--shm", action=argparse.BooleanOptionalAction, default=False, help="KV over shared memory")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="every worker's attention backend")
     return p
 
 

@@ -11,8 +11,13 @@
 - KV transfer: a prompt's blocks staged from a KV pool by the real `KvSender` and acknowledged by the real
   `KvReceiver` in another process, on loopback, by the path workers on one host take (shared memory); a
   line fitted through the times by prompt length;
-- overheads outside the engine: a short live run (control plane, one colocated worker, its gateway) of
-  requests sent one at a time; what their TTFT and TPOT took beyond the steps priced above.
+- overheads outside the engine: a short live run of requests sent one at a time; what their TTFT and TPOT
+  took beyond the steps priced above. `--live platform` (the default): the control plane, a colocated worker
+  and then a split pair, each with its gateway, on loopback. `--live workers`: no control plane (no Django)
+  and no gateway: the same workers served in this process over real gRPC, their KV handed over the real
+  data path, the requests sent to them as the gateway sends them (`bench.local_workers`), so the overheads
+  leave the gateway's hop out. The GPU run (`bench/gpu_check.sh`) takes this one: the GPU machine has no
+  Django.
 
 Progress goes to stderr, the table to stdout, the profile to --out.
 """
@@ -31,16 +36,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from bench.gateway_client import GatewayClient
 from bench.live_platform import start_platform
+from bench.local_workers import Worker, split_calls
 from bench.progress import log
+from bench.stats import RequestResult
 from bench.workload import random_tokens
+from diptych_common.proto.v1 import worker_pb2
 from planner.profile import CostProfile, save_profile
 from workers.engine.core import EngineConfig
 from workers.engine.sampling import SamplingParams, sample
@@ -267,6 +277,8 @@ class StepPool:
     pool_memory = ModelRunner.pool_memory
     supports_block_views = ModelRunner.supports_block_views
     read_blocks = ModelRunner.read_blocks
+    start_reading_blocks = ModelRunner.start_reading_blocks
+    _copy_stream = None
 
 
 def _one_transfer(sender: KvSender, pool: StepPool, peer: Peer, request_id: str, tokens: int) -> float:
@@ -298,6 +310,11 @@ def _fit_line(xs: list[int], ys: list[float]) -> tuple[float, float]:
 # ---- overheads outside the engine -------------------------------------------------------------------
 
 
+LIVE_THROUGH = {
+    "platform": "through the gateway (control plane, gateway and workers on loopback)",
+    "workers": "to workers in this process (no gateway, no control plane)",
+}
+LIVE_MODES = tuple(LIVE_THROUGH)
 SPLIT_BUSY = "split+busy"  # split, while the decode worker decodes another request: as under load
 BUSY_PROMPT_TOKENS = 16  # at most the split gateway's skip (32): the request runs wholly on the decode worker
 BUSY_OUTPUT_TOKENS = 64
@@ -311,6 +328,10 @@ class LiveSample:
     ttft_s: float
     tpot_s: float
     second_token_s: float  # from the first token to the second (in split mode, the KV hand-off is in it)
+
+
+class Client(Protocol):
+    async def generate(self, prompt_token_ids: list[int], max_tokens: int) -> RequestResult: ...
 
 
 def measure_live(
@@ -332,35 +353,112 @@ def measure_live(
         try:
             for mode in modes:
                 with platform.serving(mode) as address:
-                    samples += asyncio.run(_live_requests(address, platform.api_key, model, mode, points, vocab_size))
-                    if mode == "split":
-                        busy = _live_requests(address, platform.api_key, model, SPLIT_BUSY, points, vocab_size)
-                        samples += asyncio.run(busy)
+                    samples += asyncio.run(_through_gateway(address, platform.api_key, model, mode, points, vocab_size))
         finally:
             platform.stop()
     return samples
 
 
-async def _live_requests(
+async def _through_gateway(
     address: str, api_key: str, model: str, mode: str, points: PointSets, vocab_size: int
 ) -> list[LiveSample]:
-    rng = random.Random(f"live {mode}")  # fresh prompts each pass: none finds another's blocks cached
-    samples: list[LiveSample] = []
     async with GatewayClient(address, api_key, model) as client:
-        for prompt_tokens in points.live_prompts:  # warm-up: connections, the workers' first steps; not counted
-            await client.generate(random_tokens(rng, prompt_tokens, vocab_size), points.live_output_tokens)
-        stop = asyncio.Event()
-        busy = asyncio.create_task(_keep_decoding(client, vocab_size, stop)) if mode == SPLIT_BUSY else None
-        try:
-            await _sample_requests(client, mode, points, vocab_size, rng, samples)
-        finally:
-            stop.set()
-            if busy is not None:
-                await busy
+        samples = await _live_requests(client, None, mode, points, vocab_size)
+        if mode == "split":  # the gateway sends the busy load's short prompts to the decode worker whole
+            samples += await _live_requests(client, client, SPLIT_BUSY, points, vocab_size)
     return samples
 
 
-async def _keep_decoding(client: GatewayClient, vocab_size: int, stop: asyncio.Event) -> None:
+def measure_live_workers(
+    loaded: LoadedModel, config: EngineConfig, points: PointSets, modes: Sequence[str]
+) -> list[LiveSample]:
+    """Requests one at a time to each mode's workers, served in this process (no control plane, no gateway),
+    each worker's engine built as `diptych worker` builds it from `config`; one mode's workers at a time."""
+    return asyncio.run(_live_workers(loaded, config, points, modes))
+
+
+async def _live_workers(
+    loaded: LoadedModel, config: EngineConfig, points: PointSets, modes: Sequence[str]
+) -> list[LiveSample]:
+    vocab_size = loaded.model.config.vocab_size
+    samples = []
+    for mode in modes:
+        roles = ("prefill", "decode") if mode == "split" else ("colocated",)
+        async with AsyncExitStack() as stack:
+            log(f"starting the {mode} worker(s) in this process ({loaded.name} on {config.device})")
+            # one forward thread each, as each worker process has: an engine's steps run in order on one thread
+            executors = [stack.enter_context(ThreadPoolExecutor(max_workers=1)) for _ in roles]
+            workers = [_local_worker(role, loaded, config, ex) for role, ex in zip(roles, executors, strict=True)]
+            for worker in workers:
+                await worker.start()
+                stack.push_async_callback(worker.stop)
+            samples += await _live_requests(WorkerCalls(*workers), None, mode, points, vocab_size)
+            if mode == "split":  # the busy load decodes on the decode worker alone, as the gateway sends it
+                busy = WorkerCalls(workers[1])
+                samples += await _live_requests(WorkerCalls(*workers), busy, SPLIT_BUSY, points, vocab_size)
+    return samples
+
+
+def _local_worker(role: str, loaded: LoadedModel, config: EngineConfig, executor) -> Worker:
+    """A worker of `role` whose runner is the one `diptych worker` builds (pool size, graphs, attention)."""
+    engine = build_engine(loaded, config, executor)
+    sized = replace(config, num_kv_blocks=engine.kv.num_blocks)
+    context = loaded.context_length
+    return Worker(role, loaded.model, executor, True, config=sized, context_length=context, runner=engine.runner)
+
+
+@dataclass(frozen=True)
+class WorkerCalls:
+    """Greedy requests straight to workers in this process: to one worker's Generate (a colocated worker,
+    or a decode worker taking a short prompt whole), or to a split pair, the decode call first."""
+
+    worker: Worker
+    decode: Worker | None = None
+
+    async def generate(self, prompt_token_ids: list[int], max_tokens: int) -> RequestResult:
+        sampling = worker_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        request_id = f"live-{random.randbytes(6).hex()}"
+        result = RequestResult(sent_at=time.perf_counter(), prompt_tokens=len(prompt_token_ids))
+        if self.decode is None:
+            work = worker_pb2.GenerateWork(request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling)
+            async for event in self.worker.stub.Generate(work):
+                result.token_times.append(time.perf_counter())
+                result.token_ids.append(event.token_id)
+            return result
+        decode_call, prefill_call = await split_calls(self.worker, self.decode, request_id, prompt_token_ids, sampling)
+        async for event in prefill_call:
+            if event.HasField("first_token"):
+                result.token_times.append(time.perf_counter())
+                result.token_ids.append(event.first_token.token_id)
+            if event.HasField("kv_delivered"):
+                result.kv_bytes = event.kv_delivered.kv_bytes
+        async for event in decode_call:
+            result.token_times.append(time.perf_counter())
+            result.token_ids.append(event.token_id)
+        return result
+
+
+async def _live_requests(
+    client: Client, busy_client: Client | None, mode: str, points: PointSets, vocab_size: int
+) -> list[LiveSample]:
+    """The sampled requests of `mode` through `client`, after a warm-up; with `busy_client`, while it keeps
+    the decode worker decoding."""
+    rng = random.Random(f"live {mode}")  # fresh prompts each pass: none finds another's blocks cached
+    samples: list[LiveSample] = []
+    for prompt_tokens in points.live_prompts:  # warm-up: connections, the workers' first steps; not counted
+        await client.generate(random_tokens(rng, prompt_tokens, vocab_size), points.live_output_tokens)
+    stop = asyncio.Event()
+    busy = asyncio.create_task(_keep_decoding(busy_client, vocab_size, stop)) if busy_client else None
+    try:
+        await _sample_requests(client, mode, points, vocab_size, rng, samples)
+    finally:
+        stop.set()
+        if busy is not None:
+            await busy
+    return samples
+
+
+async def _keep_decoding(client: Client, vocab_size: int, stop: asyncio.Event) -> None:
     """One request after another decoding on the decode worker alone, until `stop`."""
     rng = random.Random(23)
     while not stop.is_set():
@@ -370,7 +468,7 @@ async def _keep_decoding(client: GatewayClient, vocab_size: int, stop: asyncio.E
 
 
 async def _sample_requests(
-    client: GatewayClient, mode: str, points: PointSets, vocab_size: int, rng: random.Random, samples: list[LiveSample]
+    client: Client, mode: str, points: PointSets, vocab_size: int, rng: random.Random, samples: list[LiveSample]
 ) -> None:
     await asyncio.sleep(0.5)  # a busy decode worker is in its steady steps
     for _ in range(points.live_rounds):
@@ -421,6 +519,7 @@ class Measurement:
     profile: CostProfile
     live: list[LiveSample]  # the requests its overheads came from, and the split ones beside them
     mixed: list[MixedStep]  # mixed steps, to set against the profile's price of them
+    live_through: str = "platform"  # LIVE_MODES
 
 
 def measure_profile(
@@ -431,8 +530,10 @@ def measure_profile(
     measured_with: str,
     hardware: str,
     device: str = "cpu",
+    live: str = "platform",
 ) -> Measurement:
-    """On `device`: a CUDA device runs the model in bfloat16, as `diptych worker --device cuda` does."""
+    """On `device`: a CUDA device runs the model in bfloat16, as `diptych worker --device cuda` does. `live`:
+    the live requests through the platform, or to workers in this process (LIVE_MODES)."""
     torch.set_num_threads(threads)
     config = EngineConfig(kv_cache_mib=kv_cache_mib, device=device)
     log(f"loading {model} for {device} ({threads} torch thread(s))")
@@ -469,7 +570,10 @@ def measure_profile(
     )
     vocab_size = loaded.model.config.vocab_size
     modes = ("colocated", "split")
-    samples = measure_live(model, loaded.context_length, threads, points, vocab_size, modes, device)
+    if live == "workers":
+        samples = measure_live_workers(loaded, config, points, modes)
+    else:
+        samples = measure_live(model, loaded.context_length, threads, points, vocab_size, modes, device)
     ttft_overhead, per_token_overhead = overheads(profile, [s for s in samples if s.mode == "colocated"])
     busy = [s for s in samples if s.mode == SPLIT_BUSY]
     split_ttft_overhead = overheads(profile, busy)[0] if busy else None  # the TTFT part: its prefill ran alone
@@ -479,7 +583,7 @@ def measure_profile(
         per_token_overhead_s=per_token_overhead,
         split_ttft_overhead_s=split_ttft_overhead,
     )
-    return Measurement(profile, samples, mixed)
+    return Measurement(profile, samples, mixed, live)
 
 
 def _blocks_needed(points: PointSets, block_size: int) -> int:
@@ -520,7 +624,8 @@ def render_table(measurement: Measurement) -> str:
         )
     lines += [
         "",
-        "live requests, one at a time, and the engine steps they needed alone (ms):",
+        f"live requests, one at a time, {LIVE_THROUGH[measurement.live_through]}, and the engine steps they needed"
+        " alone (ms):",
         f"  {'mode':<10} {'prompt':>6} {'out':>4} {'TTFT':>8} {'engine':>8} {'2nd token':>9} {'KV+step':>8}"
         f" {'TPOT':>7} {'engine':>7}",
     ]
@@ -578,6 +683,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--live-prompts", type=_ints, default=defaults.live_prompts)
     parser.add_argument("--live-output-tokens", type=int, default=defaults.live_output_tokens)
     parser.add_argument("--live-rounds", type=int, default=defaults.live_rounds)
+    parser.add_argument(
+        "--live", choices=LIVE_MODES, default="platform", help="live requests through the platform, or to workers"
+    )
     return parser
 
 
@@ -605,7 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     hardware = args.hardware or _hardware_label(args.device, args.threads)
     command = shlex.join(["python", "-m", "bench.phase_costs", *(sys.argv[1:] if argv is None else argv)])
     load = os.getloadavg()[0]
-    measurement = measure_profile(args.model, args.threads, args.kv_cache_mib, points, command, hardware, args.device)
+    measurement = measure_profile(
+        args.model, args.threads, args.kv_cache_mib, points, command, hardware, args.device, args.live
+    )
     log(f"load average before {load:.2f}, after {os.getloadavg()[0]:.2f}")
     print(render_table(measurement), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

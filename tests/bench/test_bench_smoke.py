@@ -235,11 +235,44 @@ def test_decode_floor_prints_each_batch_against_its_floor(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "float32" in lines[0] and "GB/s" in lines[0]
     rows = [line.split() for line in lines[2:]]
-    assert [row[0] for row in rows] == ["1", "4"]
+    assert [row[:2] for row in rows] == [["auto=paged-cpu", "1"], ["auto=paged-cpu", "4"]]  # a worker's choice
     for row in rows:
-        eager_ms, floor_ms = float(row[2]), float(row[4])
-        assert floor_ms > 0 and row[5] in ("memory", "compute")
-        assert float(row[6].removesuffix("x")) == pytest.approx(eager_ms / floor_ms, rel=0.02)  # of rounded figures
+        eager_ms, floor_ms = float(row[3]), float(row[5])
+        assert floor_ms > 0 and row[6] in ("memory", "compute")
+        assert float(row[7].removesuffix("x")) == pytest.approx(eager_ms / floor_ms, rel=0.02)  # of rounded figures
+
+
+def test_decode_floor_measures_each_backend_asked_for_side_by_side(capsys):
+    from bench.decode_floor import main
+
+    argv = ["--model", "diptych-tiny", "--threads", "1", "--batches", "1,3", "--context", "32", "--repeats", "1"]
+    assert main([*argv, "--attention", "gather,paged-cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[2:6]] == [
+        ["gather", "1"],
+        ["paged-cpu", "1"],
+        ["gather", "3"],
+        ["paged-cpu", "3"],
+    ]
+    eager = {(row[0], row[1]): float(row[3]) for row in map(str.split, lines[2:6])}
+    assert lines[6] == "side by side (eager), ms per decode step; ratios against gather:"
+    for batch, row in zip(("1", "3"), map(str.split, lines[8:10]), strict=True):
+        assert row[0] == batch
+        assert float(row[1]) == eager["gather", batch] and float(row[2]) == eager["paged-cpu", batch]
+        assert float(row[3].removesuffix("x")) == pytest.approx(float(row[2]) / float(row[1]), rel=0.02)
+
+
+def test_a_backend_asked_for_by_name_that_cannot_run_stops_the_benchmark_before_it_loads(capsys):
+    from bench.decode_floor import main as decode_floor
+    from bench.gpu_serving import main as gpu_serving
+
+    for main in (decode_floor, gpu_serving):
+        with pytest.raises(SystemExit) as stopped:
+            main(["--device", "cpu", "--model", "diptych-tiny", "--attention", "gather,flash-varlen"])
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err
+        assert "--attention flash-varlen cannot run on cpu" in error and "CUDA devices only" in error
+        assert "loading" not in error
 
 
 def test_migration_parity_compares_every_migrated_stream_and_the_reference(capsys):
@@ -302,17 +335,52 @@ def test_sampler_cost_prints_a_row_per_shape_and_a_column_per_kind(capsys):
 
 
 def test_gpu_serving_compares_both_engines_on_the_same_tokens(capsys):
-    from bench.gpu_serving import main
+    from bench.gpu_serving import NAME_WIDTH, main
 
     argv = ["--device", "cpu", "--model", "diptych-tiny", "--concurrency", "4", "--requests", "6"]
     assert main([*argv, "--prompt-tokens", "16", "--output-tokens", "8", "--kv-cache-mib", "16", "--threads", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = {line[:36].strip(): line[36:].split() for line in lines[2:]}
+    assert lines[1].endswith("vs gather, CUDA graphs off")
+    rows = {line[:NAME_WIDTH].strip(): line[NAME_WIDTH:].split() for line in lines[2:]}
     engines = {"diptych, gather, CUDA graphs off", "diptych, paged-cpu, CUDA graphs off"}
     assert set(rows) == {"transformers continuous batching", *engines}
-    assert rows["transformers continuous batching"][1] == "1.00x"
+    assert rows["transformers continuous batching"][1] == "1.00x" and len(rows["transformers continuous batching"]) == 3
     # all greedy over the same float32 model on the CPU: every output agrees token for token
     assert all(rows[engine][2] == "6/6" for engine in engines)
+    assert rows["diptych, gather, CUDA graphs off"][3] == "1.00x"  # the before, against itself
+    paged, gather = rows["diptych, paged-cpu, CUDA graphs off"], rows["diptych, gather, CUDA graphs off"]
+    assert float(paged[3].removesuffix("x")) == pytest.approx(float(paged[0]) / float(gather[0]), rel=0.02)
+
+
+def test_transformers_continuous_batching_gets_the_kv_memory_of_diptychs_pool():
+    import argparse
+
+    from bench.gpu_serving import transformers_batching
+    from workers.runner.model_loader import load_model
+
+    loaded = load_model("diptych-tiny", "builtin:diptych-tiny")
+    config = transformers_batching(loaded, argparse.Namespace(concurrency=4, token_budget=512, kv_cache_mib=16))
+    # diptych-tiny: 4 layers x K and V x 2 kv heads x 64 dims x 4 bytes = 4 KiB a token, 1 MiB a page of 256
+    assert (config.num_blocks, config.page_size, config.max_requests_per_batch) == (16, 256, 4)
+
+
+def test_gpu_serving_on_the_cpu_stays_within_a_few_hundred_mib():
+    """Left to size its own cache, transformers' continuous batching took 80% of the host's memory (12 GB)."""
+    import subprocess
+    import sys
+
+    from diptych_server.stack import REPO_ROOT
+
+    argv = ["--device", "cpu", "--model", "diptych-tiny", "--requests", "2", "--concurrency", "2", "--attention"]
+    argv += ["gather", "--prompt-tokens", "8", "--output-tokens", "4", "--kv-cache-mib", "16", "--threads", "1"]
+    measure = (  # in a process of its own, whose only child is the run: this one's children are the suite's
+        "import resource, subprocess, sys; "
+        f"subprocess.run([sys.executable, '-m', 'bench.gpu_serving', *{argv!r}], check=True, capture_output=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    result = subprocess.run([sys.executable, "-c", measure], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout) < 2 * 2**20  # KiB: under 2 GiB, where the engines' pools take 16 MiB each
 
 
 def test_split_ttft_serves_a_prompt_stretched_past_the_model_on_every_path_here(capsys):

@@ -46,7 +46,7 @@ def test_host_time_per_step_per_sequence_on_the_micro_model(capsys):
     argv = ["--device", "cpu", "--concurrency", "1,4", "--requests-per-stream", "2", "--output-tokens", "8"]
     assert gpu_busy.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "diptych-tiny on cpu, float32, 1 torch threads"
+    assert lines[0] == "diptych-tiny on cpu, float32, 1 torch threads, attention paged-cpu"  # auto's choice here
     rows = [line.split() for line in lines[3:]]
     assert [row[0] for row in rows] == ["1", "4"]
     for streams, steps, per_step, _ms_per_step, tok_s, total, inside, outside in rows:
