@@ -167,15 +167,19 @@ class UsageJournal:
         line = [text, token_ids] if logprobs is None else [text, token_ids, logprobs]
         os.write(descriptor, (_OUTPUT_LINE(line) + "\n").encode())
 
-    def kept_outputs(self, execution_id: str, count: int) -> list[dict]:
-        """The first `count` outputs an execution kept (all it kept, if fewer), in the stored answer's
-        names (`text`, `tokenIds`, `logprobs`)."""
+    def kept_outputs(self, execution_id: str, tokens: int) -> list[dict]:
+        """The outputs an execution kept that hold its first `tokens` output tokens (all it kept, if they
+        hold fewer), in the stored answer's names (`text`, `tokenIds`, `logprobs`). An output kept but not
+        counted (the gateway stopped between the two) is not among them."""
         try:
             lines = self._outputs_path(execution_id).read_bytes().splitlines()
         except FileNotFoundError:
             return []
-        kept = []
-        for text, token_ids, *logprobs in map(json.loads, lines[:count]):
+        kept: list[dict] = []
+        for text, token_ids, *logprobs in map(json.loads, lines):
+            tokens -= len(token_ids)
+            if tokens < 0:
+                break
             kept.append({"text": text, "tokenIds": token_ids} | ({"logprobs": logprobs[0]} if logprobs else {}))
         return kept
 

@@ -51,7 +51,7 @@ class Delivery:
     def counting(self, output: GenerationOutput) -> None:
         """The output is about to be handed to the protocol: it counts from now on (for an answer handed
         over whole, from `hand_over_whole`)."""
-        self._produced += 1
+        self._produced += len(output.token_ids)
         if self._keeps_outputs:
             logprobs = None if output.logprobs is None else stored_logprobs(output.logprobs)
             self._journal.keep_output(self._plan.request_id, output.text, output.token_ids, logprobs)
@@ -97,8 +97,11 @@ class Delivery:
         )
 
     def _workers_on_record(self) -> tuple[str, ...]:
-        decode = decode_record(self._trace)
-        return tuple(record.worker.id for record in (self._trace.prefill, decode) if record is not None)
+        """The workers of the phases `decode_record` bills: checked before every output, so built plainly."""
+        prefill, decode = self._trace.prefill, self._trace.decode
+        if prefill is None:
+            return () if decode is None else (decode.worker.id,)
+        return prefill.worker.id, (decode or prefill).worker.id
 
     def _events(self) -> list[UsageEvent]:
         return usage_events(self._plan, self._caller, self._trace, max(self.delivered, 1), self._bills_prompt)

@@ -251,50 +251,54 @@ class Pipeline:
                 yield run, output
 
     async def _choice(self, admitted: Admitted, run: ChoiceRun) -> AsyncGenerator[GenerationOutput, None]:
-        """One choice's outputs, named by the request's execution id; the last carries the choice's finish
-        reason and usage. They count as delivered where the caller hands them over."""
+        """One choice's outputs, named by the request's execution id: one per arrival of tokens (the tokens
+        that came together go out together); the last carries the choice's finish reason and usage. They
+        count as delivered where the caller hands them over."""
         plan, trace = run.plan, run.trace
         request_id = admitted.plan.request_id
-        first_token_at = last_token_at = None
+        first_token_at = last_token_at = 0.0
         produced = 0
         text = TextStream(plan.tokenizer, plan.stop)
         calls = ToolCallStream(plan.tools) if plan.tools else None
         inter_token_latency = INTER_TOKEN_LATENCY.labels(plan.model.name)
-        async with aclosing(self._path.run(plan, trace)) as events:
-            async for event in events:
+        async with aclosing(self._path.run(plan, trace)) as arrivals:
+            async for tokens in arrivals:
                 now = time.monotonic()
-                if last_token_at is None and run.index == 0:
-                    ttft = TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode)
-                    ttft.observe(now - admitted.arrived)
-                    RECENT_LATENCIES.record_ttft(trace, now - admitted.arrived)
-                elif last_token_at is not None:
-                    inter_token_latency.observe(now - last_token_at)
-                first_token_at = first_token_at or now
-                last_token_at = now
-                produced += 1
-                delta = text.push(event.token_id)
-                logprobs = _logprobs(plan, event)
-                if text.stopped or event.finished:
-                    finish_trace(trace)
-                    if produced > 1:  # the stream's mean time per output token after its first
-                        RECENT_LATENCIES.record_tpot(trace, (now - first_token_at) / (produced - 1))
-                    stopped = text.stopped or event.finished_by_eos
-                    last = delta + text.flush()
-                    content, tool_calls = calls.end(last, cut=not stopped) if calls else (last, ())
-                    yield GenerationOutput(
-                        request_id,
-                        content,
-                        [event.token_id],
-                        _finish_reason(plan, stopped, tool_calls),
-                        _usage(plan, trace, produced),
-                        index=run.index,
-                        logprobs=logprobs,
-                        tool_calls=tool_calls,
-                    )
-                    return
+                if not produced:
+                    first_token_at = last_token_at = now
+                    if run.index == 0:
+                        TIME_TO_FIRST_TOKEN.labels(plan.model.name, trace.mode).observe(now - admitted.arrived)
+                        RECENT_LATENCIES.record_ttft(trace, now - admitted.arrived)
+                deltas, ids = [], []
+                for token in tokens:
+                    if produced:  # the tokens that came with the first of them came no time after it
+                        inter_token_latency.observe(now - last_token_at)
+                        last_token_at = now
+                    produced += 1
+                    ids.append(token.token_id)
+                    deltas.append(text.push(token.token_id))
+                    if text.stopped or token.finished:
+                        finish_trace(trace)
+                        if produced > 1:  # the stream's mean time per output token after its first
+                            RECENT_LATENCIES.record_tpot(trace, (now - first_token_at) / (produced - 1))
+                        stopped = text.stopped or token.finished_by_eos
+                        last = "".join(deltas) + text.flush()
+                        content, tool_calls = calls.end(last, cut=not stopped) if calls else (last, ())
+                        yield GenerationOutput(
+                            request_id,
+                            content,
+                            ids,
+                            _finish_reason(plan, stopped, tool_calls),
+                            _usage(plan, trace, produced),
+                            index=run.index,
+                            logprobs=_logprobs(plan, tokens[: len(ids)]),
+                            tool_calls=tool_calls,
+                        )
+                        return
+                delta = deltas[0] if len(deltas) == 1 else "".join(deltas)
                 if calls is not None:  # text that may still be a tool call is held back
                     delta = calls.push(delta)
-                yield GenerationOutput(request_id, delta, [event.token_id], index=run.index, logprobs=logprobs)
+                yield GenerationOutput(request_id, delta, ids, index=run.index, logprobs=_logprobs(plan, tokens))
 
     async def _last_of_choice(
         self, plan: GenerationPlan, runs: list[ChoiceRun], output: GenerationOutput
@@ -340,10 +344,10 @@ def _finish_reason(plan: GenerationPlan, stopped: bool, tool_calls: tuple[ToolCa
     return FinishReason.STOP if stopped else FinishReason.LENGTH
 
 
-def _logprobs(plan: GenerationPlan, event: SampledToken) -> list[TokenLogprob] | None:
-    if event.logprobs is None:
+def _logprobs(plan: GenerationPlan, tokens: list[SampledToken]) -> list[TokenLogprob] | None:
+    if tokens[0].logprobs is None:  # the request did not ask for them
         return None
-    return [token_logprob(plan.tokenizer, event.token_id, event.logprobs)]
+    return [token_logprob(plan.tokenizer, token.token_id, token.logprobs) for token in tokens if token.logprobs]
 
 
 def _usage(plan: GenerationPlan, trace: RequestTrace, completion_tokens: int) -> Usage:

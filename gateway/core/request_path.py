@@ -1,5 +1,5 @@
 """Runs a planned request on workers and yields every output token, the first one included, surviving
-worker failures.
+worker failures. Tokens come in lists, each of those that arrived together (one in the common case).
 
 Split mode opens the decode call first (so the decode worker expects the KV cache and its one-time
 transfer token), then the prefill call, which returns the first token and pushes the KV cache straight
@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import grpc
 from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
@@ -135,16 +136,18 @@ class RequestPath:
         self._router = router
         self._timeouts = timeouts
 
-    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncGenerator[SampledToken, None]:
-        """The request's output tokens. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
+    async def run(self, plan: GenerationPlan, trace: RequestTrace) -> AsyncGenerator[list[SampledToken], None]:
+        """The request's output tokens, in lists of those that arrived together; the last list ends with the
+        request's last token. Close the iterator (contextlib.aclosing) to cancel the worker calls."""
         produced: list[int] = []
         avoid: set[str] = set()
+        budget = plan.sampling.max_tokens
         while True:
             route = self._router.route(
                 RouteRequest(
                     plan.model.name,
                     plan.prompt_token_ids + produced,
-                    plan.sampling.max_tokens - len(produced),
+                    budget - len(produced),
                     frozenset(avoid),
                     plan.cache_salt,
                     trace.pin,
@@ -161,12 +164,11 @@ class RequestPath:
                 if trace.attempts > 1:
                     await asyncio.sleep(_backoff(trace.attempts))
                 async with aclosing(self._attempt(plan, route, produced, trace, lease, span)) as attempt:
-                    async for event in attempt:
-                        produced.append(event.token_id)
-                        if len(produced) >= plan.sampling.max_tokens and not event.finished:
-                            event = _last_of_budget(event)  # a worker that counts the budget per call
-                        yield event
-                        if event.finished:
+                    async for tokens in attempt:
+                        tokens = _within_budget(tokens, budget - len(produced))
+                        produced.extend([token.token_id for token in tokens])
+                        yield tokens
+                        if tokens[-1].finished:
                             return
                 raise WorkerFailure(_ended_early(route), (route.decode or route.prefill,), dead=False)
             except WorkerFailure as failure:
@@ -180,7 +182,7 @@ class RequestPath:
 
     def _attempt(
         self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
-    ) -> AsyncGenerator[SampledToken, None]:
+    ) -> AsyncGenerator[list[SampledToken], None]:
         """`span`: the attempt's, whose context the worker calls carry."""
         if route.decode is None:
             return self._colocated(plan, route, produced, trace, lease, span)
@@ -226,7 +228,7 @@ class RequestPath:
         trace: RequestTrace,
         lease: Lease,
         span: Span,
-    ) -> AsyncGenerator[SampledToken, None]:
+    ) -> AsyncGenerator[list[SampledToken], None]:
         prompt = plan.prompt_token_ids + produced
         metadata = self._channels.metadata(span)
         sampling = _worker_sampling(plan.sampling, produced)
@@ -271,19 +273,21 @@ class RequestPath:
             prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
             if first.finished:
                 trace.prompt_shared.set()
-            yield SampledToken(first.token_id, first.finished, first.finished_by_eos, _logprobs(first))
+            yield [SampledToken(first.token_id, first.finished, first.finished_by_eos, _logprobs(first))]
             if first.finished:
                 return
             decode_record = _start_decode(trace, decode)
             kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
+            kv_task.add_done_callback(partial(_fail_on_lost_kv, decode_tokens))
             while True:
-                event = await self._next_decode_event(decode_tokens, route, decode, kv_task)
+                events = await self._next_events(decode_tokens, route, decode, "decode", self._timeouts.next_token_s)
                 trace.prompt_shared.set()  # a decode token: the decode worker admitted the prompt's blocks
-                if event.finished:
-                    decode_record.compute_ms += event.stats.compute_ms
+                last = events[-1]
+                if last.finished:
+                    decode_record.compute_ms += last.stats.compute_ms
                     await self._account_kv(kv_task, prefill_record, decode_record)
-                yield _sampled(event)
-                if event.finished:
+                yield [_sampled(event) for event in events]
+                if last.finished:
                     return
         finally:
             if kv_task is not None:
@@ -293,44 +297,24 @@ class RequestPath:
             decode_tokens.close()
             prefill_call.cancel()
 
-    async def _next_decode_event(
-        self, decode_tokens: CallTokens, route: Route, decode: WorkerInfo, kv_task: asyncio.Task
-    ) -> worker_pb2.TokenEvent:
-        """The next decode token from `decode`; fails when the KV hand-off failed before it or no token came
-        in time."""
+    async def _next_events(
+        self, tokens: CallTokens, route: Route, worker: WorkerInfo, phase: str, timeout_s: float
+    ) -> list[worker_pb2.TokenEvent]:
+        """The token events that came from `worker` since the last read, up to the call's last (waiting up
+        to `timeout_s` for one). Fails when none came in time, the call or its stream failed, or the KV
+        hand-off failed before them (`_fail_on_lost_kv`)."""
         try:
-            if kv_task.done():  # the hand-off is settled: no need to race the read against it
-                async with asyncio.timeout(self._timeouts.next_token_s):  # a timer, where a race costs tasks
-                    message = await decode_tokens.read()
-            else:
-                message = await self._read_racing_kv(decode_tokens, decode, kv_task)
+            events = await tokens.read_ready(timeout_s)
         except TimeoutError:
-            raise WorkerFailure(_timed_out(decode, "decode"), (decode,), dead=False) from None
+            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
         except grpc.aio.AioRpcError as error:
-            raise _failure(error, (decode,), "decode") from None
-        if message is grpc.aio.EOF:
-            raise WorkerFailure(_ended_early(route), (decode,), dead=False)
-        WORKER_BYTES_RECEIVED.inc(message.ByteSize())
-        return message
-
-    async def _read_racing_kv(self, decode_tokens: CallTokens, decode: WorkerInfo, kv_task: asyncio.Task):
-        """The decode call's next token event, unless the KV hand-off fails before it comes."""
-        read = asyncio.ensure_future(decode_tokens.read())
-        try:
-            while not read.done():
-                waiting = {read} if kv_task.done() else {read, kv_task}
-                done, _ = await asyncio.wait(
-                    waiting, timeout=self._timeouts.next_token_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
-                    raise TimeoutError
-                if kv_task in done:
-                    kv_failure = kv_task.exception()
-                    if kv_failure is not None and not read.done():
-                        raise kv_failure
-            return read.result()
-        finally:
-            read.cancel()
+            raise _failure(error, (worker,), phase) from None
+        if not isinstance(events, list):  # EOF: the stream that carries them ended
+            raise WorkerFailure(_ended_early(route), (worker,), dead=False)
+        for index, event in enumerate(events):
+            if event.finished:
+                return events[: index + 1]
+        return events
 
     async def _kv_delivered(self, prefill_call, prefill: WorkerInfo, decode: WorkerInfo) -> worker_pb2.KvDelivered:
         """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
@@ -362,7 +346,7 @@ class RequestPath:
 
     async def _colocated(
         self, plan: GenerationPlan, route: Route, produced: list[int], trace: RequestTrace, lease: Lease, span: Span
-    ) -> AsyncGenerator[SampledToken, None]:
+    ) -> AsyncGenerator[list[SampledToken], None]:
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         stream = await self._token_stream(route.prefill, phase)
         call = self._channels.stub(route.prefill.address).Generate(
@@ -380,19 +364,20 @@ class RequestPath:
         tokens = CallTokens(call, stream, trace.attempt_id(plan.request_id))
         started = _now()
         try:
-            first = await self._read(tokens, route.prefill, phase, self._timeouts.first_token_s)
+            events = await self._next_events(tokens, route, route.prefill, phase, self._timeouts.first_token_s)
+            first = events[0]
             lease.prompt_done()
             _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
             decode_record = _start_decode(trace, route.prefill)
             trace.prompt_shared.set()
-            event = first
             while True:
-                if event.finished and event is not first:
-                    decode_record.compute_ms += event.stats.compute_ms
-                yield _sampled(event)
-                if event.finished:
+                last = events[-1]
+                if last.finished and last is not first:
+                    decode_record.compute_ms += last.stats.compute_ms
+                yield [_sampled(event) for event in events]
+                if last.finished:
                     return
-                event = await self._read(tokens, route.prefill, phase, self._timeouts.next_token_s)
+                events = await self._next_events(tokens, route, route.prefill, phase, self._timeouts.next_token_s)
         finally:
             tokens.close()
 
@@ -487,8 +472,22 @@ def _logprobs(event: worker_pb2.TokenEvent | worker_pb2.FirstToken) -> WorkerLog
     return WorkerLogprobs(event.logprobs.logprob, top)
 
 
-def _last_of_budget(token: SampledToken) -> SampledToken:
-    return dataclasses.replace(token, finished=True, finished_by_eos=False)
+def _within_budget(tokens: list[SampledToken], room: int) -> list[SampledToken]:
+    """`tokens` up to the one that uses the request's last `room` tokens, which ends it (a worker that
+    counts the budget per call may not say so)."""
+    if len(tokens) < room:
+        return tokens
+    last = tokens[room - 1]
+    if not last.finished:
+        last = dataclasses.replace(last, finished=True, finished_by_eos=False)
+    return tokens[: room - 1] + [last]
+
+
+def _fail_on_lost_kv(decode_tokens: CallTokens, kv_task: asyncio.Task) -> None:
+    """A KV hand-off that failed fails the decode call's reader, after the tokens that came before it."""
+    error = None if kv_task.cancelled() else kv_task.exception()
+    if error is not None:
+        decode_tokens.fail(error)
 
 
 def _record_prefill(

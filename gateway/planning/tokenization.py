@@ -90,9 +90,26 @@ def _leave(tenant: str, share: _TenantShare, released: bool) -> None:
         del _shares[tenant]
 
 
-@lru_cache(maxsize=32)
+TOKENIZERS_KEPT = 32  # models' tokenizers kept loaded
+
+
+@lru_cache(maxsize=TOKENIZERS_KEPT)
 def tokenizer_for(source: str):
     return AutoTokenizer.from_pretrained(tokenizer_dir_for(source))
+
+
+_loaded: dict[str, object] = {}  # source -> its tokenizer, once `model_tokenizer` loaded it
+
+
+async def model_tokenizer(source: str):
+    """The source's tokenizer: loaded off the event loop the first time (it reads its files), and after that
+    taken as it is, without a hop to a thread and back for every request."""
+    tokenizer = _loaded.get(source)
+    if tokenizer is None:
+        tokenizer = _loaded[source] = await run_off_loop(tokenizer_for, source)
+        while len(_loaded) > TOKENIZERS_KEPT:
+            del _loaded[next(iter(_loaded))]
+    return tokenizer
 
 
 def encode_prompt(tokenizer, prompt: str, limit: int | None = None) -> list[int]:

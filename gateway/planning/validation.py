@@ -8,7 +8,7 @@ import uuid
 from gateway.fleet.registry import ModelInfo, Registry
 from gateway.planning.json_body import TooDeep
 from gateway.planning.structured import MAX_TOOLS, plan_structure
-from gateway.planning.tokenization import TooManyTokens, encode_chat, encode_prompt, run_off_loop, tokenizer_for
+from gateway.planning.tokenization import TooManyTokens, encode_chat, encode_prompt, model_tokenizer, run_off_loop
 from gateway.planning.tools import MAX_ARGUMENTS_DEPTH, template_calls, template_tools
 from gateway.types import (
     ChatMessage,
@@ -60,7 +60,7 @@ async def plan_generation(request: GenerationRequest, registry: Registry, organi
         raise _invalid(
             f"model {_shown(request.model)} does not exist; available models: {available}", ErrorKind.NOT_FOUND
         )
-    tokenizer = await run_off_loop(tokenizer_for, model.source)
+    tokenizer = await model_tokenizer(model.source)
     structure = await plan_structure(request, model.source, organization_id)
     prompt = await _prompt_token_ids(request, tokenizer, model, organization_id)
     return GenerationPlan(

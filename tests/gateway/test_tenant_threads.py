@@ -18,6 +18,7 @@ from gateway.planning.tokenization import (
     TooManyTokens,
     encode_chat,
     encode_prompt,
+    model_tokenizer,
     tokenizer_for,
 )
 from tests.gateway.harness import MODEL, ControlPlaneInMemory, in_process_gateway, post_json
@@ -128,3 +129,14 @@ def test_a_prompt_over_the_limit_is_refused_before_its_tokens_become_a_list(sour
     assert refused.value.count == count
     # a list of that many token ids is 8 bytes a pointer and an int object each
     assert peak < count, f"{peak >> 10} KiB of Python objects made to refuse {count} tokens"
+
+
+async def test_a_loaded_tokenizer_is_taken_without_a_hop_to_a_thread():
+    """The first request for a model loads its tokenizer on a thread (it reads files); every later one
+    takes it as it is: its coroutine ends at its first step, having waited for nothing."""
+    source = f"builtin:{MODEL}"
+    loaded = await model_tokenizer(source)
+    later = model_tokenizer(source)
+    with pytest.raises(StopIteration) as done:
+        later.send(None)
+    assert done.value.value is loaded

@@ -163,3 +163,28 @@ def test_the_outputs_an_execution_kept_leave_with_it_when_it_finishes(tmp_path):
     journal.finish("exec_1", [event("exec_1", "decode", 1)])
     assert journal.kept_outputs("exec_1", 5) == []
     assert list((tmp_path / "journal-outputs").iterdir()) == []
+
+
+def test_kept_outputs_of_several_tokens_each_are_given_back_for_the_tokens_counted(tmp_path):
+    """Tokens that arrived together went out in one output: what a restart stores is the outputs whose
+    tokens were all counted, never an output counted in part or kept but not yet counted."""
+    journal = UsageJournal(tmp_path / "journal.sqlite3")
+    journal.keep_output("exec_1", "a", [1])
+    journal.keep_output("exec_1", "bcd", [2, 3, 4])
+    journal.keep_output("exec_1", "e", [5])
+    texts = {count: "".join(o["text"] for o in journal.kept_outputs("exec_1", count)) for count in range(7)}
+    assert texts == {0: "", 1: "a", 2: "a", 3: "a", 4: "abcd", 5: "abcde", 6: "abcde"}
+
+
+def test_a_killed_gateway_bills_the_tokens_of_outputs_of_several_tokens_and_keeps_them(tmp_path):
+    path = tmp_path / "journal.sqlite3"
+    journal = UsageJournal(path)
+    journal.track("exec_1", [event("exec_1", "prefill"), event("exec_1", "decode", 1)], 1)
+    journal.keep_output("exec_1", "a", [1])
+    journal.keep_output("exec_1", "bc", [2, 3])
+    journal.count_delivered("exec_1", 3)
+    journal.keep_output("exec_1", "d", [4])  # killed before it counted
+    restarted = UsageJournal(path)
+    [recovered] = restarted.recover()
+    assert {e.phase: e.tokens for e in recovered.events}["decode"] == 3
+    assert recovered.outputs == [{"text": "a", "tokenIds": [1]}, {"text": "bc", "tokenIds": [2, 3]}]
