@@ -21,6 +21,7 @@ from prometheus_client import start_http_server
 from diptych_common.artifacts import ArtifactCache, fetch_tokenizer_files
 from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Authenticator
+from gateway.accounts.control_plane_http import AiohttpTransport
 from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.limits import RateLimiter
 from gateway.accounts.refusals import RefusalReporter
@@ -34,6 +35,7 @@ from gateway.fleet.registry import Registry
 from gateway.grpc_api.service import SERVICE_NAME, add_inference_service
 from gateway.openai_api.app import build_app
 from gateway.openai_api.batches import BatchApiProxy
+from gateway.openai_api.responses_store import ResponseStore
 from gateway.openai_api.server import JsonErrorAppRunner
 from gateway.routing.policies import DEFAULT_POLICY, POLICIES
 from gateway.routing.route import ServingMode
@@ -67,7 +69,7 @@ class GatewayConfig:
 
 async def serve(config: GatewayConfig) -> None:
     start_http_server(config.metrics_port, addr=config.host)
-    control_plane = ControlPlaneClient(config.control_plane_url, config.internal_token)
+    control_plane = ControlPlaneClient(config.control_plane_url, config.internal_token, transport=AiohttpTransport())
     channels = Channels()
     await _fetch_worker_secret(control_plane, channels)
     board = LoadBoard(channels)
@@ -112,7 +114,8 @@ async def serve(config: GatewayConfig) -> None:
     bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     batch_api = BatchApiProxy(config.control_plane_url)
-    http_runner = JsonErrorAppRunner(build_app(pipeline, batch_api), handler_cancellation=True, access_log=None)
+    app = build_app(pipeline, batch_api, ResponseStore(control_plane))
+    http_runner = JsonErrorAppRunner(app, handler_cancellation=True, access_log=None)
     await http_runner.setup()
     http_site = web.TCPSite(http_runner, config.host, config.http_port)
     await http_site.start()

@@ -76,6 +76,42 @@ class ControlPlaneClient:
     async def release_idempotency_key(self, body: dict) -> dict:
         return _body(await self._request(endpoints.IDEMPOTENCY_KEY_RELEASE, json=body))
 
+    # Stored responses (`/v1/responses`), each call naming the organization that owns the response: another
+    # organization's id is answered as none (None, False).
+
+    async def store_response(self, body: dict) -> dict:
+        """Creates or updates a stored response; the answer holds its status as kept (a cancel stays)."""
+        return _body(await self._request(endpoints.RESPONSE_STORE, json=body))
+
+    async def fetch_response(self, organization_id: str, response_id: str) -> dict | None:
+        return _found(await self._response_call(endpoints.RESPONSE_FETCH, organization_id, response_id))
+
+    async def response_status(self, organization_id: str, response_id: str) -> str | None:
+        found = _found(await self._response_call(endpoints.RESPONSE_STATUS, organization_id, response_id))
+        return None if found is None else found["status"]
+
+    async def delete_response(self, organization_id: str, response_id: str) -> bool:
+        return _found(await self._response_call(endpoints.RESPONSE_DELETE, organization_id, response_id)) is not None
+
+    async def cancel_response(self, organization_id: str, response_id: str) -> dict | None:
+        """The response after the cancel; httpx.HTTPStatusError (400) when it cannot be cancelled."""
+        response = await self._request(
+            endpoints.RESPONSE_CANCEL, {"response_id": response_id}, json={"organization_id": organization_id}
+        )
+        return _found(response)
+
+    async def response_input_items(
+        self, organization_id: str, response_id: str, query: Mapping[str, str]
+    ) -> dict | None:
+        """A page of the response's input items; httpx.HTTPStatusError (400) for a query it refuses."""
+        return _found(await self._response_call(endpoints.RESPONSE_INPUT_ITEMS, organization_id, response_id, query))
+
+    async def _response_call(
+        self, endpoint: Endpoint, organization_id: str, response_id: str, query: Mapping[str, str] | None = None
+    ) -> httpx.Response:
+        params = {**(query or {}), "organization_id": organization_id}
+        return await self._request(endpoint, {"response_id": response_id}, params=params)
+
     # ---- the workers' ----------------------------------------------------------------------------------
 
     async def register_worker(self, *, address: str, name: str, revision: str) -> dict:
@@ -171,6 +207,11 @@ def _unless_failed(response: httpx.Response) -> httpx.Response:
             f"control plane answered {response.status_code} to {request.method} {request.url.path}"
         )
     return response
+
+
+def _found(response: httpx.Response) -> Any:
+    """The JSON answer, or None when the control plane answered 404."""
+    return None if response.status_code == 404 else _body(response)
 
 
 def _body(response: httpx.Response) -> Any:

@@ -13,6 +13,7 @@ import { loginView } from "./views/login";
 import { type DayRange, lastDays, rangePicker, rangeText } from "./views/range";
 import { refusalsView } from "./views/refusals";
 import { usageView } from "./views/usage";
+import { canManageWebhooks, webhooksView } from "./views/webhooks";
 
 const app = document.getElementById("app")!;
 const FLEET_REFRESH_MS = 3000;
@@ -83,6 +84,7 @@ function showDashboard(me: Me): void {
       section("invoices", "Invoices", invoicesView),
     );
     if (canSeeBatches(me.role)) sections.push(section("batches", "Batches", () => batchesView(refresh)));
+    if (canManageWebhooks(me.role)) sections.push(section("webhooks", "Webhooks", () => webhooksView(refresh)));
   }
   if (me.is_staff) {
     const reload = async () => {

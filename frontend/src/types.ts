@@ -153,3 +153,30 @@ export interface BatchList {
   has_more: boolean;
   last_id: string | null;
 }
+
+// GET /webhooks: an endpoint that receives the organization's events, signed with its secret.
+export interface WebhookEndpoint {
+  id: string;
+  name: string;
+  url: string;
+  event_types: string[];
+  signing_secret_hint: string;
+  signing_secret?: string; // only in the answer to a create or a rotation
+  created_at: number; // seconds since the epoch
+}
+
+// GET /webhooks/{id}/deliveries: one event on its way to the endpoint, with every try.
+export interface WebhookDelivery {
+  id: string;
+  event_id: string;
+  event_type: string;
+  status: "pending" | "delivered" | "failed";
+  created_at: string;
+  next_attempt_at: string | null;
+  attempts: { number: number; started_at: string; duration_ms: number; status_code: number | null; error: string }[];
+}
+
+export interface CursorList<T> {
+  data: T[];
+  has_more: boolean;
+}

@@ -9,7 +9,8 @@ remembered for REFUSED_TTL_S in a separate one of their own bound; and each peer
 of failed authentications, past which it gets RESOURCE_EXHAUSTED (HTTP 429) with the time to wait,
 before its key is sent to the control plane. A key verified within the TTL passes even then.
 
-The control plane's answer carries the key's scopes, its rate limits and the organization's spend. Each
+The control plane's answer carries the key's scopes, the rate limits of the key, its project and its
+organization, and the spend of the organization and of the project. Each
 of these is read defensively: a field the control plane does not send means unlimited or allowed.
 """
 
@@ -55,6 +56,9 @@ class Caller:
     organization_limits: RateLimits = field(default_factory=RateLimits)
     key_limits: RateLimits = field(default_factory=RateLimits)
     spend: Spend = field(default_factory=Spend)
+    project_id: str = ""  # "": the control plane names no project (then no project limits apply)
+    project_limits: RateLimits = field(default_factory=RateLimits)
+    project_spend: Spend = field(default_factory=Spend)
     kind: str = "standard"  # "batch": a batch's runner key, whose usage is billed at the batch tier
     batch_id: str = ""  # the batch whose lines a runner key sends
 
@@ -139,7 +143,6 @@ def _invalid_key() -> GatewayError:
 
 def caller_from_identity(identity: dict) -> Caller:
     limits = identity.get("limits") or {}
-    spend = identity.get("spend") or {}
     scopes = identity.get("scopes")
     return Caller(
         organization_id=identity["organization_id"],
@@ -149,17 +152,26 @@ def caller_from_identity(identity: dict) -> Caller:
         batch_id=str(identity.get("batch_id") or ""),
         organization_limits=_rate_limits(limits.get("organization")),
         key_limits=_rate_limits(limits.get("api_key")),
-        spend=Spend(
-            limit_micros=_optional_int(spend.get("limit_micros")),
-            spent_micros=_optional_int(spend.get("spent_micros")) or 0,
-            over_limit=bool(spend.get("over_limit", False)),
-        ),
+        spend=_spend(identity.get("spend")),
+        project_id=str(identity.get("project_id") or ""),
+        project_limits=_rate_limits(limits.get("project")),
+        project_spend=_spend(identity.get("project_spend")),
+    )
+
+
+def _spend(entry) -> Spend:
+    if not isinstance(entry, dict):
+        return Spend()
+    return Spend(
+        limit_micros=_optional_int(entry.get("limit_micros")),
+        spent_micros=_optional_int(entry.get("spent_micros")) or 0,
+        over_limit=bool(entry.get("over_limit", False)),
     )
 
 
 def check_allowed(caller: Caller, request: GenerationRequest | None = None) -> None:
-    """Refuses a caller whose key lacks the inference scope or whose organization is over its spend limit,
-    and a batch's runner key for anything but `request` being a line of its batch."""
+    """Refuses a caller whose key lacks the inference scope or whose organization or project is over its spend
+    limit, and a batch's runner key for anything but `request` being a line of its batch."""
     if caller.kind == "batch" and not _is_line_of_batch(request, caller.batch_id):
         raise GatewayError(
             ErrorKind.PERMISSION_DENIED,
@@ -177,6 +189,14 @@ def check_allowed(caller: Caller, request: GenerationRequest | None = None) -> N
             ErrorKind.RESOURCE_EXHAUSTED,
             f"spend limit of {amount} reached for this billing period; raise it (PUT /api/v1/spend-limit) "
             "or wait for the next billing period",
+        )
+    if caller.project_spend.over_limit:
+        limit = caller.project_spend.limit_micros
+        amount = f"${limit / 1_000_000:,.2f}" if limit is not None else "its limit"
+        raise GatewayError(
+            ErrorKind.RESOURCE_EXHAUSTED,
+            f"spend limit of {amount} reached by project {caller.project_id} for this billing period; raise it "
+            f"(PATCH /api/v1/projects/{caller.project_id}) or wait for the next billing period",
         )
 
 

@@ -1,4 +1,5 @@
-"""Rate limits per organization and per API key: requests, input tokens and output tokens per minute.
+"""Rate limits per organization, per project and per API key: requests, input tokens and output tokens per
+minute.
 
 Each limit is a token bucket holding up to one minute's allowance and refilling continuously. A request
 takes from every bucket that applies to it at once, or from none: it is admitted only when all of them
@@ -98,7 +99,7 @@ return 0
 @dataclass(frozen=True)
 class Bucket:
     key: str  # e.g. "org:<id>:input tokens"
-    scope: str  # "organization" or "API key"
+    scope: str  # "organization", "project" or "API key"
     kind: str  # "requests", "input tokens" or "output tokens"
     capacity: int  # the per-minute limit
     cost: int
@@ -259,8 +260,11 @@ def _buckets(caller: Caller, input_tokens: int, max_output_tokens: int, requests
     buckets = []
     for scope, prefix, owner, limits in (
         ("organization", "org", caller.organization_id, caller.organization_limits),
+        ("project", "proj", caller.project_id, caller.project_limits),
         ("API key", "key", caller.api_key_id, caller.key_limits),
     ):
+        if not owner:  # a caller verified without a project
+            continue
         for field_name, kind in _KINDS:
             limit = getattr(limits, field_name)
             if limit is not None:

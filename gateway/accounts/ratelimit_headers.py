@@ -4,9 +4,9 @@
     x-ratelimit-remaining-requests  x-ratelimit-remaining-tokens
     x-ratelimit-reset-requests      x-ratelimit-reset-tokens
 
-HTTP headers and gRPC metadata alike (lowercase names, text values). A caller can have up to two request
-buckets (its organization's and its API key's) and up to four token buckets (input and output tokens of
-each): each pair of headers reports the most constraining bucket of its family, the one with the fewest
+HTTP headers and gRPC metadata alike (lowercase names, text values). A caller can have up to three request
+buckets (its organization's, its project's and its API key's) and up to six token buckets (input and output
+tokens of each): each pair of headers reports the most constraining bucket of its family, the one with the fewest
 units left (on a tie, the smaller limit), with that bucket's limit and the time until it is full again
 ("1s", "120ms", "6m0s"). Remaining values are right after this request's own take, its max_tokens
 reserved as output tokens (the unused part is given back when it ends), and never below 0: a bucket that a

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 FLUSH_INTERVAL_S = 1.0
 # The bucket's (scope, kind) as limits.py names them, as the control plane names them.
-SCOPES = {"organization": "organization", "API key": "api_key"}
+SCOPES = {"organization": "organization", "project": "project", "API key": "api_key"}
 LIMITS = {
     "requests": "requests_per_minute",
     "input tokens": "input_tokens_per_minute",
@@ -34,7 +34,7 @@ LIMITS = {
 class RefusalKey:
     organization_id: str
     api_key_id: str
-    scope: str  # "organization" or "api_key"
+    scope: str  # "organization", "project" or "api_key"
     limit: str  # e.g. "requests_per_minute"
     limit_value: int
     minute: datetime.datetime
@@ -53,7 +53,8 @@ class RefusalTally:
         self._unacknowledged: list[RefusalReport] = []
 
     def record(self, organization_id: str, api_key_id: str, scope: str, kind: str, limit_value: int) -> None:
-        """One request refused by the `scope` limit (limits.py's "organization" or "API key") on `kind`."""
+        """One request refused by the `scope` limit (limits.py's "organization", "project" or "API key") on
+        `kind`."""
         key = RefusalKey(organization_id, api_key_id, SCOPES[scope], LIMITS[kind], limit_value, this_minute())
         self._counts[key] = self._counts.get(key, 0) + 1
 

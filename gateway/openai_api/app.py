@@ -25,14 +25,19 @@ from gateway.openai_api.errors import (
 )
 from gateway.openai_api.requests import KNOWN_PARAMS, HttpError, flag, stream_options, to_generation_request
 from gateway.openai_api.responses import Shape, model_json, send_event
+from gateway.openai_api.responses_api import ResponsesApi
+from gateway.openai_api.responses_store import ResponseStore
 from gateway.openai_api.server import REQUEST_ID_HEADER, name_answer
 from gateway.openai_api.tools import tool_call_deltas
 from gateway.planning.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.types import ErrorKind, GatewayError, GenerationOutput, TokenLogprob
 
 
-def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web.Application:
-    """`batch_api` serves /v1/files and /v1/batches (the control plane keeps them)."""
+def build_app(
+    pipeline: Pipeline, batch_api: BatchApiProxy | None = None, responses_store: ResponseStore | None = None
+) -> web.Application:
+    """`batch_api` serves /v1/files and /v1/batches (the control plane keeps them); `responses_store`, the
+    stored responses of /v1/responses."""
     api = OpenAiApi(pipeline)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
     app.on_startup.append(start_parsers)
@@ -44,6 +49,8 @@ def build_app(pipeline: Pipeline, batch_api: BatchApiProxy | None = None) -> web
     app.router.add_get("/v1/models/{model}", api.model)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
+    if responses_store is not None:
+        ResponsesApi(pipeline, responses_store).add_routes(app)  # OpenAI's Responses API (responses_api.py)
     add_messages_routes(app, pipeline)  # Anthropic's Messages API (gateway/anthropic_api)
     app.router.add_get("/health", api.health)
     # No /metrics here: this port is public, and metrics name models, workers and volumes. Prometheus and

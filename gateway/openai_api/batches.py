@@ -34,6 +34,9 @@ ROUTES = (
     ("POST", "/v1/batches"),
     ("GET", "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
+    # OpenAI's organization usage and costs, which the control plane answers from its ledger (admin:read keys).
+    ("GET", "/v1/organization/usage/completions"),
+    ("GET", "/v1/organization/costs"),
 )
 # The control plane's public ids: a prefix and base62, PUBLIC_ID_MAX_LENGTH (32) characters at most.
 IDS = {

@@ -5,6 +5,7 @@ Embedded mode (no DATABASE_URL, no CELERY_BROKER_URL) keeps all state under DIPT
 command runs everything.
 """
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -118,6 +119,31 @@ DIPTYCH_BATCH_LEASE_SECONDS = _env_int("DIPTYCH_BATCH_LEASE_SECONDS", 30)
 DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS = _env_int("DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS", 600)
 DIPTYCH_BATCH_RESUME_SECONDS = _env_int("DIPTYCH_BATCH_RESUME_SECONDS", 10)
 
+# Webhooks: each event goes to every endpoint of its organization subscribed to it, in up to
+# DIPTYCH_WEBHOOK_MAX_TRIES tries, the first at once, then after DIPTYCH_WEBHOOK_FIRST_RETRY_SECONDS, three
+# times longer before each next one (90 s, 270 s, 810 s, 2430 s: the fifth try an hour after the first).
+# A URL must be https (DIPTYCH_WEBHOOKS_ALLOW_HTTP=1: http too) and reach public addresses only: the networks
+# in DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS (CIDRs) are allowed besides, DIPTYCH_WEBHOOKS_ALLOW_PRIVATE=1 allows all.
+DIPTYCH_WEBHOOK_MAX_TRIES = _env_int("DIPTYCH_WEBHOOK_MAX_TRIES", 5)
+DIPTYCH_WEBHOOK_FIRST_RETRY_SECONDS: float = _env_int("DIPTYCH_WEBHOOK_FIRST_RETRY_SECONDS", 90)
+DIPTYCH_WEBHOOK_TIMEOUT_SECONDS: float = _env_int("DIPTYCH_WEBHOOK_TIMEOUT_SECONDS", 10)
+DIPTYCH_WEBHOOK_RESUME_SECONDS = _env_int("DIPTYCH_WEBHOOK_RESUME_SECONDS", 60)
+DIPTYCH_WEBHOOKS_ALLOW_HTTP = _env_flag("DIPTYCH_WEBHOOKS_ALLOW_HTTP")
+DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS = _env_list("DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS", []) + (
+    ["0.0.0.0/0", "::/0"] if _env_flag("DIPTYCH_WEBHOOKS_ALLOW_PRIVATE") else []
+)
+for _network in DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS holds {_network!r}, which is no network (e.g. 10.0.0.0/8)."
+        ) from None
+
+# Stored responses (/v1/responses, which the gateway serves) are kept this long after they were created, then
+# deleted (purge-expired-responses, hourly).
+DIPTYCH_RESPONSE_RETENTION_DAYS = _env_int("DIPTYCH_RESPONSE_RETENTION_DAYS", 30)
+
 # Where the public API's Idempotency-Key records are kept: the store the gateway's inference keys use too.
 DIPTYCH_IDEMPOTENCY_STORE = "controlplane.metering.services"
 
@@ -138,7 +164,9 @@ INSTALLED_APPS = [
     "controlplane.catalog",
     "controlplane.metering",
     "controlplane.billing",
+    "controlplane.webhooks",
     "controlplane.batches",
+    "controlplane.responses",
     "controlplane.dashboard",
     "controlplane.internal",
 ]
@@ -273,6 +301,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "LedgerPhaseEnum": "controlplane.metering.models.Phase",
         "BilledPhaseEnum": "controlplane.catalog.models.PricePhase",
+        "WebhookEventTypeEnum": "controlplane.webhooks.models.EventType",
+        "ProjectRoleEnum": "controlplane.tenancy.models.ProjectRole",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -313,6 +343,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(DIPTYCH_BATCH_RESUME_SECONDS),
     },
     "purge-idempotency-records": {"task": "controlplane.metering.tasks.purge_idempotency_records", "schedule": 3600.0},
+    "purge-expired-responses": {"task": "controlplane.responses.tasks.purge_expired_responses", "schedule": 3600.0},
+    # Tries the deliveries whose try is overdue: its task was lost (a restarted worker) or never sent.
+    "resume-webhook-deliveries": {
+        "task": "controlplane.webhooks.tasks.resume_webhook_deliveries",
+        "schedule": float(DIPTYCH_WEBHOOK_RESUME_SECONDS),
+    },
 }
 
 LOGGING = {

@@ -12,6 +12,8 @@ public_api_urlpatterns = [
     path("", include("controlplane.metering.urls")),
     path("", include("controlplane.billing.urls")),
     path("", include("controlplane.batches.urls")),
+    path("", include("controlplane.webhooks.urls")),
+    path("", include("controlplane.responses.urls")),
 ]
 
 api_v1_urlpatterns = [

@@ -1,5 +1,5 @@
-"""The control plane's apps depend one way: common ← tenancy ← catalog ← metering ← billing ← batches, with
-`internal` (every endpoint the gateway and the workers call) on top of them all.
+"""The control plane's apps depend one way: common ← tenancy ← catalog ← metering ← billing ← webhooks ←
+batches ← responses, with `internal` (every endpoint the gateway and the workers call) on top of them all.
 
 Every module under platform/controlplane is parsed, imports inside functions included, and so are the
 dotted strings that load code by name (`include("controlplane.x.urls")`, settings) and the migrations'
@@ -16,7 +16,8 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 CONTROLPLANE = Path(__file__).resolve().parents[2] / "platform" / "controlplane"
-LAYERS = ["common", "tenancy", "catalog", "metering", "billing", "batches"]  # each may use the ones before it
+# Each may use the ones before it.
+LAYERS = ["common", "tenancy", "catalog", "metering", "billing", "webhooks", "batches", "responses"]
 ALLOWED = {app: frozenset(LAYERS[:index]) for index, app in enumerate(LAYERS)}
 ALLOWED["dashboard"] = frozenset({"common"})
 ALLOWED["internal"] = frozenset(LAYERS)
@@ -32,6 +33,12 @@ INTERNAL_ROUTES = {  # what diptych_common/internal_api/endpoints.py names, and 
     "api/v1/internal/idempotency-keys/claim",
     "api/v1/internal/idempotency-keys/complete",
     "api/v1/internal/idempotency-keys/release",
+    "api/v1/internal/webhooks/events",  # the gateway's response events (no caller yet)
+    "api/v1/internal/responses",  # the gateway's stored responses (/v1/responses)
+    "api/v1/internal/responses/<str:response_id>",
+    "api/v1/internal/responses/<str:response_id>/status",
+    "api/v1/internal/responses/<str:response_id>/cancel",
+    "api/v1/internal/responses/<str:response_id>/input-items",
     "api/v1/internal/workers/register",
     "api/v1/internal/workers/<str:worker_id>/heartbeat",
     "api/v1/internal/artifacts/manifest",  # diptych_common/artifacts.py (workers), with the fleet token

@@ -23,6 +23,7 @@ from controlplane.batches.run_services import (
     runner_key_secret,
 )
 from controlplane.batches.runner import run_slice
+from controlplane.tenancy.project_services import project_create
 from controlplane.tenancy.services import api_key_create, member_add
 from tests.platform.conftest import bearer_client
 
@@ -486,3 +487,14 @@ def test_lines_answered_before_their_usage_was_kept_get_it_from_their_answers(cl
     migration.usage_of_lines_answered_before(django_apps, None)
     tokens = lines.values_list("input_tokens", "cached_tokens", "output_tokens")
     assert list(tokens) == [(7, 2, 5), (0, 0, 0), (0, 0, 0)]
+
+
+def test_a_batch_runs_in_the_project_of_the_key_that_created_it(org_a, tiny_model):
+    """Its usage is counted where its creator's is: the runner key is issued in the creating key's project."""
+    project = project_create(organization=org_a, name="Nightly jobs")
+    issued = api_key_create(organization=org_a, name="jobs", project=project)
+    client = bearer_client(issued.key)
+    uploaded = upload(client, jsonl(line("r1"), line("r2")))
+    batch = create_batch(client, uploaded.data["id"]).data
+    runner = Batch.objects.get(public_id=batch["id"]).runner_key
+    assert runner.project == project

@@ -18,12 +18,14 @@ def test_verify_returns_the_ids_and_records_use(internal_client, key_a, org_a):
     assert response.data == {
         "api_key_id": key_a.api_key.public_id,
         "organization_id": org_a.public_id,
+        "project_id": key_a.api_key.project.public_id,
         "kind": "standard",
         "batch_id": None,
         "scopes": ["inference", "admin:read", "admin:write"],
         "expires_at": None,
-        "limits": {"organization": defaults, "api_key": unlimited},
+        "limits": {"organization": defaults, "project": unlimited, "api_key": unlimited},
         "spend": {"limit_micros": None, "spent_micros": 0, "over_limit": False},
+        "project_spend": {"limit_micros": None, "spent_micros": 0, "over_limit": False},
     }
     assert ApiKey.objects.get(pk=key_a.api_key.pk).last_used_at is not None
 

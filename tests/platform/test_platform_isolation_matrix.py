@@ -18,8 +18,11 @@ from controlplane.billing.models import Invoice
 from controlplane.billing.services import billing_periods_close
 from controlplane.catalog.services import price_set
 from controlplane.metering.models import UsageEvent
-from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization
+from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization, Project
+from controlplane.tenancy.project_services import project_create, project_member_add
 from controlplane.tenancy.services import api_key_create, member_add, member_invite
+from controlplane.webhooks.models import WebhookDelivery, WebhookEndpoint
+from controlplane.webhooks.services import emit_event, endpoint_create
 
 API_PREFIX = "api/v1/"
 EXEMPT = {
@@ -29,7 +32,17 @@ EXEMPT = {
     "stripe/webhook": "authenticated by Stripe's signature, not by an organization (test_platform_stripe)",
 }
 INTERNAL_PREFIX = "internal/"  # the gateway's and workers' endpoints: an organization's key is refused outright
-OWNED_PARAMETERS = {"key_id", "member_id", "invoice_id", "invitation_id", "file_id", "batch_id"}
+OWNED_PARAMETERS = {
+    "key_id",
+    "member_id",
+    "invoice_id",
+    "invitation_id",
+    "file_id",
+    "batch_id",
+    "webhook_id",
+    "project_id",
+    "project_member_id",
+}
 METHODS = ["get", "post", "put", "patch", "delete"]
 PASSWORD = "isolation-password-1"
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
@@ -96,9 +109,19 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
     batch = batch_create(
         organization=org_a, input_file_id=file.public_id, endpoint="/v1/completions", completion_window="24h"
     )
+    webhook = endpoint_create(
+        organization=org_a, url="https://hooks.a-secret.invalid/in", event_types=["batch.completed"]
+    )
+    emit_event(organization=org_a, event_type="batch.completed", data={"id": batch.public_id})
+    project = project_create(organization=org_a, name="a-secret-project")
+    project_member = project_member_add(project=project, membership=member, role="member")
     return {
+        "project_id": project.public_id,
+        "project_member_id": project_member.public_id,
         "file_id": file.public_id,
         "batch_id": batch.public_id,
+        "webhook_id": webhook.public_id,
+        "webhook_secret": webhook.secret,
         "key_id": key_a.api_key.public_id,
         "member_id": member.public_id,
         "invitation_id": invitation.public_id,
@@ -110,6 +133,7 @@ def organization_a_world(db, org_a, key_a, tiny_model, internal_client, make_usa
         "path": "config.json",
         "organization_id": org_a.public_id,
         "request_id": "req-a-secret",
+        "response_id": f"resp_{'0' * 32}",  # the internal endpoints' (stored responses: test_responses_store.py)
     }
 
 
@@ -124,6 +148,9 @@ def _fingerprint(organization: Organization) -> tuple:
         AuditEvent.objects.filter(organization=organization).count(),
         sorted(File.objects.filter(organization=organization).values_list("public_id", "bytes")),
         sorted(Batch.objects.filter(organization=organization).values_list("public_id", "status")),
+        sorted(WebhookEndpoint.objects.filter(organization=organization).values_list("public_id", "url", "secret")),
+        WebhookDelivery.objects.filter(endpoint__organization=organization).count(),
+        sorted(Project.objects.filter(organization=organization).values_list("public_id", "name", "archived_at")),
     )
 
 

@@ -50,10 +50,16 @@ REFUSE_SOME_VALID_REQUESTS = {
     "POST /api/v1/api-keys",  # an expiry in the past
     "POST /api/v1/files",  # a file that is not JSON Lines of requests to a served model
     "POST /api/v1/stripe/webhook",  # a missing or wrong Stripe signature
+    "POST /api/v1/webhooks",  # a URL whose host resolves to a loopback, private or other non-public address
+    "POST /api/v1/internal/webhooks/events",  # an unknown organization
     "GET /api/v1/usage-events",  # end before start
     "GET /api/v1/usage/daily",  # end before start, or more than 366 days after it (documented in words)
     "GET /api/v1/usage/requests",  # the same
     "GET /api/v1/rate-limit-refusals",  # the same
+    "POST /api/v1/projects/{project_id}/api_keys",  # an expiry in the past
+    "POST /api/v1/projects/{project_id}/archive",  # the default project
+    "GET /api/v1/organization/usage/completions",  # end_time before start_time, a page of another query
+    "GET /api/v1/organization/costs",  # the same
     # an unknown organization (the gateway names only organizations whose keys it verified)
     "POST /api/v1/internal/idempotency-keys/claim",
     "POST /api/v1/internal/idempotency-keys/complete",

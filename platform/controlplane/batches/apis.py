@@ -38,7 +38,7 @@ from controlplane.batches.services import (
     file_upload,
 )
 from controlplane.common.filters import QueryFilterSerializer
-from controlplane.tenancy.access import Permission
+from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.base_apis import TenantAPIView
 
 
@@ -287,7 +287,9 @@ class BatchListCreateApi(BatchApiView):
     def post(self, request: Request) -> Response:
         serializer = self.BatchCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        batch = batch_create(organization=self.organization, **serializer.validated_data)
+        api_key = request.user.api_key if isinstance(request.user, Principal) else None
+        project = api_key.project if api_key is not None else None
+        batch = batch_create(organization=self.organization, project=project, **serializer.validated_data)
         return Response(
             BatchOutputSerializer(batch_get(organization=self.organization, public_id=batch.public_id)).data
         )

@@ -27,6 +27,16 @@ from controlplane.batches.selectors import lines_pending_count, lines_sent_unans
 from controlplane.common.tokens import token_from_secret
 from controlplane.tenancy.api_keys import API_KEY_PREFIX
 from controlplane.tenancy.services import api_key_revoke
+from controlplane.webhooks.models import EventType
+from controlplane.webhooks.services import emit_event
+
+# The webhook event of each status a batch ends in (no batch ends failed yet: its file is checked at create).
+END_EVENTS = {
+    BatchStatus.COMPLETED: EventType.BATCH_COMPLETED,
+    BatchStatus.FAILED: EventType.BATCH_FAILED,
+    BatchStatus.EXPIRED: EventType.BATCH_EXPIRED,
+    BatchStatus.CANCELLED: EventType.BATCH_CANCELLED,
+}
 
 
 def runner_key_secret(batch_public_id: str) -> str:
@@ -104,8 +114,9 @@ def line_postponed(*, line: BatchLine, not_before: datetime, counted: bool, may_
 
 def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
     """Ends the batch when nothing is left to run or it was cancelled or expired: writes the output and
-    error files and the final status. True when the batch has ended. A cancelled or expired batch first
-    gets the answers of the lines it sent, so that a line that ran is reported with its answer."""
+    error files and the final status, and emits the webhook event of that status. True when the batch has
+    ended. A cancelled or expired batch first gets the answers of the lines it sent, so that a line that
+    ran is reported with its answer."""
     batch.refresh_from_db()
     if batch.status == BatchStatus.CANCELLING or now >= batch.expires_at:
         if lines_sent_unanswered_count(batch=batch):
@@ -132,6 +143,8 @@ def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
             lease_until=None,
             **{f"{final}_at": timezone.now()},
         )
+        # Stored with the end it reports, and sent once that commits.
+        emit_event(organization=batch.organization, event_type=END_EVENTS[final], data={"id": batch.public_id})
     return True
 
 

@@ -14,7 +14,7 @@ from controlplane.batches.selectors import file_get
 from controlplane.batches.tasks import run_batch
 from controlplane.catalog.models import Model
 from controlplane.common.errors import InvalidInput
-from controlplane.tenancy.models import ApiKeyKind, Organization, Scope
+from controlplane.tenancy.models import ApiKeyKind, Organization, Project, Scope
 from controlplane.tenancy.services import api_key_create
 
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
@@ -65,7 +65,10 @@ def batch_create(
     endpoint: str,
     completion_window: str,
     metadata: dict | None = None,
+    project: Project | None = None,
 ) -> Batch:
+    """`project`: where the batch's usage is counted (its runner key's project): the creating key's; None,
+    the organization's default project (a batch made from a dashboard session)."""
     if endpoint not in ENDPOINTS:
         raise InvalidInput(
             f"endpoint is {endpoint!r}; use one of {', '.join(ENDPOINTS)}.", fields={"endpoint": ["Unsupported."]}
@@ -100,6 +103,7 @@ def batch_create(
         expires_at=expires_at + timedelta(seconds=settings.DIPTYCH_BATCH_LINE_TIMEOUT_SECONDS),
         key=runner_key_secret(public_id),
         kind=ApiKeyKind.BATCH_RUNNER,
+        project=project,
     ).api_key
     batch = Batch.objects.create(
         public_id=public_id,

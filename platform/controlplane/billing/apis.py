@@ -70,6 +70,7 @@ class UsageDailyApi(TenantAPIView):
             required=False,
             help_text="Only the usage of keys of this kind (standard: people's keys; batch_runner: batches').",
         )
+        project_id = serializers.CharField(required=False, max_length=64, help_text="Only this project's usage.")
 
     class UsageDailyOutputSerializer(serializers.Serializer):
         class UsageDailyRowSerializer(serializers.Serializer):

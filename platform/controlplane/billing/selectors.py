@@ -17,10 +17,16 @@ from controlplane.billing.periods import period_bounds, period_end_of, period_st
 from controlplane.billing.rating import amount_micros, micros_from_token_price_product
 from controlplane.catalog.models import PricePhase
 from controlplane.common.errors import ObjectNotFound
-from controlplane.tenancy.models import Organization
+from controlplane.tenancy.models import Organization, Project
 from controlplane.tenancy.scoping import organization_rows
 
-GROUP_BY_FIELDS = {"phase": "phase", "model": "model", "api_key": "api_key__public_id", "tier": "tier"}
+GROUP_BY_FIELDS = {
+    "phase": "phase",
+    "model": "model",
+    "api_key": "api_key__public_id",
+    "tier": "tier",
+    "project": "api_key__project__public_id",  # a key never leaves its project
+}
 
 
 @dataclass(frozen=True)
@@ -66,13 +72,21 @@ def period_lines_to_date(*, organization: Organization, period_start: date) -> l
 
 
 def usage_daily(
-    *, organization: Organization, start: date, end: date, group_by: str, api_key_kind: str | None = None
+    *,
+    organization: Organization,
+    start: date,
+    end: date,
+    group_by: str,
+    api_key_kind: str | None = None,
+    project_id: str | None = None,
 ) -> list[dict]:
     """Rows of {day, key, tokens, amount_micros} for start <= day <= end, amount rounded once per row; with
-    `api_key_kind`, of the keys of that kind only."""
+    `api_key_kind`, of the keys of that kind only; with `project_id`, of that project's keys only."""
     usage = organization_rows(DailyUsage, organization=organization)
     if api_key_kind is not None:
         usage = usage.filter(api_key__kind=api_key_kind)
+    if project_id is not None:
+        usage = usage.filter(api_key__project__public_id=project_id)
     rows = (
         usage.filter(day__gte=start, day__lte=end)
         .values("day", GROUP_BY_FIELDS[group_by], "unit_price_micros_per_million")
@@ -166,6 +180,21 @@ def spend_status(*, organization: Organization, now: datetime | None = None) -> 
     period = billing_period_current(organization=organization, now=now)
     spent = period.amount_to_date_micros if period is not None else 0
     limit = organization.spend_limit_micros
+    return {"limit_micros": limit, "spent_micros": spent, "over_limit": limit is not None and spent >= limit}
+
+
+def project_spend_status(*, project: Project, now: datetime | None = None) -> dict:
+    """{limit_micros, spent_micros, over_limit} of the project in the period open now, as of the last rollup:
+    the period's invoice lines counted over the project's keys only."""
+    rows = (
+        organization_rows(DailyUsage, organization=project.organization)
+        .filter(api_key__project=project, period_start=period_start_of(now or timezone.now()))
+        .values("model", "phase", "tier", "unit_price_micros_per_million")
+        .annotate(tokens=Sum("tokens"))
+        .order_by()
+    )
+    spent = sum(line.amount_micros for line in rated_lines(rows))
+    limit = project.spend_limit_micros
     return {"limit_micros": limit, "spent_micros": spent, "over_limit": limit is not None and spent >= limit}
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from controlplane.billing import apis
+from controlplane.billing import apis, usage_bucket_apis
 
 urlpatterns = [
     path("usage/daily", apis.UsageDailyApi.as_view(), name="usage-daily"),
@@ -10,4 +10,10 @@ urlpatterns = [
     path("invoices", apis.InvoiceListApi.as_view(), name="invoice-list"),
     path("invoices/<str:invoice_id>", apis.InvoiceDetailApi.as_view(), name="invoice-detail"),
     path("stripe/webhook", apis.StripeWebhookApi.as_view(), name="stripe-webhook"),
+    path(
+        "organization/usage/completions",
+        usage_bucket_apis.OrganizationUsageCompletionsApi.as_view(),
+        name="organization-usage-completions",
+    ),
+    path("organization/costs", usage_bucket_apis.OrganizationCostsApi.as_view(), name="organization-costs"),
 ]

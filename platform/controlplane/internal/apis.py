@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.batches.selectors import batch_of_runner_key
-from controlplane.billing.selectors import spend_status
+from controlplane.billing.selectors import project_spend_status, spend_status
 from controlplane.billing.services import usage_events_ingest
 from controlplane.catalog.artifact_store import ArtifactNotFound, artifact_key, artifact_store
 from controlplane.catalog.models import REVISION_MAX_LENGTH, ModelFile, WorkerState
@@ -60,7 +60,10 @@ from controlplane.metering.services import (
     idempotency_key_release,
     rate_limit_refusals_record,
 )
+from controlplane.tenancy.selectors import organization_get
 from controlplane.tenancy.services import api_key_authenticate
+from controlplane.webhooks.models import EventType
+from controlplane.webhooks.services import emit_event
 from diptych_common.internal_api import messages
 
 MAX_POSITIVE_INTEGER = 2**31 - 1
@@ -111,6 +114,7 @@ class ApiKeyVerifyApi(InternalAPIView):
     class ApiKeyVerifyOutputSerializer(serializers.Serializer):
         class VerifyLimitsSerializer(serializers.Serializer):
             organization = LimitsSerializer()
+            project = LimitsSerializer()
             api_key = LimitsSerializer()
 
         class SpendSerializer(serializers.Serializer):
@@ -120,6 +124,7 @@ class ApiKeyVerifyApi(InternalAPIView):
 
         api_key_id = serializers.CharField()
         organization_id = serializers.CharField()
+        project_id = serializers.CharField()
         kind = serializers.ChoiceField(
             choices=["standard", "batch"], help_text="batch: a batch's runner key; its usage is billed at batch prices."
         )
@@ -130,6 +135,7 @@ class ApiKeyVerifyApi(InternalAPIView):
         expires_at = serializers.DateTimeField(allow_null=True)
         limits = VerifyLimitsSerializer()
         spend = SpendSerializer()
+        project_spend = SpendSerializer(help_text="The project's spend limit and spend in the open period.")
 
     @extend_schema(request=ApiKeyVerifyInputSerializer, responses=ApiKeyVerifyOutputSerializer)
     def post(self, request: Request) -> Response:
@@ -141,12 +147,14 @@ class ApiKeyVerifyApi(InternalAPIView):
         verified = {
             "api_key_id": api_key.public_id,
             "organization_id": organization.public_id,
+            "project_id": api_key.project.public_id,
             "kind": "standard" if batch is None else "batch",
             "batch_id": None if batch is None else batch.public_id,
             "scopes": api_key.scopes,
             "expires_at": api_key.expires_at,
-            "limits": {"organization": organization, "api_key": api_key},
+            "limits": {"organization": organization, "project": api_key.project, "api_key": api_key},
             "spend": spend_status(organization=organization),
+            "project_spend": project_spend_status(project=api_key.project),
         }
         return Response(self.ApiKeyVerifyOutputSerializer(verified).data)
 
@@ -287,6 +295,39 @@ class IdempotencyKeyReleaseApi(InternalAPIView):
         serializer.is_valid(raise_exception=True)
         released = idempotency_key_release(**serializer.validated_data)
         return Response(self.IdempotencyKeyReleaseOutputSerializer({"released": released}).data)
+
+
+RESPONSE_EVENT_TYPES = [event_type for event_type in EventType.values if event_type.startswith("response.")]
+
+
+class WebhookEventEmitApi(InternalAPIView):
+    """An event the gateway saw happen to a response (it keeps responses), sent to the organization's
+    webhook endpoints that subscribe to it. Emitting the same event about the same response again changes
+    nothing, so the gateway may retry a call whose answer it lost."""
+
+    class WebhookEventInputSerializer(serializers.Serializer):
+        class WebhookEventDataSerializer(serializers.Serializer):
+            id = TextField(max_length=64, help_text="The response's id (resp_...).")
+
+        organization_id = TextField(max_length=64)
+        type = serializers.ChoiceField(choices=RESPONSE_EVENT_TYPES)
+        data = WebhookEventDataSerializer()
+
+    class WebhookEventOutputSerializer(serializers.Serializer):
+        event_id = serializers.CharField(allow_null=True, help_text="Null: no endpoint subscribes to the type.")
+
+    @extend_schema(request=WebhookEventInputSerializer, responses=WebhookEventOutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.WebhookEventInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        event = emit_event(
+            organization=organization_get(public_id=data["organization_id"]),
+            event_type=data["type"],
+            data={"id": data["data"]["id"]},
+        )
+        event_id = None if event is None else event.public_id
+        return Response(self.WebhookEventOutputSerializer({"event_id": event_id}).data)
 
 
 class ModelArtifactManifestApi(InternalAPIView):

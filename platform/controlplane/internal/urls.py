@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controlplane.internal import apis
+from controlplane.internal import apis, responses_apis
 
 urlpatterns = [
     # the gateway's (DIPTYCH_INTERNAL_TOKEN)
@@ -14,6 +14,24 @@ urlpatterns = [
     path("idempotency-keys/claim", apis.IdempotencyKeyClaimApi.as_view(), name="internal-idempotency-claim"),
     path("idempotency-keys/complete", apis.IdempotencyKeyCompleteApi.as_view(), name="internal-idempotency-complete"),
     path("idempotency-keys/release", apis.IdempotencyKeyReleaseApi.as_view(), name="internal-idempotency-release"),
+    path("webhooks/events", apis.WebhookEventEmitApi.as_view(), name="internal-webhook-event-emit"),
+    path("responses", responses_apis.ResponseStoreApi.as_view(), name="internal-response-store"),
+    path("responses/<str:response_id>", responses_apis.ResponseDetailApi.as_view(), name="internal-response-detail"),
+    path(
+        "responses/<str:response_id>/status",
+        responses_apis.ResponseStatusApi.as_view(),
+        name="internal-response-status",
+    ),
+    path(
+        "responses/<str:response_id>/cancel",
+        responses_apis.ResponseCancelApi.as_view(),
+        name="internal-response-cancel",
+    ),
+    path(
+        "responses/<str:response_id>/input-items",
+        responses_apis.ResponseInputItemsApi.as_view(),
+        name="internal-response-input-items",
+    ),
     path(
         "artifacts/models/<str:model>/manifest",
         apis.ModelArtifactManifestApi.as_view(),

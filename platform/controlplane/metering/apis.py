@@ -91,11 +91,12 @@ class UsageRequestsApi(TenantAPIView):
     class UsageRequestsFilterSerializer(DayRangeFilterSerializer):
         group_by = serializers.ChoiceField(choices=sorted(REQUEST_GROUP_BY_FIELDS), default="api_key")
         api_key_kind = serializers.ChoiceField(choices=ApiKeyKind.choices, required=False)
+        project_id = serializers.CharField(required=False, max_length=64, help_text="Only this project's requests.")
 
     class UsageRequestsOutputSerializer(serializers.Serializer):
         class UsageRequestsRowSerializer(serializers.Serializer):
             day = serializers.DateField()
-            key = serializers.CharField(help_text="An API key's id, a model name or a tier.")
+            key = serializers.CharField(help_text="An API key's id, a model name, a tier or a project's id.")
             requests = serializers.IntegerField()
 
         object = serializers.ChoiceField(choices=["list"])
@@ -120,7 +121,8 @@ class RateLimitRefusalsApi(TenantAPIView):
             api_key_id = serializers.CharField()
             api_key_name = serializers.CharField()
             scope = serializers.ChoiceField(
-                choices=RefusalScope.choices, help_text="Whose limit refused: the organization's or the key's."
+                choices=RefusalScope.choices,
+                help_text="Whose limit refused: the organization's, the project's or the key's.",
             )
             limit = serializers.ChoiceField(choices=RefusedLimit.choices)
             limit_value = serializers.IntegerField(help_text="The limit per minute when it refused.")

@@ -3,7 +3,7 @@ from django.db.models import F, Q
 
 from controlplane.catalog.models import PriceTier
 from controlplane.common.fields import JsonTextField
-from controlplane.tenancy.models import ApiKey, Organization
+from controlplane.tenancy.models import ApiKey, Organization, Project
 
 
 class Phase(models.TextChoices):
@@ -23,6 +23,9 @@ class UsageEvent(models.Model):
     phase = models.CharField(max_length=16, choices=Phase.choices)
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="usage_events")
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="usage_events")
+    project = models.ForeignKey(
+        Project, on_delete=models.PROTECT, related_name="usage_events", help_text="The key's project at ingest."
+    )
     model = models.CharField(max_length=200, help_text="The model name as served.")
     region = models.CharField(max_length=64)
     worker_id = models.CharField(max_length=64)
@@ -55,6 +58,7 @@ class UsageEvent(models.Model):
             models.Index(fields=["ingested_at"]),
             models.Index(fields=["organization", "period_start"]),
             models.Index(fields=["organization", "client_request_id"]),
+            models.Index(fields=["project", "-started_at"]),
         ]
 
     def __str__(self) -> str:
@@ -99,6 +103,7 @@ class IdempotencyRecord(models.Model):
 
 class RefusalScope(models.TextChoices):
     ORGANIZATION = "organization"
+    PROJECT = "project"
     API_KEY = "api_key"
 
 

@@ -47,18 +47,32 @@ def usage_summary(*, organization: Organization) -> QuerySet:
     )
 
 
-REQUEST_GROUP_BY_FIELDS = {"api_key": "api_key__public_id", "model": "model", "tier": "tier"}
+REQUEST_GROUP_BY_FIELDS = {
+    "api_key": "api_key__public_id",
+    "model": "model",
+    "tier": "tier",
+    "project": "project__public_id",
+}
 
 
 def request_counts_daily(
-    *, organization: Organization, start: date, end: date, group_by: str, api_key_kind: str | None = None
+    *,
+    organization: Organization,
+    start: date,
+    end: date,
+    group_by: str,
+    api_key_kind: str | None = None,
+    project_id: str | None = None,
 ) -> list[dict]:
     """Rows of {day, key, requests} for start <= day <= end (UTC, by the time a request started): how many
-    requests each API key, model or tier made, counted from the ledger (a request's phases count once)."""
+    requests each API key, model, tier or project made, counted from the ledger (a request's phases count
+    once); with `project_id`, of that project only."""
     field = REQUEST_GROUP_BY_FIELDS[group_by]
     events = organization_rows(UsageEvent, organization=organization).annotate(day=TruncDate("started_at"))
     if api_key_kind is not None:
         events = events.filter(api_key__kind=api_key_kind)
+    if project_id is not None:
+        events = events.filter(project__public_id=project_id)
     rows = (
         events.filter(day__gte=start, day__lte=end)
         .values("day", field)

@@ -130,6 +130,7 @@ def _new_event(
         phase=report.phase,
         organization_id=api_key.organization_id,
         api_key=api_key,
+        project_id=api_key.project_id,  # a key stays in its project, so the key's project is the usage's
         ingested_at=ingested_at,
         period_start=period_start,
         **_ledger_values(report),

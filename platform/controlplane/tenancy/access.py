@@ -17,6 +17,13 @@ The permission table (docs/control-plane.md repeats it):
 | audit:read          | yes   |       |            |                |                |                 |
 | batches:read        | yes   | yes   | yes        |                | yes            |                 |
 | batches:write       | yes   | yes   | yes        |                |                | yes             |
+| webhooks:read       | yes   | yes   |            |                | yes            |                 |
+| webhooks:write      | yes   | yes   |            |                |                | yes             |
+| projects:read       | yes   | yes   | theirs     | theirs         | yes            |                 |
+| projects:write      | yes   | yes   |            |                |                | yes             |
+
+"theirs": the default project and the projects they are a member of (tenancy.project_access), where their
+project role decides what they may change.
 
 A key with the inference scope also holds batches:read and batches:write: the Batch API is inference.
 
@@ -46,9 +53,19 @@ class Permission(StrEnum):
     AUDIT_READ = "audit:read"
     BATCHES_READ = "batches:read"
     BATCHES_WRITE = "batches:write"
+    WEBHOOKS_READ = "webhooks:read"  # an organization's webhook endpoints and their deliveries
+    WEBHOOKS_WRITE = "webhooks:write"
+    PROJECTS_READ = "projects:read"  # members see only their projects; owners, admins and admin keys see all
+    PROJECTS_WRITE = "projects:write"
 
 
-_EVERYONE = {Permission.ORGANIZATION_READ, Permission.CATALOG_READ, Permission.USAGE_READ, Permission.LIMITS_READ}
+_EVERYONE = {
+    Permission.ORGANIZATION_READ,
+    Permission.CATALOG_READ,
+    Permission.USAGE_READ,
+    Permission.LIMITS_READ,
+    Permission.PROJECTS_READ,
+}
 _ADMIN = set(Permission) - {Permission.AUDIT_READ}
 
 ROLE_PERMISSIONS: dict[str, frozenset[Permission]] = {

@@ -17,6 +17,7 @@ from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.authentication import MemberSessionAuthentication
 from controlplane.tenancy.base_apis import PUBLIC_AUTHENTICATION, TenantAPIView
 from controlplane.tenancy.models import ApiKeyKind, Role, Scope
+from controlplane.tenancy.project_selectors import project_get
 from controlplane.tenancy.selectors import (
     api_key_get,
     api_key_list,
@@ -78,6 +79,7 @@ class RateLimitsInputSerializer(StrictInputSerializer):
 
 class ApiKeyOutputSerializer(serializers.Serializer):
     id = serializers.CharField(source="public_id")
+    project_id = serializers.CharField(source="project.public_id")
     name = serializers.CharField()
     prefix = serializers.CharField()
     scopes = serializers.ListField(child=serializers.CharField())
@@ -160,6 +162,9 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
             child=serializers.ChoiceField(choices=Scope.choices), default=[Scope.INFERENCE], max_length=3
         )
         expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+        project_id = serializers.CharField(
+            required=False, max_length=64, help_text="The project to issue the key in; by default the default project."
+        )
 
     class ApiKeyFilterSerializer(QueryFilterSerializer):
         kind = serializers.ChoiceField(
@@ -194,7 +199,13 @@ class ApiKeyListCreateApi(PaginatedListMixin, TenantAPIView):
     def post(self, request: Request) -> Response:
         serializer = self.ApiKeyCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        issued = api_key_create(organization=self.organization, actor=self.principal, **serializer.validated_data)
+        fields = dict(serializer.validated_data)
+        project_id = fields.pop("project_id", None)
+        if project_id is not None:
+            fields["project"] = project_get(
+                organization=self.organization, public_id=project_id, principal=self.principal
+            )
+        issued = api_key_create(organization=self.organization, actor=self.principal, **fields)
         data = {**ApiKeyOutputSerializer(issued.api_key).data, "key": issued.key}
         return Response(data, status=status.HTTP_201_CREATED)
 

@@ -25,11 +25,25 @@ def new_audit_event_id() -> str:
     return new_public_id("aud")
 
 
+def new_project_id() -> str:
+    return new_public_id("proj")
+
+
+def new_project_membership_id() -> str:
+    return new_public_id("pmem")
+
+
 class Role(models.TextChoices):
     OWNER = "owner"
     ADMIN = "admin"
     DEVELOPER = "developer"
     BILLING_VIEWER = "billing_viewer"
+
+
+class ProjectRole(models.TextChoices):
+    OWNER = "owner"  # manages the project's members, keys and limits
+    MEMBER = "member"  # uses the project: its keys (their own), usage and batches
+    VIEWER = "viewer"  # reads the project and its usage
 
 
 class Scope(models.TextChoices):
@@ -96,6 +110,35 @@ class Organization(RateLimits):
         return f"{self.name} ({self.public_id})"
 
 
+DEFAULT_PROJECT_NAME = "Default project"
+
+
+class Project(RateLimits):
+    """A unit of an organization that API keys are issued in and usage is counted by, with limits of its own
+    (the gateway applies the tightest of key, project and organization). Every organization has one default
+    project, which keys go to when no other is named; a project is archived, never deleted."""
+
+    public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_project_id, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=200)
+    is_default = models.BooleanField(default=False)
+    spend_limit_micros = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Spend cap per billing period in micro-dollars; null is no cap."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization"], condition=models.Q(is_default=True), name="tenancy_project_one_default"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.public_id})"
+
+
 class Membership(models.Model):
     """A user's place in an organization; a user belongs to at most one organization."""
 
@@ -109,6 +152,27 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.organization.name} as {self.role}"
+
+
+class ProjectMembership(models.Model):
+    """A member's role in one project of their organization. Owners and admins of the organization need none:
+    they act on every project as its owner."""
+
+    public_id = models.CharField(
+        max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_project_membership_id, editable=False
+    )
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    membership = models.ForeignKey(Membership, on_delete=models.CASCADE, related_name="project_memberships")
+    role = models.CharField(max_length=20, choices=ProjectRole.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "membership"], name="tenancy_projectmembership_one_per_member")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.membership.user} in {self.project.name} as {self.role}"
 
 
 class Invitation(models.Model):
@@ -131,6 +195,7 @@ class Invitation(models.Model):
 class ApiKey(RateLimits):
     public_id = models.CharField(max_length=PUBLIC_ID_MAX_LENGTH, unique=True, default=new_api_key_id, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, help_text="The first characters of the key, to recognise it in lists.")
     key_hash = models.CharField(

@@ -16,7 +16,7 @@ def organization_get(*, public_id: str) -> Organization:
 def api_key_list(*, organization: Organization, created_by=None, kind: str | None = None) -> QuerySet[ApiKey]:
     """The organization's keys; with `created_by`, only the keys that user created; with `kind`, only those
     of that kind."""
-    api_keys = organization_rows(ApiKey, organization=organization)
+    api_keys = organization_rows(ApiKey, organization=organization).select_related("project")
     if created_by is not None:
         api_keys = api_keys.filter(created_by=created_by)
     if kind is not None:
@@ -32,7 +32,7 @@ def api_key_get(*, organization: Organization, public_id: str, created_by=None) 
 
 
 def api_key_get_by_hash(*, key_hash: str) -> ApiKey | None:
-    return ApiKey.objects.select_related("organization").filter(key_hash=key_hash).first()
+    return ApiKey.objects.select_related("organization", "project").filter(key_hash=key_hash).first()
 
 
 def membership_list(*, organization: Organization, role: str | None = None) -> QuerySet[Membership]:

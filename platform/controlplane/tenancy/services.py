@@ -17,15 +17,19 @@ from controlplane.common.tokens import generate_token, hash_token, is_well_forme
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.api_keys import display_prefix, generate_api_key, looks_like_api_key
 from controlplane.tenancy.models import (
+    DEFAULT_PROJECT_NAME,
     ApiKey,
     ApiKeyKind,
     AuditEvent,
     Invitation,
     Membership,
     Organization,
+    Project,
     Role,
     Scope,
 )
+from controlplane.tenancy.project_access import KEY_ISSUING_ROLES
+from controlplane.tenancy.project_selectors import project_check_role, project_default_get
 from controlplane.tenancy.selectors import api_key_get_by_hash, membership_list, user_get_by_email
 
 INVITATION_TOKEN_PREFIX = "inv"
@@ -72,7 +76,20 @@ def audit_record(
 
 def organization_ensure(*, name: str, slug: str) -> Organization:
     organization, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": name})
+    project_default_ensure(organization=organization)
     return organization
+
+
+def project_default_ensure(*, organization: Organization) -> Project:
+    """The organization's default project, created the first time it is asked for."""
+    project = project_default_get(organization=organization)
+    if project is not None:
+        return project
+    try:
+        with transaction.atomic():
+            return Project.objects.create(organization=organization, name=DEFAULT_PROJECT_NAME, is_default=True)
+    except IntegrityError:  # another request created it first (tenancy_project_one_default)
+        return Project.objects.get(organization=organization, is_default=True)
 
 
 def _checked_scopes(scopes: Collection[str], *, actor: Principal) -> list[str]:
@@ -101,13 +118,23 @@ def api_key_create(
     actor: Principal = SYSTEM,
     key: str | None = None,
     kind: str = ApiKeyKind.STANDARD,
+    project: Project | None = None,
 ) -> IssuedApiKey:
-    """`key` is for a holder that derives its key again (a batch's runner); by default a random one."""
+    """Issue a key in `project` (by default the organization's default project), which the actor must own or
+    be a member of. `key` is for a holder that derives its key again (a batch's runner); by default a random
+    one."""
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("expires_at must be in the future.", fields={"expires_at": ["Must be in the future."]})
+    project = project or project_default_ensure(organization=organization)
+    if project.organization_id != organization.pk:
+        raise InvalidInput("The project belongs to another organization.", fields={"project_id": ["Unknown."]})
+    if project.archived_at is not None:
+        raise InvalidInput(f"Project {project.public_id} is archived.", error_type="project_archived")
+    project_check_role(project=project, actor=actor, roles=KEY_ISSUING_ROLES, doing="issue keys")
     key = key or generate_api_key()
     api_key = ApiKey.objects.create(
         organization=organization,
+        project=project,
         name=name,
         prefix=display_prefix(key),
         key_hash=hash_token(key),
@@ -122,7 +149,7 @@ def api_key_create(
         action="api_key.create",
         target_type="api_key",
         target_id=api_key.public_id,
-        details={"name": name, "scopes": api_key.scopes},
+        details={"name": name, "scopes": api_key.scopes, "project_id": project.public_id},
     )
     return IssuedApiKey(api_key=api_key, key=key)
 
@@ -139,6 +166,7 @@ def api_key_revoke(*, api_key: ApiKey, actor: Principal = SYSTEM) -> ApiKey:
             action="api_key.revoke",
             target_type="api_key",
             target_id=api_key.public_id,
+            details={"project_id": api_key.project.public_id},
         )
     return api_key
 
@@ -162,6 +190,11 @@ def api_key_authenticate(*, key: str) -> ApiKey:
         )
     if api_key.expires_at is not None and api_key.expires_at <= now:
         raise CredentialRejected(f"API key expired at {api_key.expires_at.isoformat()}.", error_type="api_key_expired")
+    if api_key.project.archived_at is not None:
+        raise CredentialRejected(
+            f"API key's project {api_key.project.public_id} was archived at {api_key.project.archived_at.isoformat()}.",
+            error_type="api_key_project_archived",
+        )
     _record_api_key_use(api_key=api_key, now=now)
     return api_key
 

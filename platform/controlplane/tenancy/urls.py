@@ -1,6 +1,6 @@
 from django.urls import path
 
-from controlplane.tenancy import apis
+from controlplane.tenancy import apis, project_apis
 
 urlpatterns = [
     path("auth/login", apis.LoginApi.as_view(), name="auth-login"),
@@ -19,4 +19,22 @@ urlpatterns = [
     path("api-keys/<str:key_id>/revoke", apis.ApiKeyRevokeApi.as_view(), name="api-key-revoke"),
     path("api-keys/<str:key_id>/limits", apis.ApiKeyLimitsApi.as_view(), name="api-key-limits"),
     path("audit-log", apis.AuditLogApi.as_view(), name="audit-log"),
+    path("projects", project_apis.ProjectListCreateApi.as_view(), name="project-list"),
+    path("projects/<str:project_id>", project_apis.ProjectDetailApi.as_view(), name="project-detail"),
+    path("projects/<str:project_id>/archive", project_apis.ProjectArchiveApi.as_view(), name="project-archive"),
+    path(
+        "projects/<str:project_id>/members",
+        project_apis.ProjectMemberListCreateApi.as_view(),
+        name="project-member-list",
+    ),
+    path(
+        "projects/<str:project_id>/members/<str:project_member_id>",
+        project_apis.ProjectMemberDetailApi.as_view(),
+        name="project-member-detail",
+    ),
+    path(
+        "projects/<str:project_id>/api_keys",
+        project_apis.ProjectApiKeyListCreateApi.as_view(),
+        name="project-api-key-list",
+    ),
 ]

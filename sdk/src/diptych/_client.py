@@ -9,11 +9,13 @@ from types import TracebackType
 from typing import Final, Self
 
 from ._errors import AuthenticationError
+from ._gateway_http import DEFAULT_HTTP_URL, GatewayHttpTransport
 from ._http import DEFAULT_ADMIN_URL, AdminTransport
 from ._transport import DEFAULT_BASE_URL, AsyncTransport, SyncTransport, auth_metadata, parse_base_urls
 from .resources import AsyncChat, AsyncCompletions, AsyncModels, Chat, Completions, Models
 from .resources.admin import Admin, AsyncAdmin
 from .resources.batches import AsyncBatches, AsyncFiles, Batches, Files
+from .resources.responses import AsyncResponses, Responses
 from .types import NOT_GIVEN, NotGiven
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES", "DEFAULT_STREAM_IDLE_TIMEOUT"]
@@ -31,6 +33,7 @@ class _BaseClient(ABC):
     api_key: str
     base_url: str
     admin_url: str
+    http_url: str
     timeout: float | None
     max_retries: int
     stream_idle_timeout: float | None
@@ -44,6 +47,7 @@ class _BaseClient(ABC):
         timeout: float | None,
         max_retries: int,
         stream_idle_timeout: float | None,
+        http_url: str | None = None,
     ) -> None:
         api_key = api_key if api_key is not None else os.environ.get("DIPTYCH_API_KEY")
         if not api_key:
@@ -59,6 +63,10 @@ class _BaseClient(ABC):
             admin_url or os.environ.get("DIPTYCH_ADMIN_URL") or DEFAULT_ADMIN_URL, api_key
         )
         self.admin_url = self._admin_transport.admin_url
+        self._http_transport = GatewayHttpTransport(
+            http_url or os.environ.get("DIPTYCH_HTTP_URL") or DEFAULT_HTTP_URL, api_key
+        )
+        self.http_url = self._http_transport.http_url
         self._set_options(timeout, max_retries, stream_idle_timeout)
 
     def with_options(
@@ -103,7 +111,8 @@ class Client(_BaseClient):
 
     `api_key` defaults to $DIPTYCH_API_KEY, `base_url` (the gateway) to $DIPTYCH_BASE_URL then
     grpc://127.0.0.1:50051, `admin_url` (the control plane's REST API, for `client.admin`) to
-    $DIPTYCH_ADMIN_URL then http://127.0.0.1:8000. `timeout` is each call's deadline in seconds,
+    $DIPTYCH_ADMIN_URL then http://127.0.0.1:8000, `http_url` (the gateway's HTTP API, for `client.responses`)
+    to $DIPTYCH_HTTP_URL then http://127.0.0.1:8080/v1. `timeout` is each call's deadline in seconds,
     `stream_idle_timeout` the longest wait for the next streamed message (None: no limit).
     """
 
@@ -113,6 +122,7 @@ class Client(_BaseClient):
     admin: Admin
     files: Files
     batches: Batches
+    responses: Responses
 
     def __init__(
         self,
@@ -123,6 +133,7 @@ class Client(_BaseClient):
         timeout: float | None = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT,
+        http_url: str | None = None,
     ) -> None:
         super().__init__(
             api_key=api_key,
@@ -131,6 +142,7 @@ class Client(_BaseClient):
             timeout=timeout,
             max_retries=max_retries,
             stream_idle_timeout=stream_idle_timeout,
+            http_url=http_url,
         )
         self._transport = SyncTransport(self._endpoints)
         self._bind_resources()
@@ -142,6 +154,7 @@ class Client(_BaseClient):
         self.admin = Admin(self)
         self.files = Files(self)
         self.batches = Batches(self)
+        self.responses = Responses(self)
 
     def close(self) -> None:
         self._transport.close()
@@ -164,6 +177,7 @@ class AsyncClient(_BaseClient):
     admin: AsyncAdmin
     files: AsyncFiles
     batches: AsyncBatches
+    responses: AsyncResponses
 
     def __init__(
         self,
@@ -174,6 +188,7 @@ class AsyncClient(_BaseClient):
         timeout: float | None = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT,
+        http_url: str | None = None,
     ) -> None:
         super().__init__(
             api_key=api_key,
@@ -182,6 +197,7 @@ class AsyncClient(_BaseClient):
             timeout=timeout,
             max_retries=max_retries,
             stream_idle_timeout=stream_idle_timeout,
+            http_url=http_url,
         )
         self._transport = AsyncTransport(self._endpoints)
         self._bind_resources()
@@ -193,6 +209,7 @@ class AsyncClient(_BaseClient):
         self.admin = AsyncAdmin(self)
         self.files = AsyncFiles(self)
         self.batches = AsyncBatches(self)
+        self.responses = AsyncResponses(self)
 
     async def close(self) -> None:
         await self._transport.close()

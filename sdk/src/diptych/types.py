@@ -52,6 +52,17 @@ __all__ = [
     "ToolParam",
     "ToolChoiceParam",
     "ResponseFormatParam",
+    "Response",
+    "ResponseCreateParams",
+    "ResponseError",
+    "ResponseEvent",
+    "ResponseFunctionCall",
+    "ResponseFunctionCallOutput",
+    "ResponseInputItem",
+    "ResponseMessage",
+    "ResponseOutputItem",
+    "ResponseStatus",
+    "ResponseUsage",
 ]
 
 
@@ -557,3 +568,140 @@ class Batch(BaseModel):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     metadata: dict[str, str] | None = None
+
+
+# The Responses API (the gateway's HTTP API, `http_url`): OpenAI's Response objects, stored by default.
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+"""queued and in_progress: a background response still running; incomplete: max_output_tokens (or the
+context) cut it; cancelled: a background response cancelled, holding what it produced until then."""
+
+
+class ResponseFunctionToolParam(TypedDict):
+    """A function the model may call, in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]
+    strict: NotRequired[bool]
+
+
+class ResponseCreateParams(TypedDict, total=False):
+    """The keyword arguments of `responses.create` and `responses.stream`; `help()` of either shows their
+    defaults. `input` is a string (one user message) or OpenAI's items: messages, `function_call` and
+    `function_call_output` items."""
+
+    model: Required[str]
+    input: Required[str | Iterable[Mapping[str, object]]]
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    text: Mapping[str, object] | None
+    tools: Iterable[ResponseFunctionToolParam] | None
+    tool_choice: Literal["auto", "none", "required"] | Mapping[str, str] | None
+    parallel_tool_calls: bool | None
+    metadata: Mapping[str, str] | None
+    store: bool | None
+    truncation: Literal["disabled", "auto"] | None
+    previous_response_id: str | None
+    user: str | None
+    prompt_cache_key: str | None
+    timeout: float | None
+    idempotency_key: str | None
+    extra_headers: Mapping[str, str] | None
+    extra_body: Mapping[str, object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseUsage(BaseModel):
+    """`cached_tokens`: of the input tokens, those the prefix cache held (billed at the cached price)."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMessage(BaseModel):
+    """A message: the assistant's in a response's output (its text the joined output_text parts), or one of
+    the input's (role user, system, developer or assistant)."""
+
+    id: str
+    role: str
+    text: str
+    status: str | None = None
+    type: Literal["message"] = "message"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFunctionCall(BaseModel):
+    """A call the model made: answer it with a `function_call_output` item of the same `call_id`."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # a JSON object, as text
+    status: str | None = None
+    type: Literal["function_call"] = "function_call"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFunctionCallOutput(BaseModel):
+    id: str
+    call_id: str
+    output: str
+    status: str | None = None
+    type: Literal["function_call_output"] = "function_call_output"
+
+
+ResponseOutputItem = ResponseMessage | ResponseFunctionCall
+ResponseInputItem = ResponseMessage | ResponseFunctionCall | ResponseFunctionCallOutput
+
+
+@dataclass(frozen=True, slots=True)
+class Response(BaseModel):
+    """A response of the Responses API; `output_text` joins the text of its messages. Times are seconds since
+    the epoch."""
+
+    id: str
+    status: ResponseStatus
+    model: str
+    created_at: int
+    output: list[ResponseOutputItem]
+    usage: ResponseUsage | None = None
+    previous_response_id: str | None = None
+    background: bool = False
+    store: bool = True
+    error: ResponseError | None = None
+    incomplete_reason: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    completed_at: int | None = None
+
+    @property
+    def output_text(self) -> str:
+        return "".join(item.text for item in self.output if isinstance(item, ResponseMessage))
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseEvent(BaseModel):
+    """One event of a streamed response, as OpenAI names them ("response.output_text.delta", ...): `delta` on
+    text and arguments deltas, `item` on output_item events, `response` on response.created, .in_progress,
+    .completed, .incomplete and .failed."""
+
+    type: str
+    sequence_number: int
+    delta: str | None = None
+    item_id: str | None = None
+    output_index: int | None = None
+    item: ResponseOutputItem | None = None
+    response: Response | None = None

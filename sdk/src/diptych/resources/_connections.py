@@ -7,6 +7,7 @@ from typing import Protocol
 
 from diptych_proto.v1.inference_pb2_grpc import InferenceStub
 
+from .._gateway_http import GatewayHttpTransport
 from .._http import AdminTransport
 
 
@@ -43,3 +44,10 @@ class ControlPlaneConnection(ClientOptions, Protocol):
 
     @property
     def _admin_transport(self) -> AdminTransport: ...
+
+
+class GatewayHttpConnection(ClientOptions, Protocol):
+    """What responses use: the options and the gateway's HTTP transport."""
+
+    @property
+    def _http_transport(self) -> GatewayHttpTransport: ...

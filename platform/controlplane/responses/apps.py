@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ResponsesConfig(AppConfig):
+    name = "controlplane.responses"
+    verbose_name = "Responses"
