@@ -14,6 +14,7 @@ from django.utils import timezone
 from controlplane.responses.models import StoredResponse
 from controlplane.responses.selectors import response_storage
 from controlplane.responses.tasks import purge_expired_responses
+from controlplane.webhooks import tasks as webhook_tasks
 from controlplane.webhooks.models import WebhookEvent
 from controlplane.webhooks.services import endpoint_create
 from diptych_common.internal_api.client import ControlPlaneClient
@@ -184,7 +185,11 @@ def test_input_items_come_in_pages_newest_first_or_oldest_first(store, org_a, ru
         assert refused.value.response.status_code == 400, bad
 
 
-def test_a_background_response_that_ends_is_a_webhook_event_once(store, org_a, run):
+def test_a_background_response_that_ends_is_a_webhook_event_once(store, org_a, run, monkeypatch):
+    # The deliveries' tasks are counted, not sent: sent from the live server's thread to the configured broker,
+    # they left the Celery app unable to reach the in-memory worker of tests/platform/test_webhooks_delivery.py.
+    queued_deliveries: list[int] = []
+    monkeypatch.setattr(webhook_tasks.deliver_webhook, "delay", queued_deliveries.append)
     endpoint_create(
         organization=org_a,
         url="https://hooks.example.invalid/x",
@@ -199,6 +204,7 @@ def test_a_background_response_that_ends_is_a_webhook_event_once(store, org_a, r
     run(store.store(record(org_a.public_id, number=3)))  # not a background one: no event
     events = sorted(WebhookEvent.objects.values_list("type", "subject_id"))
     assert events == [("response.cancelled", f"resp_{2:032x}"), ("response.completed", f"resp_{1:032x}")]
+    assert len(queued_deliveries) == 2  # one delivery to the endpoint per event
 
 
 @pytest.mark.parametrize(

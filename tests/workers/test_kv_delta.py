@@ -622,7 +622,7 @@ async def test_the_gateway_routes_the_next_turn_to_the_decode_worker_that_holds_
             stop=[],
         )
         trace = RequestTrace()
-        tokens = [event.token_id async for event in path.run(plan, trace)]
+        tokens = [event.token_id async for arrived in path.run(plan, trace) for event in arrived]
         assert tokens == reference(second_prompt, 6)
         assert trace.decode is not None and trace.decode.worker.id == "d-b"
         held = held_after(first_prompt, first_output, second_prompt)
