@@ -125,7 +125,7 @@ def test_member_creates_a_key_sees_its_usage_in_the_charts_and_revokes_it(page, 
     # every section loaded (the shared stack's organization holds the usage of the tests before this one)
     expect(page.locator("#app[data-state=ready]")).to_be_attached(timeout=60_000)
 
-    page.get_by_label("Name").fill("dashboard-test")
+    page.get_by_label("Name", exact=True).fill("dashboard-test")
     page.get_by_role("button", name="Create key").click()
     secret = page.locator("[data-new-key]").inner_text()
     assert secret.startswith("dip_")
