@@ -311,7 +311,9 @@ def test_spend_requests_and_refusals_per_key_over_a_chosen_range(page, busy):
     # The range goes back a year, beyond the open period, to the period's first usage.
     year_ago = (now - datetime.timedelta(days=365)).date()
     page.get_by_label("From", exact=True).fill(year_ago.isoformat())
-    expect(page.locator("#usage h3")).to_have_text("By API key, the last 366 days")
+    expect(page.locator("#usage h3")).to_have_text(
+        ["By API key, the last 366 days", "By project, the last 366 days", "By model, the last 366 days"]
+    )
     production = page.locator("[data-table=key-totals] tr", has_text="production")
     expect(production).to_contain_text(f"{sum(row[3] for row in usage_of(first, now)):,}")  # tokens
     expect(production).to_contain_text(money(sum(row[4] for row in expected_rows(first, now))))  # spend
