@@ -167,6 +167,8 @@ class RequestPath:
                     async for tokens in attempt:
                         tokens = _within_budget(tokens, budget - len(produced))
                         produced.extend([token.token_id for token in tokens])
+                        if tokens[-1].finished:  # before the yield: the caller may close us at the last token
+                            self._router.note_finished(route, plan.prompt_token_ids + produced, plan.cache_salt)
                         yield tokens
                         if tokens[-1].finished:
                             return

@@ -26,6 +26,9 @@ POLL_INTERVAL_S = 0.2
 STALE_AFTER_S = 3.0
 RECONNECT_DELAY_S = 0.3
 POLL_TIMEOUT_S = 1.0
+# A worker's report of the blocks a request just left it lags the request's end by up to the report
+# interval (50 ms); this gateway counts them as held for this long, by which time a report carries them.
+FINISHED_BLOCKS_HELD_S = 0.5
 
 
 # A worker that died is often replaced at the same address within seconds (a restarted pod or process):
@@ -102,6 +105,14 @@ class LiveLoad:
     cached_blocks: frozenset[int] = frozenset()
     cache_version: int = -1
     broken: bool = False  # the last stream or poll failed
+    finished_blocks: frozenset[int] = frozenset()  # left by requests that ended here, not yet reported
+    finished_until: float = 0.0  # time.monotonic() until which finished_blocks count
+
+    def held_blocks(self) -> tuple[frozenset[int], frozenset[int]]:
+        """The blocks the worker holds: those it reported, and those requests left it since."""
+        if self.finished_blocks and time.monotonic() < self.finished_until:
+            return self.cached_blocks, self.finished_blocks
+        return self.cached_blocks, frozenset()
 
     @property
     def fresh_load(self) -> worker_pb2.Load | None:
@@ -155,6 +166,17 @@ class LoadBoard:
             live.cached_blocks = frozenset(summary.block_hashes)
             live.cache_version = summary.version
         self._publish_queue_depth(worker.role)
+
+    def note_finished(self, worker_id: str, blocks: list[int]) -> None:
+        """A request ended on the worker, leaving it the KV of `blocks` (its full blocks' names): count
+        them as held until its reports have had time to carry them."""
+        live = self._live.get(worker_id)
+        if live is None:
+            return
+        now = time.monotonic()
+        earlier = live.finished_blocks if now < live.finished_until else frozenset()
+        live.finished_blocks = earlier.union(blocks)
+        live.finished_until = now + FINISHED_BLOCKS_HELD_S
 
     def mark_broken(self, worker_id: str) -> None:
         """The worker's stream or a call to it failed as a dead worker's would: route nothing to it

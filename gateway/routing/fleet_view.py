@@ -39,20 +39,27 @@ class FleetView:
         return queued
 
     def matched_tokens(self, worker: WorkerInfo) -> int:
-        """Prompt tokens the worker holds for the request's organization: its published blocks that match
-        the prompt's leading blocks, named under the request's cache salt as the worker names them."""
+        """Prompt tokens the worker holds for the request's organization: its published blocks (and those
+        requests of this gateway left it since its last report) that match the prompt's leading blocks,
+        named under the request's cache salt as the worker names them."""
         live = self._board.get(worker.id)
-        if live is None or live.load is None or not live.cached_blocks or not live.load.block_size:
+        if live is None or live.load is None or not live.load.block_size:
             return 0
-        block_size = live.load.block_size
+        reported, finished = live.held_blocks()
+        if not reported and not finished:
+            return 0
+        matched = 0
+        for block in self.chain(live.load.block_size):
+            if block not in reported and block not in finished:
+                break
+            matched += live.load.block_size
+        return matched
+
+    def chain(self, block_size: int) -> list[int]:
+        """The prompt's block names under the request's cache salt."""
         if block_size not in self._chains:
             self._chains[block_size] = block_hashes(self.request.prompt_token_ids, block_size, self.request.cache_salt)
-        matched = 0
-        for block in self._chains[block_size]:
-            if block not in live.cached_blocks:
-                break
-            matched += block_size
-        return matched
+        return self._chains[block_size]
 
     def prompt_backlog(self, worker: WorkerInfo) -> int:
         """Prompt tokens the worker has still to compute: its report, or this gateway's count when that is

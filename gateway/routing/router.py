@@ -29,6 +29,7 @@
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from diptych_common.prefix_hash import block_hashes
 from gateway.fleet.live_load import LiveLoad, LoadBoard
 from gateway.fleet.registry import Registry, WorkerInfo
 from gateway.metrics import ROUTED_REQUESTS
@@ -193,6 +194,16 @@ class Router:
         for worker_id in held:
             self._in_flight[worker_id] += 1
         return Lease(self._in_flight, self._prompting, held, (route.prefill.id, route.uncached_tokens))
+
+    def note_finished(self, route: Route, sequence: list[int], cache_salt: str) -> None:
+        """The request ended with `sequence` (its prompt and every output token) on the route's last worker,
+        which now holds the KV of all of it but the last token: a continuation routed before the worker's
+        next report finds it there."""
+        worker = route.decode or route.prefill
+        live = self._board.get(worker.id)
+        if live is None or live.load is None or not live.load.block_size:
+            return
+        self._board.note_finished(worker.id, block_hashes(sequence[:-1], live.load.block_size, cache_salt))
 
     def note_no_generate(self, worker_id: str) -> None:
         """The decode worker does not serve Generate: never skip the split onto it again."""

@@ -225,3 +225,21 @@ def test_prefix_affinity_holds_within_an_organization_and_never_across():
     assert same.prefill.id == "p2" and same.matched_tokens == 256
     other = router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org-b"))
     assert other.matched_tokens == 0 and other.prefill.id == "p1"
+
+
+def test_a_continuation_right_after_its_request_ended_finds_the_worker_that_holds_it():
+    """The worker reports the blocks a finished request left it up to 50 ms later; a continuation sent
+    sooner (a conversation's next turn) must still go to it rather than recompute the conversation."""
+    fleet = two_by_two()
+    fleet.report("p1", cached=block_hashes(PREFIX[:64], BLOCK))  # the first turn's prompt
+    router = fleet.router(skip_split_below=32)
+    first = router.route(request(PREFIX[:64]))
+    assert (first.prefill.id, first.decision) == ("p1", Decision.SPLIT)
+    conversation = PREFIX[:104]  # 64 prompt tokens, 40 output tokens: the last never fed back
+    continuation = request(conversation + [9, 9, 9])
+    assert router.route(continuation).prefill.id == "p1"  # before the end: only p1 holds any of it
+    router.note_finished(first, conversation, "")
+    routed = router.route(continuation)
+    assert (routed.decision, routed.prefill.id, routed.matched_tokens) == (Decision.SPLIT_SKIPPED, first.decode.id, 96)
+    fleet.report(first.decode.id, cached=block_hashes(conversation[:96], BLOCK))  # its report, once it came
+    assert router.route(continuation).matched_tokens == 96
