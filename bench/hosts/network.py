@@ -1,13 +1,18 @@
-"""Hosts as network namespaces: one namespace per host, each with a veth link to a bridge in the root
-namespace, on 10.77.0.0/24 (the bridge is .1, hosts .2, .3, ...).
+"""Hosts as network namespaces: one namespace per host, each with a veth link to a bridge, on 10.77.0.0/24
+(the root namespace is .1, hosts .2, .3, ...).
+
+The bridge lives in a namespace of its own (the switch), which the root namespace joins by one more veth
+link: traffic between two hosts is switched there and never crosses the root namespace, whose firewall
+(with br_netfilter, the root's iptables FORWARD chain filters every bridged frame, and a container runtime
+may set its policy to DROP) is the machine's, not the harness's.
 
 Everything made here is named with PREFIX, so a run that died before its teardown is found and removed by
 the next (`sweep_leftovers`). `Network` is a context manager; it also tears down on SIGTERM, SIGINT and
 at exit, since a harness killed by Ctrl-C must not leave links and namespaces behind.
 
-The control plane stays in the root namespace, bound to a second address of the bridge (.254): it reaches
-PostgreSQL and Redis on loopback there, and every host reaches it through its link, so nothing outside loopback and the
-harness's own namespaces is ever addressed.
+The control plane stays in the root namespace, bound to a second address of the root's link (.254): it
+reaches PostgreSQL and Redis on loopback there, and every host reaches it through the switch, so nothing
+outside loopback and the harness's own namespaces is ever addressed.
 """
 
 import atexit
@@ -20,9 +25,11 @@ from dataclasses import dataclass, field
 
 PREFIX = "dxh"  # every namespace, link and bridge of the harness starts with it
 BRIDGE = f"{PREFIX}-br"
+SWITCH = f"{PREFIX}-switch"  # the namespace the bridge lives in
+UPLINK = f"{PREFIX}-up"  # the root namespace's veth end, its peer on the bridge
 SUBNET = "10.77.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"  # the root namespace's own address on the bridge: where clients come from
-# The control plane's, a second address of the bridge: a host partitioned from it still reaches the root
+# The control plane's, a second address of the root's link: a host partitioned from it still reaches the root
 # namespace's clients and they it.
 CONTROL_PLANE_ADDRESS = f"{SUBNET}.254"
 INNER_LINK = "eth0"  # the host's side of its veth, inside its namespace
@@ -60,7 +67,7 @@ def harness_namespaces() -> list[str]:
 
 
 def harness_links() -> list[str]:
-    """Links of the root namespace made by the harness (veth ends and the bridge)."""
+    """Links of the root namespace made by the harness (its veth end to the switch)."""
     names = [line.split(":")[1].strip().split("@")[0] for line in ip("-o", "link", "show").stdout.splitlines()]
     return [name for name in names if name.startswith(PREFIX)]
 
@@ -86,7 +93,7 @@ class Host:
     name: str  # the host's name in the harness: "gateway", "prefill-1", ...
     namespace: str
     address: str
-    outer_link: str  # its veth end on the bridge, in the root namespace
+    outer_link: str  # its veth end on the bridge, in the switch's namespace
 
     def command(self, *argv: str) -> list[str]:
         """`argv` run inside this host's namespace (ip netns exec execs it: the pid is argv's own)."""
@@ -118,20 +125,29 @@ class Network:
         self.teardown()
 
     def _make(self) -> None:
-        ip("link", "add", BRIDGE, "type", "bridge")
-        ip("address", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
-        ip("address", "add", f"{CONTROL_PLANE_ADDRESS}/24", "dev", BRIDGE)  # secondary: never a source
-        ip("link", "set", BRIDGE, "up")
+        ip("netns", "add", SWITCH)
+        ip("-n", SWITCH, "link", "add", BRIDGE, "type", "bridge")
+        ip("-n", SWITCH, "link", "set", BRIDGE, "up")
+        self._join(UPLINK, f"{PREFIX}-up-peer", namespace=None)
+        ip("address", "add", f"{BRIDGE_ADDRESS}/24", "dev", UPLINK)
+        ip("address", "add", f"{CONTROL_PLANE_ADDRESS}/24", "dev", UPLINK)  # secondary: never a source
+        ip("link", "set", UPLINK, "up")
         for index, name in enumerate(self.host_names, start=2):
             host = Host(name, f"{PREFIX}-{index}", f"{SUBNET}.{index}", f"{PREFIX}-v{index}")
             ip("netns", "add", host.namespace)
-            ip("link", "add", host.outer_link, "type", "veth", "peer", "name", INNER_LINK, "netns", host.namespace)
-            ip("link", "set", host.outer_link, "master", BRIDGE)
-            ip("link", "set", host.outer_link, "up")
+            self._join(INNER_LINK, host.outer_link, namespace=host.namespace)
             ip("-n", host.namespace, "address", "add", f"{host.address}/24", "dev", INNER_LINK)
             ip("-n", host.namespace, "link", "set", INNER_LINK, "up")
             ip("-n", host.namespace, "link", "set", "lo", "up")
             self.hosts[name] = host
+
+    @staticmethod
+    def _join(inner: str, outer: str, namespace: str | None) -> None:
+        """A veth pair: `outer` on the switch's bridge, `inner` in `namespace` (None: the root's)."""
+        where = ["netns", namespace] if namespace else ["netns", "1"]  # pid 1's: the root namespace
+        ip("-n", SWITCH, "link", "add", outer, "type", "veth", "peer", "name", inner, *where)
+        ip("-n", SWITCH, "link", "set", outer, "master", BRIDGE)
+        ip("-n", SWITCH, "link", "set", outer, "up")
 
     def teardown(self) -> None:
         """Stops what runs on the hosts, then removes every namespace and link of the harness (idempotent)."""
@@ -147,10 +163,10 @@ class Network:
 
     def cut(self, name: str) -> None:
         """Takes the host's link down: nothing reaches it or leaves it until `mend`."""
-        ip("link", "set", self.hosts[name].outer_link, "down")
+        ip("-n", SWITCH, "link", "set", self.hosts[name].outer_link, "down")
 
     def mend(self, name: str) -> None:
-        ip("link", "set", self.hosts[name].outer_link, "up")
+        ip("-n", SWITCH, "link", "set", self.hosts[name].outer_link, "up")
 
     def partition(self, name: str, from_address: str) -> None:
         """Drops the host's packets to one address (a blackhole route: no iptables needed), while the rest

@@ -277,14 +277,28 @@ def unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "--lazy", str(mountpoint)], capture_output=True)
 
 
+def forward_policy() -> str | None:
+    """The root namespace's iptables FORWARD policy (None without iptables)."""
+    if shutil.which("iptables") is None:
+        return None
+    rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout.splitlines()
+    return rules[0].split()[-1] if rules and rules[0].startswith("-P FORWARD") else "ACCEPT"
+
+
 @pytest.fixture
 def buildah() -> Iterator[Buildah]:
     workdir = Path(tempfile.mkdtemp(prefix="diptych-image-", dir="/var/tmp"))
     (workdir / "tmp").mkdir()
     tool = Buildah(workdir, workdir / "build.log")
+    # A build here leaves the machine's FORWARD policy at DROP (seen: ACCEPT before, DROP after), which cuts
+    # every later bridged link on the machine, the multi-host harness's included: put it back as it was.
+    policy = forward_policy()
     try:
         yield tool
     finally:
+        if policy is not None and forward_policy() != policy:
+            print(f"the build changed the FORWARD policy to {forward_policy()}; restoring {policy}")
+            subprocess.run(["iptables", "-P", "FORWARD", policy], capture_output=True)
         print("timings (s):", json.dumps(tool.timings))
         if os.environ.get(KEEP) == "1":
             print(f"kept for a look ({KEEP}=1): {' '.join(tool.prefix)} images; logs in {workdir}")

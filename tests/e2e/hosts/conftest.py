@@ -15,3 +15,22 @@ def namespaces() -> None:
 def assert_nothing_left() -> None:
     left = harness_namespaces() + harness_links()
     assert not left, f"the harness left namespaces or links behind: {left}"
+
+
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the hosts' platform shows the end of each of its processes' logs: what a gateway or
+    worker inside a namespace saw is otherwise lost with the run's state directory."""
+    outcome = yield
+    report = outcome.get_result()
+    platform = getattr(item, "funcargs", {}).get("hosts")
+    if report.when != "call" or not report.failed or platform is None:
+        return
+    for name in sorted(platform.stack.launches):
+        path = platform.stack.log_path(name)
+        if path.exists():
+            tail = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"the end of {name}'s log", "\n".join(tail)))

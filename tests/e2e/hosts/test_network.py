@@ -1,6 +1,7 @@
 """The harness's namespaces and links: made, reachable from each other, and gone after every way out."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,24 @@ def test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after():
         cut = subprocess.run(a.command(sys.executable, "-c", SEND.format(address=b.address)), capture_output=True)
         assert cut.returncode != 0
     assert_nothing_left()
+
+
+def root_forward_policy() -> str:
+    rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, check=True).stdout
+    return rules.splitlines()[0].split()[-1]  # "-P FORWARD ACCEPT"
+
+
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="needs iptables (apt-get install -y iptables)")
+def test_hosts_reach_each_other_whatever_the_root_namespaces_firewall_forwards():
+    """A container runtime on the machine sets the root namespace's FORWARD policy to DROP, and with
+    br_netfilter that chain filters every frame a bridge in the root namespace switches: the hosts' traffic
+    must not cross it."""
+    policy = root_forward_policy()
+    subprocess.run(["iptables", "-P", "FORWARD", "DROP"], check=True)
+    try:
+        test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after()
+    finally:
+        subprocess.run(["iptables", "-P", "FORWARD", policy], check=True)
 
 
 def test_leftovers_of_an_earlier_run_are_removed_and_reported():
@@ -71,7 +90,7 @@ def test_a_harness_stopped_by_a_signal_leaves_nothing(signum):
     )
     try:
         assert harness.stdout.readline().strip() == "up"
-        assert len(harness_namespaces()) == 2
+        assert len(harness_namespaces()) == 3  # the two hosts and the switch
         harness.send_signal(signum)
         assert harness.wait(20) != 0
     finally:
