@@ -70,18 +70,21 @@ class HostsPlatform:
 
 @contextmanager
 def multi_host_platform(
-    state_dir: Path, database_url: str | None = None, worker_args: tuple[str, ...] = ()
+    state_dir: Path, database_url: str | None = None, worker_args: tuple[str, ...] = (), colocated: bool = False
 ) -> Iterator[HostsPlatform]:
-    """One worker per prefill and decode host, `worker_args` added to each (e.g. `--kv-nixl off`)."""
+    """One worker per prefill and decode host, `worker_args` added to each (e.g. `--kv-nixl off`).
+    `colocated`: the same four hosts each run a colocated worker (both phases, no KV hand-off) behind a
+    colocated gateway, for comparison with the split fleet."""
     with Network(HOST_NAMES) as network:
         stack = HostStack(state_dir, control_plane_port=free_port(), database_url=database_url, extra_env=HOST_ENV)
         network.before_teardown.append(stack.stop)
         credentials = stack.prepare_control_plane(demo=True)
         stack.start_control_plane()
         for name in (*PREFILL_HOSTS, *DECODE_HOSTS):
-            role = name.split("-")[0]
+            role = "colocated" if colocated else name.split("-")[0]
             stack.start_host_worker(network.hosts[name], name, role, credentials.fleet_tokens[role], *worker_args)
         names = [*PREFILL_HOSTS, *DECODE_HOSTS]
         workers = dict(zip(names, stack.wait_for_workers(names, READY_TIMEOUT_S), strict=True))
-        gateway = stack.start_host_gateway(network.hosts[GATEWAY], GATEWAY, READY_TIMEOUT_S)
+        mode = "colocated" if colocated else "split"
+        gateway = stack.start_host_gateway(network.hosts[GATEWAY], GATEWAY, READY_TIMEOUT_S, mode=mode)
         yield HostsPlatform(network, stack, credentials, gateway, workers)

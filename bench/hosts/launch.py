@@ -51,10 +51,10 @@ class HostStack(Stack):
         ports = ("--kv-port", str(KV_PORT), "--metrics-port", str(WORKER_METRICS_PORT))
         self.start_worker(name, role, fleet_token, WORKER_PORT, "--host", host.address, *ports, *extra)
 
-    def start_host_gateway(self, host: Host, name: str, timeout: float = 60.0, *extra: str) -> str:
-        """Starts a split gateway on the host; returns its gRPC address once it serves."""
+    def start_host_gateway(self, host: Host, name: str, timeout: float = 60.0, *extra: str, mode: str = "split") -> str:
+        """Starts a gateway (split by default) on the host; returns its gRPC address once it serves."""
         self.host_of[name] = host
-        args = ["gateway", "--host", host.address, "--port", str(GATEWAY_PORT), "--mode", "split"]
+        args = ["gateway", "--host", host.address, "--port", str(GATEWAY_PORT), "--mode", mode]
         args += ["--http-port", str(GATEWAY_HTTP_PORT), "--metrics-port", str(GATEWAY_METRICS_PORT), *extra]
         self._spawn(name, args)
         address = f"{host.address}:{GATEWAY_PORT}"
