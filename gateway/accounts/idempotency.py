@@ -58,7 +58,6 @@ class IdempotencyKeys:
         self._control_plane = control_plane
         self._journal = journal
         self._background: set[asyncio.Task] = set()
-        self._unreachable_since: float | None = None  # the event loop's time a claim first found it so
 
     async def claim(
         self, caller: Caller, key: str, request: GenerationRequest, execution_id: str, lease_s: float
@@ -81,7 +80,7 @@ class IdempotencyKeys:
             self._journal.drop_idempotency_key(execution_id)
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
-                f"cannot check the idempotency key now (control plane unreachable for over {CLAIM_PATIENCE_S:g} s); "
+                f"cannot check the idempotency key now (control plane unreachable for {CLAIM_PATIENCE_S:g} s); "
                 "retry shortly, or send the request without an idempotency key",
             ) from None
         outcome = claim["outcome"]
@@ -114,21 +113,15 @@ class IdempotencyKeys:
         )
 
     async def _claim_riding_out_an_outage(self, body: dict) -> dict:
-        """The claim, tried again while the control plane is unreachable, until CLAIM_PATIENCE_S after the
-        outage began: a control plane that restarts delays the requests that carry a key rather than failing
-        them, and one gone for longer fails each later request at its first try instead of stalling it too."""
-        clock = asyncio.get_running_loop()
+        """The claim, tried again while the control plane is unreachable, for up to CLAIM_PATIENCE_S: a
+        control plane that restarts delays the requests that carry a key rather than failing them."""
+        give_up_at = asyncio.get_running_loop().time() + CLAIM_PATIENCE_S
         while True:
             try:
-                claim = await self._control_plane.claim_idempotency_key(body)
+                return await self._control_plane.claim_idempotency_key(body)
             except ControlPlaneUnavailable:
-                if self._unreachable_since is None:
-                    self._unreachable_since = clock.time()
-                if clock.time() + CLAIM_RETRY_S > self._unreachable_since + CLAIM_PATIENCE_S:
+                if asyncio.get_running_loop().time() + CLAIM_RETRY_S > give_up_at:
                     raise
-            else:
-                self._unreachable_since = None
-                return claim
             await asyncio.sleep(CLAIM_RETRY_S)
 
     async def complete(

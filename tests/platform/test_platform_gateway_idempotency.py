@@ -234,43 +234,9 @@ async def test_a_claim_gives_up_on_a_control_plane_gone_beyond_its_patience(call
     monkeypatch.setattr("gateway.accounts.idempotency.CLAIM_PATIENCE_S", 0.6)
     journal = UsageJournal(tmp_path / "j")
     keys = IdempotencyKeys(ControlPlaneClient(f"http://127.0.0.1:{free_port()}", INTERNAL_TOKEN), journal)
-    with pytest.raises(GatewayError, match="control plane unreachable for over 0.6 s") as refused:
+    with pytest.raises(GatewayError, match="control plane unreachable for 0.6 s") as refused:
         await keys.claim(caller, "gone", REQUEST, execution(1), LEASE_S)
     assert refused.value.kind is ErrorKind.UNAVAILABLE and journal.held_idempotency_keys() == []
-
-
-class CountingClaims(ControlPlaneClient):
-    """The real client, counting its claim calls."""
-
-    claims = 0
-
-    async def claim_idempotency_key(self, body: dict) -> dict:
-        self.claims += 1
-        return await super().claim_idempotency_key(body)
-
-
-async def test_once_an_outage_outlasted_the_patience_later_claims_fail_at_their_first_try(
-    live_server, caller, tmp_path, monkeypatch
-):
-    """A long partition must not stall every keyed request for the whole patience: the outage, not each
-    request, gets CLAIM_PATIENCE_S; once the control plane answers again, claims ride out the next outage."""
-    monkeypatch.setattr("gateway.accounts.idempotency.CLAIM_PATIENCE_S", 0.6)
-    port = free_port()
-    client = CountingClaims(f"http://127.0.0.1:{port}", INTERNAL_TOKEN)
-    keys = IdempotencyKeys(client, UsageJournal(tmp_path / "j"))
-    with pytest.raises(GatewayError):
-        await keys.claim(caller, "first", REQUEST, execution(1), LEASE_S)
-    assert client.claims > 1  # it rode out the start of the outage
-    client.claims = 0
-    with pytest.raises(GatewayError, match="unreachable for over 0.6 s"):
-        await keys.claim(caller, "second", REQUEST, execution(2), LEASE_S)
-    assert client.claims == 1
-    address = urlsplit(live_server.url)
-    server = await asyncio.start_server(forwarding_to(address.hostname, address.port), "127.0.0.1", port)
-    try:
-        assert await keys.claim(caller, "third", REQUEST, execution(3), LEASE_S) is None
-    finally:
-        server.close()
 
 
 async def test_an_execution_claiming_its_key_again_after_a_lost_answer_holds_it(control_plane, caller, tmp_path):
