@@ -5,6 +5,7 @@ the report printed. `main` is `python -m bench.chaos`."""
 import asyncio
 import dataclasses
 import json
+import logging
 import shutil
 import signal
 import sys
@@ -141,6 +142,11 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Every retry the clients' SDK makes, with the error that caused it, on stderr: a request that failed
+    # after its retries is then explained try by try.
+    sdk_log = logging.getLogger("diptych")
+    sdk_log.setLevel(logging.INFO)
+    sdk_log.addHandler(logging.StreamHandler(sys.stderr))
     # SIGTERM ends the run as Ctrl-C does: through the `finally` that stops every process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.hosts:

@@ -70,7 +70,10 @@ def test_a_brief_chaos_run_kills_the_gateway_once_and_reconciles_the_ledger(tmp_
     assert ledger["completed"] + ledger["errored"] == ledger["requests_sent"]
     failed = ledger["lost"] or ledger["doubled"] or ledger["overbilled"] or ledger["misattributed"]
     assert result.returncode == (1 if failed else 0)
-    assert ledger["errored_before_any_token"] == 0, f"a request that got no token failed: {report['error_messages']}"
+    retries = [line for line in result.stderr.splitlines() if line.startswith("Retrying request")]
+    assert ledger["errored_before_any_token"] == 0, (
+        f"a request that got no token failed: {report['error_messages']}; the clients' retries: {retries}"
+    )
     assert "| requests sent |" in result.stdout
     assert "| kills per victim kind | prefill 0, decode 0, gateway 1, control-plane 0, jobs 0 |" in result.stdout
     _assert_every_process_stopped(state_dir)
