@@ -194,3 +194,30 @@ async def test_async_admin_sub_client(live):
         billing = await client.admin.billing.current()
         keys = await client.admin.api_keys.list()
     assert billing.currency == "usd" and keys.total >= 1
+
+
+def test_openai_parameters_and_streaming_responses_against_the_live_stack(live):
+    """`max_completion_tokens`, `user` and `stream_options` reach the real gateway; `with_streaming_response`
+    reads the real control plane's answer before its body; the per-call options travel."""
+    with client_for(live, max_retries=0) as client:
+        label = f"sdk-user-{uuid.uuid4().hex[:8]}"
+        messages: list[dict[str, str]] = [{"role": "user", "content": "Hello there"}]
+        chat = client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=3, user=label, service_tier="auto", metadata={}
+        )
+        assert 1 <= chat.usage.completion_tokens <= 3
+        assert chat.usage.prompt_tokens_details.cached_tokens == chat.usage.cached_tokens
+        with client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=2, stream=True, stream_options={"include_usage": True}
+        ) as stream:
+            assert list(stream)[-1].usage is not None
+        page = client.models.list()
+        assert isinstance(page, diptych.Page) and MODEL in [model.id for model in page.data]
+
+        created = client.admin.api_keys.create(name="sdk-streamed", scopes=["inference"], idempotency_key=label)
+        again = client.admin.api_keys.create(name="sdk-streamed", scopes=["inference"], idempotency_key=label)
+        assert again.id == created.id  # the control plane acted once on the key
+        with client.admin.api_keys.with_streaming_response.retrieve(created.id, timeout=10) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("application/json")
+            assert response.parse().id == created.id
+        assert client.admin.api_keys.revoke(created.id, extra_headers={"X-Trace-Id": label}).revoked_at is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -19,6 +20,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent instead of the JSON of `body`
     drop: bool = False  # close the connection without answering
+    delay: float = 0.0  # seconds before answering: a slow server
+    content_type: str = "application/json"
 
 
 @dataclass
@@ -46,19 +49,24 @@ class ScriptedHttp:
                     Seen(self.command, self.path, dict(self.headers), json.loads(raw) if raw else None)
                 )
                 reply = scripted.script[min(len(scripted.seen), len(scripted.script)) - 1]
+                if reply.delay:
+                    time.sleep(reply.delay)
                 if reply.drop:
                     self.close_connection = True
                     return
                 payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", reply.content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting (a timeout test)
+                    pass
 
-            do_GET = do_POST = do_PUT = _answer
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

@@ -113,7 +113,9 @@ def test_chat_uses_the_chat_input(server, client):
 
 def test_models_list(server, client):
     server.servicer.models = [pb.Model(id="qwen", context_length=4096, has_chat_template=True)]
-    assert client.models.list() == [diptych.Model(id="qwen", context_length=4096, has_chat_template=True)]
+    page = client.models.list()
+    assert isinstance(page, diptych.Page) and (page.has_more, page.total, page.has_next_page()) == (False, 1, False)
+    assert page.data == list(page) == [diptych.Model(id="qwen", context_length=4096, has_chat_template=True)]
     assert server.servicer.metadata[0]["authorization"] == "Bearer sk-test"
 
 
@@ -284,7 +286,9 @@ async def test_async_silent_stream_times_out_and_is_cancelled(server, async_clie
 
 async def test_async_models_list(server, async_client):
     server.servicer.models = [pb.Model(id="a", context_length=1), pb.Model(id="b", context_length=2)]
-    assert [model.id for model in await async_client.models.list()] == ["a", "b"]
+    page = await async_client.models.list()
+    assert isinstance(page, diptych.AsyncPage) and [model.id for model in page.data] == ["a", "b"]
+    assert [model.id async for model in page] == ["a", "b"]
 
 
 # What grpcio's client reports when the gateway's connection breaks mid-stream.

@@ -7,6 +7,7 @@ gateway's refusals come back as the SDK's typed errors. The sync client blocks, 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -154,3 +155,25 @@ def test_http_url_is_checked_and_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("DIPTYCH_HTTP_URL", "https://gateway.example.com/v1/")
     with diptych.Client(api_key="k") as client:
         assert client.http_url == "https://gateway.example.com/v1"
+
+
+async def test_a_streaming_response_gives_the_events_line_by_line(client):
+    arguments = {"model": MODEL, "input": "lines", "max_output_tokens": 3, "temperature": 0, "extra_query": {}}
+    async with client.responses.with_streaming_response.stream(**arguments) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        assert response.request_id
+        lines = [line async for line in response.iter_lines()]
+    events = [json.loads(line.removeprefix("data:")) for line in lines if line.startswith("data:")]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    async with client.responses.with_streaming_response.stream(**arguments) as response:
+        stream = await response.parse()
+        final = await stream.get_final_response()
+    assert final.output_text == events[-1]["response"]["output"][0]["content"][0]["text"]
+
+
+async def test_a_streaming_response_of_a_stored_response_parses_to_it(client):
+    created = await client.responses.create(model=MODEL, input="keep", max_output_tokens=2, temperature=0)
+    async with client.responses.with_streaming_response.retrieve(created.id, extra_headers={"X-Trace": "t"}) as raw:
+        assert raw.headers["content-type"].startswith("application/json")
+        assert await raw.parse() == created

@@ -53,7 +53,16 @@ async def test_every_call_takes_the_same_parameters_on_the_sync_and_the_async_cl
         "client.admin.limits.update_key",
         "client.files.content",
         "client.batches.with_raw_response.cancel",
+        "client.files.with_streaming_response.content",
+        "client.responses.with_streaming_response.stream",
+        "client.admin.api_keys.with_streaming_response.list",
+        "client.chat.completions.with_streaming_response.create",
+        "client.models.with_streaming_response.list",
     } <= sync.keys()
+    options = ["timeout", "extra_headers", "extra_query", "extra_body"]
+    for path, parameter_lists in sync.items():  # every call, HTTP or gRPC (the method's own list, after its overloads)
+        if path not in ("client.with_options", "client.close"):
+            assert set(options) <= {parameter.name for parameter in parameter_lists[-1]}, path
     assert len(sync["client.completions.create"]) == 3  # the two overloads and the method
     assert sync == async_
 

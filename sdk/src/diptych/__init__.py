@@ -18,7 +18,7 @@ from ._errors import (
     ServiceUnavailableError,
     StreamInterruptedError,
 )
-from ._response import APIResponse
+from ._response import APIResponse, AsyncAPIResponse, AsyncStreamedAPIResponse, StreamedAPIResponse
 from ._streaming import AsyncStream, Stream
 from ._version import __version__
 from .types import (
@@ -39,12 +39,16 @@ from .types import (
     FileObject,
     Invoice,
     InvoiceLine,
+    MessageParam,
     Model,
     NotGiven,
     OrganizationLimits,
     Page,
     PhaseUsage,
+    PostRequestOptions,
+    PromptTokensDetails,
     RateLimitStatus,
+    RequestOptions,
     Response,
     ResponseEvent,
     ResponseFunctionCall,
@@ -59,6 +63,13 @@ __all__ = [
     "APIConnectionError",
     "StreamInterruptedError",
     "APIResponse",
+    "AsyncAPIResponse",
+    "AsyncStreamedAPIResponse",
+    "StreamedAPIResponse",
+    "MessageParam",
+    "PostRequestOptions",
+    "PromptTokensDetails",
+    "RequestOptions",
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",

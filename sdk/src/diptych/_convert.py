@@ -10,18 +10,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from diptych_proto.v1 import inference_pb2 as pb
 
 from ._errors import APIResponseValidationError
 from .types import (
     ChatCompletionMessage,
-    ChatMessageParam,
     Choice,
     Completion,
     CompletionChunk,
     FinishReason,
     FunctionCall,
+    MessageParam,
     Model,
     PhaseUsage,
     Priority,
@@ -45,6 +46,10 @@ _FINISH_REASONS: dict[int, FinishReason] = {
 _PRIORITIES: dict[str, pb.Priority] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
 
 _METADATA_NAME = re.compile(r"[0-9a-z_.-]+")
+_CLIENT_LABEL = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the gateway keeps as a request's label
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_SERVICE_TIERS = ("auto", "default")
+_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 def new_idempotency_key() -> str:
@@ -58,21 +63,118 @@ def prompt_input(prompt: str | Sequence[int]) -> dict[str, object]:
     return {"prompt_token_ids": pb.TokenIds(ids=prompt)}
 
 
-def chat_input(messages: Iterable[ChatMessageParam]) -> dict[str, object]:
-    return {"chat": pb.ChatMessages(messages=[_chat_message(m) for m in messages])}
+def chat_input(messages: Iterable[MessageParam]) -> dict[str, object]:
+    if isinstance(messages, (str, bytes, Mapping)):
+        raise ValueError("messages must be a list of messages such as {'role': 'user', 'content': 'Hi'}")
+    return {"chat": pb.ChatMessages(messages=[_chat_message(m, index) for index, m in enumerate(messages)])}
 
 
-def _chat_message(message: ChatMessageParam) -> pb.ChatMessage:
-    calls = [
-        pb.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
-        for c in message.get("tool_calls", ())
-    ]
+def _chat_message(message: MessageParam, index: int) -> pb.ChatMessage:
+    """One message, checked here: `messages` takes any mapping, whose keys no type checker vouches for."""
+    if not isinstance(message, Mapping):
+        raise ValueError(f"messages[{index}] must be a mapping with role and content, not {type(message).__name__}")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise ValueError(f"messages[{index}].role is {role!r}; use one of {', '.join(_ROLES)}")
+    tool_call_id = message.get("tool_call_id", "")
+    if not isinstance(tool_call_id, str):
+        raise ValueError(f"messages[{index}].tool_call_id must be a string")
     return pb.ChatMessage(
-        role=message["role"],
-        content=message.get("content") or "",
-        tool_calls=calls,
-        tool_call_id=message.get("tool_call_id", ""),
+        role=role,
+        content=_content(message.get("content"), index),
+        tool_calls=_message_tool_calls(message.get("tool_calls"), index),
+        tool_call_id=tool_call_id,
     )
+
+
+def _content(content: object, index: int) -> str:
+    """A message's text: a string, None (an assistant's turn of tool calls alone) or OpenAI's text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    ):
+        return "".join(part["text"] for part in content)
+    raise ValueError(f"messages[{index}].content must be a string, None or a list of text parts")
+
+
+def _message_tool_calls(calls: object, index: int) -> list[pb.ToolCall]:
+    if calls is None:
+        return []
+    try:
+        return [
+            pb.ToolCall(id=call["id"], name=call["function"]["name"], arguments=call["function"]["arguments"])
+            for call in calls  # type: ignore[attr-defined]
+        ]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"messages[{index}].tool_calls must be a list of {{'id', 'type': 'function', 'function': "
+            "{'name', 'arguments'}}} objects"
+        ) from None
+
+
+def max_tokens_of(max_tokens: int | None, max_completion_tokens: int | None) -> int | None:
+    """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`: the gRPC API's max_tokens."""
+    if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
+        raise ValueError("max_tokens and max_completion_tokens differ; give one of them")
+    return max_completion_tokens if max_completion_tokens is not None else max_tokens
+
+
+def client_label(user: str | None) -> str:
+    """`user`, OpenAI's end-user id: the gateway keeps it as the request's label in usage (`request_id`)."""
+    if user is None or user == "":
+        return ""
+    if not isinstance(user, str) or not _CLIENT_LABEL.fullmatch(user):
+        raise ValueError(
+            "user must be 1 to 128 characters of letters, digits, '_', '.', ':' or '-' (it labels the request in "
+            "usage); send a hashed id"
+        )
+    return user
+
+
+def check_stream_options(stream_options: Mapping[str, object] | None, stream: bool) -> None:
+    """The gRPC API always sends usage with a stream's last chunk and only there: stream_options may ask for that."""
+    if stream_options is None:
+        return
+    if not stream:
+        raise ValueError("stream_options is only allowed with stream=True")
+    if not isinstance(stream_options, Mapping):
+        raise ValueError('stream_options must be a mapping such as {"include_usage": True}')
+    unknown = [name for name in stream_options if name not in _STREAM_OPTIONS]
+    if unknown:
+        raise ValueError(f"stream_options.{unknown[0]} is not supported; only {' and '.join(_STREAM_OPTIONS)} are")
+    if stream_options.get("include_usage", True) is not True:
+        raise ValueError(
+            "stream_options.include_usage cannot be false: the stream's last chunk always carries usage "
+            "(stream.usage holds it too)"
+        )
+    if stream_options.get("continuous_usage_stats", False) is not False:
+        raise ValueError(
+            "stream_options.continuous_usage_stats is not available over gRPC: only the stream's last chunk "
+            "carries usage (the gateway's HTTP API sends it on every chunk)"
+        )
+
+
+def check_chat_only_options(metadata: Mapping[str, str] | None, service_tier: str | None) -> None:
+    """OpenAI's `metadata` labels stored completions, which this platform does not keep; every request is served
+    at the default tier. Their empty or default values are accepted, as the gateway's HTTP API accepts them."""
+    if metadata:
+        raise ValueError("completions are not stored, so metadata has nothing to label; remove it (or send user)")
+    if service_tier is not None and service_tier not in _SERVICE_TIERS:
+        raise ValueError(
+            f"service_tier must be one of {', '.join(_SERVICE_TIERS)}; send priority='batch' to be served after "
+            "interactive requests"
+        )
+
+
+def check_no_query(extra_query: Mapping[str, object] | None) -> None:
+    """A gRPC call has no URL, so there is nowhere to send `extra_query`; refusing beats dropping it."""
+    if extra_query:
+        raise ValueError(
+            "extra_query: gRPC calls have no query string; set the request's fields with extra_body "
+            "(or call the gateway's HTTP API)"
+        )
 
 
 def structured_input(
@@ -137,6 +239,7 @@ def generate_request(
     logprobs: bool = False,
     top_logprobs: int | None = None,
     structured: dict[str, Any] | None = None,
+    client_label: str = "",
     extra_body: Mapping[str, object] | None = None,
 ) -> pb.GenerateRequest:
     if priority not in _PRIORITIES:
@@ -158,6 +261,7 @@ def generate_request(
     request = pb.GenerateRequest(
         model=model,
         idempotency_key=idempotency_key,
+        request_id=client_label,
         priority=_PRIORITIES[priority],
         ignore_eos=ignore_eos,
         logit_bias=_logit_bias(logit_bias),
@@ -168,19 +272,19 @@ def generate_request(
         **{name: value for name, value in sampling.items() if value is not None},
     )
     if extra_body:
-        _merge_extra_body(request, extra_body)
+        merge_extra_body(request, extra_body)
     return request
 
 
-def _merge_extra_body(request: pb.GenerateRequest, extra_body: Mapping[str, object]) -> None:
-    """Sets the GenerateRequest fields `extra_body` names (over the arguments' values). gRPC carries only the
+def merge_extra_body(request: Message, extra_body: Mapping[str, object]) -> None:
+    """Sets the request's fields `extra_body` names (over the arguments' values). gRPC carries only the
     fields of the contract, so a name it does not have is refused here rather than silently dropped."""
-    known = [field.name for field in pb.GenerateRequest.DESCRIPTOR.fields]
-    unknown = [name for name in extra_body if name not in known]
+    name = request.DESCRIPTOR.name
+    known = [field.name for field in request.DESCRIPTOR.fields]
+    unknown = [field for field in extra_body if field not in known]
     if unknown:
-        raise ValueError(
-            f"extra_body: the API's GenerateRequest has no field {', '.join(unknown)} (it has {', '.join(known)})"
-        )
+        has = f"it has {', '.join(known)}" if known else "it has no fields"
+        raise ValueError(f"extra_body: the API's {name} has no field {', '.join(unknown)} ({has})")
     try:
         json_format.ParseDict(dict(extra_body), request)
     except json_format.ParseError as error:

@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.client import HTTPException, HTTPResponse
-from typing import cast
-from urllib.parse import urlencode, urlsplit
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 from ._errors import APIConnectionError, APIResponseValidationError, APITimeoutError, error_from_http
-from ._response import record_headers
+from ._http import call_timeout, idempotency_key, query_string, request_payload
+from ._response import StreamedAPIResponse, record_headers, streaming_requested
 from ._retry import with_retries
 from ._version import __version__
+from .types import PostRequestOptions, RequestOptions
+
+R = TypeVar("R")
 
 DEFAULT_HTTP_URL = "http://127.0.0.1:8080/v1"
 
@@ -46,58 +50,52 @@ class GatewayHttpTransport:
         method: str,
         path: str,
         *,
+        parse: Callable[[StreamedAPIResponse[Any]], R],
         query: Mapping[str, object] | None = None,
         body: object = None,
-        headers: Mapping[str, str] | None = None,
+        options: RequestOptions | PostRequestOptions | None = None,
+        events: bool = False,
         timeout: float | None,
         max_retries: int,
-    ) -> object:
-        """The answer's JSON. A POST is retried only when it carries an Idempotency-Key (the gateway then runs
-        it once); a GET or DELETE when the gateway did not answer or asked to retry."""
-        request_headers = {**self._headers, "Accept": "application/json", **(headers or {})}
+    ) -> R:
+        """`parse` of the answer (`json_object`: its JSON object). A POST is retried only when it carries an
+        Idempotency-Key (`options["idempotency_key"]`; the gateway then runs it once); a GET or DELETE when the
+        gateway did not answer or asked to retry. With `events` the answer is a stream of server-sent events:
+        `parse` gets it unread, and only opening it is retried (the caller would see events twice). Under
+        `with_streaming_response` the answer is the `StreamedAPIResponse`, its body unread."""
+        options = options or {}
+        url = f"{self.http_url}{path}" + query_string(query, options.get("extra_query"))
+        data, content_type = request_payload(method, body, None, options.get("extra_body"))
+        accept = "text/event-stream" if events else "application/json"
+        headers = {**self._headers, "Accept": accept, **({"Content-Type": content_type} if content_type else {})}
+        headers.update(options.get("extra_headers") or {})
+        key = idempotency_key(options)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        deadline = call_timeout(options, timeout)
+        retries = max_retries if self._retry_safe(method, headers) else 0
 
-        def attempt() -> object:
-            with self._open(method, path, query, body, request_headers, timeout) as response:
-                answer = _decode(response.read(), response.status)
-                record_headers(response.headers.items())
-                return answer
+        def attempt(read: bool) -> StreamedAPIResponse[R]:
+            answer = StreamedAPIResponse(
+                self._open(method, url, data, headers, deadline), parse, method=method, url=url
+            )
+            if read:
+                try:
+                    with answer.http_response:
+                        answer.parse()
+                except (OSError, HTTPException) as failure:
+                    raise _transport_error(failure, idempotent=self._retry_safe(method, headers)) from failure
+            return answer
 
-        return with_retries(attempt, max_retries=max_retries if self._retry_safe(method, request_headers) else 0)
-
-    def stream(
-        self,
-        path: str,
-        body: object,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None,
-        max_retries: int,
-    ) -> Iterator[dict[str, object]]:
-        """The events of a streamed POST, each as its JSON; opening it is retried as `request` retries, what
-        follows never (the caller would see events twice)."""
-        request_headers = {**self._headers, "Accept": "text/event-stream", **(headers or {})}
-        retries = max_retries if self._retry_safe("POST", request_headers) else 0
-        response = with_retries(
-            lambda: self._open("POST", path, None, body, request_headers, timeout), max_retries=retries
-        )
-        record_headers(response.headers.items())
-        return _events(response)
+        if streaming_requested():
+            return cast(R, with_retries(lambda: attempt(read=False), max_retries=retries))
+        answer = with_retries(lambda: attempt(read=not events), max_retries=retries)
+        record_headers(answer.headers.items())
+        return answer.parse()
 
     def _open(
-        self,
-        method: str,
-        path: str,
-        query: Mapping[str, object] | None,
-        body: object,
-        headers: dict[str, str],
-        timeout: float | None,
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float | None
     ) -> HTTPResponse:
-        url = f"{self.http_url}{path}"
-        if query:
-            url += "?" + urlencode({name: value for name, value in query.items() if value is not None})
-        data = None if body is None else json.dumps(body).encode()
-        if data is not None:
-            headers = {**headers, "Content-Type": "application/json"}
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             return cast(HTTPResponse, self._opener.open(request, timeout=timeout))
@@ -116,16 +114,20 @@ class GatewayHttpTransport:
         return method != "POST" or "Idempotency-Key" in headers
 
 
-def _events(response: HTTPResponse) -> Iterator[dict[str, object]]:
+def json_object(response: StreamedAPIResponse[Any]) -> dict[str, object]:
+    """The answer's JSON, which must be an object."""
+    return _decode(response.read(), response.status_code)
+
+
+def events(response: StreamedAPIResponse[Any]) -> Iterator[dict[str, object]]:
     """The `data:` of each server-sent event, until the stream ends; closes the response when done or dropped."""
-    with response:
+    with response.http_response:
         data: list[str] = []
-        for raw in response:
-            line = raw.decode("utf-8").rstrip("\r\n")
+        for line in response.iter_lines():
             if line.startswith("data:"):
                 data.append(line[5:].lstrip())
             elif not line and data:
-                yield _decode("\n".join(data).encode(), response.status)
+                yield _decode("\n".join(data).encode(), response.status_code)
                 data = []
 
 

@@ -34,6 +34,12 @@ __all__ = [
     "ChatCompletionCreateParams",
     "ChatCompletionMessage",
     "ChatMessageParam",
+    "MessageParam",
+    "PromptTokensDetails",
+    "RequestOptions",
+    "PostRequestOptions",
+    "ServiceTier",
+    "StreamOptionsParam",
     "Choice",
     "Completion",
     "CompletionChunk",
@@ -104,6 +110,41 @@ class ChatMessageParam(TypedDict):
     tool_call_id: NotRequired[str]  # a tool message: the call it answers
 
 
+MessageParam = ChatMessageParam | Mapping[str, Any]
+"""A chat message as `messages` takes it: a `ChatMessageParam`, or any mapping of the same keys (a plain
+`dict[str, str]` built ahead of the call, say), checked when the call is made."""
+
+
+class StreamOptionsParam(TypedDict, total=False):
+    """OpenAI's `stream_options`. The gRPC API sends usage with the stream's last chunk, always, and only there:
+    `include_usage` may be True (or left out), `continuous_usage_stats` False (or left out)."""
+
+    include_usage: bool
+    continuous_usage_stats: bool
+
+
+ServiceTier = Literal["auto", "default"]
+"""Every request is served at the default tier; `priority="batch"` is what yields to interactive traffic."""
+
+
+class RequestOptions(TypedDict, total=False):
+    """The per-call options of every method: `timeout` (seconds; None: the client's), `extra_headers`,
+    `extra_query` (added to the URL's query) and `extra_body` (added to the JSON body, over its fields)."""
+
+    timeout: float | None
+    extra_headers: Mapping[str, str] | None
+    extra_query: Mapping[str, object] | None
+    extra_body: Mapping[str, object] | None
+
+
+class PostRequestOptions(RequestOptions, total=False):
+    """`RequestOptions` of a call that creates or changes something: `idempotency_key` (a fresh one when
+    omitted) is sent on every retry, so the server acts once; pass the same one again to make your own retries
+    safe too."""
+
+    idempotency_key: str | None
+
+
 class FunctionParam(TypedDict):
     name: str
     description: NotRequired[str]
@@ -157,9 +198,13 @@ class GenerationParams(TypedDict, total=False):
     presence_penalty: float | None
     frequency_penalty: float | None
     logit_bias: Mapping[int | str, float] | None
+    max_completion_tokens: int | None
+    user: str | None
+    stream_options: StreamOptionsParam | None
     timeout: float | None
     idempotency_key: str | None
     extra_headers: Mapping[str, str] | None
+    extra_query: Mapping[str, object] | None
     extra_body: Mapping[str, object] | None
 
 
@@ -174,17 +219,15 @@ class ChatCompletionCreateParams(GenerationParams, total=False):
     """The keyword arguments of `chat.completions.create` but `stream`; `help()` of the method shows their
     defaults."""
 
-    messages: Required[Iterable[ChatMessageParam]]
+    messages: Required[Iterable[MessageParam]]
     logprobs: bool | None
     top_logprobs: int | None
     response_format: ResponseFormatParam | None
     tools: Iterable[ToolParam] | None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceParam | None
     parallel_tool_calls: bool | None
-    timeout: float | None
-    idempotency_key: str | None
-    extra_headers: Mapping[str, str] | None
-    extra_body: Mapping[str, object] | None
+    metadata: Mapping[str, str] | None
+    service_tier: ServiceTier | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,13 +255,28 @@ class PhaseUsage(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+    """Of the prompt tokens, those the prefix cache (or the shared KV tier) held."""
+
+
+@dataclass(frozen=True, slots=True)
 class Usage(BaseModel):
+    """The request's tokens, as OpenAI counts them (`prompt_tokens_details.cached_tokens`); the flat
+    `cached_tokens` is the same count, kept for the SDK's earlier callers. `prefill` and `decode`: what each
+    phase cost and where it ran."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     total_tokens: int
     prefill: PhaseUsage | None = None
     decode: PhaseUsage | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens_details is None:
+            object.__setattr__(self, "prompt_tokens_details", PromptTokensDetails(cached_tokens=self.cached_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,6 +670,7 @@ class ResponseCreateParams(TypedDict, total=False):
     timeout: float | None
     idempotency_key: str | None
     extra_headers: Mapping[str, str] | None
+    extra_query: Mapping[str, object] | None
     extra_body: Mapping[str, object] | None
 
 

@@ -10,7 +10,16 @@ import grpc
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import call_metadata, completion_from_chunks, generate_request, new_idempotency_key
+from .._convert import (
+    call_metadata,
+    check_no_query,
+    check_stream_options,
+    client_label,
+    completion_from_chunks,
+    generate_request,
+    max_tokens_of,
+    new_idempotency_key,
+)
 from .._errors import error_from_rpc
 from .._response import record_headers
 from .._retry import with_retries, with_retries_async
@@ -18,19 +27,38 @@ from .._streaming import AsyncStream, Stream
 from ..types import Completion, CompletionChunk, GenerationParams
 from ._connections import GatewayConnection
 
-_OF_THE_CALL = frozenset({"model", "timeout", "idempotency_key", "extra_headers"})  # not sampling fields
+# not sampling fields, or not GenerateRequest's as they are named
+_OF_THE_CALL = frozenset(
+    {
+        "model",
+        "timeout",
+        "idempotency_key",
+        "extra_headers",
+        "extra_query",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "user",
+    }
+)
 _SHARED_FIELDS = tuple(name for name in GenerationParams.__annotations__ if name not in _OF_THE_CALL)
 
 
-def create_request(arguments: GenerationParams, input_field: dict[str, Any], **own: Any) -> pb.GenerateRequest:
+def create_request(
+    arguments: GenerationParams, input_field: dict[str, Any], *, stream: bool, **own: Any
+) -> pb.GenerateRequest:
     """The GenerateRequest of one `create` call: the fields both resources take, the input, and `own`, the
     fields of the resource alone."""
+    check_no_query(arguments["extra_query"])
+    check_stream_options(arguments["stream_options"], stream)
     key = arguments["idempotency_key"]
     shared: dict[str, Any] = {name: arguments[name] for name in _SHARED_FIELDS}  # type: ignore[literal-required]
     return generate_request(
         model=arguments["model"],
         input_field=input_field,
         idempotency_key=new_idempotency_key() if key is None else key,
+        max_tokens=max_tokens_of(arguments["max_tokens"], arguments["max_completion_tokens"]),
+        client_label=client_label(arguments["user"]),
         **shared,
         **own,
     )

@@ -2,7 +2,8 @@
 REST API.
 
 The client's API key must carry the admin:read scope (admin:write to create or revoke keys and set the
-spend limit). The asyncio twins run each call in a worker thread.
+spend limit). Every method takes the per-call options (`timeout`, `extra_headers`, `extra_query`, `extra_body`;
+`idempotency_key` too on a POST). The asyncio twins run each call in a worker thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import date, datetime
 from functools import cached_property, partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 from urllib.parse import quote
 
 from .._admin_convert import (
@@ -25,7 +26,15 @@ from .._admin_convert import (
     page_from_json,
     spend_limit_from_json,
 )
-from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
+from .._http import json_body
+from .._response import (
+    StreamedAPIResponse,
+    async_to_raw_response_wrapper,
+    async_to_streamed_response_wrapper,
+    then,
+    to_raw_response_wrapper,
+    to_streamed_response_wrapper,
+)
 from ..types import (
     NOT_GIVEN,
     ApiKey,
@@ -37,17 +46,26 @@ from ..types import (
     NotGiven,
     OrganizationLimits,
     Page,
+    PostRequestOptions,
+    RequestOptions,
     SpendLimit,
     UsageGroupBy,
 )
 from ._connections import ControlPlaneConnection
+from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Admin", "AsyncAdmin"]
 
 _GROUPS = ("phase", "model", "api_key")
+_OPTIONS = KeywordParameters(RequestOptions)
+_POST_OPTIONS = KeywordParameters(PostRequestOptions)
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+def _json(convert: Callable[[object], T]) -> Callable[[StreamedAPIResponse[Any]], T]:
+    return lambda response: convert(json_body(response))
 
 
 class _Resource:
@@ -55,11 +73,25 @@ class _Resource:
         self._client = client
 
     def _request(
-        self, method: str, path: str, *, query: Mapping[str, object] | None = None, body: object = None
-    ) -> object:
+        self,
+        method: str,
+        path: str,
+        parse: Callable[[StreamedAPIResponse[Any]], T],
+        options: RequestOptions | PostRequestOptions,
+        *,
+        query: Mapping[str, object] | None = None,
+        body: object = None,
+    ) -> T:
         client = self._client
         return client._admin_transport.request(
-            method, path, query=query, body=body, timeout=client.timeout, max_retries=client.max_retries
+            method,
+            path,
+            parse=parse,
+            query=query,
+            body=body,
+            options=options,
+            timeout=client.timeout,
+            max_retries=client.max_retries,
         )
 
 
@@ -68,12 +100,26 @@ class Usage(_Resource):
     def with_raw_response(self) -> UsageWithRawResponse:
         return UsageWithRawResponse(self)
 
-    def daily(self, *, start: date | str, end: date | str, group_by: UsageGroupBy = "phase") -> list[DailyUsage]:
+    @cached_property
+    def with_streaming_response(self) -> UsageWithStreamingResponse:
+        return UsageWithStreamingResponse(self)
+
+    @_OPTIONS.expand
+    def daily(
+        self,
+        *,
+        start: date | str,
+        end: date | str,
+        group_by: UsageGroupBy = "phase",
+        **options: Unpack[RequestOptions],
+    ) -> list[DailyUsage]:
         """Tokens and cost per day from `start` to `end` (inclusive), grouped by phase, model or API key."""
         if group_by not in _GROUPS:
             raise ValueError(f"group_by must be one of {', '.join(_GROUPS)}, not {group_by!r}")
         query = {"start": _day(start), "end": _day(end), "group_by": group_by}
-        return daily_usage_from_json(self._request("GET", "/usage/daily", query=query))
+        return self._request(
+            "GET", "/usage/daily", _json(daily_usage_from_json), _OPTIONS.complete(options), query=query
+        )
 
 
 class Billing(_Resource):
@@ -81,9 +127,14 @@ class Billing(_Resource):
     def with_raw_response(self) -> BillingWithRawResponse:
         return BillingWithRawResponse(self)
 
-    def current(self) -> BillingSummary:
+    @cached_property
+    def with_streaming_response(self) -> BillingWithStreamingResponse:
+        return BillingWithStreamingResponse(self)
+
+    @_OPTIONS.expand
+    def current(self, **options: Unpack[RequestOptions]) -> BillingSummary:
         """The current period: amount to date, projection, spend limit and the alerts it triggered."""
-        return billing_summary_from_json(self._request("GET", "/billing/current"))
+        return self._request("GET", "/billing/current", _json(billing_summary_from_json), _OPTIONS.complete(options))
 
 
 class SpendLimits(_Resource):
@@ -91,16 +142,23 @@ class SpendLimits(_Resource):
     def with_raw_response(self) -> SpendLimitsWithRawResponse:
         return SpendLimitsWithRawResponse(self)
 
-    def retrieve(self) -> SpendLimit:
-        return spend_limit_from_json(self._request("GET", "/spend-limit"))
+    @cached_property
+    def with_streaming_response(self) -> SpendLimitsWithStreamingResponse:
+        return SpendLimitsWithStreamingResponse(self)
 
-    def update(self, *, limit_micros: int | None) -> SpendLimit:
+    @_OPTIONS.expand
+    def retrieve(self, **options: Unpack[RequestOptions]) -> SpendLimit:
+        return self._request("GET", "/spend-limit", _json(spend_limit_from_json), _OPTIONS.complete(options))
+
+    @_OPTIONS.expand
+    def update(self, *, limit_micros: int | None, **options: Unpack[RequestOptions]) -> SpendLimit:
         """Sets the limit for a billing period in micro-dollars; None removes it."""
         if limit_micros is not None and (
             isinstance(limit_micros, bool) or not isinstance(limit_micros, int) or limit_micros < 0
         ):
             raise ValueError(f"limit_micros must be a non-negative integer or None, not {limit_micros!r}")
-        return spend_limit_from_json(self._request("PUT", "/spend-limit", body={"limit_micros": limit_micros}))
+        body = {"limit_micros": limit_micros}
+        return self._request("PUT", "/spend-limit", _json(spend_limit_from_json), _OPTIONS.complete(options), body=body)
 
 
 class Limits(_Resource):
@@ -112,23 +170,35 @@ class Limits(_Resource):
     def with_raw_response(self) -> LimitsWithRawResponse:
         return LimitsWithRawResponse(self)
 
-    def retrieve(self) -> OrganizationLimits:
-        return organization_limits_from_json(self._request("GET", "/limits"))
+    @cached_property
+    def with_streaming_response(self) -> LimitsWithStreamingResponse:
+        return LimitsWithStreamingResponse(self)
 
+    @_OPTIONS.expand
+    def retrieve(self, **options: Unpack[RequestOptions]) -> OrganizationLimits:
+        return self._request("GET", "/limits", _json(organization_limits_from_json), _OPTIONS.complete(options))
+
+    @_OPTIONS.expand
     def update(
         self,
         *,
         requests_per_minute: int | None | NotGiven = NOT_GIVEN,
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        **options: Unpack[RequestOptions],
     ) -> OrganizationLimits:
         """Sets the limits given (None makes one unlimited) and leaves the others as they are."""
         body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
-        return organization_limits_from_json(self._request("PATCH", "/limits", body=body))
+        return self._request(
+            "PATCH", "/limits", _json(organization_limits_from_json), _OPTIONS.complete(options), body=body
+        )
 
-    def retrieve_key(self, key_id: str) -> ApiKeyLimits:
-        return api_key_limits_from_json(self._request("GET", f"/api-keys/{_segment(key_id)}/limits"))
+    @_OPTIONS.expand
+    def retrieve_key(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKeyLimits:
+        path = f"/api-keys/{_segment(key_id)}/limits"
+        return self._request("GET", path, _json(api_key_limits_from_json), _OPTIONS.complete(options))
 
+    @_OPTIONS.expand
     def update_key(
         self,
         key_id: str,
@@ -136,10 +206,12 @@ class Limits(_Resource):
         requests_per_minute: int | None | NotGiven = NOT_GIVEN,
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        **options: Unpack[RequestOptions],
     ) -> ApiKeyLimits:
         """Sets the key's limits given (None makes one unlimited) and leaves the others as they are."""
         body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
-        return api_key_limits_from_json(self._request("PATCH", f"/api-keys/{_segment(key_id)}/limits", body=body))
+        path = f"/api-keys/{_segment(key_id)}/limits"
+        return self._request("PATCH", path, _json(api_key_limits_from_json), _OPTIONS.complete(options), body=body)
 
 
 def _limit_changes(requests: object, input_tokens: object, output_tokens: object) -> dict[str, int | None]:
@@ -165,24 +237,48 @@ class ApiKeys(_Resource):
     def with_raw_response(self) -> ApiKeysWithRawResponse:
         return ApiKeysWithRawResponse(self)
 
-    def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[ApiKey]:
-        """A page of keys; iterating it walks all of them, fetching the next pages as it goes."""
-        body = self._request("GET", "/api-keys", query={"limit": limit, "offset": offset})
-        return _offset_page(page_from_json(body, api_key_from_json), self.list, limit, offset)
+    @cached_property
+    def with_streaming_response(self) -> ApiKeysWithStreamingResponse:
+        return ApiKeysWithStreamingResponse(self)
 
-    def create(self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None) -> ApiKey:
+    @_OPTIONS.expand
+    def list(
+        self, *, limit: int | None = None, offset: int | None = None, **options: Unpack[RequestOptions]
+    ) -> Page[ApiKey]:
+        """A page of keys; iterating it walks all of them, fetching the next pages as it goes."""
+        options = _OPTIONS.complete(options)
+
+        def parse(response: StreamedAPIResponse[Any]) -> Page[ApiKey]:
+            page = page_from_json(json_body(response), api_key_from_json)
+            return _offset_page(page, self.list, limit, offset, options)
+
+        return self._request("GET", "/api-keys", parse, options, query={"limit": limit, "offset": offset})
+
+    @_POST_OPTIONS.expand
+    def create(
+        self,
+        *,
+        name: str,
+        scopes: Sequence[str] | None = None,
+        expires_at: datetime | None = None,
+        **options: Unpack[PostRequestOptions],
+    ) -> ApiKey:
         """Issues a key; the returned object's `key` is the secret, shown this once."""
         body: dict[str, object] = {"name": name, "expires_at": expires_at.isoformat() if expires_at else None}
         if scopes is not None:
             body["scopes"] = list(scopes)
-        return api_key_from_json(self._request("POST", "/api-keys", body=body))
+        return self._request("POST", "/api-keys", _json(api_key_from_json), _POST_OPTIONS.complete(options), body=body)
 
-    def retrieve(self, key_id: str) -> ApiKey:
-        return api_key_from_json(self._request("GET", f"/api-keys/{_segment(key_id)}"))
+    @_OPTIONS.expand
+    def retrieve(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKey:
+        path = f"/api-keys/{_segment(key_id)}"
+        return self._request("GET", path, _json(api_key_from_json), _OPTIONS.complete(options))
 
-    def revoke(self, key_id: str) -> ApiKey:
+    @_POST_OPTIONS.expand
+    def revoke(self, key_id: str, **options: Unpack[PostRequestOptions]) -> ApiKey:
         """Revokes the key at once; the gateway refuses it within seconds."""
-        return api_key_from_json(self._request("POST", f"/api-keys/{_segment(key_id)}/revoke"))
+        path = f"/api-keys/{_segment(key_id)}/revoke"
+        return self._request("POST", path, _json(api_key_from_json), _POST_OPTIONS.complete(options))
 
 
 class Invoices(_Resource):
@@ -190,13 +286,27 @@ class Invoices(_Resource):
     def with_raw_response(self) -> InvoicesWithRawResponse:
         return InvoicesWithRawResponse(self)
 
-    def list(self, *, limit: int | None = None, offset: int | None = None) -> Page[Invoice]:
-        """A page of invoices; iterating it walks all of them, fetching the next pages as it goes."""
-        body = self._request("GET", "/invoices", query={"limit": limit, "offset": offset})
-        return _offset_page(page_from_json(body, invoice_from_json), self.list, limit, offset)
+    @cached_property
+    def with_streaming_response(self) -> InvoicesWithStreamingResponse:
+        return InvoicesWithStreamingResponse(self)
 
-    def retrieve(self, invoice_id: str) -> Invoice:
-        return invoice_from_json(self._request("GET", f"/invoices/{_segment(invoice_id)}"))
+    @_OPTIONS.expand
+    def list(
+        self, *, limit: int | None = None, offset: int | None = None, **options: Unpack[RequestOptions]
+    ) -> Page[Invoice]:
+        """A page of invoices; iterating it walks all of them, fetching the next pages as it goes."""
+        options = _OPTIONS.complete(options)
+
+        def parse(response: StreamedAPIResponse[Any]) -> Page[Invoice]:
+            page = page_from_json(json_body(response), invoice_from_json)
+            return _offset_page(page, self.list, limit, offset, options)
+
+        return self._request("GET", "/invoices", parse, options, query={"limit": limit, "offset": offset})
+
+    @_OPTIONS.expand
+    def retrieve(self, invoice_id: str, **options: Unpack[RequestOptions]) -> Invoice:
+        path = f"/invoices/{_segment(invoice_id)}"
+        return self._request("GET", path, _json(invoice_from_json), _OPTIONS.complete(options))
 
 
 class Admin:
@@ -221,8 +331,20 @@ class AsyncUsage(_AsyncResource[Usage]):
     def with_raw_response(self) -> AsyncUsageWithRawResponse:
         return AsyncUsageWithRawResponse(self)
 
-    async def daily(self, *, start: date | str, end: date | str, group_by: UsageGroupBy = "phase") -> list[DailyUsage]:
-        return await asyncio.to_thread(self._sync.daily, start=start, end=end, group_by=group_by)
+    @cached_property
+    def with_streaming_response(self) -> AsyncUsageWithStreamingResponse:
+        return AsyncUsageWithStreamingResponse(self)
+
+    @_OPTIONS.expand
+    async def daily(
+        self,
+        *,
+        start: date | str,
+        end: date | str,
+        group_by: UsageGroupBy = "phase",
+        **options: Unpack[RequestOptions],
+    ) -> list[DailyUsage]:
+        return await asyncio.to_thread(partial(self._sync.daily, start=start, end=end, group_by=group_by, **options))
 
 
 class AsyncBilling(_AsyncResource[Billing]):
@@ -230,8 +352,13 @@ class AsyncBilling(_AsyncResource[Billing]):
     def with_raw_response(self) -> AsyncBillingWithRawResponse:
         return AsyncBillingWithRawResponse(self)
 
-    async def current(self) -> BillingSummary:
-        return await asyncio.to_thread(self._sync.current)
+    @cached_property
+    def with_streaming_response(self) -> AsyncBillingWithStreamingResponse:
+        return AsyncBillingWithStreamingResponse(self)
+
+    @_OPTIONS.expand
+    async def current(self, **options: Unpack[RequestOptions]) -> BillingSummary:
+        return await asyncio.to_thread(partial(self._sync.current, **options))
 
 
 class AsyncSpendLimits(_AsyncResource[SpendLimits]):
@@ -239,11 +366,17 @@ class AsyncSpendLimits(_AsyncResource[SpendLimits]):
     def with_raw_response(self) -> AsyncSpendLimitsWithRawResponse:
         return AsyncSpendLimitsWithRawResponse(self)
 
-    async def retrieve(self) -> SpendLimit:
-        return await asyncio.to_thread(self._sync.retrieve)
+    @cached_property
+    def with_streaming_response(self) -> AsyncSpendLimitsWithStreamingResponse:
+        return AsyncSpendLimitsWithStreamingResponse(self)
 
-    async def update(self, *, limit_micros: int | None) -> SpendLimit:
-        return await asyncio.to_thread(self._sync.update, limit_micros=limit_micros)
+    @_OPTIONS.expand
+    async def retrieve(self, **options: Unpack[RequestOptions]) -> SpendLimit:
+        return await asyncio.to_thread(partial(self._sync.retrieve, **options))
+
+    @_OPTIONS.expand
+    async def update(self, *, limit_micros: int | None, **options: Unpack[RequestOptions]) -> SpendLimit:
+        return await asyncio.to_thread(partial(self._sync.update, limit_micros=limit_micros, **options))
 
 
 class AsyncLimits(_AsyncResource[Limits]):
@@ -251,26 +384,38 @@ class AsyncLimits(_AsyncResource[Limits]):
     def with_raw_response(self) -> AsyncLimitsWithRawResponse:
         return AsyncLimitsWithRawResponse(self)
 
-    async def retrieve(self) -> OrganizationLimits:
-        return await asyncio.to_thread(self._sync.retrieve)
+    @cached_property
+    def with_streaming_response(self) -> AsyncLimitsWithStreamingResponse:
+        return AsyncLimitsWithStreamingResponse(self)
 
+    @_OPTIONS.expand
+    async def retrieve(self, **options: Unpack[RequestOptions]) -> OrganizationLimits:
+        return await asyncio.to_thread(partial(self._sync.retrieve, **options))
+
+    @_OPTIONS.expand
     async def update(
         self,
         *,
         requests_per_minute: int | None | NotGiven = NOT_GIVEN,
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        **options: Unpack[RequestOptions],
     ) -> OrganizationLimits:
         return await asyncio.to_thread(
-            self._sync.update,
-            requests_per_minute=requests_per_minute,
-            input_tokens_per_minute=input_tokens_per_minute,
-            output_tokens_per_minute=output_tokens_per_minute,
+            partial(
+                self._sync.update,
+                requests_per_minute=requests_per_minute,
+                input_tokens_per_minute=input_tokens_per_minute,
+                output_tokens_per_minute=output_tokens_per_minute,
+                **options,
+            )
         )
 
-    async def retrieve_key(self, key_id: str) -> ApiKeyLimits:
-        return await asyncio.to_thread(self._sync.retrieve_key, key_id)
+    @_OPTIONS.expand
+    async def retrieve_key(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKeyLimits:
+        return await asyncio.to_thread(partial(self._sync.retrieve_key, key_id, **options))
 
+    @_OPTIONS.expand
     async def update_key(
         self,
         key_id: str,
@@ -278,13 +423,17 @@ class AsyncLimits(_AsyncResource[Limits]):
         requests_per_minute: int | None | NotGiven = NOT_GIVEN,
         input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
         output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        **options: Unpack[RequestOptions],
     ) -> ApiKeyLimits:
         return await asyncio.to_thread(
-            self._sync.update_key,
-            key_id,
-            requests_per_minute=requests_per_minute,
-            input_tokens_per_minute=input_tokens_per_minute,
-            output_tokens_per_minute=output_tokens_per_minute,
+            partial(
+                self._sync.update_key,
+                key_id,
+                requests_per_minute=requests_per_minute,
+                input_tokens_per_minute=input_tokens_per_minute,
+                output_tokens_per_minute=output_tokens_per_minute,
+                **options,
+            )
         )
 
 
@@ -293,21 +442,38 @@ class AsyncApiKeys(_AsyncResource[ApiKeys]):
     def with_raw_response(self) -> AsyncApiKeysWithRawResponse:
         return AsyncApiKeysWithRawResponse(self)
 
-    async def list(self, *, limit: int | None = None, offset: int | None = None) -> AsyncPage[ApiKey]:
+    @cached_property
+    def with_streaming_response(self) -> AsyncApiKeysWithStreamingResponse:
+        return AsyncApiKeysWithStreamingResponse(self)
+
+    @_OPTIONS.expand
+    async def list(
+        self, *, limit: int | None = None, offset: int | None = None, **options: Unpack[RequestOptions]
+    ) -> AsyncPage[ApiKey]:
         """A page of keys; `async for` over it walks all of them, fetching the next pages as it goes."""
-        page = await asyncio.to_thread(self._sync.list, limit=limit, offset=offset)
-        return _async_offset_page(page, self.list, limit, offset)
+        page = await asyncio.to_thread(partial(self._sync.list, limit=limit, offset=offset, **options))
+        return then(page, lambda page: _async_offset_page(page, self.list, limit, offset, options))
 
+    @_POST_OPTIONS.expand
     async def create(
-        self, *, name: str, scopes: Sequence[str] | None = None, expires_at: datetime | None = None
+        self,
+        *,
+        name: str,
+        scopes: Sequence[str] | None = None,
+        expires_at: datetime | None = None,
+        **options: Unpack[PostRequestOptions],
     ) -> ApiKey:
-        return await asyncio.to_thread(self._sync.create, name=name, scopes=scopes, expires_at=expires_at)
+        return await asyncio.to_thread(
+            partial(self._sync.create, name=name, scopes=scopes, expires_at=expires_at, **options)
+        )
 
-    async def retrieve(self, key_id: str) -> ApiKey:
-        return await asyncio.to_thread(self._sync.retrieve, key_id)
+    @_OPTIONS.expand
+    async def retrieve(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKey:
+        return await asyncio.to_thread(partial(self._sync.retrieve, key_id, **options))
 
-    async def revoke(self, key_id: str) -> ApiKey:
-        return await asyncio.to_thread(self._sync.revoke, key_id)
+    @_POST_OPTIONS.expand
+    async def revoke(self, key_id: str, **options: Unpack[PostRequestOptions]) -> ApiKey:
+        return await asyncio.to_thread(partial(self._sync.revoke, key_id, **options))
 
 
 class AsyncInvoices(_AsyncResource[Invoices]):
@@ -315,13 +481,21 @@ class AsyncInvoices(_AsyncResource[Invoices]):
     def with_raw_response(self) -> AsyncInvoicesWithRawResponse:
         return AsyncInvoicesWithRawResponse(self)
 
-    async def list(self, *, limit: int | None = None, offset: int | None = None) -> AsyncPage[Invoice]:
-        """A page of invoices; `async for` over it walks all of them, fetching the next pages as it goes."""
-        page = await asyncio.to_thread(self._sync.list, limit=limit, offset=offset)
-        return _async_offset_page(page, self.list, limit, offset)
+    @cached_property
+    def with_streaming_response(self) -> AsyncInvoicesWithStreamingResponse:
+        return AsyncInvoicesWithStreamingResponse(self)
 
-    async def retrieve(self, invoice_id: str) -> Invoice:
-        return await asyncio.to_thread(self._sync.retrieve, invoice_id)
+    @_OPTIONS.expand
+    async def list(
+        self, *, limit: int | None = None, offset: int | None = None, **options: Unpack[RequestOptions]
+    ) -> AsyncPage[Invoice]:
+        """A page of invoices; `async for` over it walks all of them, fetching the next pages as it goes."""
+        page = await asyncio.to_thread(partial(self._sync.list, limit=limit, offset=offset, **options))
+        return then(page, lambda page: _async_offset_page(page, self.list, limit, offset, options))
+
+    @_OPTIONS.expand
+    async def retrieve(self, invoice_id: str, **options: Unpack[RequestOptions]) -> Invoice:
+        return await asyncio.to_thread(partial(self._sync.retrieve, invoice_id, **options))
 
 
 class AsyncAdmin:
@@ -335,16 +509,22 @@ class AsyncAdmin:
         self.limits = AsyncLimits(sync.limits)
 
 
-def _offset_page(page: Page[T], fetch: Callable[..., Page[T]], limit: int | None, offset: int | None) -> Page[T]:
-    """The page, knowing how to fetch the one after it: the same limit, from where this one ended."""
-    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data))
+def _offset_page(
+    page: Page[T], fetch: Callable[..., Page[T]], limit: int | None, offset: int | None, options: RequestOptions
+) -> Page[T]:
+    """The page, knowing how to fetch the one after it: the same limit and options, from where this one ended."""
+    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data), **options)
     return dataclasses.replace(page, _next_page=following)
 
 
 def _async_offset_page(
-    page: Page[T], fetch: Callable[..., Awaitable[AsyncPage[T]]], limit: int | None, offset: int | None
+    page: Page[T],
+    fetch: Callable[..., Awaitable[AsyncPage[T]]],
+    limit: int | None,
+    offset: int | None,
+    options: RequestOptions,
 ) -> AsyncPage[T]:
-    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data))
+    following = partial(fetch, limit=limit, offset=(offset or 0) + len(page.data), **options)
     return AsyncPage(data=page.data, has_more=page.has_more, total=page.total, _next_page=following)
 
 
@@ -437,3 +617,79 @@ class AsyncInvoicesWithRawResponse:
     def __init__(self, resource: AsyncInvoices) -> None:
         self.list = async_to_raw_response_wrapper(resource.list)
         self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
+
+
+class UsageWithStreamingResponse:
+    def __init__(self, resource: Usage) -> None:
+        self.daily = to_streamed_response_wrapper(resource.daily)
+
+
+class BillingWithStreamingResponse:
+    def __init__(self, resource: Billing) -> None:
+        self.current = to_streamed_response_wrapper(resource.current)
+
+
+class SpendLimitsWithStreamingResponse:
+    def __init__(self, resource: SpendLimits) -> None:
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.update = to_streamed_response_wrapper(resource.update)
+
+
+class LimitsWithStreamingResponse:
+    def __init__(self, resource: Limits) -> None:
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.update = to_streamed_response_wrapper(resource.update)
+        self.retrieve_key = to_streamed_response_wrapper(resource.retrieve_key)
+        self.update_key = to_streamed_response_wrapper(resource.update_key)
+
+
+class ApiKeysWithStreamingResponse:
+    def __init__(self, resource: ApiKeys) -> None:
+        self.list = to_streamed_response_wrapper(resource.list)
+        self.create = to_streamed_response_wrapper(resource.create)
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.revoke = to_streamed_response_wrapper(resource.revoke)
+
+
+class InvoicesWithStreamingResponse:
+    def __init__(self, resource: Invoices) -> None:
+        self.list = to_streamed_response_wrapper(resource.list)
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+
+
+class AsyncUsageWithStreamingResponse:
+    def __init__(self, resource: AsyncUsage) -> None:
+        self.daily = async_to_streamed_response_wrapper(resource.daily)
+
+
+class AsyncBillingWithStreamingResponse:
+    def __init__(self, resource: AsyncBilling) -> None:
+        self.current = async_to_streamed_response_wrapper(resource.current)
+
+
+class AsyncSpendLimitsWithStreamingResponse:
+    def __init__(self, resource: AsyncSpendLimits) -> None:
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.update = async_to_streamed_response_wrapper(resource.update)
+
+
+class AsyncLimitsWithStreamingResponse:
+    def __init__(self, resource: AsyncLimits) -> None:
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.update = async_to_streamed_response_wrapper(resource.update)
+        self.retrieve_key = async_to_streamed_response_wrapper(resource.retrieve_key)
+        self.update_key = async_to_streamed_response_wrapper(resource.update_key)
+
+
+class AsyncApiKeysWithStreamingResponse:
+    def __init__(self, resource: AsyncApiKeys) -> None:
+        self.list = async_to_streamed_response_wrapper(resource.list)
+        self.create = async_to_streamed_response_wrapper(resource.create)
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.revoke = async_to_streamed_response_wrapper(resource.revoke)
+
+
+class AsyncInvoicesWithStreamingResponse:
+    def __init__(self, resource: AsyncInvoices) -> None:
+        self.list = async_to_streamed_response_wrapper(resource.list)
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)

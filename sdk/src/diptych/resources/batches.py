@@ -10,21 +10,39 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, TypeVar, Unpack
 from urllib.parse import quote
 
 from .._batch_convert import batch_from_json, cursor_page_from_json, file_from_json
-from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
-from ..types import AsyncCursorPage, Batch, CursorPage, FileObject
+from .._http import json_body, raw_body
+from .._response import (
+    StreamedAPIResponse,
+    async_to_raw_response_wrapper,
+    async_to_streamed_response_wrapper,
+    then,
+    to_raw_response_wrapper,
+    to_streamed_response_wrapper,
+)
+from ..types import AsyncCursorPage, Batch, CursorPage, FileObject, PostRequestOptions, RequestOptions
 from ._connections import ControlPlaneConnection
+from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Files", "AsyncFiles", "Batches", "AsyncBatches", "FileInput"]
 
 # bytes, a path, an open binary file, or (filename, bytes)
 FileInput = bytes | str | os.PathLike[str] | IO[bytes] | tuple[str, bytes]
+
+_OPTIONS = KeywordParameters(RequestOptions)
+_POST_OPTIONS = KeywordParameters(PostRequestOptions)
+
+T = TypeVar("T")
+
+
+def _json(convert: Callable[[object], T]) -> Callable[[StreamedAPIResponse[Any]], T]:
+    return lambda response: convert(json_body(response))
 
 
 class _Resource:
@@ -35,20 +53,22 @@ class _Resource:
         self,
         method: str,
         path: str,
+        parse: Callable[[StreamedAPIResponse[Any]], T],
+        options: RequestOptions | PostRequestOptions,
         *,
         query: Mapping[str, object] | None = None,
         body: object = None,
         content: tuple[bytes, str] | None = None,
-        raw: bool = False,
-    ) -> object:
+    ) -> T:
         client = self._client
         return client._admin_transport.request(
             method,
             path,
+            parse=parse,
             query=query,
             body=body,
             content=content,
-            raw=raw,
+            options=options,
             timeout=client.timeout,
             max_retries=client.max_retries,
         )
@@ -59,30 +79,56 @@ class Files(_Resource):
     def with_raw_response(self) -> FilesWithRawResponse:
         return FilesWithRawResponse(self)
 
-    def create(self, *, file: FileInput, purpose: str = "batch") -> FileObject:
-        """Uploads a JSON Lines file of requests; each line is checked, and a bad one is refused by number."""
+    @cached_property
+    def with_streaming_response(self) -> FilesWithStreamingResponse:
+        """The calls answering a `StreamedAPIResponse`, in a `with` block: e.g. `content`'s lines with
+        `iter_lines()`, as they arrive."""
+        return FilesWithStreamingResponse(self)
+
+    @_POST_OPTIONS.expand
+    def create(self, *, file: FileInput, purpose: str = "batch", **options: Unpack[PostRequestOptions]) -> FileObject:
+        """Uploads a JSON Lines file of requests; each line is checked, and a bad one is refused by number.
+        `extra_body` adds form fields (text) beside `purpose`."""
+        options = _POST_OPTIONS.complete(options)
+        fields = {"purpose": purpose, **_form_fields(options.get("extra_body"))}
         name, content = _read(file)
-        return file_from_json(self._request("POST", "/files", content=_multipart({"purpose": purpose}, name, content)))
-
-    def retrieve(self, file_id: str) -> FileObject:
-        return file_from_json(self._request("GET", f"/files/{_segment(file_id)}"))
-
-    def list(self, *, purpose: str | None = None, limit: int = 20, after: str | None = None) -> CursorPage[FileObject]:
-        """A page of files, newest first; iterating it walks all of them, fetching the next pages as it goes."""
-        query = {"purpose": purpose, "limit": limit, "after": after}
-        page = cursor_page_from_json(self._request("GET", "/files", query=query), file_from_json)
-        return dataclasses.replace(
-            page, _next_page=partial(self.list, purpose=purpose, limit=limit, after=page.last_id)
+        multipart = _multipart(fields, name, content)
+        return self._request(
+            "POST", "/files", _json(file_from_json), {**options, "extra_body": None}, content=multipart
         )
 
-    def content(self, file_id: str) -> bytes:
-        """The file's bytes: JSON Lines."""
-        content = self._request("GET", f"/files/{_segment(file_id)}/content", raw=True)
-        assert isinstance(content, bytes)
-        return content
+    @_OPTIONS.expand
+    def retrieve(self, file_id: str, **options: Unpack[RequestOptions]) -> FileObject:
+        return self._request("GET", f"/files/{_segment(file_id)}", _json(file_from_json), _OPTIONS.complete(options))
 
-    def delete(self, file_id: str) -> bool:
-        return bool(self._request("DELETE", f"/files/{_segment(file_id)}"))
+    @_OPTIONS.expand
+    def list(
+        self,
+        *,
+        purpose: str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        **options: Unpack[RequestOptions],
+    ) -> CursorPage[FileObject]:
+        """A page of files, newest first; iterating it walks all of them, fetching the next pages as it goes."""
+        options = _OPTIONS.complete(options)
+
+        def parse(response: StreamedAPIResponse[Any]) -> CursorPage[FileObject]:
+            page = cursor_page_from_json(json_body(response), file_from_json)
+            following = partial(self.list, purpose=purpose, limit=limit, after=page.last_id, **options)
+            return dataclasses.replace(page, _next_page=following)
+
+        query = {"purpose": purpose, "limit": limit, "after": after}
+        return self._request("GET", "/files", parse, options, query=query)
+
+    @_OPTIONS.expand
+    def content(self, file_id: str, **options: Unpack[RequestOptions]) -> bytes:
+        """The file's bytes: JSON Lines."""
+        return self._request("GET", f"/files/{_segment(file_id)}/content", raw_body, _OPTIONS.complete(options))
+
+    @_OPTIONS.expand
+    def delete(self, file_id: str, **options: Unpack[RequestOptions]) -> bool:
+        return self._request("DELETE", f"/files/{_segment(file_id)}", _json(bool), _OPTIONS.complete(options))
 
 
 class Batches(_Resource):
@@ -90,6 +136,11 @@ class Batches(_Resource):
     def with_raw_response(self) -> BatchesWithRawResponse:
         return BatchesWithRawResponse(self)
 
+    @cached_property
+    def with_streaming_response(self) -> BatchesWithStreamingResponse:
+        return BatchesWithStreamingResponse(self)
+
+    @_POST_OPTIONS.expand
     def create(
         self,
         *,
@@ -97,6 +148,7 @@ class Batches(_Resource):
         endpoint: str = "/v1/chat/completions",
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
+        **options: Unpack[PostRequestOptions],
     ) -> Batch:
         body = {
             "input_file_id": input_file_id,
@@ -104,20 +156,32 @@ class Batches(_Resource):
             "completion_window": completion_window,
             "metadata": metadata,
         }
-        return batch_from_json(self._request("POST", "/batches", body=body))
+        return self._request("POST", "/batches", _json(batch_from_json), _POST_OPTIONS.complete(options), body=body)
 
-    def retrieve(self, batch_id: str) -> Batch:
-        return batch_from_json(self._request("GET", f"/batches/{_segment(batch_id)}"))
+    @_OPTIONS.expand
+    def retrieve(self, batch_id: str, **options: Unpack[RequestOptions]) -> Batch:
+        path = f"/batches/{_segment(batch_id)}"
+        return self._request("GET", path, _json(batch_from_json), _OPTIONS.complete(options))
 
-    def list(self, *, limit: int = 20, after: str | None = None) -> CursorPage[Batch]:
+    @_OPTIONS.expand
+    def list(
+        self, *, limit: int = 20, after: str | None = None, **options: Unpack[RequestOptions]
+    ) -> CursorPage[Batch]:
         """A page of batches, newest first; iterating it walks all of them, fetching the next pages as it goes."""
-        body = self._request("GET", "/batches", query={"limit": limit, "after": after})
-        page = cursor_page_from_json(body, batch_from_json)
-        return dataclasses.replace(page, _next_page=partial(self.list, limit=limit, after=page.last_id))
+        options = _OPTIONS.complete(options)
 
-    def cancel(self, batch_id: str) -> Batch:
+        def parse(response: StreamedAPIResponse[Any]) -> CursorPage[Batch]:
+            page = cursor_page_from_json(json_body(response), batch_from_json)
+            following = partial(self.list, limit=limit, after=page.last_id, **options)
+            return dataclasses.replace(page, _next_page=following)
+
+        return self._request("GET", "/batches", parse, options, query={"limit": limit, "after": after})
+
+    @_POST_OPTIONS.expand
+    def cancel(self, batch_id: str, **options: Unpack[PostRequestOptions]) -> Batch:
         """Stops sending the batch's requests; those already answered stay in its output file."""
-        return batch_from_json(self._request("POST", f"/batches/{_segment(batch_id)}/cancel"))
+        path = f"/batches/{_segment(batch_id)}/cancel"
+        return self._request("POST", path, _json(batch_from_json), _POST_OPTIONS.complete(options))
 
 
 class AsyncFiles:
@@ -130,25 +194,45 @@ class AsyncFiles:
     def with_raw_response(self) -> AsyncFilesWithRawResponse:
         return AsyncFilesWithRawResponse(self)
 
-    async def create(self, *, file: FileInput, purpose: str = "batch") -> FileObject:
-        return await asyncio.to_thread(self._sync.create, file=file, purpose=purpose)
+    @cached_property
+    def with_streaming_response(self) -> AsyncFilesWithStreamingResponse:
+        return AsyncFilesWithStreamingResponse(self)
 
-    async def retrieve(self, file_id: str) -> FileObject:
-        return await asyncio.to_thread(self._sync.retrieve, file_id)
+    @_POST_OPTIONS.expand
+    async def create(
+        self, *, file: FileInput, purpose: str = "batch", **options: Unpack[PostRequestOptions]
+    ) -> FileObject:
+        return await asyncio.to_thread(partial(self._sync.create, file=file, purpose=purpose, **options))
 
+    @_OPTIONS.expand
+    async def retrieve(self, file_id: str, **options: Unpack[RequestOptions]) -> FileObject:
+        return await asyncio.to_thread(partial(self._sync.retrieve, file_id, **options))
+
+    @_OPTIONS.expand
     async def list(
-        self, *, purpose: str | None = None, limit: int = 20, after: str | None = None
+        self,
+        *,
+        purpose: str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        **options: Unpack[RequestOptions],
     ) -> AsyncCursorPage[FileObject]:
         """A page of files; `async for` over it walks all of them, fetching the next pages as it goes."""
-        page = await asyncio.to_thread(self._sync.list, purpose=purpose, limit=limit, after=after)
-        following = partial(self.list, purpose=purpose, limit=limit, after=page.last_id)
-        return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
+        page = await asyncio.to_thread(partial(self._sync.list, purpose=purpose, limit=limit, after=after, **options))
 
-    async def content(self, file_id: str) -> bytes:
-        return await asyncio.to_thread(self._sync.content, file_id)
+        def asynchronous(page: CursorPage[FileObject]) -> AsyncCursorPage[FileObject]:
+            following = partial(self.list, purpose=purpose, limit=limit, after=page.last_id, **options)
+            return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
 
-    async def delete(self, file_id: str) -> bool:
-        return await asyncio.to_thread(self._sync.delete, file_id)
+        return then(page, asynchronous)
+
+    @_OPTIONS.expand
+    async def content(self, file_id: str, **options: Unpack[RequestOptions]) -> bytes:
+        return await asyncio.to_thread(partial(self._sync.content, file_id, **options))
+
+    @_OPTIONS.expand
+    async def delete(self, file_id: str, **options: Unpack[RequestOptions]) -> bool:
+        return await asyncio.to_thread(partial(self._sync.delete, file_id, **options))
 
 
 class AsyncBatches:
@@ -161,6 +245,11 @@ class AsyncBatches:
     def with_raw_response(self) -> AsyncBatchesWithRawResponse:
         return AsyncBatchesWithRawResponse(self)
 
+    @cached_property
+    def with_streaming_response(self) -> AsyncBatchesWithStreamingResponse:
+        return AsyncBatchesWithStreamingResponse(self)
+
+    @_POST_OPTIONS.expand
     async def create(
         self,
         *,
@@ -168,26 +257,49 @@ class AsyncBatches:
         endpoint: str = "/v1/chat/completions",
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
+        **options: Unpack[PostRequestOptions],
     ) -> Batch:
         return await asyncio.to_thread(
-            self._sync.create,
-            input_file_id=input_file_id,
-            endpoint=endpoint,
-            completion_window=completion_window,
-            metadata=metadata,
+            partial(
+                self._sync.create,
+                input_file_id=input_file_id,
+                endpoint=endpoint,
+                completion_window=completion_window,
+                metadata=metadata,
+                **options,
+            )
         )
 
-    async def retrieve(self, batch_id: str) -> Batch:
-        return await asyncio.to_thread(self._sync.retrieve, batch_id)
+    @_OPTIONS.expand
+    async def retrieve(self, batch_id: str, **options: Unpack[RequestOptions]) -> Batch:
+        return await asyncio.to_thread(partial(self._sync.retrieve, batch_id, **options))
 
-    async def list(self, *, limit: int = 20, after: str | None = None) -> AsyncCursorPage[Batch]:
+    @_OPTIONS.expand
+    async def list(
+        self, *, limit: int = 20, after: str | None = None, **options: Unpack[RequestOptions]
+    ) -> AsyncCursorPage[Batch]:
         """A page of batches; `async for` over it walks all of them, fetching the next pages as it goes."""
-        page = await asyncio.to_thread(self._sync.list, limit=limit, after=after)
-        following = partial(self.list, limit=limit, after=page.last_id)
-        return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
+        page = await asyncio.to_thread(partial(self._sync.list, limit=limit, after=after, **options))
 
-    async def cancel(self, batch_id: str) -> Batch:
-        return await asyncio.to_thread(self._sync.cancel, batch_id)
+        def asynchronous(page: CursorPage[Batch]) -> AsyncCursorPage[Batch]:
+            following = partial(self.list, limit=limit, after=page.last_id, **options)
+            return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
+
+        return then(page, asynchronous)
+
+    @_POST_OPTIONS.expand
+    async def cancel(self, batch_id: str, **options: Unpack[PostRequestOptions]) -> Batch:
+        return await asyncio.to_thread(partial(self._sync.cancel, batch_id, **options))
+
+
+def _form_fields(extra_body: Mapping[str, object] | None) -> dict[str, str]:
+    """`extra_body` of an upload: more form fields, each a text value."""
+    if extra_body is None:
+        return {}
+    fields = {name: value for name, value in extra_body.items() if isinstance(value, str)}
+    if len(fields) != len(extra_body):
+        raise ValueError("extra_body of a file upload must map form field names to text values")
+    return fields
 
 
 def _read(file: FileInput) -> tuple[str, bytes]:
@@ -255,3 +367,37 @@ class AsyncBatchesWithRawResponse:
         self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
         self.list = async_to_raw_response_wrapper(resource.list)
         self.cancel = async_to_raw_response_wrapper(resource.cancel)
+
+
+class FilesWithStreamingResponse:
+    def __init__(self, resource: Files) -> None:
+        self.create = to_streamed_response_wrapper(resource.create)
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.list = to_streamed_response_wrapper(resource.list)
+        self.content = to_streamed_response_wrapper(resource.content)
+        self.delete = to_streamed_response_wrapper(resource.delete)
+
+
+class BatchesWithStreamingResponse:
+    def __init__(self, resource: Batches) -> None:
+        self.create = to_streamed_response_wrapper(resource.create)
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.list = to_streamed_response_wrapper(resource.list)
+        self.cancel = to_streamed_response_wrapper(resource.cancel)
+
+
+class AsyncFilesWithStreamingResponse:
+    def __init__(self, resource: AsyncFiles) -> None:
+        self.create = async_to_streamed_response_wrapper(resource.create)
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.list = async_to_streamed_response_wrapper(resource.list)
+        self.content = async_to_streamed_response_wrapper(resource.content)
+        self.delete = async_to_streamed_response_wrapper(resource.delete)
+
+
+class AsyncBatchesWithStreamingResponse:
+    def __init__(self, resource: AsyncBatches) -> None:
+        self.create = async_to_streamed_response_wrapper(resource.create)
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.list = async_to_streamed_response_wrapper(resource.list)
+        self.cancel = async_to_streamed_response_wrapper(resource.cancel)

@@ -5,8 +5,13 @@ from typing import Literal, Unpack, overload
 
 from diptych_proto.v1 import inference_pb2 as pb
 
-from .._convert import chat_input, structured_input
-from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
+from .._convert import chat_input, check_chat_only_options, structured_input
+from .._response import (
+    async_to_raw_response_wrapper,
+    async_to_streamed_grpc_response_wrapper,
+    to_raw_response_wrapper,
+    to_streamed_grpc_response_wrapper,
+)
 from .._streaming import AsyncStream, Stream
 from ..types import ChatCompletionCreateParams, Completion
 from ._connections import GatewayConnection
@@ -27,6 +32,13 @@ class ChatCompletions:
         """`create` answering an `APIResponse`: the gateway's metadata (`headers`, `request_id`, `rate_limits`)
         and `parse()`, the usual result."""
         return ChatCompletionsWithRawResponse(self)
+
+    @cached_property
+    def with_streaming_response(self) -> ChatCompletionsWithStreamingResponse:
+        """`create` in a `with` block, answering an `APIResponse`: the gateway's gRPC initial metadata as `headers`,
+        and `parse()`, the usual result (a `Stream` with `stream=True`, closed, so cancelled, when the block
+        ends). gRPC answers protobuf messages, not an HTTP body: there are no bytes or lines to iterate."""
+        return ChatCompletionsWithStreamingResponse(self)
 
     @overload
     def create(self, *, stream: Literal[False] = False, **params: Unpack[ChatCompletionCreateParams]) -> Completion: ...
@@ -64,10 +76,17 @@ class ChatCompletions:
         `extra_headers` go as extra gRPC metadata (names in lower case; a name the client sends too, such
         as authorization, takes this value). `extra_body` sets fields of the API's GenerateRequest by
         name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
-        refused with ValueError before sending, never dropped.
+        refused with ValueError before sending, never dropped. gRPC has no query string: a non-empty
+        `extra_query` is refused too.
+
+        OpenAI's `max_completion_tokens` is `max_tokens` by its newer name; `user` (your end user's id) labels
+        the request in usage. `stream_options` (with `stream=True`) may ask for usage, which the stream's last
+        chunk always carries, and only that chunk: `include_usage=False` and `continuous_usage_stats=True`
+        are refused. `metadata` may be empty and `service_tier` "auto" or "default" (completions are
+        not stored, and every request is served at the default tier); other values are refused.
         """
         arguments = _CREATE_PARAMETERS.complete(params)
-        request = _chat_completion_request(arguments)
+        request = _chat_completion_request(arguments, stream=stream)
         return generate(
             self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
@@ -80,6 +99,10 @@ class AsyncChatCompletions:
     @cached_property
     def with_raw_response(self) -> AsyncChatCompletionsWithRawResponse:
         return AsyncChatCompletionsWithRawResponse(self)
+
+    @cached_property
+    def with_streaming_response(self) -> AsyncChatCompletionsWithStreamingResponse:
+        return AsyncChatCompletionsWithStreamingResponse(self)
 
     @overload
     async def create(
@@ -95,19 +118,21 @@ class AsyncChatCompletions:
     ) -> Completion | AsyncStream:
         """The asyncio twin of `ChatCompletions.create`."""
         arguments = _CREATE_PARAMETERS.complete(params)
-        request = _chat_completion_request(arguments)
+        request = _chat_completion_request(arguments, stream=stream)
         return await generate_async(
             self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
 
 
-def _chat_completion_request(arguments: ChatCompletionCreateParams) -> pb.GenerateRequest:
+def _chat_completion_request(arguments: ChatCompletionCreateParams, *, stream: bool) -> pb.GenerateRequest:
+    check_chat_only_options(arguments["metadata"], arguments["service_tier"])
     structured = structured_input(
         arguments["response_format"], arguments["tools"], arguments["tool_choice"], arguments["parallel_tool_calls"]
     )
     return create_request(
         arguments,
         chat_input(arguments["messages"]),
+        stream=stream,
         logprobs=bool(arguments["logprobs"]),
         top_logprobs=arguments["top_logprobs"],
         structured=structured,
@@ -132,3 +157,13 @@ class Chat:
 class AsyncChat:
     def __init__(self, client: GatewayConnection) -> None:
         self.completions = AsyncChatCompletions(client)
+
+
+class ChatCompletionsWithStreamingResponse:
+    def __init__(self, completions: ChatCompletions) -> None:
+        self.create = to_streamed_grpc_response_wrapper(completions.create)
+
+
+class AsyncChatCompletionsWithStreamingResponse:
+    def __init__(self, completions: AsyncChatCompletions) -> None:
+        self.create = async_to_streamed_grpc_response_wrapper(completions.create)

@@ -6,7 +6,12 @@ from typing import Literal, Unpack, overload
 from diptych_proto.v1 import inference_pb2 as pb
 
 from .._convert import prompt_input
-from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
+from .._response import (
+    async_to_raw_response_wrapper,
+    async_to_streamed_grpc_response_wrapper,
+    to_raw_response_wrapper,
+    to_streamed_grpc_response_wrapper,
+)
 from .._streaming import AsyncStream, Stream
 from ..types import Completion, CompletionCreateParams
 from ._connections import GatewayConnection
@@ -27,6 +32,13 @@ class Completions:
         """`create` answering an `APIResponse`: the gateway's metadata (`headers`, `request_id`, `rate_limits`)
         and `parse()`, the usual result."""
         return CompletionsWithRawResponse(self)
+
+    @cached_property
+    def with_streaming_response(self) -> CompletionsWithStreamingResponse:
+        """`create` in a `with` block, answering an `APIResponse`: the gateway's gRPC initial metadata as `headers`,
+        and `parse()`, the usual result (a `Stream` with `stream=True`, closed, so cancelled, when the block
+        ends). gRPC answers protobuf messages, not an HTTP body: there are no bytes or lines to iterate."""
+        return CompletionsWithStreamingResponse(self)
 
     @overload
     def create(self, *, stream: Literal[False] = False, **params: Unpack[CompletionCreateParams]) -> Completion: ...
@@ -56,10 +68,16 @@ class Completions:
         `extra_headers` go as extra gRPC metadata (names in lower case; a name the client sends too, such
         as authorization, takes this value). `extra_body` sets fields of the API's GenerateRequest by
         name (over the arguments' values); gRPC carries only the contract's fields, so a name it lacks is
-        refused with ValueError before sending, never dropped.
+        refused with ValueError before sending, never dropped. gRPC has no query string: a non-empty
+        `extra_query` is refused too.
+
+        OpenAI's `max_completion_tokens` is `max_tokens` by its newer name; `user` (your end user's id) labels
+        the request in usage. `stream_options` (with `stream=True`) may ask for usage, which the stream's last
+        chunk always carries, and only that chunk: `include_usage=False` and `continuous_usage_stats=True`
+        are refused.
         """
         arguments = _CREATE_PARAMETERS.complete(params)
-        request = _completion_request(arguments)
+        request = _completion_request(arguments, stream=stream)
         return generate(
             self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
@@ -72,6 +90,10 @@ class AsyncCompletions:
     @cached_property
     def with_raw_response(self) -> AsyncCompletionsWithRawResponse:
         return AsyncCompletionsWithRawResponse(self)
+
+    @cached_property
+    def with_streaming_response(self) -> AsyncCompletionsWithStreamingResponse:
+        return AsyncCompletionsWithStreamingResponse(self)
 
     @overload
     async def create(
@@ -87,16 +109,17 @@ class AsyncCompletions:
     ) -> Completion | AsyncStream:
         """The asyncio twin of `Completions.create`."""
         arguments = _CREATE_PARAMETERS.complete(params)
-        request = _completion_request(arguments)
+        request = _completion_request(arguments, stream=stream)
         return await generate_async(
             self._client, request, stream=stream, timeout=arguments["timeout"], extra_headers=arguments["extra_headers"]
         )
 
 
-def _completion_request(arguments: CompletionCreateParams) -> pb.GenerateRequest:
+def _completion_request(arguments: CompletionCreateParams, *, stream: bool) -> pb.GenerateRequest:
     return create_request(
         arguments,
         prompt_input(arguments["prompt"]),
+        stream=stream,
         logprobs=arguments["logprobs"] is not None,
         top_logprobs=arguments["logprobs"],
     )
@@ -110,3 +133,13 @@ class CompletionsWithRawResponse:
 class AsyncCompletionsWithRawResponse:
     def __init__(self, completions: AsyncCompletions) -> None:
         self.create = async_to_raw_response_wrapper(completions.create)
+
+
+class CompletionsWithStreamingResponse:
+    def __init__(self, completions: Completions) -> None:
+        self.create = to_streamed_grpc_response_wrapper(completions.create)
+
+
+class AsyncCompletionsWithStreamingResponse:
+    def __init__(self, completions: AsyncCompletions) -> None:
+        self.create = async_to_streamed_grpc_response_wrapper(completions.create)

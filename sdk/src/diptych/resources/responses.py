@@ -10,23 +10,43 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from functools import cached_property, partial
 from types import TracebackType
-from typing import Literal, Self, Unpack, cast
+from typing import Any, Literal, Self, TypeVar, Unpack, cast
 from urllib.parse import quote
 
 from .._errors import APIResponseValidationError
-from .._response import async_to_raw_response_wrapper, to_raw_response_wrapper
+from .._gateway_http import events, json_object
+from .._response import (
+    StreamedAPIResponse,
+    async_to_raw_response_wrapper,
+    async_to_streamed_response_wrapper,
+    then,
+    to_raw_response_wrapper,
+    to_streamed_response_wrapper,
+)
 from .._responses_convert import event_from_json, input_items_page_from_json, response_from_json
-from ..types import AsyncCursorPage, CursorPage, Response, ResponseCreateParams, ResponseEvent, ResponseInputItem
+from ..types import (
+    AsyncCursorPage,
+    CursorPage,
+    PostRequestOptions,
+    RequestOptions,
+    Response,
+    ResponseCreateParams,
+    ResponseEvent,
+    ResponseInputItem,
+)
 from ._connections import GatewayHttpConnection
 from ._keyword_parameters import KeywordParameters
 
 __all__ = ["Responses", "AsyncResponses", "ResponseStream", "AsyncResponseStream"]
 
+T = TypeVar("T")
+
 _CREATE_PARAMETERS = KeywordParameters(ResponseCreateParams)
-_CALL_OPTIONS = ("timeout", "idempotency_key", "extra_headers", "extra_body")
+_OPTIONS = KeywordParameters(RequestOptions)
+_CALL_OPTIONS = ("timeout", "idempotency_key", "extra_headers", "extra_query", "extra_body")
 _ENDINGS = ("response.completed", "response.incomplete", "response.failed")
 
 
@@ -104,6 +124,12 @@ class Responses:
         """The calls answering an `APIResponse`: the gateway's headers (`request_id`, `rate_limits`) and `parse()`."""
         return ResponsesWithRawResponse(self)
 
+    @cached_property
+    def with_streaming_response(self) -> ResponsesWithStreamingResponse:
+        """The calls answering a `StreamedAPIResponse` in a `with` block, before the body is read: `stream`'s
+        server-sent events line by line with `iter_lines()`, or `parse()` for the usual result."""
+        return ResponsesWithStreamingResponse(self)
+
     @_CREATE_PARAMETERS.expand
     def create(self, *, background: bool = False, **params: Unpack[ResponseCreateParams]) -> Response:
         """Answers `input` (after `instructions`, and after the stored response `previous_response_id`). Stored
@@ -114,67 +140,80 @@ class Responses:
         `truncation="auto"` drops the oldest items of a conversation too long for the context.
 
         `idempotency_key` (a fresh UUID when omitted) is sent on every retry, so the gateway runs and bills the
-        request once; `extra_body` adds fields to the body, `extra_headers` headers."""
+        request once; `extra_body` adds fields to the body, `extra_headers` headers, `extra_query` query
+        parameters."""
         arguments = _CREATE_PARAMETERS.complete(params)
         body = {**_body(arguments), **({"background": True} if background else {})}
-        return response_from_json(self._request("POST", "/responses", arguments, body))
+        return self._request("POST", "/responses", _response, _create_options(arguments), body=body)
 
     @_CREATE_PARAMETERS.expand
     def stream(self, **params: Unpack[ResponseCreateParams]) -> ResponseStream:
         """`create`, streamed: iterate the `ResponseEvent`s as they come; `get_final_response()` reads to the end."""
         arguments = _CREATE_PARAMETERS.complete(params)
-        client = self._client
-        events = client._http_transport.stream(
-            "/responses",
-            {**_body(arguments), "stream": True},
-            headers=_headers(arguments),
-            timeout=arguments.get("timeout") or client.timeout,
-            max_retries=client.max_retries,
-        )
-        return ResponseStream(events)
+        body = {**_body(arguments), "stream": True}
+        parse = _response_stream
+        return self._request("POST", "/responses", parse, _create_options(arguments), body=body, events=True)
 
-    def retrieve(self, response_id: str) -> Response:
-        return response_from_json(self._request("GET", f"/responses/{_segment(response_id)}"))
+    @_OPTIONS.expand
+    def retrieve(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
+        path = f"/responses/{_segment(response_id)}"
+        return self._request("GET", path, _response, _OPTIONS.complete(options))
 
-    def delete(self, response_id: str) -> bool:
-        return bool(self._request("DELETE", f"/responses/{_segment(response_id)}").get("deleted"))
+    @_OPTIONS.expand
+    def delete(self, response_id: str, **options: Unpack[RequestOptions]) -> bool:
+        path = f"/responses/{_segment(response_id)}"
+        return self._request("DELETE", path, _deleted, _OPTIONS.complete(options))
 
-    def cancel(self, response_id: str) -> Response:
+    @_OPTIONS.expand
+    def cancel(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
         """Stops a background response; what it produced until then stays its output (and is billed, once)."""
-        return response_from_json(self._request("POST", f"/responses/{_segment(response_id)}/cancel"))
+        path = f"/responses/{_segment(response_id)}/cancel"
+        return self._request("POST", path, _response, _OPTIONS.complete(options))
 
+    @_OPTIONS.expand
     def input_items(
-        self, response_id: str, *, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+        self,
+        response_id: str,
+        *,
+        limit: int = 20,
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+        **options: Unpack[RequestOptions],
     ) -> CursorPage[ResponseInputItem]:
         """A page of the response's input items, newest first unless `order="asc"`; iterating walks them all."""
+        options = _OPTIONS.complete(options)
+
+        def parse(response: StreamedAPIResponse[Any]) -> CursorPage[ResponseInputItem]:
+            page = input_items_page_from_json(json_object(response))
+            following = partial(self.input_items, response_id, limit=limit, after=page.last_id, order=order, **options)
+            return dataclasses.replace(page, _next_page=following)
+
         query = {"limit": limit, "after": after, "order": order}
-        page = input_items_page_from_json(
-            self._request("GET", f"/responses/{_segment(response_id)}/input_items", query=query)
-        )
-        following = partial(self.input_items, response_id, limit=limit, after=page.last_id, order=order)
-        return dataclasses.replace(page, _next_page=following)
+        return self._request("GET", f"/responses/{_segment(response_id)}/input_items", parse, options, query=query)
 
     def _request(
         self,
         method: str,
         path: str,
-        arguments: Mapping[str, object] | None = None,
+        parse: Callable[[StreamedAPIResponse[Any]], T],
+        options: RequestOptions | PostRequestOptions,
+        *,
         body: object = None,
         query: Mapping[str, object] | None = None,
-    ) -> dict[str, object]:
+        events: bool = False,
+    ) -> T:
         client = self._client
-        timeout = cast("float | None", (arguments or {}).get("timeout")) or client.timeout
-        answer = client._http_transport.request(
+        return client._http_transport.request(
             method,
             path,
+            parse=parse,
             query=query,
             body=body,
-            headers=_headers(arguments) if arguments is not None else None,
-            timeout=timeout,
+            options=options,
+            events=events,
+            timeout=client.timeout,
             max_retries=client.max_retries,
         )
-        assert isinstance(answer, dict)
-        return answer
 
 
 class AsyncResponses:
@@ -187,44 +226,83 @@ class AsyncResponses:
     def with_raw_response(self) -> AsyncResponsesWithRawResponse:
         return AsyncResponsesWithRawResponse(self)
 
+    @cached_property
+    def with_streaming_response(self) -> AsyncResponsesWithStreamingResponse:
+        return AsyncResponsesWithStreamingResponse(self)
+
     @_CREATE_PARAMETERS.expand
     async def create(self, *, background: bool = False, **params: Unpack[ResponseCreateParams]) -> Response:
         return await asyncio.to_thread(partial(self._sync.create, background=background, **params))
 
     @_CREATE_PARAMETERS.expand
     async def stream(self, **params: Unpack[ResponseCreateParams]) -> AsyncResponseStream:
-        return AsyncResponseStream(await asyncio.to_thread(partial(self._sync.stream, **params)))
+        return then(await asyncio.to_thread(partial(self._sync.stream, **params)), AsyncResponseStream)
 
-    async def retrieve(self, response_id: str) -> Response:
-        return await asyncio.to_thread(self._sync.retrieve, response_id)
+    @_OPTIONS.expand
+    async def retrieve(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
+        return await asyncio.to_thread(partial(self._sync.retrieve, response_id, **options))
 
-    async def delete(self, response_id: str) -> bool:
-        return await asyncio.to_thread(self._sync.delete, response_id)
+    @_OPTIONS.expand
+    async def delete(self, response_id: str, **options: Unpack[RequestOptions]) -> bool:
+        return await asyncio.to_thread(partial(self._sync.delete, response_id, **options))
 
-    async def cancel(self, response_id: str) -> Response:
-        return await asyncio.to_thread(self._sync.cancel, response_id)
+    @_OPTIONS.expand
+    async def cancel(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
+        return await asyncio.to_thread(partial(self._sync.cancel, response_id, **options))
 
+    @_OPTIONS.expand
     async def input_items(
-        self, response_id: str, *, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+        self,
+        response_id: str,
+        *,
+        limit: int = 20,
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+        **options: Unpack[RequestOptions],
     ) -> AsyncCursorPage[ResponseInputItem]:
-        page = await asyncio.to_thread(self._sync.input_items, response_id, limit=limit, after=after, order=order)
-        following = partial(self.input_items, response_id, limit=limit, after=page.last_id, order=order)
-        return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
+        page = await asyncio.to_thread(
+            partial(self._sync.input_items, response_id, limit=limit, after=after, order=order, **options)
+        )
+
+        def asynchronous(page: CursorPage[ResponseInputItem]) -> AsyncCursorPage[ResponseInputItem]:
+            following = partial(self.input_items, response_id, limit=limit, after=page.last_id, order=order, **options)
+            return AsyncCursorPage(data=page.data, has_more=page.has_more, last_id=page.last_id, _next_page=following)
+
+        return then(page, asynchronous)
+
+
+def _response(answer: StreamedAPIResponse[Any]) -> Response:
+    return response_from_json(json_object(answer))
+
+
+def _deleted(answer: StreamedAPIResponse[Any]) -> bool:
+    return bool(json_object(answer).get("deleted"))
+
+
+def _response_stream(answer: StreamedAPIResponse[Any]) -> ResponseStream:
+    return ResponseStream(events(answer))
 
 
 def _body(arguments: Mapping[str, object]) -> dict[str, object]:
-    """The request body: the arguments given (None: left out), then `extra_body` over them."""
+    """The request body: the arguments given (None: left out); the transport adds `extra_body` over them."""
     body = {name: value for name, value in arguments.items() if name not in _CALL_OPTIONS and value is not None}
     for name in ("input", "tools"):  # iterables of mappings, as JSON lists of objects
         value = body.get(name)
         if value is not None and not isinstance(value, str):
             body[name] = [dict(item) for item in cast("Iterable[Mapping[str, object]]", value)]
-    return {**body, **dict(cast("Mapping[str, object]", arguments.get("extra_body") or {}))}
+    return body
 
 
-def _headers(arguments: Mapping[str, object]) -> dict[str, str]:
-    key = str(arguments.get("idempotency_key") or f"diptych-python-{uuid.uuid4()}")
-    return {**dict(cast("Mapping[str, str]", arguments.get("extra_headers") or {})), "Idempotency-Key": key}
+def _create_options(arguments: ResponseCreateParams) -> PostRequestOptions:
+    """The call's options; its idempotency key a fresh one when it gave none, so that a retry runs it once."""
+    key = arguments.get("idempotency_key") or f"diptych-python-{uuid.uuid4()}"
+    return {
+        "timeout": arguments.get("timeout"),
+        "extra_headers": arguments.get("extra_headers"),
+        "extra_query": arguments.get("extra_query"),
+        "extra_body": arguments.get("extra_body"),
+        "idempotency_key": key,
+    }
 
 
 def _segment(identifier: str) -> str:
@@ -234,6 +312,7 @@ def _segment(identifier: str) -> str:
 class ResponsesWithRawResponse:
     def __init__(self, resource: Responses) -> None:
         self.create = to_raw_response_wrapper(resource.create)
+        self.stream = to_raw_response_wrapper(resource.stream)
         self.retrieve = to_raw_response_wrapper(resource.retrieve)
         self.delete = to_raw_response_wrapper(resource.delete)
         self.cancel = to_raw_response_wrapper(resource.cancel)
@@ -243,7 +322,28 @@ class ResponsesWithRawResponse:
 class AsyncResponsesWithRawResponse:
     def __init__(self, resource: AsyncResponses) -> None:
         self.create = async_to_raw_response_wrapper(resource.create)
+        self.stream = async_to_raw_response_wrapper(resource.stream)
         self.retrieve = async_to_raw_response_wrapper(resource.retrieve)
         self.delete = async_to_raw_response_wrapper(resource.delete)
         self.cancel = async_to_raw_response_wrapper(resource.cancel)
         self.input_items = async_to_raw_response_wrapper(resource.input_items)
+
+
+class ResponsesWithStreamingResponse:
+    def __init__(self, resource: Responses) -> None:
+        self.create = to_streamed_response_wrapper(resource.create)
+        self.stream = to_streamed_response_wrapper(resource.stream)
+        self.retrieve = to_streamed_response_wrapper(resource.retrieve)
+        self.delete = to_streamed_response_wrapper(resource.delete)
+        self.cancel = to_streamed_response_wrapper(resource.cancel)
+        self.input_items = to_streamed_response_wrapper(resource.input_items)
+
+
+class AsyncResponsesWithStreamingResponse:
+    def __init__(self, resource: AsyncResponses) -> None:
+        self.create = async_to_streamed_response_wrapper(resource.create)
+        self.stream = async_to_streamed_response_wrapper(resource.stream)
+        self.retrieve = async_to_streamed_response_wrapper(resource.retrieve)
+        self.delete = async_to_streamed_response_wrapper(resource.delete)
+        self.cancel = async_to_streamed_response_wrapper(resource.cancel)
+        self.input_items = async_to_streamed_response_wrapper(resource.input_items)
