@@ -13,6 +13,7 @@ from diptych._retry import (
     MAX_RETRY_AFTER,
     backoff_delay,
     retry_delay,
+    with_retries,
 )
 
 
@@ -62,6 +63,31 @@ def test_an_earlier_try_still_running_is_waited_out_for_a_time_however_many_trie
     assert 0 <= retry_delay(error, attempt=5, max_retries=2, waited_s=30.0) <= MAX_BACKOFF
     assert retry_delay(error, attempt=5, max_retries=2, waited_s=EARLIER_TRY_PATIENCE_S) is None
     assert retry_delay(error, attempt=0, max_retries=0) is None  # no retries asked for: none
+
+
+def test_a_gateway_restarting_while_an_earlier_try_holds_the_key_is_part_of_the_same_wait():
+    """Try 1 met a gateway as it died (after it claimed the key), try 2 the key held by try 1's execution, try
+    3 the dead gateway restarting: the call waits on until that gateway's next run settles the key, rather than
+    failing for having spent its max_retries."""
+    tries = iter(
+        [
+            diptych.APIConnectionError("reset", code="UNAVAILABLE"),
+            diptych.ConflictError("a request with this idempotency key is still running", code="ABORTED"),
+            diptych.APIConnectionError("failed to connect: connection refused", code="UNAVAILABLE"),
+            diptych.APIConnectionError("failed to connect: connection refused", code="UNAVAILABLE"),
+        ]
+    )
+
+    def attempt() -> str:
+        error = next(tries, None)
+        if error is not None:
+            raise error
+        return "the stored answer"
+
+    assert with_retries(attempt, max_retries=2) == "the stored answer"
+    refused = diptych.APIConnectionError("refused", code="UNAVAILABLE")
+    assert retry_delay(refused, attempt=2, max_retries=2, earlier_try_seen=False) is None
+    assert retry_delay(refused, attempt=2, max_retries=2, waited_s=EARLIER_TRY_PATIENCE_S, earlier_try_seen=True) is None
 
 
 @pytest.mark.parametrize(

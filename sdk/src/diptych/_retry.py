@@ -47,10 +47,17 @@ def backoff_delay(attempt: int, *, rng: Callable[[], float] = random.random) -> 
     return rng() * min(MAX_BACKOFF, INITIAL_BACKOFF * 2.0**attempt)
 
 
-def retry_delay(error: DiptychError, attempt: int, max_retries: int, waited_s: float = 0.0) -> float | None:
+def retry_delay(
+    error: DiptychError, attempt: int, max_retries: int, waited_s: float = 0.0, earlier_try_seen: bool = False
+) -> float | None:
     """Seconds to wait before retrying after `error` on try `attempt` (0-based), `waited_s` into the call,
-    or None to give up."""
-    if _is_earlier_try_running(error) and max_retries > 0:
+    or None to give up. `earlier_try_seen`: an earlier try of this call met the key held by a try before
+    it, whose gateway may have died; until that gateway's next run settles the key, reaching that gateway
+    while it restarts (UNAVAILABLE) is part of the same wait."""
+    waiting_out = _is_earlier_try_running(error) or (
+        earlier_try_seen and _is_retryable(error) and not isinstance(error, RateLimitError)
+    )
+    if waiting_out and max_retries > 0:
         return backoff_delay(attempt) if waited_s < EARLIER_TRY_PATIENCE_S else None
     if attempt >= max_retries or not _is_retryable(error):
         return None
@@ -83,14 +90,15 @@ def _is_earlier_try_running(error: DiptychError) -> bool:
 
 def with_retries(attempt_call: Callable[[], T], *, max_retries: int) -> T:
     """Runs `attempt_call` until it returns, retrying the SDK errors that allow it."""
-    attempt, started = 0, time.monotonic()
+    attempt, started, earlier_try_seen = 0, time.monotonic(), False
     while True:
         try:
             return attempt_call()
         except DiptychError as error:
-            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started)
+            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started, earlier_try_seen)
             if delay is None:
                 raise
+            earlier_try_seen = earlier_try_seen or _is_earlier_try_running(error)
             _log_retry(error, delay, attempt)
         time.sleep(delay)
         attempt += 1
@@ -98,14 +106,15 @@ def with_retries(attempt_call: Callable[[], T], *, max_retries: int) -> T:
 
 async def with_retries_async(attempt_call: Callable[[], Awaitable[T]], *, max_retries: int) -> T:
     """The asyncio twin of `with_retries`."""
-    attempt, started = 0, time.monotonic()
+    attempt, started, earlier_try_seen = 0, time.monotonic(), False
     while True:
         try:
             return await attempt_call()
         except DiptychError as error:
-            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started)
+            delay = retry_delay(error, attempt, max_retries, time.monotonic() - started, earlier_try_seen)
             if delay is None:
                 raise
+            earlier_try_seen = earlier_try_seen or _is_earlier_try_running(error)
             _log_retry(error, delay, attempt)
         await asyncio.sleep(delay)
         attempt += 1
