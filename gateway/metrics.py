@@ -1,5 +1,11 @@
 """The gateway's Prometheus metrics."""
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -8,6 +14,15 @@ REQUESTS = Counter(
     "diptych_gateway_requests_total", "Generate requests by outcome", ["model", "mode", "code", "protocol"]
 )
 OUTPUT_TOKENS = Counter("diptych_gateway_output_tokens_total", "Output tokens streamed to clients", ["model"])
+PROMPT_TOKENS = Counter(
+    "diptych_gateway_prompt_tokens_total", "Prompt tokens of the requests that ran (once per request)", ["model"]
+)
+REQUEST_DURATION = Histogram(
+    "diptych_gateway_request_duration_seconds",
+    "From a generating request's arrival to its answer's last byte, refusals and failures included",
+    ["model", "api", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 WORKER_BYTES_RECEIVED = Counter(
     "diptych_gateway_worker_bytes_received_total",
     "Bytes of worker responses the gateway received; KV caches move between workers and never count here",
@@ -82,3 +97,39 @@ AUTOSCALE_SLO_ATTAINMENT = Gauge(
     "Share of this gateway's recent requests meeting the SLO target (ttft: the prefill's fleet, tpot: the decode's)",
     _FLEET + ["slo"],
 )
+
+
+@dataclass
+class RequestRecord:
+    """What the request being answered came to: its model (a registered name, else "") and its outcome (a
+    gRPC status name, as `diptych_gateway_requests_total`'s code), written where it is counted."""
+
+    arrived: float = field(default_factory=time.monotonic)
+    model: str = ""
+    outcome: str = ""
+
+
+_CURRENT_REQUEST: ContextVar[RequestRecord | None] = ContextVar("diptych_current_request", default=None)
+
+
+def count_request(model: str, mode: str, outcome: str, protocol: str) -> None:
+    """Counts a generating request once, where it ended: refused at the door, or after it ran."""
+    REQUESTS.labels(model, mode, outcome, protocol).inc()
+    record = _CURRENT_REQUEST.get()
+    if record is not None:
+        record.model, record.outcome = model, outcome
+
+
+@contextmanager
+def timed_request(api: str, outcome_otherwise: str = "CANCELLED") -> Iterator[RequestRecord]:
+    """Observes `diptych_gateway_request_duration_seconds` once, when the block ends, with the outcome the
+    request was counted with (else the one the block set on the record, else `outcome_otherwise`)."""
+    record = RequestRecord()
+    token = _CURRENT_REQUEST.set(record)
+    try:
+        yield record
+    finally:
+        with suppress(ValueError):  # an async generator (a gRPC stream) closed from another context
+            _CURRENT_REQUEST.reset(token)
+        outcome = record.outcome or outcome_otherwise
+        REQUEST_DURATION.labels(record.model, api, outcome).observe(time.monotonic() - record.arrived)

@@ -30,6 +30,7 @@ from gateway.anthropic_api.requests import MessagesRequest, count_tokens_request
 from gateway.anthropic_api.responses import content_blocks, message_json, stop_reason
 from gateway.bodies import BodyRefused, read_body
 from gateway.core.pipeline import Admitted, Pipeline
+from gateway.metrics import count_request
 from gateway.planning.json_body import JsonRefused, read_body_off_loop
 from gateway.planning.validation import plan_generation
 from gateway.types import ErrorKind, GatewayError, GenerationOutput, GenerationPlan, GenerationRequest, Usage, as_told
@@ -73,11 +74,16 @@ class MessagesApi:
         try:
             check_headers(request)
             asked = messages_request(await _json_body(request, MESSAGES), _idempotency_key(request))
-            admitted = await self._pipeline.admit(
-                authorization(request), asked.generation, "http", request.remote or ""
-            )
-        except (BadRequest, BodyRefused) as refused:
+            caller_authorization = authorization(request)
+        except (BadRequest, BodyRefused, GatewayError) as refused:
+            # Refused before the pipeline saw it: counted here, as the pipeline counts its own refusals.
+            kind = refused.kind if isinstance(refused, GatewayError) else ErrorKind.INVALID_ARGUMENT
+            count_request("", "", kind.value, "http")
+            if isinstance(refused, GatewayError):
+                return error_response(refused, answer_id)
             return refusal(refused.status, refused.message, answer_id)
+        try:
+            admitted = await self._pipeline.admit(caller_authorization, asked.generation, "http", request.remote or "")
         except GatewayError as error:
             return error_response(error, answer_id)
         marked = self._count_marked_tokens(asked, admitted.plan)

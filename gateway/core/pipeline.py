@@ -26,7 +26,7 @@ from gateway.core.logprobs import token_logprob
 from gateway.core.request_path import PhaseRecord, RequestPath, RequestTrace, finish_trace
 from gateway.core.text import TextStream
 from gateway.fleet.registry import Registry
-from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, REQUESTS, TIME_TO_FIRST_TOKEN
+from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, PROMPT_TOKENS, TIME_TO_FIRST_TOKEN, count_request
 from gateway.planning.tools import ToolCallStream
 from gateway.planning.validation import plan_generation
 from gateway.types import (
@@ -119,7 +119,7 @@ class Pipeline:
                 raise
         except GatewayError as error:
             model = request.model if request.model in self.registry.models else ""  # no label per unknown name
-            REQUESTS.labels(model, "", error.kind.value, protocol).inc()
+            count_request(model, "", error.kind.value, protocol)
             span.set_status(StatusCode.ERROR, error.message)
             span.end()
             raise
@@ -227,7 +227,8 @@ class Pipeline:
                 time.monotonic() - admitted.arrived,
                 admitted.caller.organization_id,
             )
-            REQUESTS.labels(plan.model.name, runs[0].trace.mode, outcome, admitted.protocol).inc()
+            count_request(plan.model.name, runs[0].trace.mode, outcome, admitted.protocol)
+            PROMPT_TOKENS.labels(plan.model.name).inc(len(plan.prompt_token_ids))
             OUTPUT_TOKENS.labels(plan.model.name).inc(delivered)
             if plan.idempotency_key and not complete:  # failed or cancelled: a retry runs anew
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError, Message
 
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway.core.pipeline import Pipeline
+from gateway.metrics import count_request, timed_request
 from gateway.planning.tokenization import tokenizer_for
 from gateway.types import (
     ChatMessage,
@@ -90,20 +91,23 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._pipeline = pipeline
 
     async def Generate(self, request, context):
-        if isinstance(request, MalformedRequest):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
-        request_id, executing = request.request_id, False
-        try:
-            admitted = await self._pipeline.admit(
-                _authorization(context), generation_request(request), "grpc", context.peer()
-            )
-            request_id, executing = admitted.execution_id, True
-            await context.send_initial_metadata(admitted.response_metadata)
-            async with aclosing(self._pipeline.generate(admitted)) as outputs:
-                async for output in outputs:
-                    yield generate_response(output)
-        except GatewayError as error:
-            await _abort(context, as_told(error, request_id) if executing else error, request_id)
+        with timed_request("grpc") as record:
+            if isinstance(request, MalformedRequest):  # refused before the pipeline saw it: counted here
+                count_request("", "", ErrorKind.INVALID_ARGUMENT.value, "grpc")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
+            request_id, executing = request.request_id, False
+            try:
+                admitted = await self._pipeline.admit(
+                    _authorization(context), generation_request(request), "grpc", context.peer()
+                )
+                request_id, executing = admitted.execution_id, True
+                await context.send_initial_metadata(admitted.response_metadata)
+                async with aclosing(self._pipeline.generate(admitted)) as outputs:
+                    async for output in outputs:
+                        yield generate_response(output)
+                record.outcome = record.outcome or "OK"  # an idempotent replay, answered without running
+            except GatewayError as error:
+                await _abort(context, as_told(error, request_id) if executing else error, request_id)
 
     async def ListModels(self, request, context):
         if isinstance(request, MalformedRequest):

@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.anthropic_api.app import add_routes as add_messages_routes
 from gateway.bodies import MAX_BODY_BYTES, BodyRefused, read_body
 from gateway.core.pipeline import Admitted, Pipeline
+from gateway.metrics import count_request
 from gateway.openai_api.batches import BatchApiProxy
 from gateway.openai_api.errors import (
     aiohttp_errors_as_json,
@@ -24,10 +25,11 @@ from gateway.openai_api.errors import (
     json_errors,
 )
 from gateway.openai_api.requests import KNOWN_PARAMS, HttpError, flag, stream_options, to_generation_request
-from gateway.openai_api.responses import Shape, model_json, send_event
+from gateway.openai_api.responses import Shape, model_json, send_event, system_fingerprint
 from gateway.openai_api.responses_api import ResponsesApi
 from gateway.openai_api.responses_store import ResponseStore
 from gateway.openai_api.server import REQUEST_ID_HEADER, name_answer
+from gateway.openai_api.timing import timed_generations
 from gateway.openai_api.tools import tool_call_deltas
 from gateway.planning.json_body import JsonRefused, read_body_off_loop, start_parsers
 from gateway.types import ErrorKind, GatewayError, GenerationOutput, TokenLogprob
@@ -39,7 +41,7 @@ def build_app(
     """`batch_api` serves /v1/files and /v1/batches (the control plane keeps them); `responses_store`, the
     stored responses of /v1/responses."""
     api = OpenAiApi(pipeline)
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[timed_generations, json_errors])
     app.on_startup.append(start_parsers)
     app.on_response_prepare.append(_name_answer)
     app.on_response_prepare.append(aiohttp_errors_as_json)
@@ -96,26 +98,37 @@ class OpenAiApi:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body: dict = {}
+        prompt_param = "messages" if chat else "prompt"
         try:
             body = await _json_body(request)
             generation_request = to_generation_request(body, chat, _idempotency_key(request))
             stream = flag(body, "stream")
             include_usage, running_usage = stream_options(body)
-            admitted = await self._pipeline.admit(
-                _authorization(request), generation_request, "http", request.remote or ""
-            )
-        except HttpError as error:
-            return json_error(error.status, "invalid_request_error", error.message, error.param)
-        except BodyRefused as error:
-            return json_error(error.status, "invalid_request_error", error.message, None)
+            authorization = _authorization(request)
+        except (HttpError, BodyRefused, GatewayError) as refused:
+            # Refused before the pipeline saw it: counted here, as the pipeline counts its own refusals.
+            kind = refused.kind if isinstance(refused, GatewayError) else ErrorKind.INVALID_ARGUMENT
+            count_request(self._model_label(body), "", kind.value, "http")
+            if isinstance(refused, GatewayError):
+                return error_response(refused, prompt_param)
+            return json_error(refused.status, "invalid_request_error", refused.message, _param_of(refused))
+        try:
+            admitted = await self._pipeline.admit(authorization, generation_request, "http", request.remote or "")
         except GatewayError as error:
-            return error_response(error)
-        shape = Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer)
+            return error_response(error, prompt_param)
+        fingerprint = system_fingerprint(admitted.plan.model)
+        shape = Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer, fingerprint)
         if stream:
             return await self._stream(request, admitted, shape, include_usage, running_usage)
         if admitted.caller.kind == "batch":
             return await self._run_to_the_end(self._whole(admitted, shape))
         return await self._whole(admitted, shape)
+
+    def _model_label(self, body: dict) -> str:
+        """The body's model where it is one the registry holds (no label per unknown name), else ""."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model in self._pipeline.registry.models else ""
 
     async def _run_to_the_end(self, answer: Coroutine[None, None, web.Response]) -> web.Response:
         """A batch line runs to its end even when its runner goes away: its answer is then kept under the
@@ -205,6 +218,10 @@ async def _json_body(request: web.Request) -> dict:
         return await read_body_off_loop(raw, KNOWN_PARAMS)
     except JsonRefused as error:
         raise HttpError(error.message, error.param) from None
+
+
+def _param_of(refused: HttpError | BodyRefused) -> str | None:
+    return refused.param if isinstance(refused, HttpError) else None
 
 
 def _authorization(request: web.Request) -> str | None:

@@ -123,9 +123,10 @@ def _service_tier(body: dict) -> Refusal | None:
     value = body.get("service_tier")
     if value is None or value in SERVICE_TIERS:
         return None
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     return Refusal(
-        f'service_tier must be one of {", ".join(SERVICE_TIERS)}; send priority: "batch" to be served after '
-        "interactive requests",
+        f"service_tier {shown} is not served here; send one of {', '.join(SERVICE_TIERS)} (every request is "
+        'served in the "default" tier), and priority: "batch" to be served after interactive requests',
         "service_tier",
     )
 

@@ -1,7 +1,10 @@
 """OpenAI's response shapes: a whole answer, a streamed chunk and its server-sent event, usage, a model."""
 
+import functools
+import hashlib
 import json
 import time
+from importlib import metadata
 
 from aiohttp import web
 
@@ -10,14 +13,36 @@ from gateway.fleet.registry import ModelInfo
 from gateway.openai_api.tools import tool_calls_json
 from gateway.types import GenerationOutput, TokenLogprob, Usage
 
+SERVED_TIER = "default"  # the one tier every request is served in ("auto" asks for it)
+
+
+def _gateway_build() -> str:
+    try:
+        return metadata.version("diptych-server")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unversioned"
+
+
+GATEWAY_BUILD = _gateway_build()
+
+
+@functools.cache
+def system_fingerprint(model: ModelInfo) -> str:
+    """Names the backend an answer came from: the model, its weights' source and revision, and the gateway's
+    build. It changes when one of them does, so a client comparing seeded answers knows when to expect a
+    difference."""
+    backend = "\0".join((model.name, model.source, model.revision, GATEWAY_BUILD))
+    return "fp_" + hashlib.sha256(backend.encode()).hexdigest()[:10]
+
 
 class Shape:
     """OpenAI's response shapes for one request."""
 
-    def __init__(self, request_id: str, model: str, chat: bool, tokenizer=None) -> None:
+    def __init__(self, request_id: str, model: str, chat: bool, tokenizer=None, fingerprint: str = "") -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
+        self.fingerprint = fingerprint
         self.created = int(time.time())
         self._tokenizer = tokenizer  # the model's: the bytes of the tokens in logprobs
         self._completion_logprobs: dict[int, CompletionLogprobs] = {}  # per choice
@@ -66,11 +91,12 @@ class Shape:
         return {**self._head(stream=True), "choices": [], "usage": usage_json(usage)}
 
     def _head(self, stream: bool) -> dict:
+        head = {"id": self.request_id, "object": "text_completion", "created": self.created, "model": self.model}
         if self.chat:
-            kind = "chat.completion.chunk" if stream else "chat.completion"
-        else:
-            kind = "text_completion"
-        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+            head["object"] = "chat.completion.chunk" if stream else "chat.completion"
+            head["service_tier"] = SERVED_TIER
+        head["system_fingerprint"] = self.fingerprint
+        return head
 
 
 def usage_json(usage: Usage | None) -> dict | None:

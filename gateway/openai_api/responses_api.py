@@ -28,6 +28,7 @@ from gateway.accounts.auth import Caller
 from gateway.accounts.ratelimit_headers import Metadata
 from gateway.bodies import BodyRefused, read_body
 from gateway.core.pipeline import Admitted, Pipeline
+from gateway.metrics import count_request
 from gateway.openai_api.errors import error_response, execution_error, json_error
 from gateway.openai_api.requests import HttpError
 from gateway.openai_api.responses_events import ResponseEvents, sse
@@ -77,16 +78,16 @@ class ResponsesApi:
             asked = to_responses_request(await _json_body(request))
             key = _idempotency_key(request)
             generation, record = await self._prepare(caller, asked, key)
+        except (HttpError, BodyRefused, PromptRefused, GatewayError) as refused:
+            # Refused before the pipeline saw it: counted here, as the pipeline counts its own refusals.
+            kind = refused.kind if isinstance(refused, GatewayError) else ErrorKind.INVALID_ARGUMENT
+            count_request("", "", kind.value, "http")
+            return _refusal(refused, limits)
+        try:
             admitted = await self._pipeline.admit(authorization, generation, "http", peer)
-        except HttpError as error:
-            return _refused(error.status, error.message, error.param, limits)
-        except BodyRefused as error:
-            return _refused(error.status, error.message, None, limits)
-        except PromptRefused as error:
-            return _refused(400, error.message, "input", limits, error.code)
         except GatewayError as error:
             error.rate_limit_metadata = error.rate_limit_metadata or limits
-            return error_response(error)
+            return error_response(error, "input")
         record.id = response_id_of(admitted.execution_id)
         if admitted.replay is not None and asked.store:
             stored = await self._stored_replay(record, admitted)
@@ -423,6 +424,17 @@ def _idempotency_key(request: web.Request) -> str:
 def _response_headers(admitted: Admitted) -> dict[str, str]:
     names = {"request-id": REQUEST_ID_HEADER, "idempotent-replayed": "Idempotent-Replayed"}
     return {names.get(key, key): value for key, value in admitted.response_metadata}
+
+
+def _refusal(refused: HttpError | BodyRefused | PromptRefused | GatewayError, limits) -> web.Response:
+    if isinstance(refused, HttpError):
+        return _refused(refused.status, refused.message, refused.param, limits)
+    if isinstance(refused, BodyRefused):
+        return _refused(refused.status, refused.message, None, limits)
+    if isinstance(refused, PromptRefused):
+        return _refused(400, refused.message, "input", limits, refused.code)
+    refused.rate_limit_metadata = refused.rate_limit_metadata or limits
+    return error_response(refused, "input")
 
 
 def _refused(status: int, message: str, param: str | None, limits, code: str | None = None) -> web.Response:

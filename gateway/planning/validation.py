@@ -138,6 +138,15 @@ def _priority(number: int) -> Priority:
         raise _invalid(f"priority {number} is unknown; use PRIORITY_INTERACTIVE or PRIORITY_BATCH") from None
 
 
+class PromptTooLong(GatewayError):
+    """A prompt the model's context cannot hold with one output token (by its tokens, or by its bytes, over
+    what the context could hold): the HTTP fronts tell it as OpenAI's `context_length_exceeded`, which
+    clients that trim conversations key on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.INVALID_ARGUMENT, message)
+
+
 def max_prompt_bytes(model: ModelInfo) -> int:
     return min(MAX_PROMPT_BYTES, PROMPT_BYTES_PER_TOKEN * model.context_length)
 
@@ -190,10 +199,10 @@ def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> 
             raise _invalid(f"chat.messages[{index}].role is {_shown(message.role)}; use one of {', '.join(CHAT_ROLES)}")
         size = _utf8_length(message.content) + sum(_utf8_length(c.arguments) for c in message.tool_calls)
         if size > limit:
-            raise _invalid(f"chat.messages[{index}].content is {size} bytes; {_size_rule(model)}; shorten it")
+            raise PromptTooLong(f"chat.messages[{index}].content is {size} bytes; {_size_rule(model)}; shorten it")
         total += size
     if total > limit:
-        raise _invalid(
+        raise PromptTooLong(
             f"chat.messages hold {total} bytes of content in all; {_size_rule(model)}; send fewer or shorter messages"
         )
     return [_template_message(index, message) for index, message in enumerate(messages)]
@@ -227,7 +236,7 @@ def _template_message(index: int, message: ChatMessage) -> dict:
 def _check_prompt_size(prompt: str, model: ModelInfo) -> None:
     size = _utf8_length(prompt)
     if size > max_prompt_bytes(model):
-        raise _invalid(f"prompt is {size} bytes; {_size_rule(model)}; shorten the prompt")
+        raise PromptTooLong(f"prompt is {size} bytes; {_size_rule(model)}; shorten the prompt")
 
 
 def _size_rule(model: ModelInfo) -> str:
@@ -248,7 +257,7 @@ def _utf8_length(text: str) -> int:
 
 
 def _too_many_tokens(tokens: int, model: ModelInfo) -> GatewayError:
-    return _invalid(
+    return PromptTooLong(
         f"the prompt has {tokens} tokens but {model.name} has a context length of "
         f"{model.context_length}, which must also hold at least one output token; shorten the prompt"
     )
