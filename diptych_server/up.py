@@ -62,6 +62,22 @@ def run_up(
     return 0
 
 
+def write_env_file(
+    state_dir: Path, *, api_key: str, base_url: str, http_url: str, control_plane_url: str, internal_token: str
+) -> Path:
+    """`state_dir/env`, readable by its owner only: what the SDK, any OpenAI client and the CLI need to reach this
+    platform, as `export $(cat .diptych/env)` takes it."""
+    env_file = state_dir / "env"
+    env_file.write_text(
+        f"DIPTYCH_API_KEY={api_key}\nDIPTYCH_BASE_URL={base_url}\nDIPTYCH_HTTP_URL={http_url}\n"
+        f"DIPTYCH_ADMIN_URL={control_plane_url}\n"
+        # for `diptych model register`, which calls the control plane's internal API
+        f"DIPTYCH_CONTROL_PLANE_URL={control_plane_url}\nDIPTYCH_INTERNAL_TOKEN={internal_token}\n"
+    )
+    env_file.chmod(0o600)
+    return env_file
+
+
 def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, kv_tier: bool) -> None:
     _step(1, f"migrating the control plane's database and creating the demo organization ({stack.state_dir}/)")
     credentials = stack.prepare_control_plane(demo=True, staff_email=DEMO_STAFF_EMAIL)
@@ -88,14 +104,14 @@ def _start(stack: Stack, gateway_port: int, metrics_port: int, http_port: int, k
     )
     stack.start_gateway("gateway", gateway_port, metrics_port, http_port=http_port)
     base_url = f"grpc://127.0.0.1:{gateway_port}"
-    env_file = stack.state_dir / "env"
-    env_file.write_text(
-        f"DIPTYCH_API_KEY={credentials.api_key}\nDIPTYCH_BASE_URL={base_url}\n"
-        f"DIPTYCH_ADMIN_URL={stack.control_plane_url}\n"
-        # for `diptych model register`, which calls the control plane's internal API
-        f"DIPTYCH_CONTROL_PLANE_URL={stack.control_plane_url}\nDIPTYCH_INTERNAL_TOKEN={stack.internal_token}\n"
+    env_file = write_env_file(
+        stack.state_dir,
+        api_key=credentials.api_key,
+        base_url=base_url,
+        http_url=f"http://127.0.0.1:{http_port}/v1",
+        control_plane_url=stack.control_plane_url,
+        internal_token=stack.internal_token,
     )
-    env_file.chmod(0o600)
     _say(f"      demo credentials written to {env_file}")
     _step(5, "one demo request through the SDK, streamed")
     _demo_request(credentials.api_key, base_url, worker_names)

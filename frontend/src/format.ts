@@ -12,13 +12,24 @@ export function count(value: number): string {
   return value.toLocaleString("en-US");
 }
 
+// Every date the dashboard shows is written one way, as the API writes days: YYYY-MM-DD (UTC), and a moment as
+// "YYYY-MM-DD HH:MM UTC". A browser's <input type=date> shows its own locale's format (not the page's lang), so
+// the range picker takes days in this format as text too (views/range.ts).
 export function when(iso: string | null): string {
   if (!iso) return "never";
-  return new Date(iso).toLocaleString("en-GB", { dateStyle: "medium", timeStyle: "short", timeZone: "UTC" }) + " UTC";
+  const utc = new Date(iso).toISOString();
+  return `${utc.slice(0, 10)} ${utc.slice(11, 16)} UTC`;
 }
 
 export function isoDay(date: Date): string {
   return date.toISOString().slice(0, 10);
+}
+
+// The day of a YYYY-MM-DD text, or null when it is not one (a wrong shape, or no such day: 2026-02-30).
+export function parseDay(text: string): string | null {
+  if (!/^\d{4}-\d{2}-\d{2}$/.test(text)) return null;
+  const time = Date.parse(`${text}T00:00:00Z`);
+  return Number.isNaN(time) || isoDay(new Date(time)) !== text ? null : text;
 }
 
 // Exact micro-dollars as a decimal number of dollars ("0.000123"), for files meant for spreadsheets.
@@ -27,17 +38,10 @@ export function dollarsExact(micros: number): string {
   return `${whole}.${String(micros - whole * 1_000_000).padStart(6, "0")}`;
 }
 
-const monthYear = (date: Date, parts: Intl.DateTimeFormatOptions) =>
-  date.toLocaleDateString("en-GB", { ...parts, timeZone: "UTC" });
-
-// A period given by its first day and its exclusive end, as people read it: "1 – 30 November 2026".
+// A period given by its first day and its exclusive end, by its first and last day: "2026-11-01 – 2026-11-30".
 export function periodText(start: string, endExclusive: string): string {
-  const first = new Date(`${start.slice(0, 10)}T00:00:00Z`);
-  const last = new Date(new Date(`${endExclusive.slice(0, 10)}T00:00:00Z`).getTime() - 86_400_000);
-  const sameYear = first.getUTCFullYear() === last.getUTCFullYear();
-  const sameMonth = sameYear && first.getUTCMonth() === last.getUTCMonth();
-  const from = sameMonth ? String(first.getUTCDate()) : monthYear(first, { day: "numeric", month: "long", year: sameYear ? undefined : "numeric" });
-  return `${from} – ${monthYear(last, { day: "numeric", month: "long", year: "numeric" })}`;
+  const last = new Date(Date.parse(`${endExclusive.slice(0, 10)}T00:00:00Z`) - 86_400_000);
+  return `${start.slice(0, 10)} – ${isoDay(last)}`;
 }
 
 type Child = Node | string | number | null | undefined | false;

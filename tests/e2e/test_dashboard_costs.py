@@ -84,7 +84,7 @@ def period_moments() -> tuple[datetime.datetime, datetime.datetime]:
 
 def period_text(today: datetime.date) -> str:
     last = (today.replace(day=28) + datetime.timedelta(days=4)).replace(day=1) - datetime.timedelta(days=1)
-    return f"1 – {last.day} {last:%B %Y}"
+    return f"{today.replace(day=1).isoformat()} – {last.isoformat()}"
 
 
 # (moment, phase, tier, tokens, cached tokens) as the gateway reports them; the cost of each billed phase by hand.

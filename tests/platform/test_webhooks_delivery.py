@@ -22,6 +22,7 @@ from django.utils import timezone
 from controlplane.batches.models import Batch, BatchLine
 from controlplane.batches.run_services import LineAnswer, line_answered
 from controlplane.batches.runner import run_slice
+from controlplane.catalog.models import Model
 from controlplane.celery import app as celery_app
 from controlplane.webhooks.delivery import try_delivery
 from controlplane.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -274,3 +275,33 @@ def test_a_batch_that_ends_emits_its_event_once_its_end_commits(
     assert handed_on.type == event_type and handed_on.data.id == batch.public_id
     batch.refresh_from_db()
     assert handed_on.created_at >= int(batch.created_at.timestamp())
+
+
+def test_a_batch_whose_model_left_the_catalog_before_it_ran_fails_and_delivers_one_batch_failed_event(
+    client_a, receiver, batch, tiny_model, django_capture_on_commit_callbacks
+):
+    subscribe(client_a, receiver, ["batch.completed", "batch.failed"])
+    Model.objects.filter(id=tiny_model.id).update(name="diptych-tiny-retired")  # after the create checked it
+    with django_capture_on_commit_callbacks() as sent_on_commit:
+        assert run_slice(batch.id).ended
+    assert len(sent_on_commit) == 1
+    delivery = WebhookDelivery.objects.select_related("event").get()
+    assert delivery.event.type == "batch.failed" and delivery.event.data == {"id": batch.public_id}
+    try_delivery(delivery.id)
+    (handed_on,) = receiver.application
+    assert handed_on.type == "batch.failed" and handed_on.data.id == batch.public_id
+
+    shown = client_a.get(f"/api/v1/batches/{batch.public_id}").data
+    assert shown["status"] == "failed" and shown["failed_at"] is not None and shown["in_progress_at"] is None
+    assert [(error["line"], error["code"]) for error in shown["errors"]["data"]] == [
+        (1, "invalid_model"),
+        (2, "invalid_model"),
+    ]
+    assert "'diptych-tiny' is not in the catalog" in shown["errors"]["data"][0]["message"]
+    assert shown["output_file_id"] is None and shown["error_file_id"] is None
+    assert set(BatchLine.objects.filter(batch=batch).values_list("state", flat=True)) == {"not_run"}
+    batch.refresh_from_db()
+    assert batch.runner_key.revoked_at is not None
+
+    assert run_slice(batch.id).ended is False  # ended once: a later runner finds nothing to do
+    assert WebhookEvent.objects.filter(type="batch.failed").count() == 1

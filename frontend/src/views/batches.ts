@@ -1,12 +1,11 @@
 import { api, get } from "../api";
-import { count, errorText, h, table } from "../format";
+import { count, errorText, h, table, when } from "../format";
 import type { Batch, BatchList } from "../types";
 
 const BATCH_ROLES = ["owner", "admin", "developer"];
 const CANCELLABLE = ["validating", "in_progress"];
 
-const moment = (seconds: number | null) =>
-  seconds === null ? "—" : new Date(seconds * 1000).toLocaleString("en-GB", { dateStyle: "medium", timeStyle: "short", timeZone: "UTC" }) + " UTC";
+const moment = (seconds: number | null) => (seconds === null ? "—" : when(new Date(seconds * 1000).toISOString()));
 
 // A file of the batch, opened through the control plane (the session's cookie reads the organization's files).
 const fileLink = (id: string | null, label: string) =>

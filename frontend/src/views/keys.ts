@@ -37,7 +37,7 @@ export function keysView(keys: ApiKey[], onChanged: () => void): HTMLElement {
 
   const rows = keys.map((key) => [
     key.name,
-    h("code", {}, key.prefix),
+    h("code", { class: "key-prefix" }, key.prefix),
     key.scopes.join(", "),
     when(key.created_at),
     when(key.last_used_at),

@@ -1,4 +1,4 @@
-import { h, isoDay } from "../format";
+import { h, isoDay, parseDay } from "../format";
 
 // A range of days (UTC), both ends included, as the API takes it: YYYY-MM-DD.
 export interface DayRange {
@@ -31,23 +31,43 @@ export function rangeText(range: DayRange): string {
   return range.start === range.end ? range.start : `${range.start} – ${range.end}`;
 }
 
-// Presets (the last 7 … 365 days) and any range by its first and last day; `onChange` gets a valid range only.
+// Presets (the last 7 … 365 days) and any range by its first and last day, written YYYY-MM-DD as every date on
+// the page is (format.ts); `onChange` gets a valid range only, as soon as both days are whole.
 export function rangePicker(range: DayRange, onChange: (range: DayRange) => void): HTMLElement {
   const isPreset = (value: number) => daysOf(range).length === value && range.end === lastDays(value).end;
   const preset = h("select", { name: "range", "aria-label": "Days shown" },
     ...PRESETS.map((value) => h("option", { value: String(value), selected: isPreset(value) }, `Last ${value} days`)),
     h("option", { value: "", selected: !PRESETS.some(isPreset) }, "Chosen days"));
-  const start = h("input", { type: "date", name: "start", value: range.start, "aria-label": "From" });
-  const end = h("input", { type: "date", name: "end", value: range.end, "aria-label": "To" });
+  const dayInput = (name: string, value: string, label: string) => h("input", {
+    type: "text", name, value, "aria-label": label, inputmode: "numeric", maxlength: "10", size: "10",
+    placeholder: "YYYY-MM-DD", autocomplete: "off", spellcheck: "false", "data-day": "",
+  });
+  const start = dayInput("start", range.start, "From");
+  const end = dayInput("end", range.end, "To");
   const message = h("span", { class: "error", role: "alert" });
   preset.addEventListener("change", () => { if (preset.value) onChange(lastDays(Number(preset.value))); });
-  const chosen = () => {
-    const picked = { start: start.value, end: end.value };
-    const span = picked.start && picked.end ? daysOf(picked).length : 0;
-    if (span < 1 || span > MAX_DAYS) message.textContent = `Choose a first day before the last, at most ${MAX_DAYS} days apart.`;
-    else onChange(picked);
+  const problem = (): string | DayRange => {
+    const picked = { start: parseDay(start.value.trim()), end: parseDay(end.value.trim()) };
+    if (!picked.start || !picked.end) return "Write each day as YYYY-MM-DD, e.g. 2026-11-18.";
+    const span = daysOf({ start: picked.start, end: picked.end }).length;
+    if (span < 1 || span > MAX_DAYS) return `Choose a first day before the last, at most ${MAX_DAYS} days apart.`;
+    return { start: picked.start, end: picked.end };
   };
-  start.addEventListener("change", chosen);
-  end.addEventListener("change", chosen);
+  // While a day is being typed nothing happens; once both are whole days the range is taken; leaving a field
+  // with a day that is not one says why.
+  const typed = () => {
+    const chosen = problem();
+    if (typeof chosen !== "string") onChange(chosen);
+    else if (start.value.length === 10 && end.value.length === 10) message.textContent = chosen;
+    else message.textContent = "";
+  };
+  const left = () => {
+    const chosen = problem();
+    message.textContent = typeof chosen === "string" ? chosen : "";
+  };
+  for (const input of [start, end]) {
+    input.addEventListener("input", typed);
+    input.addEventListener("change", left);
+  }
   return h("div", { class: "range", "data-range": "" }, preset, start, end, message);
 }

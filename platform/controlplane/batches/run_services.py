@@ -23,14 +23,14 @@ from controlplane.batches.models import (
     LineState,
     answer_usage,
 )
-from controlplane.batches.selectors import lines_pending_count, lines_sent_unanswered_count
+from controlplane.batches.selectors import lines_naming_unknown_models, lines_pending_count, lines_sent_unanswered_count
 from controlplane.common.tokens import token_from_secret
 from controlplane.tenancy.api_keys import API_KEY_PREFIX
 from controlplane.tenancy.services import api_key_revoke
 from controlplane.webhooks.models import EventType
 from controlplane.webhooks.services import emit_event
 
-# The webhook event of each status a batch ends in (no batch ends failed yet: its file is checked at create).
+# The webhook event of each status a batch ends in.
 END_EVENTS = {
     BatchStatus.COMPLETED: EventType.BATCH_COMPLETED,
     BatchStatus.FAILED: EventType.BATCH_FAILED,
@@ -66,9 +66,50 @@ def batch_lease_release(*, batch: Batch, holder: str) -> None:
 
 
 def batch_start(*, batch: Batch) -> Batch:
+    """A validating batch goes in progress, or fails when its lines no longer pass the checks of its create:
+    a model may have left the catalog since (a batch waits for a runner up to its whole window)."""
+    errors = _input_errors(batch)
+    if errors:
+        return batch_fail(batch=batch, errors=errors)
     Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
         status=BatchStatus.IN_PROGRESS, in_progress_at=timezone.now()
     )
+    batch.refresh_from_db()
+    return batch
+
+
+def _input_errors(batch: Batch) -> list[dict]:
+    return [
+        {
+            "code": "invalid_model",
+            "message": f"line {line_number}: body.model {model!r} is not in the catalog.",
+            "param": "body.model",
+            "line": line_number,
+        }
+        for line_number, model in lines_naming_unknown_models(batch=batch)
+    ]
+
+
+def batch_fail(*, batch: Batch, errors: list[dict]) -> Batch:
+    """Ends a validating batch as failed, none of its lines sent: its errors name each bad line (OpenAI's
+    `errors` list); no output or error file; the runner key is revoked and batch.failed emitted."""
+    now = timezone.now()
+    with transaction.atomic():
+        ended = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
+            status=BatchStatus.FAILED,
+            failed_at=now,
+            errors={"object": "list", "data": errors},
+            lease_holder="",
+            lease_until=None,
+        )
+        if ended:
+            BatchLine.objects.filter(batch=batch, state=LineState.PENDING).update(
+                state=LineState.NOT_RUN, finished_at=now
+            )
+            api_key_revoke(api_key=batch.runner_key)
+            emit_event(
+                organization=batch.organization, event_type=END_EVENTS[BatchStatus.FAILED], data={"id": batch.public_id}
+            )
     batch.refresh_from_db()
     return batch
 

@@ -115,6 +115,8 @@ def run_slice(batch_id: int, holder: str = "") -> SliceOutcome:
     try:
         if batch.status == BatchStatus.VALIDATING:
             batch = batch_start(batch=batch)
+            if batch.status == BatchStatus.FAILED:
+                return SliceOutcome(ended=True)
         if batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING):
             go_on = _send_lines(batch, holder)
         if batch_finish_if_done(batch=batch, now=timezone.now()):

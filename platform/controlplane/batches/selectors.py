@@ -4,6 +4,7 @@ from datetime import datetime
 from django.db.models import Count, Q, QuerySet, Sum
 
 from controlplane.batches.models import ACTIVE_BATCH_STATUSES, Batch, BatchLine, File, LineState
+from controlplane.catalog.models import Model
 from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import ApiKey, Organization
 from controlplane.tenancy.scoping import organization_rows
@@ -130,3 +131,11 @@ def batch_ids_without_runner(*, now: datetime) -> list[int]:
 def batch_of_runner_key(*, api_key: ApiKey) -> Batch | None:
     """The batch whose runner sends requests with `api_key`, if any: its usage is billed at the batch tier."""
     return Batch.objects.filter(runner_key=api_key).first()
+
+
+def lines_naming_unknown_models(*, batch: Batch) -> list[tuple[int, object]]:
+    """(line number, body.model) of each line whose model the catalog does not serve, in line order."""
+    known = set(Model.objects.values_list("name", flat=True))
+    lines = BatchLine.objects.filter(batch=batch).order_by("line_number").values_list("line_number", "body")
+    models = [(number, body.get("model")) for number, body in lines]
+    return [(number, model) for number, model in models if not isinstance(model, str) or model not in known]

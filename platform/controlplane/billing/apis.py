@@ -14,6 +14,7 @@ from controlplane.billing.selectors import (
     invoice_list,
     period_costs,
     usage_daily,
+    usage_totals,
 )
 from controlplane.billing.services import spend_limit_set, stripe_event_process
 from controlplane.billing.stripe_gateway import InvalidWebhook, StripeNotConfigured, stripe_gateway
@@ -82,15 +83,29 @@ class UsageDailyApi(TenantAPIView):
             )
             amount_micros = serializers.IntegerField()
 
+        class UsageTotalSerializer(serializers.Serializer):
+            key = serializers.CharField()
+            tokens = serializers.IntegerField()
+            amount_micros = serializers.IntegerField(
+                help_text="The key's share of total_micros, in proportion to its exact amount: the keys add up to it."
+            )
+
         object = serializers.ChoiceField(choices=["list"])
         data = UsageDailyRowSerializer(many=True)
+        totals = UsageTotalSerializer(many=True, help_text="Per key over the whole range.")
+        total_micros = serializers.IntegerField(
+            help_text="The range's spend as an invoice of it would charge: for a range holding the open period's "
+            "usage, billing/current/costs' total_micros."
+        )
 
     @extend_schema(parameters=[UsageDailyFilterSerializer], responses=UsageDailyOutputSerializer)
     def get(self, request: Request) -> Response:
         filters = self.UsageDailyFilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         rows = usage_daily(organization=self.organization, **filters.validated_data)
-        return Response(self.UsageDailyOutputSerializer({"object": "list", "data": rows}).data)
+        totals = usage_totals(organization=self.organization, **filters.validated_data)
+        body = {"object": "list", "data": rows, "totals": totals.totals, "total_micros": totals.total_micros}
+        return Response(self.UsageDailyOutputSerializer(body).data)
 
 
 class BillingCurrentApi(TenantAPIView):

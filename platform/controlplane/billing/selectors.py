@@ -14,7 +14,7 @@ from controlplane.billing.models import (
     SpendAlert,
 )
 from controlplane.billing.periods import period_bounds, period_end_of, period_start_of
-from controlplane.billing.rating import amount_micros, micros_from_token_price_product
+from controlplane.billing.rating import amount_micros, apportion, micros_from_token_price_product
 from controlplane.catalog.models import PricePhase
 from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import Organization, Project
@@ -82,13 +82,8 @@ def usage_daily(
 ) -> list[dict]:
     """Rows of {day, key, tokens, amount_micros} for start <= day <= end, amount rounded once per row; with
     `api_key_kind`, of the keys of that kind only; with `project_id`, of that project's keys only."""
-    usage = organization_rows(DailyUsage, organization=organization)
-    if api_key_kind is not None:
-        usage = usage.filter(api_key__kind=api_key_kind)
-    if project_id is not None:
-        usage = usage.filter(api_key__project__public_id=project_id)
     rows = (
-        usage.filter(day__gte=start, day__lte=end)
+        _usage_in_range(organization, start, end, api_key_kind, project_id)
         .values("day", GROUP_BY_FIELDS[group_by], "unit_price_micros_per_million")
         .annotate(tokens=Sum("tokens"))
         .order_by()
@@ -108,6 +103,57 @@ def usage_daily(
         }
         for day, key in sorted(tokens)
     ]
+
+
+def _usage_in_range(
+    organization: Organization, start: date, end: date, api_key_kind: str | None, project_id: str | None
+) -> QuerySet[DailyUsage]:
+    usage = organization_rows(DailyUsage, organization=organization).filter(day__gte=start, day__lte=end)
+    if api_key_kind is not None:
+        usage = usage.filter(api_key__kind=api_key_kind)
+    if project_id is not None:
+        usage = usage.filter(api_key__project__public_id=project_id)
+    return usage
+
+
+LINE_FIELDS = ("model", "phase", "tier", "unit_price_micros_per_million")
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """The spend of a range as an invoice of it would charge: each line (model × phase × tier × price) rounded
+    once, then added (rating.py), and that total's share of each key of the grouping, in proportion to its exact
+    amount, so that the keys add up to it. Never a sum of rounded daily rows: a range that holds the open
+    period's usage costs what the period's invoice would."""
+
+    total_micros: int
+    totals: list[dict]  # {key, tokens, amount_micros}, in key order
+
+
+def usage_totals(
+    *,
+    organization: Organization,
+    start: date,
+    end: date,
+    group_by: str,
+    api_key_kind: str | None = None,
+    project_id: str | None = None,
+) -> UsageTotals:
+    usage = _usage_in_range(organization, start, end, api_key_kind, project_id)
+    field = GROUP_BY_FIELDS[group_by]
+    tokens: dict[str, int] = defaultdict(int)
+    exact_amount: dict[str, int] = defaultdict(int)  # sum of tokens × unit price
+    for row in usage.values(field, "unit_price_micros_per_million").annotate(tokens=Sum("tokens")).order_by():
+        tokens[row[field]] += row["tokens"]
+        exact_amount[row[field]] += row["tokens"] * (row["unit_price_micros_per_million"] or 0)
+    lines = rated_lines(usage.values(*LINE_FIELDS).annotate(tokens=Sum("tokens")).order_by())
+    total = sum(line.amount_micros for line in lines)
+    keys = sorted(tokens, key=str)
+    shares = apportion(total, [exact_amount[key] for key in keys])
+    totals = [
+        {"key": key, "tokens": tokens[key], "amount_micros": share} for key, share in zip(keys, shares, strict=True)
+    ]
+    return UsageTotals(total_micros=total, totals=totals)
 
 
 @dataclass(frozen=True)
