@@ -12,6 +12,7 @@ import { limitsView } from "./views/limits";
 import { loginView } from "./views/login";
 import { type DayRange, lastDays, rangePicker, rangeText } from "./views/range";
 import { refusalsView } from "./views/refusals";
+import { requestsView } from "./views/requests";
 import { usageView } from "./views/usage";
 import { canManageWebhooks, webhooksView } from "./views/webhooks";
 
@@ -78,6 +79,7 @@ function showDashboard(me: Me): void {
       section("billing", "Billing", () => billingView(refresh)),
       section("costs", "Cost this period", costsView),
       section("usage", "Usage", async () => usageView(usageRange, await keys), range),
+      section("requests", "Requests", async () => requestsView(usageRange, await keys)),
       section("api-keys", "API keys", async () => keysView(await keys, refresh)),
       section("limits", "Rate limits", async () => limitsView(me.role, await keys, refresh)),
       section("refusals", `Refused by a rate limit, ${rangeText(usageRange)}`, () => refusalsView(usageRange)),

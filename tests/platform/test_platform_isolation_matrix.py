@@ -42,6 +42,7 @@ OWNED_PARAMETERS = {
     "webhook_id",
     "project_id",
     "project_member_id",
+    "request_id",
 }
 METHODS = ["get", "post", "put", "patch", "delete"]
 PASSWORD = "isolation-password-1"

@@ -56,6 +56,8 @@ REFUSE_SOME_VALID_REQUESTS = {
     "GET /api/v1/usage/daily",  # end before start, or more than 366 days after it (documented in words)
     "GET /api/v1/usage/requests",  # the same
     "GET /api/v1/rate-limit-refusals",  # the same
+    "GET /api/v1/usage/request-log",  # the same
+    "GET /api/v1/usage/latency",  # the same
     "POST /api/v1/projects/{project_id}/api_keys",  # an expiry in the past
     "POST /api/v1/projects/{project_id}/archive",  # the default project
     "GET /api/v1/organization/usage/completions",  # end_time before start_time, a page of another query
@@ -127,6 +129,7 @@ def seeded(key_a, org_a, prefill_fleet, tiny_model, internal_client, tmp_path, s
         invitation_id=invitation.public_id,
         worker_id=worker.public_id,
         invoice_id=_usage_and_invoice(key_a, internal_client, tiny_model),
+        request_id=f"req-{last_month_at(3):%m%d}",  # a request of _usage_and_invoice's
         **_batches(org_a),
         **_published_model(tiny_model, tmp_path, settings),
     )

@@ -1,8 +1,9 @@
 from django.urls import path
 
-from controlplane.billing import apis, usage_bucket_apis
+from controlplane.billing import apis, request_apis, usage_bucket_apis
 
 urlpatterns = [
+    path("usage/requests/<str:request_id>", request_apis.UsageRequestDetailApi.as_view(), name="usage-request"),
     path("usage/daily", apis.UsageDailyApi.as_view(), name="usage-daily"),
     path("billing/current", apis.BillingCurrentApi.as_view(), name="billing-current"),
     path("billing/current/costs", apis.BillingCurrentCostsApi.as_view(), name="billing-current-costs"),

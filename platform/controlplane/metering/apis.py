@@ -7,10 +7,14 @@ from controlplane.catalog.models import PriceTier
 from controlplane.common.filters import DayRangeFilterSerializer, QueryFilterSerializer
 from controlplane.common.pagination import PaginatedListMixin
 from controlplane.metering.models import Phase, RefusalScope, RefusedLimit
+from controlplane.metering.request_phases import PhaseKind, Route
 from controlplane.metering.selectors import (
+    MAX_REQUEST_LOG_PAGE,
     REQUEST_GROUP_BY_FIELDS,
+    latency_percentiles_daily,
     rate_limit_refusals_daily,
     request_counts_daily,
+    request_log,
     usage_event_list,
     usage_summary,
 )
@@ -138,3 +142,146 @@ class RateLimitRefusalsApi(TenantAPIView):
         filters.is_valid(raise_exception=True)
         rows = rate_limit_refusals_daily(organization=self.organization, **filters.validated_data)
         return Response(self.RateLimitRefusalOutputSerializer({"object": "list", "data": rows}).data)
+
+
+# ---- requests and their phases -----------------------------------------------------------------------------
+
+
+class RequestPhaseOutputSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(
+        source="kind",
+        choices=PhaseKind.CHOICES,
+        help_text="prefill, kv_handoff, decode, or colocated: one worker did both and no KV cache moved.",
+    )
+    worker_id = serializers.CharField(allow_null=True, help_text="Null for the KV hand-off.")
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    offset_ms = serializers.FloatField(help_text="From the request's start to this phase's.")
+    duration_ms = serializers.FloatField(
+        help_text="Wall time as the gateway saw it. kv_handoff: from the prefill event's finished_at to the decode "
+        "event's started_at (0 when they touch): the gateway starts the decode clock once the first token is in, so "
+        "the transfer itself overlaps decode and is inside decode's duration."
+    )
+    compute_ms = serializers.IntegerField(
+        allow_null=True, help_text="The worker's own compute time (colocated: the whole call's)."
+    )
+    queued_ms = serializers.FloatField(
+        allow_null=True,
+        help_text="prefill and colocated: wall time to the first token minus the prefill's compute_ms (queueing "
+        "and transport).",
+    )
+    computed_tokens = serializers.IntegerField(allow_null=True, help_text="Prompt tokens computed (not cached).")
+    cached_tokens = serializers.IntegerField(allow_null=True, help_text="Prompt tokens from the prefix cache.")
+    output_tokens = serializers.IntegerField(allow_null=True)
+    kv_bytes = serializers.IntegerField(allow_null=True, help_text="kv_handoff: the bytes the prefill worker sent.")
+
+
+class RequestTotalsOutputSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    computed_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    kv_bytes = serializers.IntegerField()
+    compute_ms = serializers.IntegerField()
+
+
+class RequestTimelineOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(source="request_id", help_text="The X-Request-Id the gateway answered (exec_…).")
+    object = serializers.SerializerMethodField()
+    client_request_id = serializers.CharField(help_text="The client's own label of the request; may be empty.")
+    model = serializers.CharField()
+    tier = serializers.ChoiceField(choices=PriceTier.choices)
+    api_key_id = serializers.CharField()
+    project_id = serializers.CharField()
+    route = serializers.ChoiceField(
+        choices=Route.CHOICES,
+        help_text="decode_only: choice 1..n-1 of an n > 1 request (its prompt is billed on choice 0, the request's "
+        "own id).",
+    )
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    duration_ms = serializers.FloatField()
+    time_to_first_token_ms = serializers.FloatField(
+        allow_null=True, help_text="The prefill phase's wall time; null without a prefill phase."
+    )
+    phases = RequestPhaseOutputSerializer(many=True, help_text="In time order.")
+    totals = RequestTotalsOutputSerializer()
+
+    def get_object(self, timeline) -> str:
+        return "usage.request"
+
+
+class RequestLogApi(TenantAPIView):
+    """The organization's requests, newest first, each with its phases and their timings (cursor pages)."""
+
+    required_permissions = {"GET": Permission.USAGE_READ}
+
+    class RequestLogFilterSerializer(DayRangeFilterSerializer):
+        api_key_id = serializers.CharField(required=False, max_length=64)
+        project_id = serializers.CharField(required=False, max_length=64)
+        model = serializers.CharField(required=False, max_length=200)
+        client_request_id = serializers.CharField(required=False, max_length=128)
+        after = serializers.CharField(required=False, max_length=128, help_text="The last id of the page before.")
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_REQUEST_LOG_PAGE, default=20)
+
+    class RequestLogOutputSerializer(serializers.Serializer):
+        object = serializers.ChoiceField(choices=["list"])
+        data = RequestTimelineOutputSerializer(many=True)
+        first_id = serializers.CharField(allow_null=True)
+        last_id = serializers.CharField(allow_null=True)
+        has_more = serializers.BooleanField()
+
+    @extend_schema(parameters=[RequestLogFilterSerializer], responses=RequestLogOutputSerializer)
+    def get(self, request: Request) -> Response:
+        filters = self.RequestLogFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        page = request_log(organization=self.organization, **filters.validated_data)
+        ids = [timeline.request_id for timeline in page.items]
+        body = {
+            "object": "list",
+            "data": page.items,
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
+            "has_more": page.has_more,
+        }
+        return Response(self.RequestLogOutputSerializer(body).data)
+
+
+class LatencyPercentilesOutputSerializer(serializers.Serializer):
+    p50 = serializers.FloatField()
+    p90 = serializers.FloatField()
+    p99 = serializers.FloatField()
+
+
+class LatencyApi(TenantAPIView):
+    """Percentiles of time to first token and of total duration per day (UTC) and model, from the ledger."""
+
+    required_permissions = {"GET": Permission.USAGE_READ}
+
+    class LatencyFilterSerializer(DayRangeFilterSerializer):
+        model = serializers.CharField(required=False, max_length=200)
+        api_key_id = serializers.CharField(required=False, max_length=64)
+        project_id = serializers.CharField(required=False, max_length=64)
+
+    class LatencyOutputSerializer(serializers.Serializer):
+        class LatencyRowSerializer(serializers.Serializer):
+            day = serializers.DateField()
+            model = serializers.CharField()
+            requests = serializers.IntegerField(help_text="Requests with a prefill phase that started that day.")
+            time_to_first_token_ms = LatencyPercentilesOutputSerializer(
+                help_text="p50, p90, p99 of the prefill phase's wall time (the gateway's Prefill call to the first "
+                "token back, queueing included).",
+            )
+            duration_ms = LatencyPercentilesOutputSerializer(
+                help_text="p50, p90, p99 of the time from the prefill's start to the decode's end.",
+            )
+
+        object = serializers.ChoiceField(choices=["list"])
+        data = LatencyRowSerializer(many=True)
+
+    @extend_schema(parameters=[LatencyFilterSerializer], responses=LatencyOutputSerializer)
+    def get(self, request: Request) -> Response:
+        filters = self.LatencyFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        rows = latency_percentiles_daily(organization=self.organization, **filters.validated_data)
+        return Response(self.LatencyOutputSerializer({"object": "list", "data": rows}).data)
