@@ -87,7 +87,9 @@ def test_a_gateway_restarting_while_an_earlier_try_holds_the_key_is_part_of_the_
     assert with_retries(attempt, max_retries=2) == "the stored answer"
     refused = diptych.APIConnectionError("refused", code="UNAVAILABLE")
     assert retry_delay(refused, attempt=2, max_retries=2, earlier_try_seen=False) is None
-    assert retry_delay(refused, attempt=2, max_retries=2, waited_s=EARLIER_TRY_PATIENCE_S, earlier_try_seen=True) is None
+    assert (
+        retry_delay(refused, attempt=2, max_retries=2, waited_s=EARLIER_TRY_PATIENCE_S, earlier_try_seen=True) is None
+    )
 
 
 @pytest.mark.parametrize(
