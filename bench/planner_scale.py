@@ -3,6 +3,7 @@ narrowed search land from the full simulated search.
 
     .venv/bin/python -m bench.planner_scale times --rates 2 40 400 4000 [--tree DIR] [--timeout 600]
     .venv/bin/python -m bench.planner_scale error
+    .venv/bin/python -m bench.planner_scale scaling [--cases 0 1] [--scales 2 4 8]
 
 `times` runs `diptych plan --preset chat --rate R --json` from the source tree `--tree` (default this one:
 give a `git worktree` of an older commit to time the code before a change) in a fresh process per rate, and
@@ -13,6 +14,10 @@ and reported with the last progress line it wrote.
 default search (the analytic cut, then simulation near it) and the full search (simulation from the
 smallest fleet up, as the planner searched before it had a model), and prints the fleets and their
 p50/p99 TTFT and TPOT with the relative difference of each against the full search.
+
+`scaling` plans each of SCALING_CASES (rates whose trace spans the planner's horizon, so the direct plan
+is the reference) directly and with each forced rate scale k (planned for the rate / k, counts multiplied
+by k), and prints the fleets and their p50/p99 TTFT and TPOT relative to the direct answer's.
 """
 
 import argparse
@@ -66,17 +71,19 @@ def _fleet(found: dict | None) -> str:
 
 def print_times(records: list[dict], tree: Path) -> None:
     print(f"tree: {tree}")
-    print(f"{'rate':>6} {'wall s':>8} {'CPU s':>8} {'fleets':>7} {'split':>12} {'colocated':>14}  note")
+    print(f"{'rate':>6} {'wall s':>8} {'CPU s':>8} {'fleets':>7} {'k':>4} {'split':>12} {'colocated':>14}  note")
     for record in records:
         if record["answered"]:
             plan = record["plan"]
+            model = f"the model: {_fleet(plan['model_split'])}, {_fleet(plan['model_colocated'])}"
             print(
                 f"{record['rate']:>6g} {record['wall_s']:>8.1f} {record['cpu_s']:>8.1f} {plan['simulations']:>7} "
-                f"{_fleet(plan['split']):>12} {_fleet(plan['colocated']):>14}"
+                f"{plan.get('rate_scale', 1):>4} {_fleet(plan['split']):>12} {_fleet(plan['colocated']):>14}  {model}"
             )
         else:
             print(
-                f"{record['rate']:>6g} {record['wall_s']:>8.1f} {record['cpu_s']:>8.1f} {'-':>7} {'-':>12} {'-':>14}"
+                f"{record['rate']:>6g} {record['wall_s']:>8.1f} {record['cpu_s']:>8.1f} {'-':>7} {'-':>4} {'-':>12} "
+                f"{'-':>14}"
                 f"  no answer; stopped after {record['progress_lines']} progress lines, the last: "
                 f"{record['last_progress']!r}"
             )
@@ -133,6 +140,50 @@ def error_rows(profile_name: str, preset_name: str, rate: float) -> list[dict]:
     return rows
 
 
+SCALING_CASES = (  # (profile, preset, rate): traces that span the horizon, so the direct plan is computed
+    ("hand", "chat", 200.0),
+    ("cpu", "chat", 40.0),
+)
+
+
+def scaling_rows(profile_name: str, preset_name: str, rate: float, scales: list[int]) -> list[dict]:
+    """The case planned directly and at each forced rate scale: one row per (mode, scale)."""
+    from planner.profile import load_profile
+    from planner.search import Goal, plan
+    from planner.workload import PRESETS
+
+    profile, preset = load_profile(PROFILES[profile_name]), PRESETS[preset_name]
+    workload, goal = preset.workload(rate_per_s=rate), Goal(preset.slo(profile))
+    plans = {}
+    for scale in [1, *scales]:
+        log(f"  rate scale {scale}: planning {rate / scale:g} requests/s ...")
+        started = time.process_time()
+        plans[scale] = (plan(profile, workload, goal, rate_scale=scale), time.process_time() - started)
+    case = f"{profile_name} {preset_name} {rate:g}/s"
+    rows = []
+    for mode in ("split", "colocated"):
+        reference = getattr(plans[1][0], mode)
+        for scale, (found, seconds) in plans.items():
+            rows.append(
+                {
+                    "case": case,
+                    "mode": mode,
+                    "way": "direct" if scale == 1 else f"k={scale}",
+                    "found": getattr(found, mode),
+                    "reference": reference,
+                    "cpu_s": seconds,
+                    "simulations": found.simulations,
+                }
+            )
+    return rows
+
+
+SCALING_HEADER = (
+    "| case | mode | way | fleet | TTFT p50 / p99 ms | TPOT p50 / p99 ms | vs direct: workers, TTFT p50, p99, "
+    "TPOT p50, p99 | CPU s (fleets simulated) |\n|---|---|---|---|---|---|---|---|"
+)
+
+
 def _figures(found) -> tuple[int, float, float, float, float] | None:
     if found is None:
         return None
@@ -182,7 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     times.add_argument("--json", type=Path, help="also write the records here")
     error = commands.add_parser("error", help="the model and the narrow search against the full search")
     error.add_argument("--cases", type=int, nargs="+", help="which of ERROR_CASES (0-based; default all)")
+    scaling = commands.add_parser("scaling", help="plans scaled from a lower rate against the direct plan")
+    scaling.add_argument("--cases", type=int, nargs="+", help="which of SCALING_CASES (0-based; default all)")
+    scaling.add_argument("--scales", type=int, nargs="+", default=[2, 4, 8], help="the rate scales k to force")
     args = parser.parse_args(argv)
+    if args.command == "scaling":
+        print(SCALING_HEADER, flush=True)
+        for index in args.cases if args.cases is not None else range(len(SCALING_CASES)):
+            log(f"planning {SCALING_CASES[index]} directly and scaled by {args.scales} ...")
+            print_errors(scaling_rows(*SCALING_CASES[index], args.scales))
+            sys.stdout.flush()
     if args.command == "error":
         print(ERROR_HEADER, flush=True)
         for index in args.cases if args.cases is not None else range(len(ERROR_CASES)):

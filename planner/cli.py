@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="narrow: simulate only near the queueing model's answer, counts within 2%% (default); "
         "full: simulate from the smallest fleet up, exact and slow past a few hundred workers",
     )
+    parser.add_argument(
+        "--rate-scale",
+        type=int,
+        help="plan for the rate / K and multiply the counts by K (default: the smallest K whose trace spans the "
+        "planner's horizon within its request cap; 1 when the trace at the rate does)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -63,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         workload = workload_from(args)
         goal = goal_from(args, profile)
+        if args.rate_scale is not None and args.rate_scale < 1:
+            raise PlanError(f"--rate-scale is a whole number of 1 or more, not {args.rate_scale}")
     except (PlanError, ProfileError) as error:
         print(f"diptych plan: {error}", file=sys.stderr)
         return 2
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  [{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
 
     print(f"searching up to {goal.max_workers} workers ({args.search} search) ...", file=sys.stderr, flush=True)
-    result = plan(profile, workload, goal, progress, args.search)
+    result = plan(profile, workload, goal, progress, args.search, args.rate_scale)
     if args.json:
         print(json.dumps(plan_json(args.profile, workload, goal, result)))
     else:

@@ -37,6 +37,12 @@ def plan_table(profile: CostProfile, workload: Workload, goal: Goal, result: Pla
     for name, found in (("split", result.split), ("colocated", result.colocated)):
         lines.append(_row(name, found, goal))
     lines += ["", verdict(result, goal), f"({result.simulations} fleets simulated)"]
+    if result.rate_scale > 1:
+        lines.append(
+            f"(rate scaled by {result.rate_scale}: planned for {result.planned_rate_per_s:g} requests/s, whose "
+            f"trace spans the planner's horizon, and every count multiplied by {result.rate_scale}; counts are "
+            f"multiples of {result.rate_scale}, on the side of more workers)"
+        )
     if result.model_split or result.model_colocated:
         lines.append(
             f"(the queueing model's first cut: split {_model(result.model_split)}, colocated "
@@ -98,6 +104,8 @@ def plan_json(profile_path: Path, workload: Workload, goal: Goal, result: Plan) 
         "colocated": _evaluation_json(result.colocated),
         "winner": winner(result),
         "simulations": result.simulations,
+        "rate_scale": result.rate_scale,
+        "planned_rate_per_s": result.planned_rate_per_s or workload.rate_per_s,
         "model_split": _prediction_json(result.model_split),
         "model_colocated": _prediction_json(result.model_colocated),
     }

@@ -14,8 +14,15 @@ answer meets the goal and a fleet smaller by that many workers (of either kind) 
 The full search (`search="full"`, the planner's before it had a model) bisects colocated counts from one
 worker up and split counts at each prefill share of `PREFILL_SHARES` (starting near the size found last),
 then walks down one worker at a time: exact, and slow past a few hundred workers.
+
+Rate scaling: when a trace capped at `MAX_TRACE_REQUESTS` would span fewer than `HORIZON_LIFETIMES`
+lone-request lifetimes, every fleet's attainment is a transient. The plan is then made for the rate R / k,
+k the smallest integer whose trace spans the horizon within the cap, and its counts multiplied by k: a
+load-balanced fleet of k*N workers at k*R serves as N workers at R do, slightly better through pooling, so
+the scaled answer errs on the side of more workers.
 """
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +96,9 @@ class Plan:
     # the queueing model's first cut (None: no fleet within its limit meets the goal, or a full search)
     model_split: Prediction | None = None
     model_colocated: Prediction | None = None
+    # the plan was made for the workload's rate / rate_scale and its counts multiplied by rate_scale
+    rate_scale: int = 1
+    planned_rate_per_s: float | None = None  # the rate simulated: the workload's / rate_scale
 
 
 def evaluate(
@@ -156,8 +166,71 @@ def plan(
     goal: Goal,
     progress: Progress | None = None,
     search: Literal["narrow", "full"] = "narrow",
+    rate_scale: int | None = None,
 ) -> Plan:
-    """The cheapest split and the cheapest colocated fleet meeting the goal under the workload."""
+    """The cheapest split and the cheapest colocated fleet meeting the goal under the workload. `rate_scale`:
+    plan for the rate / k and multiply the counts by k (default: `rate_scale_for`, 1 when the trace fits)."""
+    scale = rate_scale_for(profile, workload) if rate_scale is None else rate_scale
+    if scale < 1:
+        raise ValueError(f"the rate scale is a whole number of fleets, 1 or more, not {scale}")
+    if scale == 1:
+        return _plan_at_rate(profile, workload, goal, progress, search)
+    planned = workload.at_rate(workload.rate_per_s / scale)
+    if progress is not None:
+        lone_s = workload.lone_request_s(profile)
+        progress(
+            f"rate scaling by {scale}: a trace at {workload.rate_per_s:g} requests/s would span "
+            f"{_span_s(profile, workload) / lone_s:.1f} lone-request lifetimes, at {planned.rate_per_s:g} requests/s "
+            f"({workload.rate_per_s:g} / {scale}) {_span_s(profile, planned) / lone_s:.1f}; planning that rate and "
+            f"multiplying its counts by {scale}"
+        )
+    scaled_goal = dataclasses.replace(goal, max_workers=max(2, goal.max_workers // scale))
+    found = _plan_at_rate(profile, planned, scaled_goal, progress, search)
+    return Plan(
+        _scaled_evaluation(found.split, scale, goal),
+        _scaled_evaluation(found.colocated, scale, goal),
+        found.simulations,
+        _scaled_prediction(found.model_split, scale),
+        _scaled_prediction(found.model_colocated, scale),
+        rate_scale=scale,
+        planned_rate_per_s=planned.rate_per_s,
+    )
+
+
+def rate_scale_for(profile: CostProfile, workload: Workload) -> int:
+    """The smallest k for which the trace at the workload's rate / k spans HORIZON_LIFETIMES lone-request
+    lifetimes within MAX_TRACE_REQUESTS (or the workload's own larger request count): 1 when it fits."""
+    needed = HORIZON_LIFETIMES * workload.lone_request_s(profile) * workload.rate_per_s
+    allowed = max(MAX_TRACE_REQUESTS, workload.requests)
+    return max(1, math.ceil(needed / allowed - 1e-9))
+
+
+def _span_s(profile: CostProfile, workload: Workload) -> float:
+    """How long the arrivals of the trace the search simulates for the workload last."""
+    return workload.lasting(horizon_s(profile, workload, workload.rate_per_s)).requests / workload.rate_per_s
+
+
+def scaled_fleet(fleet: FleetShape, scale: int) -> FleetShape:
+    return FleetShape(fleet.mode, fleet.prefill * scale, fleet.decode * scale, fleet.colocated * scale)
+
+
+def _scaled_evaluation(found: Evaluation | None, scale: int, goal: Goal) -> Evaluation | None:
+    """The answer for rate / scale as the answer for the rate; None when the scaled fleet is too large."""
+    if found is None:
+        return None
+    fleet = scaled_fleet(found.fleet, scale)
+    if fleet.workers > goal.max_workers:
+        return None
+    return dataclasses.replace(found, fleet=fleet, cost=goal.prices.of(fleet))
+
+
+def _scaled_prediction(found: Prediction | None, scale: int) -> Prediction | None:
+    return None if found is None else dataclasses.replace(found, fleet=scaled_fleet(found.fleet, scale))
+
+
+def _plan_at_rate(
+    profile: CostProfile, workload: Workload, goal: Goal, progress: Progress | None, search: Literal["narrow", "full"]
+) -> Plan:
     workload = workload.lasting(horizon_s(profile, workload, workload.rate_per_s))
     candidates = _Candidates(profile, workload.sample(), goal, progress)
     if search == "full":
