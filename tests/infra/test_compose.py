@@ -76,6 +76,12 @@ def test_every_diptych_service_starts_after_bootstrap_has_finished():
     assert services["bootstrap"]["restart"] == "no"
 
 
+def test_the_jobs_service_is_health_checked_by_asking_its_own_celery_node():
+    """Celery serves no port, so a wedged jobs process looked healthy to compose: it asks its own node."""
+    check = " ".join(_services()["jobs"]["healthcheck"]["test"])
+    assert "celery -A controlplane.celery inspect ping" in check and "celery@$$(hostname)" in check  # $$: compose's $
+
+
 def test_only_bootstrap_may_write_the_credentials_and_every_diptych_service_reads_them():
     for name, definition in _services().items():
         if not definition.get("image", "").startswith("diptych"):

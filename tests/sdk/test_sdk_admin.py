@@ -89,6 +89,13 @@ def test_create_and_revoke_send_json(http, client):
     assert (http.seen[1].method, http.seen[1].path) == ("POST", "/api/v1/api-keys/key_1/revoke")
 
 
+def test_a_key_is_issued_in_a_project_and_names_it(http, client):
+    http.script = [Reply(status=201, body={**KEY, "key": "dip_secret", "project_id": "proj_staging"})]
+    created = client.admin.api_keys.create(name="ci", project_id="proj_staging")
+    assert created.project_id == "proj_staging"
+    assert http.seen[0].body == {"name": "ci", "expires_at": None, "project_id": "proj_staging"}
+
+
 def test_usage_billing_invoices_and_spend_limit(http, client):
     http.script = [
         Reply(body={"data": [{"day": "2026-11-21", "key": "decode", "tokens": 7, "amount_micros": 14}]}),

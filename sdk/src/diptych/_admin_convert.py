@@ -44,6 +44,7 @@ def api_key_from_json(body: object) -> ApiKey:
         expires_at=_optional(body, "expires_at", _datetime),
         revoked_at=_optional(body, "revoked_at", _datetime),
         key=_optional(body, "key", lambda obj, name: _field(obj, name, str)),
+        project_id=_optional(body, "project_id", lambda obj, name: _field(obj, name, str)) or "",
     )
 
 

@@ -479,6 +479,7 @@ class ApiKey(BaseModel):
     expires_at: datetime | None
     revoked_at: datetime | None
     key: str | None = None
+    project_id: str = ""  # the project the key was issued in (its limits, spend and usage)
 
 
 @dataclass(frozen=True, slots=True)

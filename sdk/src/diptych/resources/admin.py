@@ -261,12 +261,16 @@ class ApiKeys(_Resource):
         name: str,
         scopes: Sequence[str] | None = None,
         expires_at: datetime | None = None,
+        project_id: str | None = None,
         **options: Unpack[PostRequestOptions],
     ) -> ApiKey:
-        """Issues a key; the returned object's `key` is the secret, shown this once."""
+        """Issues a key, in `project_id` (by default the organization's default project); the returned
+        object's `key` is the secret, shown this once."""
         body: dict[str, object] = {"name": name, "expires_at": expires_at.isoformat() if expires_at else None}
         if scopes is not None:
             body["scopes"] = list(scopes)
+        if project_id is not None:
+            body["project_id"] = project_id
         return self._request("POST", "/api-keys", _json(api_key_from_json), _POST_OPTIONS.complete(options), body=body)
 
     @_OPTIONS.expand
@@ -461,10 +465,13 @@ class AsyncApiKeys(_AsyncResource[ApiKeys]):
         name: str,
         scopes: Sequence[str] | None = None,
         expires_at: datetime | None = None,
+        project_id: str | None = None,
         **options: Unpack[PostRequestOptions],
     ) -> ApiKey:
         return await asyncio.to_thread(
-            partial(self._sync.create, name=name, scopes=scopes, expires_at=expires_at, **options)
+            partial(
+                self._sync.create, name=name, scopes=scopes, expires_at=expires_at, project_id=project_id, **options
+            )
         )
 
     @_OPTIONS.expand
