@@ -129,6 +129,9 @@ DIPTYCH_WEBHOOK_FIRST_RETRY_SECONDS: float = _env_int("DIPTYCH_WEBHOOK_FIRST_RET
 DIPTYCH_WEBHOOK_TIMEOUT_SECONDS: float = _env_int("DIPTYCH_WEBHOOK_TIMEOUT_SECONDS", 10)
 DIPTYCH_WEBHOOK_RESUME_SECONDS = _env_int("DIPTYCH_WEBHOOK_RESUME_SECONDS", 60)
 DIPTYCH_WEBHOOKS_ALLOW_HTTP = _env_flag("DIPTYCH_WEBHOOKS_ALLOW_HTTP")
+# The certificate authorities an https receiver's certificate must chain to: a PEM file (an operator's own CA
+# for receivers inside its network); by default certifi's public roots.
+DIPTYCH_WEBHOOKS_CA_BUNDLE = os.environ.get("DIPTYCH_WEBHOOKS_CA_BUNDLE", "")
 DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS = _env_list("DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS", []) + (
     ["0.0.0.0/0", "::/0"] if _env_flag("DIPTYCH_WEBHOOKS_ALLOW_PRIVATE") else []
 )

@@ -3,6 +3,7 @@ verifies every try with the official `openai` client (`webhooks.unwrap`), hands 
 application once (it keeps the `webhook-id`s it handled), and answers each try with the next status of
 its script (200 once the script is used up)."""
 
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ class Try:
 
 
 class Receiver:
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve https with this server context (its certificate), at https://localhost:PORT."""
         self.statuses = list(statuses or [])
         self.secrets: list[str] = []  # verified against each; the first must match for the event to count
         self.tries: list[Try] = []
@@ -30,11 +32,15 @@ class Receiver:
         self._openai = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")  # never called: unwrap only
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._tls = tls is not None
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hooks/diptych"
+        port = self._server.server_address[1]
+        return f"https://localhost:{port}/hooks/diptych" if self._tls else f"http://127.0.0.1:{port}/hooks/diptych"
 
     def __enter__(self) -> "Receiver":
         self._thread.start()
