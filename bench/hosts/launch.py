@@ -22,9 +22,11 @@ from diptych_server.stack import REPO_ROOT, Stack, StackError
 # Every host is a namespace of its own, so every process may take the same ports.
 WORKER_PORT, KV_PORT, WORKER_METRICS_PORT = 7100, 7101, 7102
 GATEWAY_PORT, GATEWAY_HTTP_PORT, GATEWAY_METRICS_PORT = 7200, 7201, 7202
-# Where a process inside a namespace would look for Redis: the root namespace's loopback, which it cannot
-# reach. Without it the gateway keeps its rate-limit buckets in memory.
-ROOT_LOOPBACK_ONLY = ("REDIS_URL",)
+# Not handed to a process inside a namespace: REDIS_URL names the root namespace's loopback, which it cannot
+# reach (without it the gateway keeps its rate-limit buckets in memory); UCX_NET_DEVICES is each worker's to
+# derive from its own --host, and this process's may have been set to "lo" by a NIXL agent that ran in it (a
+# test's in-process worker), which would keep every host's UCX off its link.
+NOT_INHERITED = ("REDIS_URL", "UCX_NET_DEVICES")
 
 
 @dataclass
@@ -38,6 +40,13 @@ class HostStack(Stack):
     def env(self, **extra: str) -> dict[str, str]:
         env = super().env(**extra)
         env["DIPTYCH_ALLOWED_HOSTS"] = f"{CONTROL_PLANE_ADDRESS},127.0.0.1,localhost"
+        return env
+
+    def host_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a process inside a host's namespace."""
+        env = self.env(**extra)
+        for variable in NOT_INHERITED:
+            env.pop(variable, None)
         return env
 
     def start_control_plane(self, timeout: float = 60.0) -> None:
@@ -100,9 +109,7 @@ class HostStack(Stack):
         if name in self.processes:
             raise StackError(f"a process named {name} is already running")
         self.launches[name] = (list(args), dict(env))
-        process_env = self.env(**env)
-        for variable in ROOT_LOOPBACK_ONLY:
-            process_env.pop(variable, None)
+        process_env = self.host_env(**env)
         log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
