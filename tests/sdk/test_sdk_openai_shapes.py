@@ -98,7 +98,7 @@ def test_admin_results_dump_times_as_iso_in_json_mode_and_pages_without_their_fe
     page = admin.admin.api_keys.list()
     assert page.to_dict()["data"][0]["created_at"] == datetime(2026, 11, 20, 10, tzinfo=UTC)
     assert page.to_dict(mode="json") == {
-        "data": [{**key(1), "created_at": "2026-11-20T10:00:00+00:00", "key": None}],
+        "data": [{**key(1), "created_at": "2026-11-20T10:00:00+00:00", "key": None, "project_id": ""}],
         "has_more": False,
         "total": 1,
     }
