@@ -76,6 +76,20 @@ RATE_LIMITED = Counter("diptych_gateway_rate_limited_total", "Requests refused b
 USAGE_SPOOLED = Gauge(
     "diptych_gateway_usage_events_spooled", "Usage events waiting in the local spool for the control plane"
 )
+IDEMPOTENCY_KEYS_HELD_ALONE = Gauge(
+    "diptych_gateway_idempotency_keys_held_alone",
+    "Idempotency keys this gateway claimed, stored or freed while the control plane was unreachable, not yet "
+    "handed over to it",
+)
+IDEMPOTENCY_OUTAGE_CLAIMS = Counter(
+    "diptych_gateway_idempotency_outage_claims_total",
+    "Requests with an idempotency key that ran under a claim this gateway made alone (control plane unreachable)",
+)
+IDEMPOTENCY_HANDOVER_CONFLICTS = Counter(
+    "diptych_gateway_idempotency_handover_conflicts_total",
+    "Keys claimed in an outage that the control plane had given to another execution when handed over: the "
+    "key's request ran twice (each run billed as delivered)",
+)
 # Per-phase autoscaling (gateway/autoscale/signals.py): the scaling decision and the signals behind it, per fleet.
 _FLEET = ["model", "role", "region"]
 AUTOSCALE_DESIRED_REPLICAS = Gauge(

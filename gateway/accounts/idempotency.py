@@ -11,7 +11,8 @@ than MAX_STORED_ANSWER_BYTES, or the control plane did not take it), as nothing 
 
 The gateway's journal records every key it claims until the answer is stored or the key freed: a gateway
 killed while holding keys frees them when it starts again on the same state directory; one that never comes
-back holds them until their lease ends.
+back holds them until their lease ends. While the control plane cannot be reached, the gateway claims,
+stores and frees keys alone and hands them over once it can (outage_claims.py).
 """
 
 import asyncio
@@ -22,6 +23,7 @@ import logging
 
 from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Caller
+from gateway.accounts.outage_claims import OutageClaims
 from gateway.accounts.usage import HeldKey, Recovered, UsageJournal
 from gateway.types import (
     ErrorKind,
@@ -40,8 +42,6 @@ log = logging.getLogger(__name__)
 
 MAX_LEASE_S = 24 * 3600
 COMPLETE_TIMEOUT_S = 2.0
-CLAIM_PATIENCE_S = 15.0  # how long a request with a key waits for an unreachable control plane
-CLAIM_RETRY_S = 0.25
 # The largest answer stored under a key, as JSON: well inside the control plane's body limit (8 MiB).
 MAX_STORED_ANSWER_BYTES = 4 * 2**20
 
@@ -57,6 +57,7 @@ class IdempotencyKeys:
     def __init__(self, control_plane: ControlPlaneClient, journal: UsageJournal) -> None:
         self._control_plane = control_plane
         self._journal = journal
+        self._outage_claims = OutageClaims(control_plane, journal)
         self._background: set[asyncio.Task] = set()
 
     async def claim(
@@ -64,8 +65,9 @@ class IdempotencyKeys:
     ) -> list[GenerationOutput] | None:
         """None when this execution may run; the stored response (one output per choice) when a completed
         one of the same API key answers instead."""
+        held = HeldKey(execution_id, caller.organization_id, key)
         # Journaled before it is claimed: a gateway killed in between frees a key it may hold.
-        self._journal.hold_idempotency_key(HeldKey(execution_id, caller.organization_id, key))
+        self._journal.hold_idempotency_key(held)
         body = {
             "organization_id": caller.organization_id,
             "key": key,
@@ -75,19 +77,15 @@ class IdempotencyKeys:
             "lease_seconds": max(1, min(MAX_LEASE_S, round(lease_s))),
         }
         try:
-            claim = await self._claim_riding_out_an_outage(body)
-        except ControlPlaneUnavailable:
+            claim = await self._claim(held, body, request)
+        except GatewayError:
             self._journal.drop_idempotency_key(execution_id)
-            raise GatewayError(
-                ErrorKind.UNAVAILABLE,
-                f"cannot check the idempotency key now (control plane unreachable for {CLAIM_PATIENCE_S:g} s); "
-                "retry shortly, or send the request without an idempotency key",
-            ) from None
+            raise
         outcome = claim["outcome"]
         if outcome == "claimed" and not request.resume_request_id:
             return None
         if outcome == "claimed":  # nothing to resume: the key was free, and is again
-            await self._release(HeldKey(execution_id, caller.organization_id, key))
+            await self._release(held)
             raise _nothing_stored(request.resume_request_id)
         self._journal.drop_idempotency_key(execution_id)
         if outcome == "other_caller":
@@ -112,23 +110,30 @@ class IdempotencyKeys:
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
-    async def _claim_riding_out_an_outage(self, body: dict) -> dict:
-        """The claim, tried again while the control plane is unreachable, for up to CLAIM_PATIENCE_S: a
-        control plane that restarts delays the requests that carry a key rather than failing them."""
-        give_up_at = asyncio.get_running_loop().time() + CLAIM_PATIENCE_S
-        while True:
+    async def _claim(self, held: HeldKey, body: dict, request: GenerationRequest) -> dict:
+        """The control plane's answer to the claim; while it cannot be reached, the gateway's own."""
+        here = self._outage_claims.find(held.organization_id, held.key)
+        if here is not None:
+            return self._outage_claims.outcome(here, body)
+        if not self._outage_claims.outage:
             try:
                 return await self._control_plane.claim_idempotency_key(body)
-            except ControlPlaneUnavailable:
-                if asyncio.get_running_loop().time() + CLAIM_RETRY_S > give_up_at:
-                    raise
-            await asyncio.sleep(CLAIM_RETRY_S)
+            except ControlPlaneUnavailable as error:
+                log.warning("the control plane is unreachable (%r): claiming idempotency keys alone", error)
+        if request.resume_request_id:
+            raise GatewayError(
+                ErrorKind.UNAVAILABLE,
+                "cannot fetch what is stored under this idempotency key now (control plane unreachable); retry shortly",
+            )
+        self._outage_claims.claim(held, body)
+        return {"outcome": "claimed", "execution_id": held.execution_id}
 
     async def complete(
         self, organization_id: str, key: str, execution_id: str, outputs: list[GenerationOutput]
     ) -> None:
-        """Stores the whole result (one output per choice) under the key. An answer too large to store, or
-        one the control plane does not take in time, frees the key instead: a retry then runs anew."""
+        """Stores the whole result (one output per choice) under the key; while the control plane cannot be
+        reached, in the gateway until it can. An answer too large to store, or one the control plane
+        refuses, frees the key instead: a retry then runs anew."""
         response = stored_responses(outputs)
         size = len(json.dumps(response, separators=(",", ":"), ensure_ascii=False).encode())
         if size > MAX_STORED_ANSWER_BYTES:
@@ -140,27 +145,41 @@ class IdempotencyKeys:
             )
             self.release(organization_id, key, execution_id)
             return
-        body = {"organization_id": organization_id, "key": key, "execution_id": execution_id, "response": response}
+        held = HeldKey(execution_id, organization_id, key)
+        if self._outage_claims.outage or self._outage_claims.holds(execution_id):
+            self._outage_claims.store(held, response)
+            return
+        body = {**held.as_body(), "response": response}
         try:
             await asyncio.wait_for(self._control_plane.complete_idempotency_key(body), COMPLETE_TIMEOUT_S)
+        except (ControlPlaneUnavailable, TimeoutError) as error:
+            log.warning("could not store the answer of %s under its key (%r); holding it here", execution_id, error)
+            self._outage_claims.store(held, response)
+            return
         except Exception as error:
-            log.warning("could not store the answer of %s under its key (%r); freeing the key", execution_id, error)
+            log.warning("the control plane refused the answer of %s (%r); freeing its key", execution_id, error)
             self.release(organization_id, key, execution_id)
             return
         self._journal.drop_idempotency_key(execution_id)
 
     def release(self, organization_id: str, key: str, execution_id: str) -> None:
-        """In the background: the client does not wait for it. If it fails, the journal keeps the key, which
-        the gateway frees when it starts again (or the key's lease ends)."""
-        task = asyncio.get_running_loop().create_task(self._release(HeldKey(execution_id, organization_id, key)))
+        """In the background: the client does not wait for it. While the control plane cannot be reached,
+        the key is freed in the gateway at once and there once it can be."""
+        held = HeldKey(execution_id, organization_id, key)
+        if self._outage_claims.outage or self._outage_claims.holds(execution_id):
+            self._outage_claims.free(held)
+            return
+        task = asyncio.get_running_loop().create_task(self._release(held))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def _release(self, held: HeldKey) -> bool:
-        body = {"organization_id": held.organization_id, "key": held.key, "execution_id": held.execution_id}
         try:
-            await self._control_plane.release_idempotency_key(body)
-        except Exception as error:
+            await self._control_plane.release_idempotency_key(held.as_body())
+        except ControlPlaneUnavailable:  # freed here now, and there once the control plane can be reached
+            self._outage_claims.free(held)
+            return True
+        except Exception as error:  # the journal keeps the key: the gateway frees it when it starts again
             log.warning("could not free the idempotency key of %s: %r", held.execution_id, error)
             return False
         self._journal.drop_idempotency_key(held.execution_id)
@@ -187,9 +206,8 @@ class IdempotencyKeys:
     async def _settle(self, held: HeldKey, answer: dict | None) -> bool:
         if answer is None:
             return await self._release(held)
-        body = {"organization_id": held.organization_id, "key": held.key, "execution_id": held.execution_id}
         try:
-            await self._control_plane.complete_idempotency_key({**body, "response": answer})
+            await self._control_plane.complete_idempotency_key({**held.as_body(), "response": answer})
         except Exception as error:
             log.warning("could not store the interrupted answer of %s under its key: %r", held.execution_id, error)
             return False
@@ -197,10 +215,11 @@ class IdempotencyKeys:
         return True
 
     async def wait_idle(self, timeout_s: float) -> None:
-        """Lets the releases still in flight finish, for at most `timeout_s` (a key not released in time is
-        freed when its lease ends)."""
+        """Lets the releases still in flight and the handover of keys held alone finish, for at most
+        `timeout_s` each (a key not released in time is freed when its lease ends)."""
         if self._background:
             await asyncio.wait(self._background, timeout=timeout_s)
+        await self._outage_claims.wait_idle(timeout_s)
 
 
 def _nothing_stored(execution_id: str) -> GatewayError:

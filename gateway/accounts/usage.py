@@ -103,6 +103,10 @@ class HeldKey(NamedTuple):
     organization_id: str
     key: str
 
+    def as_body(self) -> dict:
+        """As the control plane's idempotency endpoints name it."""
+        return {"organization_id": self.organization_id, "key": self.key, "execution_id": self.execution_id}
+
 
 class UsageJournal:
     def __init__(self, path: Path) -> None:

@@ -2,15 +2,12 @@
 key that made the request, an answer that cannot be stored frees its key (a retry runs instead of meeting
 409s until the lease ends), and a gateway killed while holding keys frees them when it starts again."""
 
-import asyncio
 import dataclasses
-from urllib.parse import urlsplit
 
 import pytest
 
 from diptych_common.internal_api.client import ControlPlaneClient
 from diptych_common.internal_api.messages import UsageEvent
-from diptych_server.stack import free_port
 from gateway.accounts.auth import Caller
 from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.usage import UsageJournal
@@ -191,52 +188,6 @@ async def test_a_resume_names_the_execution_whose_answer_it_fetches(control_plan
     with pytest.raises(GatewayError, match="nothing of request exec_9") as refused:
         await keys.claim(caller, "done", dataclasses.replace(REQUEST, resume_request_id="exec_9"), execution(2), 60)
     assert refused.value.kind is ErrorKind.NOT_FOUND
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    finally:
-        writer.close()
-
-
-def forwarding_to(host: str, port: int):
-    """A connection handler that relays each connection to host:port, both ways."""
-
-    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        server_reader, server_writer = await asyncio.open_connection(host, port)
-        await asyncio.gather(_pipe(client_reader, server_writer), _pipe(server_reader, client_writer))
-
-    return relay
-
-
-async def test_a_claim_rides_out_a_control_plane_that_comes_back_within_its_patience(live_server, caller, tmp_path):
-    """The control plane is unreachable (nothing listens on its address) when the claim starts, and answers
-    a second later: the request waits rather than failing."""
-    address = urlsplit(live_server.url)
-    port = free_port()
-    keys = IdempotencyKeys(ControlPlaneClient(f"http://127.0.0.1:{port}", INTERNAL_TOKEN), UsageJournal(tmp_path / "j"))
-
-    async def comes_back() -> asyncio.Server:
-        await asyncio.sleep(1.0)
-        return await asyncio.start_server(forwarding_to(address.hostname, address.port), "127.0.0.1", port)
-
-    back = asyncio.create_task(comes_back())
-    try:
-        assert await keys.claim(caller, "outage", REQUEST, execution(1), LEASE_S) is None
-    finally:
-        (await back).close()
-
-
-async def test_a_claim_gives_up_on_a_control_plane_gone_beyond_its_patience(caller, tmp_path, monkeypatch):
-    monkeypatch.setattr("gateway.accounts.idempotency.CLAIM_PATIENCE_S", 0.6)
-    journal = UsageJournal(tmp_path / "j")
-    keys = IdempotencyKeys(ControlPlaneClient(f"http://127.0.0.1:{free_port()}", INTERNAL_TOKEN), journal)
-    with pytest.raises(GatewayError, match="control plane unreachable for 0.6 s") as refused:
-        await keys.claim(caller, "gone", REQUEST, execution(1), LEASE_S)
-    assert refused.value.kind is ErrorKind.UNAVAILABLE and journal.held_idempotency_keys() == []
 
 
 async def test_an_execution_claiming_its_key_again_after_a_lost_answer_holds_it(control_plane, caller, tmp_path):
