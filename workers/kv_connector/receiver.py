@@ -76,13 +76,13 @@ class ReceivedKv:
     finished_ns: int = 0
 
 
-Delivery = Callable[[ReceivedKv | KvTransferError], None]
+KvArrivalCallback = Callable[[ReceivedKv | KvTransferError], None]  # a transfer ended: its KV or its error
 
 
 @dataclass
 class _Slot:
     transfer_token: bytes
-    deliver: Delivery  # called once, on a receiver thread
+    deliver: KvArrivalCallback  # called once, on a receiver thread
     max_tokens: int  # the prompt length the decode request declared: no larger cache is accepted
     held_blocks: int = 0  # leading blocks of the prompt the decode worker holds (pinned for the request)
     prompt_token_ids: tuple[int, ...] = ()  # the prompt the decode request declared, when it did
@@ -102,7 +102,7 @@ class KvInbox:
         self,
         request_id: str,
         transfer_token: bytes,
-        deliver: Delivery,
+        deliver: KvArrivalCallback,
         max_tokens: int,
         held_blocks: int = 0,
         prompt_token_ids: tuple[int, ...] = (),

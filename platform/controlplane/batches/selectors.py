@@ -117,11 +117,6 @@ def lines_sent_unanswered_count(*, batch: Batch) -> int:
     return BatchLine.objects.filter(batch=batch, state=LineState.PENDING, sent_at__isnull=False).count()
 
 
-def next_retry_at(*, batch: Batch) -> datetime | None:
-    line = BatchLine.objects.filter(batch=batch, state=LineState.PENDING).order_by("not_before").first()
-    return None if line is None else line.not_before
-
-
 def batch_ids_without_runner(*, now: datetime) -> list[int]:
     """Active batches no runner holds: never started, or their runner stopped and its lease ran out."""
     batches = Batch.objects.filter(status__in=ACTIVE_BATCH_STATUSES)

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import date, datetime
 from functools import cached_property, partial
 from typing import Any, Generic, TypeVar, Unpack
-from urllib.parse import quote
 
 from .._admin_convert import (
     api_key_from_json,
@@ -53,6 +52,7 @@ from ..types import (
 )
 from ._connections import ControlPlaneConnection
 from ._keyword_parameters import KeywordParameters
+from ._paths import segment
 
 __all__ = ["Admin", "AsyncAdmin"]
 
@@ -195,7 +195,7 @@ class Limits(_Resource):
 
     @_OPTIONS.expand
     def retrieve_key(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKeyLimits:
-        path = f"/api-keys/{_segment(key_id)}/limits"
+        path = f"/api-keys/{segment(key_id)}/limits"
         return self._request("GET", path, _json(api_key_limits_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
@@ -210,7 +210,7 @@ class Limits(_Resource):
     ) -> ApiKeyLimits:
         """Sets the key's limits given (None makes one unlimited) and leaves the others as they are."""
         body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
-        path = f"/api-keys/{_segment(key_id)}/limits"
+        path = f"/api-keys/{segment(key_id)}/limits"
         return self._request("PATCH", path, _json(api_key_limits_from_json), _OPTIONS.complete(options), body=body)
 
 
@@ -275,13 +275,13 @@ class ApiKeys(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKey:
-        path = f"/api-keys/{_segment(key_id)}"
+        path = f"/api-keys/{segment(key_id)}"
         return self._request("GET", path, _json(api_key_from_json), _OPTIONS.complete(options))
 
     @_POST_OPTIONS.expand
     def revoke(self, key_id: str, **options: Unpack[PostRequestOptions]) -> ApiKey:
         """Revokes the key at once; the gateway refuses it within seconds."""
-        path = f"/api-keys/{_segment(key_id)}/revoke"
+        path = f"/api-keys/{segment(key_id)}/revoke"
         return self._request("POST", path, _json(api_key_from_json), _POST_OPTIONS.complete(options))
 
 
@@ -309,7 +309,7 @@ class Invoices(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, invoice_id: str, **options: Unpack[RequestOptions]) -> Invoice:
-        path = f"/invoices/{_segment(invoice_id)}"
+        path = f"/invoices/{segment(invoice_id)}"
         return self._request("GET", path, _json(invoice_from_json), _OPTIONS.complete(options))
 
 
@@ -542,12 +542,6 @@ def _day(value: date | str) -> str:
         return date.fromisoformat(value).isoformat()
     except (TypeError, ValueError):
         raise ValueError(f"expected a date or 'YYYY-MM-DD', not {value!r}") from None
-
-
-def _segment(identifier: str) -> str:
-    if not isinstance(identifier, str) or not identifier:
-        raise ValueError(f"expected a non-empty id, not {identifier!r}")
-    return quote(identifier, safe="")
 
 
 class UsageWithRawResponse:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from pathlib import Path
 from typing import IO, Any, TypeVar, Unpack
-from urllib.parse import quote
 
 from .._batch_convert import batch_from_json, cursor_page_from_json, file_from_json
 from .._http import json_body, raw_body
@@ -29,6 +28,7 @@ from .._response import (
 from ..types import AsyncCursorPage, Batch, CursorPage, FileObject, PostRequestOptions, RequestOptions
 from ._connections import ControlPlaneConnection
 from ._keyword_parameters import KeywordParameters
+from ._paths import segment
 
 __all__ = ["Files", "AsyncFiles", "Batches", "AsyncBatches", "FileInput"]
 
@@ -99,7 +99,7 @@ class Files(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, file_id: str, **options: Unpack[RequestOptions]) -> FileObject:
-        return self._request("GET", f"/files/{_segment(file_id)}", _json(file_from_json), _OPTIONS.complete(options))
+        return self._request("GET", f"/files/{segment(file_id)}", _json(file_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def list(
@@ -124,11 +124,11 @@ class Files(_Resource):
     @_OPTIONS.expand
     def content(self, file_id: str, **options: Unpack[RequestOptions]) -> bytes:
         """The file's bytes: JSON Lines."""
-        return self._request("GET", f"/files/{_segment(file_id)}/content", raw_body, _OPTIONS.complete(options))
+        return self._request("GET", f"/files/{segment(file_id)}/content", raw_body, _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def delete(self, file_id: str, **options: Unpack[RequestOptions]) -> bool:
-        return self._request("DELETE", f"/files/{_segment(file_id)}", _json(bool), _OPTIONS.complete(options))
+        return self._request("DELETE", f"/files/{segment(file_id)}", _json(bool), _OPTIONS.complete(options))
 
 
 class Batches(_Resource):
@@ -160,7 +160,7 @@ class Batches(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, batch_id: str, **options: Unpack[RequestOptions]) -> Batch:
-        path = f"/batches/{_segment(batch_id)}"
+        path = f"/batches/{segment(batch_id)}"
         return self._request("GET", path, _json(batch_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
@@ -180,7 +180,7 @@ class Batches(_Resource):
     @_POST_OPTIONS.expand
     def cancel(self, batch_id: str, **options: Unpack[PostRequestOptions]) -> Batch:
         """Stops sending the batch's requests; those already answered stay in its output file."""
-        path = f"/batches/{_segment(batch_id)}/cancel"
+        path = f"/batches/{segment(batch_id)}/cancel"
         return self._request("POST", path, _json(batch_from_json), _POST_OPTIONS.complete(options))
 
 
@@ -329,10 +329,6 @@ def _multipart(fields: dict[str, str], filename: str, content: bytes) -> tuple[b
     )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
-
-
-def _segment(identifier: str) -> str:
-    return quote(identifier, safe="")
 
 
 class FilesWithRawResponse:

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from functools import cached_property, partial
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, Unpack, cast
-from urllib.parse import quote
 
 from .._errors import APIResponseValidationError
 from .._gateway_http import events, json_object
@@ -39,6 +38,7 @@ from ..types import (
 )
 from ._connections import GatewayHttpConnection
 from ._keyword_parameters import KeywordParameters
+from ._paths import segment
 
 __all__ = ["Responses", "AsyncResponses", "ResponseStream", "AsyncResponseStream"]
 
@@ -156,18 +156,18 @@ class Responses:
 
     @_OPTIONS.expand
     def retrieve(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
-        path = f"/responses/{_segment(response_id)}"
+        path = f"/responses/{segment(response_id)}"
         return self._request("GET", path, _response, _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def delete(self, response_id: str, **options: Unpack[RequestOptions]) -> bool:
-        path = f"/responses/{_segment(response_id)}"
+        path = f"/responses/{segment(response_id)}"
         return self._request("DELETE", path, _deleted, _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def cancel(self, response_id: str, **options: Unpack[RequestOptions]) -> Response:
         """Stops a background response; what it produced until then stays its output (and is billed, once)."""
-        path = f"/responses/{_segment(response_id)}/cancel"
+        path = f"/responses/{segment(response_id)}/cancel"
         return self._request("POST", path, _response, _OPTIONS.complete(options))
 
     @_OPTIONS.expand
@@ -189,7 +189,7 @@ class Responses:
             return dataclasses.replace(page, _next_page=following)
 
         query = {"limit": limit, "after": after, "order": order}
-        return self._request("GET", f"/responses/{_segment(response_id)}/input_items", parse, options, query=query)
+        return self._request("GET", f"/responses/{segment(response_id)}/input_items", parse, options, query=query)
 
     def _request(
         self,
@@ -303,10 +303,6 @@ def _create_options(arguments: ResponseCreateParams) -> PostRequestOptions:
         "extra_body": arguments.get("extra_body"),
         "idempotency_key": key,
     }
-
-
-def _segment(identifier: str) -> str:
-    return quote(identifier, safe="")
 
 
 class ResponsesWithRawResponse:
