@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from bench.chaos.drain import spooled
-from bench.hosts.fleet import HostsPlatform
+from bench.hosts.fleet import KV_TIER_HOST, HostsPlatform
 from bench.hosts.network import CONTROL_PLANE_ADDRESS, ip
 from bench.progress import log
 
@@ -64,6 +64,8 @@ def restart_host(platform: HostsPlatform, host: str, timeout_s: float = 180.0) -
     for name in names:
         if name in platform.workers:
             platform.workers[name] = wait_for_new_registration(platform, name, timeout_s)
+        elif name == KV_TIER_HOST:
+            stack.wait_until_serving(name, platform.kv_tier_address, timeout_s)
         else:
             stack.wait_for_gateway(name, platform.gateway_address, timeout_s)
 

@@ -22,6 +22,8 @@ from diptych_server.stack import REPO_ROOT, Stack, StackError
 # Every host is a namespace of its own, so every process may take the same ports.
 WORKER_PORT, KV_PORT, WORKER_METRICS_PORT = 7100, 7101, 7102
 GATEWAY_PORT, GATEWAY_HTTP_PORT, GATEWAY_METRICS_PORT = 7200, 7201, 7202
+KV_TIER_PORT = 7300
+KV_TIER_MEMORY_MIB = 512
 # Not handed to a process inside a namespace: REDIS_URL names the root namespace's loopback, which it cannot
 # reach (without it the gateway keeps its rate-limit buckets in memory); UCX_NET_DEVICES is each worker's to
 # derive from its own --host, and this process's may have been set to "lo" by a NIXL agent that ran in it (a
@@ -70,7 +72,22 @@ class HostStack(Stack):
         self.wait_for_gateway(name, address, timeout)
         return address
 
+    def start_host_kv_tier(self, host: Host, name: str) -> str:
+        """Starts the shared KV tier's store on the host, bound to its address (memory only: a cache the
+        harness throws away); returns HOST:PORT. It serves once it holds the worker RPC secret, which it
+        asks of the control plane: `wait_until_serving`."""
+        self.host_of[name] = host
+        args = ["kv-tier", "--host", host.address, "--port", str(KV_TIER_PORT)]
+        self._spawn(
+            name, [*args, "--memory-mib", str(KV_TIER_MEMORY_MIB), "--control-plane-url", self.control_plane_url]
+        )
+        return f"{host.address}:{KV_TIER_PORT}"
+
     def wait_for_gateway(self, name: str, address: str, timeout: float = 60.0) -> None:
+        self.wait_until_serving(name, address, timeout)
+
+    def wait_until_serving(self, name: str, address: str, timeout: float = 60.0) -> None:
+        """Until the process's gRPC health service says SERVING (a gateway, the KV tier's store)."""
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
@@ -83,7 +100,7 @@ class HostStack(Stack):
                 except grpc.RpcError:
                     pass
                 time.sleep(0.2)
-        raise StackError(f"the gateway {name} did not start within {timeout:.0f} s; see {self.log_path(name)}")
+        raise StackError(f"{name} did not start serving within {timeout:.0f} s; see {self.log_path(name)}")
 
     def worker_load(self, address: str, timeout: float = 5.0) -> worker_pb2.Load:
         """A worker's load report (its KV bytes by data path among it), asked as the gateway asks."""

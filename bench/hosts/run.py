@@ -57,18 +57,24 @@ class FaultOutcome:
 
 
 async def fault_under_load(
-    platform: HostsPlatform, fault: str, down_s: float, seed: int, restart: bool = True
+    platform: HostsPlatform,
+    fault: str,
+    down_s: float,
+    seed: int,
+    restart: bool = True,
+    target: tuple[str, ...] | None = None,
 ) -> FaultOutcome:
     """One load with the fault made in it; `restart`: a lost host comes back (else it stays down, and the
-    platform serves on without it)."""
+    platform serves on without it); `target`: the hosts it strikes (default: TARGETS[fault])."""
+    target = target or TARGETS[fault]
     load = Load(platform.base_url, platform.api_keys, LOAD, seed)
     await load.warm_up(60.0)
     retries, migrations = platform.gateway_metric(RETRIES), platform.gateway_metric(MIGRATIONS)
     running = asyncio.create_task(load.run(FAULT_AFTER_S + down_s + TAIL_S))
     await asyncio.sleep(FAULT_AFTER_S)
-    record = await asyncio.to_thread(run_fault, platform, fault, TARGETS[fault], down_s, load.started, restart)
+    record = await asyncio.to_thread(run_fault, platform, fault, target, down_s, load.started, restart)
     if fault == "host-lost" and not restart:
-        platform.workers.pop(TARGETS[fault][0])  # gone for good: no load report to read
+        platform.workers.pop(target[0], None)  # gone for good: no load report to read (a worker's)
     load.until = max(load.until, time.monotonic() + TAIL_S)
     await running
     drained = await asyncio.to_thread(wait_for_usage_drained, platform, DRAIN_TIMEOUT_S)
