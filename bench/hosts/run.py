@@ -46,6 +46,7 @@ class FaultOutcome:
     drained: bool
     kv_blocks_held: dict[str, int]  # after the load, by worker: all zero when every transfer was freed
     completed_while_down: int  # requests sent while the fault lasted that completed
+    served_late: int  # requests sent in the fault's second half that completed before it was undone
     retries: float  # worker calls the gateway retried elsewhere during the load
     migrations: float  # streams it moved to another decode worker mid-way
 
@@ -82,6 +83,8 @@ async def fault_under_load(
     events = [e for e in await asyncio.to_thread(read_ledger, platform.stack) if e.request_id in ours]
     held = await asyncio.to_thread(blocks_held_after, platform, FREED_TIMEOUT_S)
     while_down = sum(r.completed and record.started_at_s <= r.sent_at_s < record.ended_at_s for r in load.records)
+    late = (record.started_at_s + record.ended_at_s) / 2
+    served_late = sum(r.completed and late <= r.sent_at_s and r.ended_at_s < record.ended_at_s for r in load.records)
     return FaultOutcome(
         record,
         reconcile(load.records, events),
@@ -89,6 +92,7 @@ async def fault_under_load(
         drained,
         held,
         while_down,
+        served_late,
         platform.gateway_metric(RETRIES) - retries,
         platform.gateway_metric(MIGRATIONS) - migrations,
     )
@@ -105,10 +109,11 @@ def blocks_held_after(platform: HostsPlatform, timeout_s: float) -> dict[str, in
 
 def table(outcomes: list[FaultOutcome]) -> str:
     lines = [
-        "| fault | target | down s | sent | completed | completed while down | failed (code: requests) | "
+        "| fault | target | down s | sent | completed | completed while down | sent late, done while down | "
+        "failed (code: requests) | "
         "retried | migrated | usage spooled | delivered | billed | lost | doubled | misattributed | "
         "KV blocks held after | verdict |",
-        "|" + " --- |" * 17,
+        "|" + " --- |" * 18,
     ]
     for o in outcomes:
         r = o.reconciliation
@@ -118,7 +123,7 @@ def table(outcomes: list[FaultOutcome]) -> str:
         verdict = "pass" if o.passed else "FAIL"
         lines.append(
             f"| {o.fault.fault} | {o.fault.target} | {down:.0f} | {r.requests_sent} | {r.completed} | "
-            f"{o.completed_while_down} | {errors} | {o.retries:.0f} | {o.migrations:.0f} | "
+            f"{o.completed_while_down} | {o.served_late} | {errors} | {o.retries:.0f} | {o.migrations:.0f} | "
             f"{o.fault.peak_spooled:.0f} | "
             f"{r.delivered_tokens} | {r.billed_output_tokens} | {r.lost} | {r.doubled} | {r.misattributed} | "
             f"{held} | {verdict} |"
