@@ -30,7 +30,8 @@ from gateway.autoscale.decision import ScalingPolicy
 from gateway.autoscale.signals import AutoscaleSignals, SloTargets
 from gateway.core.pipeline import Pipeline
 from gateway.core.request_path import RequestPath, Timeouts
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry
 from gateway.grpc_api.service import SERVICE_NAME, add_inference_service
 from gateway.openai_api.app import build_app

@@ -22,7 +22,7 @@ from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
 from gateway.core.delivery import Delivery
-from gateway.core.request_path import RequestTrace
+from gateway.core.trace import RequestTrace
 from gateway.types import GenerationOutput, GenerationPlan, PhaseUsage, Usage
 
 UINT64_MASK = 2**64 - 1
@@ -58,18 +58,19 @@ def choice_seed(seed: int, index: int) -> int:
 
 
 async def interleaved(
-    runs: list[ChoiceRun], stream: Callable[[ChoiceRun], AsyncGenerator[GenerationOutput, None]]
+    runs: list[ChoiceRun], stream: Callable[[ChoiceRun], AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]]
 ) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]:
-    """Every choice's outputs as they come; choices 1..n-1 start once choice 0 shares its prompt. Raises
-    the first choice's error; closing it cancels every choice."""
+    """Every choice's outputs as they come (`stream` yields each choice's with its run); choices 1..n-1
+    start once choice 0 shares its prompt. Raises the first choice's error; closing it cancels every
+    choice."""
     queue: asyncio.Queue = asyncio.Queue()
     ended = object()
 
     async def pump(run: ChoiceRun) -> None:
         try:
             async with aclosing(stream(run)) as outputs:
-                async for output in outputs:
-                    queue.put_nowait((run, output))
+                async for pair in outputs:
+                    queue.put_nowait(pair)
         except Exception as error:
             queue.put_nowait((run, error))
         finally:

@@ -19,7 +19,7 @@ from diptych_common.tracing import traceparent_of
 from gateway.accounts.auth import Caller
 from gateway.accounts.idempotency import stored_logprobs
 from gateway.accounts.usage import UsageJournal, with_delivered
-from gateway.core.request_path import PhaseRecord, RequestTrace
+from gateway.core.trace import PhaseRecord, RequestTrace
 from gateway.types import GenerationOutput, GenerationPlan, TokenLogprob
 
 

@@ -23,8 +23,9 @@ from gateway.autoscale.signals import RECENT_LATENCIES
 from gateway.core.choices import ChoiceRun, choice_plan, interleaved, request_usage, whole_answers
 from gateway.core.delivery import Delivery, decode_record
 from gateway.core.logprobs import token_logprob
-from gateway.core.request_path import PhaseRecord, RequestPath, RequestTrace, finish_trace
+from gateway.core.request_path import RequestPath
 from gateway.core.text import TextStream
+from gateway.core.trace import PhaseRecord, RequestTrace, finish_trace
 from gateway.fleet.registry import Registry
 from gateway.metrics import INTER_TOKEN_LATENCY, OUTPUT_TOKENS, PROMPT_TOKENS, TIME_TO_FIRST_TOKEN, count_request
 from gateway.planning.tools import ToolCallStream
@@ -243,18 +244,15 @@ class Pipeline:
         self, admitted: Admitted, runs: list[ChoiceRun]
     ) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]:
         if len(runs) == 1:
-            return self._single(admitted, runs[0])
+            return self._choice(admitted, runs[0])
         return interleaved(runs, lambda run: self._choice(admitted, run))
 
-    async def _single(self, admitted: Admitted, run: ChoiceRun) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput]]:
-        async with aclosing(self._choice(admitted, run)) as outputs:
-            async for output in outputs:
-                yield run, output
-
-    async def _choice(self, admitted: Admitted, run: ChoiceRun) -> AsyncGenerator[GenerationOutput, None]:
-        """One choice's outputs, named by the request's execution id: one per arrival of tokens (the tokens
-        that came together go out together); the last carries the choice's finish reason and usage. They
-        count as delivered where the caller hands them over."""
+    async def _choice(
+        self, admitted: Admitted, run: ChoiceRun
+    ) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]:
+        """One choice's outputs, each with its run, named by the request's execution id: one per arrival of
+        tokens (the tokens that came together go out together); the last carries the choice's finish
+        reason and usage. They count as delivered where the caller hands them over."""
         plan, trace = run.plan, run.trace
         request_id = admitted.plan.request_id
         first_token_at = last_token_at = 0.0
@@ -285,21 +283,24 @@ class Pipeline:
                         stopped = text.stopped or token.finished_by_eos
                         last = "".join(deltas) + text.flush()
                         content, tool_calls = calls.end(last, cut=not stopped) if calls else (last, ())
-                        yield GenerationOutput(
-                            request_id,
-                            content,
-                            ids,
-                            _finish_reason(plan, stopped, tool_calls),
-                            _usage(plan, trace, produced),
-                            index=run.index,
-                            logprobs=_logprobs(plan, tokens[: len(ids)]),
-                            tool_calls=tool_calls,
+                        yield (
+                            run,
+                            GenerationOutput(
+                                request_id,
+                                content,
+                                ids,
+                                _finish_reason(plan, stopped, tool_calls),
+                                _usage(plan, trace, produced),
+                                index=run.index,
+                                logprobs=_logprobs(plan, tokens[: len(ids)]),
+                                tool_calls=tool_calls,
+                            ),
                         )
                         return
                 delta = deltas[0] if len(deltas) == 1 else "".join(deltas)
                 if calls is not None:  # text that may still be a tool call is held back
                     delta = calls.push(delta)
-                yield GenerationOutput(request_id, delta, ids, index=run.index, logprobs=_logprobs(plan, tokens))
+                yield run, GenerationOutput(request_id, delta, ids, index=run.index, logprobs=_logprobs(plan, tokens))
 
     async def _last_of_choice(
         self, plan: GenerationPlan, runs: list[ChoiceRun], output: GenerationOutput

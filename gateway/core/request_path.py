@@ -20,18 +20,19 @@ import random
 import secrets
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 
 import grpc
-from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
+from opentelemetry.trace import Span, StatusCode
 
-from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, Grammar
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2
 from diptych_common.tracing import start_span
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.core.trace import PhaseRecord, RequestTrace, now, record_prefill, start_decode
+from gateway.core.worker_calls import decode_request, generate_work, prefill_request, sampled, worker_sampling
+from gateway.core.worker_failures import FailuresOf, WorkerFailure, ended_early
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import WorkerInfo
 from gateway.fleet.token_streams import CallTokens, WorkerTokenStream
 from gateway.metrics import (
@@ -43,17 +44,9 @@ from gateway.metrics import (
     ROUTING_DECISIONS,
     WORKER_BYTES_RECEIVED,
 )
-from gateway.routing.route import Decision, Pin, Route, RouteRequest
+from gateway.routing.route import Decision, Route, RouteRequest
 from gateway.routing.router import Lease, Router
-from gateway.types import (
-    ErrorKind,
-    GatewayError,
-    GenerationPlan,
-    Priority,
-    SampledToken,
-    SamplingSpec,
-    WorkerLogprobs,
-)
+from gateway.types import ErrorKind, GatewayError, GenerationPlan, SampledToken
 
 log = logging.getLogger(__name__)
 
@@ -61,72 +54,13 @@ MAX_ATTEMPTS = 4
 MAX_REQUEST_FAULTS = 2  # workers that failed the request itself (INTERNAL) before it is given up
 RETRY_BACKOFF_S = 0.05  # before the second attempt; doubled for each further one, with jitter
 RETRY_BACKOFF_MAX_S = 1.0
-_NOT_SERVED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)  # the worker does not serve it
-_WORKER_PRIORITY = {Priority.INTERACTIVE: worker_pb2.PRIORITY_INTERACTIVE, Priority.BATCH: worker_pb2.PRIORITY_BATCH}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Timeouts:
     first_token_s: float = 30.0  # a prefill call's first token (queueing included)
     kv_delivery_s: float = 30.0  # the KV hand-off, after the first token
     next_token_s: float = 10.0  # each following token of a stream
-
-
-@dataclass
-class PhaseRecord:
-    worker: WorkerInfo
-    started_at: datetime
-    finished_at: datetime | None = None
-    compute_ms: int = 0
-    kv_bytes: int = 0
-    cached_tokens: int = 0
-
-
-@dataclass
-class RequestTrace:
-    """What each phase did, for usage: filled in as the request runs."""
-
-    prefill: PhaseRecord | None = None
-    decode: PhaseRecord | None = None
-    decision: Decision | None = None
-    attempts: int = 0
-    request_faults: int = 0
-    span: Span = INVALID_SPAN  # the request's gateway.request span: each attempt's span goes under it
-    pin: Pin | None = None  # the workers to reuse (an n>1 request's later choices)
-    # Set once the prompt's KV cache is where a sibling choice finds it: on the colocated worker after the
-    # first token; in split mode once the decode worker sent a token (it admitted the handed-off blocks,
-    # named in its prefix cache, and the prefill worker named them when it computed them).
-    prompt_shared: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def pin_here(self) -> Pin | None:
-        """The workers that hold this request's prompt now, for its sibling choices."""
-        if self.prefill is None:
-            return None
-        decode = self.decode.worker.id if self.decode is not None else self.prefill.worker.id
-        return Pin(self.prefill.worker.id, decode)
-
-    @property
-    def mode(self) -> str:
-        """The routing decision as a metric label; empty before the request was routed."""
-        return self.decision.value if self.decision is not None else ""
-
-    def attempt_id(self, execution_id: str) -> str:
-        """Each attempt's own id on the workers, so that a retry never meets the attempt it replaces."""
-        return f"{execution_id}.{self.attempts}"
-
-
-class WorkerFailure(Exception):
-    """`request_fault`: the worker failed this request alone (INTERNAL), not itself; another worker will
-    likely fail it too."""
-
-    def __init__(
-        self, error: GatewayError, culprits: tuple[WorkerInfo, ...], dead: bool, request_fault: bool = False
-    ) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.culprits = culprits
-        self.dead = dead
-        self.request_fault = request_fault
 
 
 class RequestPath:
@@ -172,7 +106,7 @@ class RequestPath:
                         yield tokens
                         if tokens[-1].finished:
                             return
-                raise WorkerFailure(_ended_early(route), (route.decode or route.prefill,), dead=False)
+                raise WorkerFailure(ended_early(route), (route.decode or route.prefill,), dead=False)
             except WorkerFailure as failure:
                 span.set_status(StatusCode.ERROR, failure.error.message)
                 if self._not_served(route, failure):
@@ -233,52 +167,34 @@ class RequestPath:
     ) -> AsyncGenerator[list[SampledToken], None]:
         prompt = plan.prompt_token_ids + produced
         metadata = self._channels.metadata(span)
-        sampling = _worker_sampling(plan.sampling, produced)
-        priority = _WORKER_PRIORITY[plan.priority]
+        sampling = worker_sampling(plan.sampling, produced)
         transfer_token = secrets.token_bytes(32)
-        deadline = self.call_deadline(plan.sampling.max_tokens - len(produced))
+        attempt_id = trace.attempt_id(plan.request_id)
         stream = await self._token_stream(decode, "decode")
         decode_call = self._channels.stub(decode.address).Decode(
-            worker_pb2.DecodeRequest(
-                request_id=trace.attempt_id(plan.request_id),
-                transfer_token=transfer_token,
-                sampling=sampling,
-                prompt_tokens=len(prompt),
-                priority=priority,
-                cache_salt=plan.cache_salt,
-                prompt_token_ids=prompt,  # the decode worker keeps what it holds of it; the rest is sent
-                token_stream=stream.stream_id if stream is not None else "",
-            ),
-            timeout=deadline,
+            decode_request(plan, attempt_id, prompt, sampling, transfer_token, stream),
+            timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
             metadata=metadata,
         )
-        decode_tokens = CallTokens(decode_call, stream, trace.attempt_id(plan.request_id))
+        decode_tokens = CallTokens(decode_call, stream, attempt_id)
         prefill_call = self._channels.stub(route.prefill.address).Prefill(
-            worker_pb2.PrefillRequest(
-                request_id=trace.attempt_id(plan.request_id),
-                prompt_token_ids=prompt,
-                sampling=sampling,
-                decode_address=decode.address,
-                transfer_token=transfer_token,
-                priority=priority,
-                cache_salt=plan.cache_salt,
-            ),
+            prefill_request(plan, attempt_id, prompt, sampling, transfer_token, decode.address),
             timeout=self._timeouts.first_token_s + self._timeouts.kv_delivery_s,
             metadata=metadata,
         )
         kv_task = None
-        started = _now()
+        started = now()
         try:
             message = await self._read(prefill_call, route.prefill, "prefill", self._timeouts.first_token_s)
             first = message.first_token
             lease.release(route.prefill.id)  # the prompt is done: it no longer weighs on the prefill worker
-            prefill_record = _record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
+            prefill_record = record_prefill(trace, route.prefill, started, first.compute_ms, first.cached_tokens)
             if first.finished:
                 trace.prompt_shared.set()
-            yield [SampledToken(first.token_id, first.finished, first.finished_by_eos, _logprobs(first))]
+            yield [sampled(first)]
             if first.finished:
                 return
-            decode_record = _start_decode(trace, decode)
+            decode_record = start_decode(trace, decode)
             kv_task = asyncio.create_task(self._kv_delivered(prefill_call, route.prefill, decode))
             kv_task.add_done_callback(partial(_fail_on_lost_kv, decode_tokens))
             while True:
@@ -288,7 +204,7 @@ class RequestPath:
                 if last.finished:
                     decode_record.compute_ms += last.stats.compute_ms
                     await self._account_kv(kv_task, prefill_record, decode_record)
-                yield [_sampled(event) for event in events]
+                yield [sampled(event) for event in events]
                 if last.finished:
                     return
         finally:
@@ -305,14 +221,10 @@ class RequestPath:
         """The token events that came from `worker` since the last read, up to the call's last (waiting up
         to `timeout_s` for one). Fails when none came in time, the call or its stream failed, or the KV
         hand-off failed before them (`_fail_on_lost_kv`)."""
-        try:
+        with FailuresOf(worker, phase):
             events = await tokens.read_ready(timeout_s)
-        except TimeoutError:
-            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
-        except grpc.aio.AioRpcError as error:
-            raise _failure(error, (worker,), phase) from None
         if not isinstance(events, list):  # EOF: the stream that carries them ended
-            raise WorkerFailure(_ended_early(route), (worker,), dead=False)
+            raise WorkerFailure(ended_early(route), (worker,), dead=False)
         for index, event in enumerate(events):
             if event.finished:
                 return events[: index + 1]
@@ -351,32 +263,26 @@ class RequestPath:
     ) -> AsyncGenerator[list[SampledToken], None]:
         phase = "colocated" if route.decision is Decision.COLOCATED else "decode"
         stream = await self._token_stream(route.prefill, phase)
+        attempt_id = trace.attempt_id(plan.request_id)
         call = self._channels.stub(route.prefill.address).Generate(
-            worker_pb2.GenerateWork(
-                request_id=trace.attempt_id(plan.request_id),
-                prompt_token_ids=plan.prompt_token_ids + produced,
-                sampling=_worker_sampling(plan.sampling, produced),
-                priority=_WORKER_PRIORITY[plan.priority],
-                cache_salt=plan.cache_salt,
-                token_stream=stream.stream_id if stream is not None else "",
-            ),
+            generate_work(plan, attempt_id, produced, stream),
             timeout=self.call_deadline(plan.sampling.max_tokens - len(produced)),
             metadata=self._channels.metadata(span),
         )
-        tokens = CallTokens(call, stream, trace.attempt_id(plan.request_id))
-        started = _now()
+        tokens = CallTokens(call, stream, attempt_id)
+        started = now()
         try:
             events = await self._next_events(tokens, route, route.prefill, phase, self._timeouts.first_token_s)
             first = events[0]
             lease.prompt_done()
-            _record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
-            decode_record = _start_decode(trace, route.prefill)
+            record_prefill(trace, route.prefill, started, first.stats.compute_ms, first.stats.cached_tokens)
+            decode_record = start_decode(trace, route.prefill)
             trace.prompt_shared.set()
             while True:
                 last = events[-1]
                 if last.finished and last is not first:
                     decode_record.compute_ms += last.stats.compute_ms
-                yield [_sampled(event) for event in events]
+                yield [sampled(event) for event in events]
                 if last.finished:
                     return
                 events = await self._next_events(tokens, route, route.prefill, phase, self._timeouts.next_token_s)
@@ -386,23 +292,16 @@ class RequestPath:
     async def _token_stream(self, worker: WorkerInfo, phase: str) -> WorkerTokenStream | None:
         """The worker's token stream for the call about to go to it (None: the call carries its tokens)."""
         try:
-            return await self._channels.token_stream(worker.address, self._timeouts.first_token_s)
-        except TimeoutError:
-            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
-        except grpc.aio.AioRpcError as error:
-            raise _failure(error, (worker,), phase) from None
+            with FailuresOf(worker, phase):
+                return await self._channels.token_stream(worker.address, self._timeouts.first_token_s)
         except ConnectionError as error:
             unavailable = GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id}: {error}")
             raise WorkerFailure(unavailable, (worker,), dead=False) from None
 
     async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
-        try:
+        with FailuresOf(worker, phase):
             async with asyncio.timeout(timeout):  # no task per message, as wait_for would make
                 message = await call.read()
-        except TimeoutError:
-            raise WorkerFailure(_timed_out(worker, phase), (worker,), dead=False) from None
-        except grpc.aio.AioRpcError as error:
-            raise _failure(error, (worker,), phase) from None
         if message is grpc.aio.EOF:
             raise WorkerFailure(
                 GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
@@ -432,48 +331,6 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (attempt - 2)))
 
 
-def _worker_sampling(sampling: SamplingSpec, produced: list[int]) -> worker_pb2.SamplingParams:
-    """The request's sampling after `produced` tokens: max_tokens stays the request's budget in all (the
-    tokens already produced count against it, as the worker knows from tokens_already_generated)."""
-    return worker_pb2.SamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        has_seed=sampling.seed is not None,
-        seed=sampling.seed or 0,
-        max_tokens=sampling.max_tokens,
-        ignore_eos=sampling.ignore_eos,
-        tokens_already_generated=len(produced),
-        constraint=_constraint(sampling.grammar),
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        logit_bias=dict(sampling.logit_bias),
-        logprobs=sampling.logprobs,
-        top_logprobs=sampling.top_logprobs,
-    )
-
-
-def _constraint(grammar: Grammar | None) -> worker_pb2.Constraint | None:
-    if grammar is None:
-        return None
-    if grammar.kind == JSON_OBJECT:
-        return worker_pb2.Constraint(json_object=True)
-    if grammar.kind == JSON_SCHEMA:
-        return worker_pb2.Constraint(json_schema=grammar.text)
-    return worker_pb2.Constraint(lark_grammar=grammar.text)
-
-
-def _sampled(event: worker_pb2.TokenEvent) -> SampledToken:
-    return SampledToken(event.token_id, event.finished, event.finished_by_eos, _logprobs(event))
-
-
-def _logprobs(event: worker_pb2.TokenEvent | worker_pb2.FirstToken) -> WorkerLogprobs | None:
-    if not event.HasField("logprobs"):
-        return None
-    top = tuple((entry.token_id, entry.logprob) for entry in event.logprobs.top)
-    return WorkerLogprobs(event.logprobs.logprob, top)
-
-
 def _within_budget(tokens: list[SampledToken], room: int) -> list[SampledToken]:
     """`tokens` up to the one that uses the request's last `room` tokens, which ends it (a worker that
     counts the budget per call may not say so)."""
@@ -490,56 +347,3 @@ def _fail_on_lost_kv(decode_tokens: CallTokens, kv_task: asyncio.Task) -> None:
     error = None if kv_task.cancelled() else kv_task.exception()
     if error is not None:
         decode_tokens.fail(error)
-
-
-def _record_prefill(
-    trace: RequestTrace, worker: WorkerInfo, started: datetime, compute_ms: int, cached: int
-) -> PhaseRecord:
-    """The first prefill is the one billed; a prefill re-run after a failure only adds compute time."""
-    if trace.prefill is None:
-        trace.prefill = PhaseRecord(worker, started_at=started, finished_at=_now(), cached_tokens=cached)
-    trace.prefill.compute_ms += compute_ms
-    return trace.prefill
-
-
-def _start_decode(trace: RequestTrace, worker: WorkerInfo) -> PhaseRecord:
-    if trace.decode is None:
-        trace.decode = PhaseRecord(worker, started_at=_now())
-    else:
-        trace.decode.worker = worker  # the stream moved: the last decode worker is the one on record
-    return trace.decode
-
-
-def finish_trace(trace: RequestTrace) -> None:
-    if trace.decode is not None and trace.decode.finished_at is None:
-        trace.decode.finished_at = _now()
-
-
-def _failure(error: grpc.aio.AioRpcError, culprits: tuple[WorkerInfo, ...], phase: str) -> WorkerFailure:
-    code = error.code()
-    kind = ErrorKind.DEADLINE_EXCEEDED if code is grpc.StatusCode.DEADLINE_EXCEEDED else ErrorKind.UNAVAILABLE
-    if code in _NOT_SERVED or code is grpc.StatusCode.INTERNAL:
-        kind = ErrorKind(code.name)  # the worker's own verdict, passed on
-    names = ", ".join(w.id for w in culprits)
-    message = f"the {phase} worker {names} failed ({code.name}: {error.details()}); retry the request"
-    return WorkerFailure(
-        GatewayError(kind, message),
-        culprits,
-        dead=code is grpc.StatusCode.UNAVAILABLE,
-        request_fault=code is grpc.StatusCode.INTERNAL,
-    )
-
-
-def _timed_out(worker: WorkerInfo, phase: str) -> GatewayError:
-    return GatewayError(
-        ErrorKind.DEADLINE_EXCEEDED, f"the {phase} worker {worker.id} did not answer in time; retry the request"
-    )
-
-
-def _ended_early(route: Route) -> GatewayError:
-    worker = route.decode or route.prefill
-    return GatewayError(ErrorKind.UNAVAILABLE, f"the worker {worker.id} ended its stream before the last token")
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)

@@ -19,7 +19,8 @@ from gateway.accounts.limits import RateLimiter
 from gateway.accounts.usage import UsageJournal
 from gateway.core.pipeline import Pipeline
 from gateway.core.request_path import RequestPath
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry
 from gateway.grpc_api.service import add_inference_service
 from gateway.openai_api.app import build_app

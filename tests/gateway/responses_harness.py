@@ -17,7 +17,7 @@ from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.limits import RateLimiter
 from gateway.accounts.usage import UsageJournal
 from gateway.core.pipeline import Pipeline
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from gateway.fleet.registry import Registry
 from gateway.openai_api.app import build_app
 from gateway.openai_api.responses_store import ResponseStore

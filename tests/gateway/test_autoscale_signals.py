@@ -9,8 +9,9 @@ from prometheus_client import REGISTRY
 from diptych_common.proto.v1 import worker_pb2
 from gateway.autoscale.decision import FleetKey, FleetLimits, ScalingPolicy
 from gateway.autoscale.signals import AutoscaleSignals, RecentLatencies, SloTargets
-from gateway.core.request_path import PhaseRecord, RequestTrace
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.core.trace import PhaseRecord, RequestTrace
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry, WorkerInfo
 
 

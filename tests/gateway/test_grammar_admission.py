@@ -15,7 +15,7 @@ from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.worker_credential import WorkerSecret
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from gateway.planning import structured, tools
 from gateway.planning.tokenization import tokenizer_for
 from gateway.routing.route import ServingMode

@@ -5,7 +5,8 @@ and the routed-requests counter that makes a failover visible."""
 import pytest
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry, WorkerInfo
 from gateway.metrics import ROUTED_REQUESTS
 from gateway.routing.route import Decision, Pin, RouteRequest, ServingMode

@@ -6,17 +6,11 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from gateway.core.request_path import (
-    MAX_REQUEST_FAULTS,
-    RETRY_BACKOFF_MAX_S,
-    RETRY_BACKOFF_S,
-    RequestPath,
-    RequestTrace,
-    WorkerFailure,
-    _backoff,
-    _failure,
-)
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.core.request_path import MAX_REQUEST_FAULTS, RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S, RequestPath, _backoff
+from gateway.core.trace import RequestTrace
+from gateway.core.worker_failures import WorkerFailure, failure
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry, WorkerInfo
 from gateway.routing.route import ServingMode
 from gateway.routing.router import Router
@@ -51,10 +45,10 @@ def test_retries_back_off_exponentially_with_full_jitter(attempt):
 
 def test_a_worker_failing_the_request_itself_is_a_request_fault_the_client_sees_as_internal():
     error = RpcError(grpc.StatusCode.INTERNAL, "the request failed on this worker: nan")
-    failure = _failure(error, (worker("d1"),), "decode")
-    assert failure.request_fault and not failure.dead
-    assert failure.error.kind is ErrorKind.INTERNAL
-    dead = _failure(RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), (worker("d1"),), "decode")
+    request_fault = failure(error, (worker("d1"),), "decode")
+    assert request_fault.request_fault and not request_fault.dead
+    assert request_fault.error.kind is ErrorKind.INTERNAL
+    dead = failure(RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), (worker("d1"),), "decode")
     assert dead.dead and not dead.request_fault
 
 

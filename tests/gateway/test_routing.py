@@ -5,7 +5,8 @@ import pytest
 
 from diptych_common.prefix_hash import block_hashes
 from diptych_common.proto.v1 import worker_pb2
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import Registry, WorkerInfo
 from gateway.routing.route import Decision, RouteRequest, ServingMode
 from gateway.routing.router import Router

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from diptych_common.worker_credential import WorkerSecret
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from gateway.planning.tokenization import tokenizer_for
 from gateway.routing.route import ServingMode
 from tests.gateway.harness import API_KEY, MODEL, in_process_gateway

@@ -14,7 +14,8 @@ from diptych_proto.v1 import inference_pb2
 from gateway.accounts.auth import Caller
 from gateway.accounts.idempotency import replayed_output, stored_response
 from gateway.core.delivery import usage_events
-from gateway.core.request_path import PhaseRecord, RequestTrace, _worker_sampling
+from gateway.core.trace import PhaseRecord, RequestTrace
+from gateway.core.worker_calls import worker_sampling
 from gateway.fleet.registry import ModelInfo, WorkerInfo
 from gateway.grpc_api.service import generate_response
 from gateway.types import FinishReason, GenerationOutput, GenerationPlan, PhaseUsage, SamplingSpec, Usage
@@ -26,7 +27,13 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 PROTOBUF_ALLOWED = {
     "diptych_proto": {"grpc_api/service.py"},
     "google.protobuf": {"grpc_api/service.py"},
-    "diptych_common.proto": {"core/request_path.py", "fleet/token_streams.py", "fleet/live_load.py"},
+    "diptych_common.proto": {
+        "core/request_path.py",
+        "core/worker_calls.py",
+        "fleet/channels.py",
+        "fleet/token_streams.py",
+        "fleet/live_load.py",
+    },
     "grpc_health": {"main.py"},
 }
 
@@ -52,7 +59,7 @@ def test_protobuf_is_imported_only_where_its_protocol_is_spoken():
     allowed = {(name, prefix) for prefix, names in PROTOBUF_ALLOWED.items() for name in names}
     assert found <= allowed, found - allowed
     assert ("grpc_api/service.py", "diptych_proto") in found
-    assert ("core/request_path.py", "diptych_common.proto") in found
+    assert ("core/worker_calls.py", "diptych_common.proto") in found
 
 
 USAGE = Usage(
@@ -90,7 +97,7 @@ def test_the_grpc_front_maps_an_output_field_by_field():
 @pytest.mark.parametrize(("seed", "has_seed"), [(None, False), (0, True), (2**64 - 1, True)])
 def test_worker_sampling_is_built_from_the_plan_s_at_the_call(seed, has_seed):
     spec = SamplingSpec(temperature=0.5, top_p=0.25, top_k=7, seed=seed, max_tokens=20, ignore_eos=True)
-    params = _worker_sampling(spec, produced=[1, 2, 3])
+    params = worker_sampling(spec, produced=[1, 2, 3])
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.5, 0.25, 7, 20)
     assert params.has_seed is has_seed and params.seed == (seed or 0)
     assert params.ignore_eos and params.tokens_already_generated == 3

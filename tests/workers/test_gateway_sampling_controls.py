@@ -12,7 +12,7 @@ import diptych
 from diptych_common.worker_credential import WorkerSecret
 from diptych_proto.v1 import inference_pb2, inference_pb2_grpc
 from gateway.core.logprobs import token_bytes
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from gateway.metrics import MIGRATIONS
 from gateway.planning.tokenization import encode_chat, tokenizer_for
 from gateway.routing.route import ServingMode

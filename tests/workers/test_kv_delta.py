@@ -18,8 +18,10 @@ import torch
 
 from diptych_common.proto.v1 import worker_pb2
 from diptych_common.worker_credential import WorkerSecret
-from gateway.core.request_path import RequestPath, RequestTrace
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.core.request_path import RequestPath
+from gateway.core.trace import RequestTrace
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import ModelInfo, Registry, WorkerInfo
 from gateway.routing.route import ServingMode
 from gateway.routing.router import Router

@@ -13,8 +13,10 @@ from diptych_common.builtin import DIPTYCH_TINY
 from diptych_common.grammar import JSON_SCHEMA, Grammar, llguidance_tokenizer
 from diptych_common.proto.v1 import worker_pb2
 from diptych_common.worker_credential import WorkerSecret
-from gateway.core.request_path import RequestPath, RequestTrace
-from gateway.fleet.live_load import Channels, LoadBoard
+from gateway.core.request_path import RequestPath
+from gateway.core.trace import RequestTrace
+from gateway.fleet.channels import Channels
+from gateway.fleet.live_load import LoadBoard
 from gateway.fleet.registry import ModelInfo, Registry, WorkerInfo
 from gateway.routing.route import ServingMode
 from gateway.routing.router import Router

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from diptych_common.proto.v1 import worker_pb2
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from gateway.fleet.token_streams import CallTokens, WorkerTokenStream
 from gateway.routing.route import ServingMode
 from tests.gateway.harness import MODEL, post_json

@@ -12,7 +12,7 @@ from diptych_common.worker_credential import (
     attach_worker_secret,
     new_challenge,
 )
-from gateway.fleet.live_load import Channels
+from gateway.fleet.channels import Channels
 from tests.workers.conftest import prompts
 from tests.workers.serving import SECRET, Worker, sampling
 from workers.serving.server import Role
