@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(required=True, metavar="command", dest="command")
 
+    for add in (_add_up, _add_control_plane, _add_jobs, _add_gateway, _add_worker, _add_kv_tier, _add_plan, _add_model):
+        add(commands)
+    return parser
+
+
+def _add_up(commands: argparse._SubParsersAction) -> None:
     up = commands.add_parser("up", help="run the whole platform on this machine and send a demo request")
     up.add_argument("--state-dir", type=Path, default=Path(".diptych"))
     up.add_argument("--control-plane-port", type=int, default=8000)
@@ -57,15 +63,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(run=_run_up)
 
+
+def _add_control_plane(commands: argparse._SubParsersAction) -> None:
     control_plane = commands.add_parser("control-plane", help="run the control plane's HTTP server")
     control_plane.add_argument("--host", default="127.0.0.1")
     control_plane.add_argument("--port", type=int, default=8000)
     control_plane.add_argument("--processes", type=int, default=2)
     control_plane.set_defaults(run=_run_control_plane)
 
+
+def _add_jobs(commands: argparse._SubParsersAction) -> None:
     jobs = commands.add_parser("jobs", help="run the control plane's background jobs (a Celery worker with beat)")
     jobs.set_defaults(run=_run_jobs)
 
+
+def _add_gateway(commands: argparse._SubParsersAction) -> None:
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=50051)
@@ -135,81 +147,59 @@ def _parser() -> argparse.ArgumentParser:
     _add_control_plane_url(gateway)
     gateway.set_defaults(run=_run_gateway)
 
+
+def _add_worker(commands: argparse._SubParsersAction) -> None:
     worker = commands.add_parser("worker", help="run a prefill, decode or colocated worker")
     worker.add_argument("--role", choices=["prefill", "decode", "colocated"], required=True)
-    worker.add_argument(
+    _add_worker_model_arguments(worker.add_argument_group("the model"))
+    _add_worker_address_arguments(worker.add_argument_group("where it serves"))
+    _add_worker_engine_arguments(worker.add_argument_group("the engine"))
+    _add_worker_kv_arguments(worker.add_argument_group("the KV hand-off and the KV tier"))
+    from workers.spec_decode.config import add_cli_arguments as add_speculative_arguments  # argparse alone
+
+    add_speculative_arguments(worker)
+    _add_control_plane_url(worker)
+    worker.set_defaults(run=_run_worker)
+
+
+def _add_worker_model_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--model",
         default="",
         help="the fleet's model (default: as the catalog has it; diptych-tiny with an explicit --model-source)",
     )
-    worker.add_argument(
+    group.add_argument(
         "--model-source",
         default="",
         help="builtin:<name> or a local Hugging Face model directory (default: the fleet's model as the catalog "
         "has it, its published files fetched into --artifact-cache)",
     )
-    worker.add_argument(
+    group.add_argument(
         "--artifact-cache",
         type=Path,
         default=Path(os.environ.get("DIPTYCH_ARTIFACT_CACHE", "~/.cache/diptych/artifacts")),
         help="where published model files are kept, checked by sha256 (default: DIPTYCH_ARTIFACT_CACHE, "
         "~/.cache/diptych/artifacts)",
     )
-    worker.add_argument("--host", default="127.0.0.1")
-    worker.add_argument(
+
+
+def _add_worker_address_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument(
         "--host-id",
         default="",
         help="which host this worker runs on: prefill and decode workers of one host id hand KV over through "
         "shared memory (default: DIPTYCH_HOST_ID, else this machine's id and network namespace)",
     )
-    worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    worker.add_argument("--name", default="")
-    worker.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    worker.add_argument("--kv-port", type=int, default=0, help="decode workers: the KV data port (0 picks a free port)")
-    worker.add_argument("--kv-cache-mib", type=int, default=256, help="memory for the paged KV cache")
-    worker.add_argument("--block-size", type=int, default=16, help="tokens per KV block (equal on prefill and decode)")
-    worker.add_argument(
-        "--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)"
-    )
-    worker.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
-    worker.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
-    worker.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on CUDA, replay steps from graphs captured at start-up (with --attention triton every step, "
-        "else decode steps)",
-    )
-    worker.add_argument(
-        "--async-scheduling",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="schedule each engine step while the one before it runs (docs/engine.md)",
-    )
-    worker.add_argument(
-        "--attention",
-        choices=["auto", "gather", "paged-cpu", "flash-varlen", "triton"],  # workers.models.backends.ATTENTION_BACKENDS
-        default="auto",
-        help="the attention backend: flash-varlen (CUDA, half precision, --block-size 256) reads the paged KV in "
-        "place in one kernel call per layer; paged-cpu (CPU, float32, built with the machine's C++ compiler) "
-        "does for decoding rows; gather runs anywhere; auto: the first of those that can run",
-    )
-    worker.add_argument(
-        "--kv-nixl",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="hand KV off over NIXL (one-sided writes; UCX picks RDMA, CUDA IPC or TCP) where both workers run "
-        "an agent: auto where NIXL is installed; shared memory still serves workers on one host",
-    )
-    worker.add_argument(
-        "--kv-shm",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="prefill workers: hand KV to a decode worker on this host through shared memory (--no-kv-shm: "
-        "over NIXL or TCP, as between hosts)",
-    )
-    worker.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
-    worker.add_argument(
+    group.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    group.add_argument("--name", default="")
+    group.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics over HTTP (0: off)")
+
+
+def _add_worker_engine_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    group.add_argument("--device", default="cpu", help="cpu, or cuda[:n] (bfloat16 weights and KV)")
+    group.add_argument(
         "--tensor-parallel",
         type=int,
         default=1,
@@ -217,21 +207,65 @@ def _parser() -> argparse.ArgumentParser:
         help="split the model over N ranks: this process and N-1 follower processes it starts "
         "(gloo on the CPU; NCCL on CUDA, rank r on cuda:n+r under --device cuda:n)",
     )
-    worker.add_argument(
+    group.add_argument("--kv-cache-mib", type=int, default=256, help="memory for the paged KV cache")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block (equal on prefill and decode)")
+    group.add_argument(
+        "--token-budget", type=int, default=512, help="tokens per engine step (long prompts are chunked)"
+    )
+    group.add_argument("--max-running", type=int, default=64, help="sequences per engine step at most")
+    group.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CUDA, replay steps from graphs captured at start-up (with --attention triton every step, "
+        "else decode steps)",
+    )
+    group.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule each engine step while the one before it runs (docs/engine.md)",
+    )
+    group.add_argument(
+        "--attention",
+        choices=["auto", "gather", "paged-cpu", "flash-varlen", "triton"],  # workers.models.backends.ATTENTION_BACKENDS
+        default="auto",
+        help="the attention backend: flash-varlen (CUDA, half precision, --block-size 256) reads the paged KV in "
+        "place in one kernel call per layer; paged-cpu (CPU, float32, built with the machine's C++ compiler) "
+        "does for decoding rows; gather runs anywhere; auto: the first of those that can run",
+    )
+
+
+def _add_worker_kv_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--kv-port", type=int, default=0, help="decode workers: the KV data port (0 picks a free port)")
+    group.add_argument(
+        "--kv-nixl",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="hand KV off over NIXL (one-sided writes; UCX picks RDMA, CUDA IPC or TCP) where both workers run "
+        "an agent: auto where NIXL is installed; shared memory still serves workers on one host",
+    )
+    group.add_argument(
+        "--kv-shm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill workers: hand KV to a decode worker on this host through shared memory (--no-kv-shm: "
+        "over NIXL or TCP, as between hosts)",
+    )
+    group.add_argument(
         "--kv-tier", default="", metavar="HOST:PORT", help="the shared KV tier's store (diptych kv-tier); default: none"
     )
-    from workers.spec_decode.config import add_cli_arguments as add_speculative_arguments  # argparse alone
 
-    add_speculative_arguments(worker)
-    _add_control_plane_url(worker)
-    worker.set_defaults(run=_run_worker)
 
+def _add_kv_tier(commands: argparse._SubParsersAction) -> None:
     from workers.kv_tier.options import add_tier_arguments  # argparse alone
 
     kv_tier = commands.add_parser("kv-tier", help="run the shared KV tier's store (host memory, disk) for workers")
     add_tier_arguments(kv_tier)
     kv_tier.set_defaults(run=_run_kv_tier)
 
+
+def _add_plan(commands: argparse._SubParsersAction) -> None:
     from planner.cli import add_arguments as add_plan_arguments  # argparse alone
 
     plan = commands.add_parser(
@@ -240,6 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     add_plan_arguments(plan)
     plan.set_defaults(run=_run_plan)
 
+
+def _add_model(commands: argparse._SubParsersAction) -> None:
     model = commands.add_parser("model", help="built-in models")
     model_commands = model.add_subparsers(required=True, metavar="action")
     save = model_commands.add_parser("save", help="write a built-in model as a Hugging Face model directory")
@@ -262,7 +298,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_control_plane_url(register)
     register.set_defaults(run=_run_model_register)
-    return parser
 
 
 def _add_control_plane_url(parser: argparse.ArgumentParser) -> None:
