@@ -148,7 +148,7 @@ for _network in DIPTYCH_WEBHOOKS_ALLOWED_NETWORKS:
 DIPTYCH_RESPONSE_RETENTION_DAYS = _env_int("DIPTYCH_RESPONSE_RETENTION_DAYS", 30)
 
 # Where the public API's Idempotency-Key records are kept: the store the gateway's inference keys use too.
-DIPTYCH_IDEMPOTENCY_STORE = "controlplane.metering.services"
+DIPTYCH_IDEMPOTENCY_STORE = "controlplane.idempotency.services"
 
 # Spend alerts go to the organization's owners by email (printed to stderr unless configured).
 EMAIL_BACKEND = os.environ.get("DIPTYCH_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
@@ -165,6 +165,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "controlplane.tenancy",
     "controlplane.catalog",
+    "controlplane.idempotency",
     "controlplane.metering",
     "controlplane.billing",
     "controlplane.webhooks",
@@ -345,7 +346,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "controlplane.batches.tasks.resume_batches",
         "schedule": float(DIPTYCH_BATCH_RESUME_SECONDS),
     },
-    "purge-idempotency-records": {"task": "controlplane.metering.tasks.purge_idempotency_records", "schedule": 3600.0},
+    "purge-idempotency-records": {
+        "task": "controlplane.idempotency.tasks.purge_idempotency_records",
+        "schedule": 3600.0,
+    },
     "purge-expired-responses": {"task": "controlplane.responses.tasks.purge_expired_responses", "schedule": 3600.0},
     # Tries the deliveries whose try is overdue: its task was lost (a restarted worker) or never sent.
     "resume-webhook-deliveries": {

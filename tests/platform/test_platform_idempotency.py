@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.metering.models import IdempotencyRecord
-from controlplane.metering.services import IDEMPOTENCY_KEY_RETENTION, idempotency_records_purge
+from controlplane.idempotency.models import IdempotencyRecord
+from controlplane.idempotency.services import IDEMPOTENCY_KEY_RETENTION, idempotency_records_purge
 
 pytestmark = pytest.mark.django_db
 

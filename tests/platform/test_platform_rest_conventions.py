@@ -19,8 +19,8 @@ from controlplane.batches.models import File
 from controlplane.billing.services import usage_rollup
 from controlplane.common.idempotency import LEASE, request_fingerprint
 from controlplane.common.openapi import full_schema
-from controlplane.metering.models import IdempotencyRecord
-from controlplane.metering.services import idempotency_key_claim
+from controlplane.idempotency.models import IdempotencyRecord
+from controlplane.idempotency.services import idempotency_key_claim
 from controlplane.tenancy.access import Principal
 from controlplane.tenancy.models import ApiKey, Invitation
 from controlplane.tenancy.services import api_key_create

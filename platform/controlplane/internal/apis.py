@@ -43,6 +43,11 @@ from controlplane.catalog.services import (
 )
 from controlplane.common.errors import ObjectNotFound
 from controlplane.common.strict_input import TextField
+from controlplane.idempotency.services import (
+    idempotency_key_claim,
+    idempotency_key_complete,
+    idempotency_key_release,
+)
 from controlplane.internal.base_apis import FleetAPIView, InternalAPIView
 from controlplane.internal.serializers import (
     ADDRESS_MESSAGE,
@@ -53,13 +58,7 @@ from controlplane.internal.serializers import (
     RefusalReportSerializer,
     UsageEventSerializer,
 )
-from controlplane.metering.services import (
-    MAX_EVENTS_PER_BATCH,
-    idempotency_key_claim,
-    idempotency_key_complete,
-    idempotency_key_release,
-    rate_limit_refusals_record,
-)
+from controlplane.metering.services import MAX_EVENTS_PER_BATCH, rate_limit_refusals_record
 from controlplane.tenancy.selectors import organization_get
 from controlplane.tenancy.services import api_key_authenticate
 from controlplane.webhooks.models import EventType

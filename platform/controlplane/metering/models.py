@@ -2,7 +2,6 @@ from django.db import models
 from django.db.models import F, Q
 
 from controlplane.catalog.models import PriceTier
-from controlplane.common.fields import JsonTextField
 from controlplane.tenancy.models import ApiKey, Organization, Project
 
 
@@ -63,42 +62,6 @@ class UsageEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id}/{self.phase}"
-
-
-class IdempotencyState(models.TextChoices):
-    IN_FLIGHT = "in_flight"
-    COMPLETED = "completed"
-
-
-class IdempotencyRecord(models.Model):
-    """An organization's idempotency key and the one execution it names.
-
-    While the execution runs, the record is `in_flight` under a lease (so a gateway that died does not lock
-    the key for ever); once it completed, the record holds the final response, which a retry with the same
-    key and the same request gets back instead of a new execution.
-    """
-
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="idempotency_records")
-    key = models.CharField(max_length=255)
-    fingerprint = models.CharField(max_length=64, help_text="Hash of the request the key was first used with.")
-    execution_id = models.CharField(max_length=128)
-    caller = models.CharField(
-        max_length=160, default="", help_text="Who made the request and with what authority; only it gets the answer."
-    )
-    state = models.CharField(max_length=16, choices=IdempotencyState.choices)
-    response: dict | None = JsonTextField(null=True, blank=True)
-    lease_expires_at = models.DateTimeField()
-    created_at = models.DateTimeField()
-    completed_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["organization", "key"], name="metering_idempotency_one_per_key"),
-        ]
-        indexes = [models.Index(fields=["created_at"])]
-
-    def __str__(self) -> str:
-        return f"{self.organization_id}/{self.key}"
 
 
 class RefusalScope(models.TextChoices):

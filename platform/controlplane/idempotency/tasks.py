@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from controlplane.metering.services import idempotency_records_purge
+from controlplane.idempotency.services import idempotency_records_purge
 
 
 @shared_task
