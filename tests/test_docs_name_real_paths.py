@@ -1,6 +1,6 @@
 """Every file, module and `python -m` command the docs name exists: a doc that cites a module moved or
 renamed sends its reader nowhere. A file may be named by its path from the repository's root or by its end
-(`kv_connector/params.py`, as a doc about the workers names it); a module by its dotted name, its last part
+(`engine/kv_transfer.py`, as a doc about the workers names it); a module by its dotted name, its last part
 perhaps a name inside it."""
 
 import re
@@ -22,7 +22,13 @@ PACKAGE_ROOTS = {"controlplane": "platform/controlplane"}
 
 @cache
 def tracked_files() -> tuple[str, ...]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return tuple(name for name in listed.splitlines() if (ROOT / name).exists())
 
 
