@@ -99,8 +99,7 @@ class Served:
 async def serve(engine: Engine, request_id: str, prompt: list[int], max_tokens: int) -> Served:
     started = time.perf_counter()
     request = EngineRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    if engine.connector is not None:
-        await engine.connector.prepare(request)
+    await engine.connector.prepare(request)
     fetch_s = time.perf_counter() - started
     handle = engine.add(request)
     tokens: list[int] = []
@@ -161,7 +160,6 @@ async def ttft(loaded: LoadedModel, address: str, prompt_tokens: int, samples: i
         for task in tasks:
             task.cancel()
         for engine in (computer, fetcher):
-            assert engine.connector is not None
             await engine.connector.close()
     tier_p50, plain_p50 = statistics.median(fetched), statistics.median(recomputed)
     print(
@@ -218,8 +216,7 @@ async def multi_turn(loaded: LoadedModel, address: str | None, spec: Turns) -> d
         for task in tasks:
             task.cancel()
         for engine in workers:
-            if engine.connector is not None:
-                await engine.connector.close()
+            await engine.connector.close()
     queried = sum(s.prefix_cache_queried_tokens for s in stats)
     return {
         "local": sum(s.prefix_cache_hit_tokens for s in stats) / queried,

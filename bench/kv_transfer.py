@@ -47,9 +47,9 @@ import xxhash
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
+from workers.engine.kv_transfer import KvTransferParams, Peer  # noqa: E402
 from workers.kv_connector.interfaces import LOOPBACK
 from workers.kv_connector.nixl import nixl_staging  # noqa: E402
-from workers.kv_connector.params import KvTransferParams, Peer  # noqa: E402
 from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
 from workers.kv_connector.sender import KvSender  # noqa: E402
 from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402

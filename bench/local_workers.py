@@ -9,9 +9,9 @@ import grpc
 from diptych_common.credential_server import worker_server
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, attach_worker_secret
+from workers.engine.connector import KvConnector
 from workers.engine.core import Engine, EngineConfig
 from workers.engine.sampling import StopCriteria
-from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import composed
 from workers.kv_connector.nixl import RegisteredStaging
@@ -73,8 +73,7 @@ class Worker:
             client = TierClient(kv_tier, namespace, runner.layout.block_nbytes, self.secret)
             self.tier = TierConnector(client, self.engine.kv, runner, executor)
             connectors.append(self.tier)
-        if (connector := composed(connectors)) is not None:
-            self.engine.attach_connector(connector)
+        self.engine.attach_connector(composed(connectors))
         self.state = WorkerState(role, worker_id=f"{role}-0")
         self.service = WorkerService(self.state, self.engine, secret=self.secret, grammars=grammars)
 
@@ -93,8 +92,7 @@ class Worker:
         self.task.cancel()
         await self.channel.close()
         await self.server.stop(None)
-        if self.engine.connector is not None:
-            await self.engine.connector.close()
+        await self.engine.connector.close()
 
 
 async def split_calls(

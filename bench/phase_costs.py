@@ -53,8 +53,8 @@ from bench.workload import random_tokens
 from diptych_common.proto.v1 import worker_pb2
 from planner.profile import CostProfile, save_profile
 from workers.engine.core import EngineConfig
+from workers.engine.kv_transfer import Peer
 from workers.engine.sampling import SamplingParams, sample
-from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.main import build_engine

@@ -20,9 +20,9 @@ from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
+from workers.engine.connector import KvConnector
 from workers.engine.core import Engine, EngineConfig
 from workers.engine.sampling import StopCriteria
-from workers.kv_connector.base import KvConnector
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import composed
 from workers.kv_connector.nixl import nixl_staging
@@ -181,8 +181,7 @@ async def serve(
     if kv_tier:
         client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)
         connectors.append(TierConnector(client, engine.kv, engine.runner, executor))
-    if (connector := composed(connectors)) is not None:
-        engine.attach_connector(connector)
+    engine.attach_connector(composed(connectors))
     grammars = GrammarCompiler(
         llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
     )
@@ -254,8 +253,7 @@ async def serve(
         for task in tasks:
             task.cancel()
         await link.close()
-        if engine.connector is not None:
-            await engine.connector.close()  # closes the data port and the tier's client, removes shm files
+        await engine.connector.close()  # closes the data port and the tier's client, removes shm files
         executor.shutdown(wait=False)
         if isinstance(engine.runner, TensorParallelRunner):
             engine.runner.close()  # the followers leave their loops and exit

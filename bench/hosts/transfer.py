@@ -32,8 +32,8 @@ import numpy as np
 
 from bench.hosts.network import INNER_LINK, Network
 from bench.kv_transfer import CHUNKS, LAYOUT, PoolRunner
+from workers.engine.kv_transfer import Peer
 from workers.kv_connector.nixl import nixl_staging
-from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.wire import SOCKET_BUFFER_BYTES

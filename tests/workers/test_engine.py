@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from tests.workers.conftest import all_blocks_free, prompts, wait_until
+from workers.engine.connector import KvConnector, KvConnectorStats
 from workers.engine.core import RequestRejected
+from workers.engine.kv_transfer import KvConnectorMeta, KvLoad, KvSave, KvTransferParams, Peer
 from workers.engine.request import BATCH, EngineRequest, FinishReason
 from workers.engine.sampling import SamplingParams
-from workers.kv_connector.base import KvChunk, KvConnector, KvConnectorStats
 from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.params import KvConnectorMeta, KvLoad, KvSave, KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
-from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.receiver import KvChunk, KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
 from workers.runner.kv_pool import kv_layout_of
 
@@ -143,28 +143,10 @@ class CaptureConnector(KvConnector):
         self._blocks_saved: dict[str, int] = {}
         self.finished: list[tuple[str, FinishReason]] = []
 
-    async def prepare(self, request) -> None:
-        pass
-
-    def discard(self, request) -> None:
-        pass
-
     def add_request(self, request):
         if request.kv_transfer is not None and request.kv_transfer.send_to is not None:
             self._blocks_saved[request.request_id] = 0
         return None
-
-    def blocks_after_hit(self, request, hit_blocks: int) -> int:
-        return 0
-
-    def load_after_hit(self, request, hit_blocks: int, block_ids: list[int]) -> None:
-        pass
-
-    def before_update(self, out) -> None:
-        pass
-
-    async def after_update(self, out) -> None:
-        pass
 
     def num_external_tokens(self, request) -> int:
         chunk = self.to_load.get(request.request_id)
@@ -186,23 +168,14 @@ class CaptureConnector(KvConnector):
         loads = [KvLoad(request.request_id, kv.block_ids(request.request_id)) for request in out.loads]
         return KvConnectorMeta(loads=loads, saves=saves)
 
-    def request_preempted(self, request) -> None:
-        pass
-
     def request_finished(self, request) -> None:
         self.finished.append((request.request_id, request.finish_reason))
-
-    def step_done(self, meta) -> None:
-        pass
 
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats()
 
     async def close(self) -> None:
         pass
-
-    def wait_for_save(self, meta) -> None:
-        pass  # saves copy the blocks out at once
 
     def load_kv(self, meta, runner) -> None:
         for load in meta.loads:

@@ -11,8 +11,8 @@ from diptych_common.worker_credential import WorkerSecret
 from tests.workers.kv_wire import LAYOUT, TOKEN
 from tests.workers.test_kv_delta import cached_prompt_manager
 from tests.workers.test_kv_transfer import PoolRunner, send_in_background
+from workers.engine.kv_transfer import Peer
 from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.params import Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender

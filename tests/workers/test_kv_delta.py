@@ -30,11 +30,11 @@ from tests.workers.conftest import prompts, wait_until
 from tests.workers.kv_wire import LAYOUT, TOKEN
 from tests.workers.serving import SECRET, Worker, sampling, split
 from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.kv_transfer import KvTransferParams, Peer
 from workers.engine.request import EngineRequest, FinishReason
 from workers.engine.sampling import SamplingParams
 from workers.engine.schedule import ScheduledChunk, SchedulerOutput
 from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender

@@ -4,12 +4,12 @@ and a worker's server finds its hand-off part among them."""
 
 import pytest
 
+from workers.engine.connector import KvConnector, KvConnectorStats, NullConnector, TierStats
+from workers.engine.kv_transfer import KvConnectorMeta, KvLoad
 from workers.engine.request import EngineRequest
 from workers.engine.sampling import SamplingParams
 from workers.engine.schedule import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorStats, TierStats
 from workers.kv_connector.multi import MultiConnector, composed, parts_of
-from workers.kv_connector.params import KvConnectorMeta, KvLoad
 
 
 class Recording(KvConnector):
@@ -125,10 +125,12 @@ async def test_hooks_reach_every_part_and_stats_add_up():
     assert stats.sent_by_path == {"tcp": 15} and stats.tier == TierStats(hit_tokens=16)
 
 
-def test_composed_gives_none_the_one_or_a_multi_connector():
+def test_composed_gives_the_null_connector_the_one_or_a_multi_connector():
     journal: list[tuple] = []
     one, two = Recording("a", journal), Recording("b", journal)
-    assert composed([]) is None and composed([one]) is one
+    none = composed([])
+    assert isinstance(none, NullConnector) and parts_of(none) == ()
+    assert composed([one]) is one
     multi = composed([one, two])
     assert isinstance(multi, MultiConnector) and parts_of(multi) == (one, two) and parts_of(one) == (one,)
     with pytest.raises(ValueError, match="two connectors or more"):

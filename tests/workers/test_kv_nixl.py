@@ -22,9 +22,9 @@ from tests.workers.test_kv_transfer import (
     send_in_background,
     taken_by_the_transfer,
 )
+from workers.engine.kv_transfer import Peer
 from workers.kv_connector.interfaces import LOOPBACK, interface_addresses
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging, nixl_staging
-from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import ShmSend

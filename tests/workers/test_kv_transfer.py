@@ -18,8 +18,8 @@ import torch
 
 from diptych_common.proto.v1 import worker_pb2
 from tests.workers.kv_wire import LAYOUT, TOKEN, hello
+from workers.engine.kv_transfer import Peer
 from workers.kv_connector import shm
-from workers.kv_connector.params import Peer
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender, peer_from_endpoint
 from workers.kv_connector.staging import StagingPool

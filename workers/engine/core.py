@@ -2,7 +2,8 @@
 
 One engine serves every role. A prefill worker's requests are `prefill_only` (they stop after the first
 token) and its KV connector streams their KV out as it is computed; a decode worker's connector loads
-the KV its requests received; a colocated request runs both phases here, with no connector.
+the KV its requests received; a colocated request runs both phases here, with the null connector (it moves
+no KV; the engine then skips the connector's per-step hooks).
 
 A step is three parts, as in vLLM's engine: the scheduler decides it (`Scheduler.schedule`, on the event
 loop); the forward thread executes it (`_execute`: the connector's loads, the forward pass, the connector's
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.engine.connector import KvConnector, TierStats
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.output import (
     OutputProcessor,
@@ -62,9 +64,6 @@ from workers.engine.sampler import Sampler, SamplingRow
 from workers.engine.sampling import StopCriteria
 from workers.engine.schedule import ScheduledChunk, SchedulerOutput
 from workers.engine.scheduler import Scheduler
-from workers.kv_connector.base import KvConnector, TierStats
-from workers.kv_connector.multi import MultiMeta
-from workers.kv_connector.params import KvConnectorMeta
 from workers.models.step import StepInput
 from workers.runner.model_runner import ModelRunner
 from workers.spec_decode.build import build_proposer
@@ -158,9 +157,10 @@ class Engine:
         num_blocks = runner.num_blocks  # the runner's pool, sized by workers.main.build_engine
         self.runner = runner
         self.config = config
-        self.connector: KvConnector | None = None  # KV that crosses workers: see attach_connector
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.token_budget, config.max_running, context_length=stop.context_length)
+        self.connector: KvConnector = self.scheduler.connector  # KV that crosses workers: see attach_connector
+        self._moves_kv = self.connector.moves_kv  # read once: False skips the connector's per-step hooks
         self.output = OutputProcessor(self.scheduler, stop, self._changed)
         self.sampler = Sampler()  # the forward thread's
         self._stop = stop
@@ -198,18 +198,17 @@ class Engine:
     def attach_connector(self, connector: KvConnector) -> None:
         """Gives the engine its KV connector (several composed: `workers.kv_connector.multi`), before its
         first request (the connector is built for the runner's KV layout and pool, which are known once the
-        engine is)."""
+        engine is); until then it has the null connector."""
         if self.output.handles or self.steps_run:
             raise RuntimeError("attach the KV connector before the engine takes its first request")
         self.connector = connector
         self.scheduler.connector = connector
+        self._moves_kv = connector.moves_kv
 
     # ---- requests -------------------------------------------------------------------------------
 
     async def submit(self, request: EngineRequest) -> RequestHandle:
         """Queues a request once the connector prepared it (fetched the KV it may load); as `add`."""
-        if self.connector is None:
-            return self.add(request)
         await self.connector.prepare(request)
         try:
             handle = self.add(request)
@@ -237,8 +236,7 @@ class Engine:
         if (unknown := self._unknown_token(request) or self._bad_controls(request)) is not None:
             handle.outputs.put_nowait(RequestFailed(unknown))  # it would fail its whole batch's forward pass
             return handle
-        if self.connector is not None:
-            handle.kv_sent = self.connector.add_request(request)
+        handle.kv_sent = self.connector.add_request(request)
         self.output.handles[request.request_id] = handle
         self.scheduler.add(request)
         self._changed()
@@ -276,7 +274,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         kv, scheduler = self.kv, self.scheduler
-        transfers = self.connector.stats() if self.connector is not None else None
+        transfers = self.connector.stats()
         return EngineStats(
             running=len(scheduler.running),
             waiting_interactive=scheduler.waiting_count(INTERACTIVE),
@@ -292,11 +290,11 @@ class Engine:
             tokens_generated=self.tokens_generated,
             prompt_tokens_computed=self.prompt_tokens_computed,
             steps=self.steps_run,
-            kv_bytes_sent_by_path=transfers.sent_by_path if transfers else {},
-            kv_bytes_received_by_path=transfers.received_by_path if transfers else {},
+            kv_bytes_sent_by_path=transfers.sent_by_path,
+            kv_bytes_received_by_path=transfers.received_by_path,
             draft_tokens_proposed=self.draft_tokens_proposed,
             draft_tokens_accepted=self.draft_tokens_accepted,
-            tier=(transfers.tier if transfers else None) or TierStats(),
+            tier=transfers.tier or TierStats(),
         )
 
     def load_changed(self) -> None:
@@ -361,17 +359,17 @@ class Engine:
         tokens = self.output.account(step.out, result.step_ms)
         if self.on_step is not None:
             self.on_step(tokens, result.step_ms)
-        if self.connector is not None:
+        if self._moves_kv:
             self.connector.before_update(step.out)
         self.output.update(step.out, result.sampled)
-        if self.connector is not None:
+        if self._moves_kv:
             await self.connector.after_update(step.out)
         self._changed()
 
     def _may_run_ahead(self, out: SchedulerOutput) -> bool:
         """Whether the step after `out` may be scheduled before out's outputs are processed (the rule is in
         the module's docstring)."""
-        if _loads_kv(out.kv_connector_meta):
+        if out.kv_connector_meta.loads_kv():
             return False
         drafting = self.proposer is not None and self.config.speculative is not None
         for chunk in out.chunks:
@@ -382,7 +380,7 @@ class Engine:
         return True
 
     def _connector_step_done(self, out: SchedulerOutput) -> None:
-        if self.connector is not None and out.kv_connector_meta is not None:
+        if self._moves_kv:
             self.connector.step_done(out.kv_connector_meta)
 
     # ---- a step's inputs, made on the event loop ------------------------------------------------------
@@ -445,11 +443,11 @@ class Engine:
         self.sampler.forget(work.departed)
         kept = self._fill_placeholders(work, picks_before)
         connector, meta = self.connector, work.out.kv_connector_meta
-        if connector is not None and meta is not None:
+        if self._moves_kv:
             connector.wait_for_save(meta)  # blocks freed since the last step may be overwritten now
             connector.load_kv(meta, self.runner)
         logits = self.runner.execute([work.inputs[index] for index in kept]) if kept else None
-        if connector is not None and meta is not None:
+        if self._moves_kv:
             connector.save_kv(meta, self.runner)
         chunks = work.out.chunks
         sampled: list[Sampled | RequestFailed | None] = [None] * len(chunks)
@@ -548,10 +546,3 @@ def _draftable(request: EngineRequest) -> bool:
     (logit_bias, penalties counting each accepted draft) nor when it wants logprobs."""
     sampling = request.sampling
     return not (sampling.adjusts_logits or sampling.logprobs or request.constraint is not None)
-
-
-def _loads_kv(meta: KvConnectorMeta | None) -> bool:
-    """Whether a step's connector meta (a composed connector's: any part's) loads KV."""
-    if isinstance(meta, MultiMeta):
-        return any(_loads_kv(part) for part in meta.parts)
-    return meta is not None and bool(meta.loads)

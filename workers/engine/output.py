@@ -20,11 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from workers.engine.connector import KvSent
 from workers.engine.request import EngineRequest, FinishReason, RequestFailed, RequestStatus
 from workers.engine.sampling import StopCriteria, TokenLogprobs
 from workers.engine.schedule import ScheduledChunk, SchedulerOutput
 from workers.engine.scheduler import Scheduler
-from workers.kv_connector.base import KvSent
 from workers.spec_decode.verify import Verdict
 from workers.structured.state import GrammarViolation
 

@@ -3,8 +3,8 @@
 import enum
 from dataclasses import dataclass, field
 
+from workers.engine.kv_transfer import KvTransferParams
 from workers.engine.sampling import SamplingParams
-from workers.kv_connector.params import KvTransferParams
 from workers.structured.state import GrammarState
 
 INTERACTIVE, BATCH = 0, 1  # priorities, as in worker.proto; lower is served first

@@ -3,8 +3,8 @@ whose first tokens' KV a connector loads, those preempted, and the step's KV han
 
 from dataclasses import dataclass, field
 
+from workers.engine.kv_transfer import EMPTY_META, KvConnectorMeta
 from workers.engine.request import EngineRequest
-from workers.kv_connector.params import KvConnectorMeta
 
 
 @dataclass
@@ -28,7 +28,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     loads: list[EngineRequest] = field(default_factory=list)  # admitted with KV the connector loads
     preempted: list[EngineRequest] = field(default_factory=list)
-    kv_connector_meta: KvConnectorMeta | None = None  # set when there is a connector and chunks to compute
+    kv_connector_meta: KvConnectorMeta = EMPTY_META  # the connector's, set when there are chunks to compute
 
     @property
     def num_tokens(self) -> int:

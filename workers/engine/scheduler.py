@@ -21,10 +21,10 @@ count as computed from then on.
 import time
 from collections import deque
 
+from workers.engine.connector import KvConnector, NullConnector
 from workers.engine.kv_cache_manager import KVCacheManager
 from workers.engine.request import BATCH, INTERACTIVE, EngineRequest, RequestStatus
 from workers.engine.schedule import ScheduledChunk, SchedulerOutput
-from workers.kv_connector.base import KvConnector
 
 
 class Scheduler:
@@ -33,7 +33,6 @@ class Scheduler:
         kv: KVCacheManager,
         token_budget: int = 512,
         max_running: int = 64,
-        connector: KvConnector | None = None,
         context_length: int | None = None,
     ) -> None:
         if token_budget < 1 or max_running < 1:
@@ -41,7 +40,7 @@ class Scheduler:
         self.kv = kv
         self.token_budget = token_budget
         self.max_running = max_running
-        self.connector = connector
+        self.connector: KvConnector = NullConnector()  # until the engine attaches its own (Engine.attach_connector)
         self.context_length = context_length  # a request reaching it stops (None: no limit)
         self.running: list[EngineRequest] = []
         self._waiting: dict[int, deque[EngineRequest]] = {INTERACTIVE: deque(), BATCH: deque()}
@@ -78,8 +77,7 @@ class Scheduler:
             self._waiting[self._queue_of(request)].remove(request)
         request.status = RequestStatus.FINISHED
         self.kv.free(request.request_id)
-        if self.connector is not None:
-            self.connector.request_finished(request)
+        self.connector.request_finished(request)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -107,7 +105,7 @@ class Scheduler:
                 index += 1
         if not out.preempted:
             self._admit(out, budget)
-        if self.connector is not None and out.chunks:
+        if out.chunks:
             out.kv_connector_meta = self.connector.build_meta(out, self.kv)
         return out
 
@@ -151,8 +149,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self._waiting[self._queue_of(request)].appendleft(request)
         out.preempted.append(request)
-        if self.connector is not None:
-            self.connector.request_preempted(request)
+        self.connector.request_preempted(request)
         return withdrawn
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
@@ -161,7 +158,7 @@ class Scheduler:
             if not queue:
                 return
             request = queue[0]
-            external = self.connector.num_external_tokens(request) if self.connector is not None else 0
+            external = self.connector.num_external_tokens(request)
             if external:
                 if not self._admit_loaded(request, external, out):
                     return
@@ -192,14 +189,13 @@ class Scheduler:
         are not free yet."""
         hit = self.kv.find_prefix(request.all_token_ids, request.cache_salt)
         hit_blocks = len(hit.blocks)
-        loaded = self.connector.blocks_after_hit(request, hit_blocks) if self.connector is not None else 0
+        loaded = self.connector.blocks_after_hit(request, hit_blocks)
         cached = (hit_blocks + loaded) * self.kv.block_size
         num_new = min(request.num_tokens - cached, budget)
         if not self.kv.allocate(request.request_id, cached + num_new, hit):
             return False
-        if self.connector is not None:
-            block_ids = self.kv.block_ids(request.request_id)[hit_blocks : hit_blocks + loaded]
-            self.connector.load_after_hit(request, hit_blocks, block_ids)
+        block_ids = self.kv.block_ids(request.request_id)[hit_blocks : hit_blocks + loaded] if loaded else []
+        self.connector.load_after_hit(request, hit_blocks, block_ids)
         if request.num_preemptions == 0:
             self.kv.record_lookup(request.num_tokens, hit_blocks * self.kv.block_size)
             request.num_cached_tokens = cached

@@ -1,3 +1,4 @@
-"""KV that crosses workers: the connector interface between the engine and that KV (`base`), the prefill
-and decode workers' connectors (`prefill`, `decode`), and the data path they move it over (`sender`,
+"""KV that crosses workers: the implementations of the engine's connector interface
+(`workers.engine.connector`): the prefill and decode workers' connectors (`prefill`, `decode`), the KV
+tier's (`tier`) and their composition (`multi`), and the data path they move KV over (`sender`,
 `receiver`, `wire`, `paths`, `tcp`, `shm`, `staging`). Import from the modules themselves."""

@@ -21,11 +21,11 @@ from concurrent.futures import Future
 
 import grpc
 
+from workers.engine.connector import KvConnector, KvConnectorStats
 from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.kv_transfer import KvConnectorMeta, KvLoad
 from workers.engine.request import EngineRequest
 from workers.engine.schedule import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorStats
-from workers.kv_connector.params import KvConnectorMeta, KvLoad
 from workers.kv_connector.receiver import KvReceiver, ReceivedKv
 from workers.kv_connector.wire import KvTransferError, dtype_name
 from workers.runner.kv_pool import KvPool
@@ -168,12 +168,6 @@ class DecodeConnector(KvConnector):
 
     # ---- scheduler side -------------------------------------------------------------------------------
 
-    async def prepare(self, request: EngineRequest) -> None:
-        pass  # it fetches nothing ahead
-
-    def discard(self, request: EngineRequest) -> None:
-        pass  # it holds nothing from prepare
-
     def add_request(self, request: EngineRequest) -> None:
         if request.kv_transfer is None or not request.kv_transfer.load_tokens:
             return None
@@ -193,17 +187,8 @@ class DecodeConnector(KvConnector):
         received = self._taken.get(request.request_id)
         return received.num_tokens if received is not None else 0
 
-    def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
-        return 0  # what it loads, it loads before any local hit (num_external_tokens)
-
-    def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
-        pass
-
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         return KvConnectorMeta(loads=[KvLoad(r.request_id, kv.block_ids(r.request_id)) for r in out.loads])
-
-    def request_preempted(self, request: EngineRequest) -> None:
-        pass  # its KV was loaded in the step that admitted it: it is recomputed like any other
 
     def request_finished(self, request: EngineRequest) -> None:
         self._release(request.request_id)  # it left before its KV was loaded
@@ -219,12 +204,6 @@ class DecodeConnector(KvConnector):
         if received is not None:
             received.release()
 
-    def before_update(self, out: SchedulerOutput) -> None:
-        pass  # it keeps no prefix-cache names
-
-    async def after_update(self, out: SchedulerOutput) -> None:
-        pass
-
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats(received_by_path=self.receiver.received.snapshot())
 
@@ -232,12 +211,6 @@ class DecodeConnector(KvConnector):
         self.receiver.close()
 
     # ---- worker side ----------------------------------------------------------------------------------
-
-    def wait_for_save(self, meta: KvConnectorMeta) -> None:
-        pass  # it saves nothing
-
-    def save_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
-        pass  # it saves nothing
 
     def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         for load in meta.loads:

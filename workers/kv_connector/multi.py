@@ -13,8 +13,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent
-from workers.kv_connector.params import KvConnectorMeta
+from workers.engine.connector import KvConnector, KvConnectorStats, KvSent, NullConnector
+from workers.engine.kv_transfer import KvConnectorMeta
 from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MultiMeta(KvConnectorMeta):
     parts: tuple[KvConnectorMeta, ...] = ()  # each part's own, in the parts' order
+
+    def loads_kv(self) -> bool:
+        return any(part.loads_kv() for part in self.parts)
 
 
 class MultiConnector(KvConnector):
@@ -128,15 +131,15 @@ class MultiConnector(KvConnector):
         return zip(self.parts, meta.parts, strict=True)
 
 
-def composed(parts: list[KvConnector]) -> KvConnector | None:
-    """The connector an engine gets from these parts: none, the one, or them composed."""
+def composed(parts: list[KvConnector]) -> KvConnector:
+    """The connector an engine gets from these parts: the null connector, the one, or them composed."""
     if len(parts) < 2:
-        return parts[0] if parts else None
+        return parts[0] if parts else NullConnector()
     return MultiConnector(parts)
 
 
-def parts_of(connector: KvConnector | None) -> tuple[KvConnector, ...]:
-    """The connectors an engine's connector is made of."""
-    if connector is None:
-        return ()
-    return connector.parts if isinstance(connector, MultiConnector) else (connector,)
+def parts_of(connector: KvConnector) -> tuple[KvConnector, ...]:
+    """The connectors that move KV an engine's connector is made of (none for the null connector)."""
+    if isinstance(connector, MultiConnector):
+        return connector.parts
+    return (connector,) if connector.moves_kv else ()

@@ -18,14 +18,14 @@ import grpc
 
 from diptych_common.proto.v1 import worker_pb2, worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret, new_challenge
+from workers.engine.connector import KvConnector, KvConnectorStats, KvSent
 from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.kv_transfer import KvConnectorMeta, KvSave, Peer
 from workers.engine.request import EngineRequest, FinishReason
 from workers.engine.schedule import SchedulerOutput
-from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent
-from workers.kv_connector.params import KvConnectorMeta, KvSave, Peer
 from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
 from workers.kv_connector.wire import KvTransferError
-from workers.runner.kv_pool import KvPool, KvSource
+from workers.runner.kv_pool import KvSource
 
 ENDPOINT_TIMEOUT_S = 5.0  # for a decode worker's answer to GetKvEndpoint
 
@@ -98,12 +98,6 @@ class PrefillConnector(KvConnector):
 
     # ---- scheduler side ------------------------------------------------------------------------------
 
-    async def prepare(self, request: EngineRequest) -> None:
-        pass  # it fetches nothing ahead
-
-    def discard(self, request: EngineRequest) -> None:
-        pass  # it holds nothing from prepare
-
     def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
         params = request.kv_transfer
         if params is None or params.send_to is None:
@@ -113,15 +107,6 @@ class PrefillConnector(KvConnector):
         )
         self._transfers[request.request_id] = _Transfer(outgoing)
         return _send_in_own_thread(outgoing)
-
-    def num_external_tokens(self, request: EngineRequest) -> int:
-        return 0  # it loads nothing: every prompt is computed here
-
-    def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
-        return 0  # what it loads, it loads before any local hit (num_external_tokens)
-
-    def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
-        pass
 
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         saves = []
@@ -167,12 +152,6 @@ class PrefillConnector(KvConnector):
             if transfer is not None and transfer.finished:
                 del self._transfers[request_id]
 
-    def before_update(self, out: SchedulerOutput) -> None:
-        pass  # it keeps no prefix-cache names
-
-    async def after_update(self, out: SchedulerOutput) -> None:
-        pass
-
     def stats(self) -> KvConnectorStats:
         return KvConnectorStats(sent_by_path=self.sender.sent.snapshot())
 
@@ -184,9 +163,6 @@ class PrefillConnector(KvConnector):
     def wait_for_save(self, meta: KvConnectorMeta) -> None:
         for request_id in meta.freed:
             self._transfers[request_id].outgoing.wait_sent()
-
-    def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
-        pass  # it loads nothing
 
     def save_kv(self, meta: KvConnectorMeta, runner: KvSource) -> None:
         for save in meta.saves:

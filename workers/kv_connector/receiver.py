@@ -22,12 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import torch
 
 from workers.kv_connector import host_identity
-from workers.kv_connector.base import KvChunk
 from workers.kv_connector.nixl import NixlReceive, RegisteredStaging
 from workers.kv_connector.paths import BytesByPath, ReceivePath, blocks_in
 from workers.kv_connector.shm import SegmentReader, ShmReceive, make_probe, remove_file
@@ -58,6 +58,13 @@ from workers.runner.kv_pool import KvLayout
 log = logging.getLogger(__name__)
 
 MAX_DATA_CONNECTIONS = 256
+
+
+class KvChunk(NamedTuple):
+    """Blocks first_block.. of a request's KV: data [layers, 2, blocks, block_size, kv_heads, head_dim]."""
+
+    first_block: int
+    data: torch.Tensor
 
 
 @dataclass(eq=False)

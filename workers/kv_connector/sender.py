@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from workers.engine.kv_transfer import Peer
 from workers.kv_connector import host_identity
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging
-from workers.kv_connector.params import Peer
 from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool

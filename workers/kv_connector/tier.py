@@ -25,15 +25,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from diptych_common.prefix_hash import block_hashes
-from workers.kv_connector.base import KvConnector, KvConnectorStats, KvSent, TierStats
-from workers.kv_connector.params import KvConnectorMeta, KvLoad
+from workers.engine.connector import KvConnector, KvConnectorStats, TierStats
+from workers.engine.kv_transfer import KvConnectorMeta, KvLoad
 from workers.kv_tier.blocks import TierKv, blocks_from_bytes, copy_blocks_out
 from workers.kv_tier.client import TierClient
 from workers.runner.kv_pool import KvPool
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from workers.engine.kv_cache_manager import KVCacheManager, NamingMark
     from workers.engine.request import EngineRequest
     from workers.engine.schedule import SchedulerOutput
@@ -107,12 +105,6 @@ class TierConnector(KvConnector):
     def discard(self, request: EngineRequest) -> None:
         self._fetched.pop(request.request_id, None)
 
-    def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
-        return None  # it sends nothing per request
-
-    def num_external_tokens(self, request: EngineRequest) -> int:
-        return 0  # its blocks follow the local hit: blocks_after_hit
-
     def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
         return self._usable(request, hit_blocks)[1]
 
@@ -141,14 +133,8 @@ class TierConnector(KvConnector):
         self._loaded_tokens = sum(len(load.block_ids) for load, _ in admitted) * kv.block_size
         return TierMeta(loads=[load for load, _ in admitted], data=[data for _, data in admitted])
 
-    def request_preempted(self, request: EngineRequest) -> None:
-        pass  # its blocks were loaded when it was admitted: it is recomputed like any other
-
     def request_finished(self, request: EngineRequest) -> None:
         self._fetched.pop(request.request_id, None)  # it left while queued
-
-    def step_done(self, meta: KvConnectorMeta) -> None:
-        pass  # its loads travel in the step's meta
 
     # ---- scheduler side: write-through ----------------------------------------------------------------
 
@@ -205,15 +191,9 @@ class TierConnector(KvConnector):
 
     # ---- worker side ------------------------------------------------------------------------------------
 
-    def wait_for_save(self, meta: KvConnectorMeta) -> None:
-        pass  # its copies are taken right after the step that computed the blocks
-
     def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         """Writes the fetched blocks; a composed connector's transfers no longer read what they overwrite
         (their wait_for_save ran first)."""
         assert isinstance(meta, TierMeta)
         for load, data in zip(meta.loads, meta.data, strict=True):
             runner.write_blocks(load.block_ids, data)
-
-    def save_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
-        pass  # puts leave after the engine named the blocks: after_update

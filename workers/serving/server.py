@@ -33,11 +33,11 @@ from diptych_common.tracing import (
 )
 from diptych_common.worker_credential import WorkerSecret
 from workers.engine.core import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
+from workers.engine.kv_transfer import KvTransferParams, Peer
 from workers.engine.request import BATCH, INTERACTIVE, EngineRequest
 from workers.engine.sampling import SamplingParams, TokenLogprobs
 from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.multi import parts_of
-from workers.kv_connector.params import KvTransferParams, Peer
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import ReceivedKv
 from workers.kv_connector.wire import KvTransferError

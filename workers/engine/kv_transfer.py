@@ -48,3 +48,11 @@ class KvConnectorMeta:
     loads: list[KvLoad] = field(default_factory=list)
     saves: list[KvSave] = field(default_factory=list)
     freed: list[str] = field(default_factory=list)  # requests whose blocks were freed since the last step
+
+    def loads_kv(self) -> bool:
+        """Whether the step writes KV from outside into the pool (a composed meta: any part's)."""
+        return bool(self.loads)
+
+
+# The meta of every step that moves no KV: one shared instance, which nothing mutates.
+EMPTY_META = KvConnectorMeta()

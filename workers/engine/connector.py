@@ -11,37 +11,34 @@ between). Its worker side carries the step's part out on the forward thread, aro
 step may overwrite them), `load_kv` before the forward pass, `save_kv` after it. The engine calls nothing
 else of it; the server hands it a request's part in a hand-off as `KvTransferParams` on the request.
 
-Implementations: `workers.kv_connector.prefill.PrefillConnector` (a prefill worker streams each request's
-KV to its decode worker as it is computed), `workers.kv_connector.decode.DecodeConnector` (a decode
-worker loads the KV it received), both over a data path (TCP, shared memory or NIXL:
-`workers.kv_connector.paths`); `workers.kv_connector.tier.TierConnector` (prefix blocks fetched from and
-written through to the shared KV tier); `workers.kv_connector.multi.MultiConnector` composes them (a
-prefill worker's hand-off with the tier).
+Every hook but four does nothing unless a connector defines it. Those four every connector defines:
+`build_meta` (what it does in a step), `request_finished` (what it holds for a request goes with it),
+`stats` (the bytes it moved, which the worker's load reports carry) and `close` (the port or client it
+moves KV through).
+
+Implementations: `NullConnector` (a worker that moves no KV: the engine's until one is attached), and in
+`workers.kv_connector`: `prefill.PrefillConnector` (a prefill worker streams each request's KV to its
+decode worker as it is computed), `decode.DecodeConnector` (a decode worker loads the KV it received),
+both over a data path (TCP, shared memory or NIXL: `paths`); `tier.TierConnector` (prefix blocks fetched
+from and written through to the shared KV tier); `multi.MultiConnector` composes them (a prefill worker's
+hand-off with the tier).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-import torch
-
-from workers.kv_connector.params import KvConnectorMeta
-from workers.runner.kv_pool import KvPool
+from workers.engine.kv_transfer import EMPTY_META, KvConnectorMeta
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from workers.engine.kv_cache_manager import KVCacheManager
     from workers.engine.request import EngineRequest
     from workers.engine.schedule import SchedulerOutput
-
-
-class KvChunk(NamedTuple):
-    """Blocks first_block.. of a request's KV: data [layers, 2, blocks, block_size, kv_heads, head_dim]."""
-
-    first_block: int
-    data: torch.Tensor
+    from workers.runner.kv_pool import KvPool
 
 
 @dataclass(frozen=True)
@@ -69,62 +66,66 @@ class KvConnectorStats:
 
 
 class KvConnector(ABC):
-    """Every method is the connector's to define; one a connector has no use for does nothing."""
+    """The hooks not marked abstract do nothing unless a connector defines them."""
+
+    # The engine reads it once, when the connector is attached: False skips the per-step hooks
+    # (step_done, before_update, after_update and the worker side), which then must do nothing.
+    moves_kv = True
 
     # ---- scheduler side: the event loop's thread ------------------------------------------------
 
-    @abstractmethod
     async def prepare(self, request: EngineRequest) -> None:
         """Before the engine takes the request: a connector that fetches KV for it does so here."""
+        return None
 
-    @abstractmethod
     def discard(self, request: EngineRequest) -> None:
         """The engine refused the request after `prepare`: what was fetched for it goes."""
+        return None
 
-    @abstractmethod
     def add_request(self, request: EngineRequest) -> Future[KvSent] | None:
         """The engine took the request. A connector that sends its KV starts the transfer and returns
         its outcome (KvSent, or a KvTransferError)."""
+        return None
 
-    @abstractmethod
     def num_external_tokens(self, request: EngineRequest) -> int:
         """At admission: how many of the request's first tokens this connector loads (0: none). The
         scheduler then computes only the tokens after them and lists the request in SchedulerOutput.loads."""
+        return 0
 
-    @abstractmethod
     def blocks_after_hit(self, request: EngineRequest, hit_blocks: int) -> int:
         """At admission from the prefix cache, `hit_blocks` blocks of the prompt held here: how many blocks
         right after them this connector loads (0: none). The last prompt token is always computed."""
+        return 0
 
-    @abstractmethod
     def load_after_hit(self, request: EngineRequest, hit_blocks: int, block_ids: list[int]) -> None:
         """The request was admitted after a hit of `hit_blocks` blocks: `block_ids` (as many as
         `blocks_after_hit` said, or none) are the blocks after them this step loads; anything else fetched
         for it goes."""
+        return None
 
     @abstractmethod
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         """What the step `out` loads and saves; called once per step that computes anything."""
 
-    @abstractmethod
     def request_preempted(self, request: EngineRequest) -> None:
         """The request's blocks were freed; it will be recomputed from its tokens."""
+        return None
 
     @abstractmethod
     def request_finished(self, request: EngineRequest) -> None:
         """The request left (`request.finish_reason` says why) and its blocks were freed."""
 
-    @abstractmethod
     def step_done(self, meta: KvConnectorMeta) -> None:
         """The step of `meta` ended, or failed: the forward thread no longer reads what it named."""
+        return None
 
-    @abstractmethod
     def before_update(self, out: SchedulerOutput) -> None:
         """The step `out` ran; the engine has not yet counted its tokens or named its full blocks."""
+        return None
 
-    @abstractmethod
     async def after_update(self, out: SchedulerOutput) -> None:
         """The engine counted the step's tokens and named its full blocks (the prefix cache's hashes)."""
+        return None
 
     @abstractmethod
     def stats(self) -> KvConnectorStats:
@@ -136,14 +137,32 @@ class KvConnector(ABC):
 
     # ---- worker side: the forward thread ----------------------------------------------------------
 
-    @abstractmethod
     def wait_for_save(self, meta: KvConnectorMeta) -> None:
         """Before the step: saves no longer read the blocks of meta.freed (the step may overwrite them)."""
+        return None
 
-    @abstractmethod
     def load_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         """Before the forward pass: writes meta.loads into the pool."""
+        return None
 
-    @abstractmethod
     def save_kv(self, meta: KvConnectorMeta, runner: KvPool) -> None:
         """After the forward pass: hands meta.saves to their transfers."""
+        return None
+
+
+class NullConnector(KvConnector):
+    """The connector of a worker that moves no KV (a colocated worker without the KV tier)."""
+
+    moves_kv = False
+
+    def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
+        return EMPTY_META
+
+    def request_finished(self, request: EngineRequest) -> None:
+        pass  # it holds nothing for a request
+
+    def stats(self) -> KvConnectorStats:
+        return KvConnectorStats()
+
+    async def close(self) -> None:
+        pass  # it holds no port or client
