@@ -382,6 +382,7 @@ def _run_worker(args) -> int:
     from workers.engine.core import EngineConfig
     from workers.kv_connector.nixl import nixl_unavailable
     from workers.main import serve
+    from workers.serving.config import WorkerConfig
     from workers.serving.server import Role
     from workers.spec_decode.config import spec_config_from_args
 
@@ -402,29 +403,28 @@ def _run_worker(args) -> int:
         attention=args.attention,
         speculative=speculative,
     )
+    config = WorkerConfig(
+        role=Role(args.role),
+        control_plane_url=args.control_plane_url,
+        fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
+        name=args.name or f"{args.role}-{os.getpid()}",
+        model=args.model,
+        model_source=args.model_source,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        engine=engine_config,
+        kv_port=args.kv_port,
+        metrics_port=args.metrics_port,
+        kv_tier=args.kv_tier,
+        tensor_parallel=args.tensor_parallel,
+        artifact_cache=args.artifact_cache,
+        kv_nixl=args.kv_nixl,
+        kv_shm=args.kv_shm,
+        host_id=args.host_id,
+    )
     try:
-        serve_forever(
-            serve(
-                role=Role(args.role),
-                model=args.model,
-                model_source=args.model_source,
-                host=args.host,
-                port=args.port,
-                control_plane_url=args.control_plane_url,
-                fleet_token=_require_env("DIPTYCH_FLEET_TOKEN"),
-                name=args.name or f"{args.role}-{os.getpid()}",
-                threads=args.threads,
-                kv_port=args.kv_port,
-                metrics_port=args.metrics_port,
-                kv_tier=args.kv_tier,
-                tensor_parallel=args.tensor_parallel,
-                kv_nixl=args.kv_nixl,
-                kv_shm=args.kv_shm,
-                host_id=args.host_id,
-                artifact_cache=args.artifact_cache,
-                engine_config=engine_config,
-            )
-        )
+        serve_forever(serve(config))
     except ArtifactError as error:
         logging.getLogger("diptych.worker").critical("the worker refuses to start: %s", error)
         return 1

@@ -8,38 +8,29 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+import grpc
 import httpx
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from diptych_common.artifacts import DEFAULT_CACHE, ArtifactCache, model_for_worker
+from diptych_common.artifacts import ArtifactCache, model_for_worker
 from diptych_common.credential_server import worker_server
 from diptych_common.grammar import llguidance_tokenizer
 from diptych_common.logs import describe_error
 from diptych_common.proto.v1 import worker_pb2_grpc
 from diptych_common.worker_credential import WorkerSecret
-from workers.engine.connector import KvConnector
 from workers.engine.core import Engine, EngineConfig
 from workers.engine.sampling import StopCriteria
-from workers.kv_connector.decode import DecodeConnector
-from workers.kv_connector.multi import composed
-from workers.kv_connector.nixl import nixl_staging
-from workers.kv_connector.prefill import PrefillConnector
-from workers.kv_connector.receiver import KvInbox, KvReceiver
-from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import sweep_stale_files
-from workers.kv_connector.staging import StagingPool
-from workers.kv_connector.tier import TierConnector
-from workers.kv_tier.blocks import tier_namespace
-from workers.kv_tier.client import TierClient
 from workers.models.sharding import check_shardable
 from workers.runner.decode_graphs import DecodeGraphSpec
 from workers.runner.kv_pool import kv_layout_of
 from workers.runner.model_loader import load_model
 from workers.runner.model_runner import ModelRunner
 from workers.runner.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
+from workers.serving.config import WorkerConfig
+from workers.serving.kv_hand_off import build_connector
 from workers.serving.metrics import serve_metrics
 from workers.serving.registration import ControlPlaneLink, RegistrationError
 from workers.serving.server import Role, WorkerService, WorkerState
@@ -107,87 +98,78 @@ def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: Tensor
     return Engine(runner, replace(config, num_kv_blocks=num_blocks), stop, executor)
 
 
-async def serve(
-    *,
-    role: Role,
-    model: str,
-    model_source: str,
-    host: str,
-    port: int,
-    control_plane_url: str,
-    fleet_token: str,
-    name: str,
-    threads: int,
-    engine_config: EngineConfig | None = None,
-    kv_port: int = 0,
-    metrics_port: int = 0,
-    kv_tier: str = "",
-    tensor_parallel: int = 1,
-    artifact_cache: Path = DEFAULT_CACHE,
-    kv_nixl: str = "auto",
-    kv_shm: bool = True,
-    host_id: str = "",
-) -> None:
-    """`model_source`: builtin:<name> or a local directory; empty: the fleet's model as the catalog has
-    it (its files fetched into `artifact_cache` when it is published as artifacts); `model` empty: the fleet's.
-    `kv_tier`: HOST:PORT of the shared KV tier's store (workers.kv_tier.server); empty: none.
-    `tensor_parallel`: split the model over this many ranks (this process and tensor_parallel - 1
-    followers it starts, on devices cuda:n.. under --device cuda:n). `kv_nixl`: whether KV hand-offs may
-    go over NIXL (workers.kv_connector.nixl.nixl_staging); `kv_shm`: whether a prefill worker hands KV to
-    a decode worker on its host through shared memory. `host_id`: which host that is
-    (workers.kv_connector.host_identity; empty: DIPTYCH_HOST_ID, else this machine and network namespace)."""
-    engine_config = engine_config or EngineConfig()
-    torch.set_num_threads(threads)
+async def serve(config: WorkerConfig) -> None:
+    """Loads the model, serves until SIGTERM or SIGINT, then drains: the control plane and the gateway
+    learn it first, the calls in flight get DRAIN_GRACE_S to end."""
+    torch.set_num_threads(config.threads)
     if swept := sweep_stale_files():
         log.info("removed %d shared-memory files left by workers that no longer run", swept)
-    cuda = engine_config.device.startswith("cuda")
     resolved = await asyncio.to_thread(
         model_for_worker,
-        model,
-        model_source,
-        control_plane_url,
-        fleet_token,
-        ArtifactCache(artifact_cache),
+        config.model,
+        config.model_source,
+        config.control_plane_url,
+        config.fleet_token,
+        ArtifactCache(config.artifact_cache),
         DEFAULT_MODEL,
     )
-    model, model_source = resolved.model, resolved.source
-    loaded = load_model(model, model_source, dtype=torch.bfloat16 if cuda else torch.float32)
+    loaded = load_model(resolved.model, resolved.source, dtype=torch.bfloat16 if config.cuda else torch.float32)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-    parallel = TensorParallelLaunch(tensor_parallel, model_source, stop_on_group_lost)
-    engine = build_engine(loaded, engine_config, executor, parallel if tensor_parallel > 1 else None)
-    layout = engine.runner.layout
+    parallel = TensorParallelLaunch(config.tensor_parallel, resolved.source, stop_on_group_lost)
+    engine = build_engine(loaded, config.engine, executor, parallel if config.tensor_parallel > 1 else None)
 
-    state = WorkerState(role=role)
+    state = WorkerState(role=config.role)
     secret = WorkerSecret()  # every call is refused until registration hands it over
-    connectors: list[KvConnector] = []
-    receiver = None
-    if role is Role.DECODE:
-        receiver = KvReceiver(
-            KvInbox(),
-            layout,
-            host=host,
-            port=kv_port,
-            staging=StagingPool(pin=cuda),
-            max_tokens=engine.kv.num_blocks * engine.kv.block_size,
-            nixl=nixl_staging(kv_nixl, "decode", host, pin=cuda),
-            host_id=host_id,
-        )
-        receiver.start()
-        connectors.append(DecodeConnector(receiver))
-    if role is Role.PREFILL:
-        nixl = nixl_staging(kv_nixl, "prefill", host, cuda)
-        sender = KvSender(layout, allow_shm=kv_shm, pin=cuda, nixl=nixl, host_id=host_id)
-        connectors.append(PrefillConnector(sender))
-    if kv_tier:
-        client = TierClient(kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)
-        connectors.append(TierConnector(client, engine.kv, engine.runner, executor))
-    engine.attach_connector(composed(connectors))
+    connector, receiver = build_connector(config, resolved.model, engine, secret, executor)
+    engine.attach_connector(connector)
     grammars = GrammarCompiler(
         llguidance_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
     )
     service = WorkerService(state, engine, secret=secret, grammars=grammars)
-    serve_metrics(metrics_port, host, role.value, lambda: service.load().to_proto(), engine)
+    serve_metrics(config.metrics_port, config.host, config.role.value, lambda: service.load().to_proto(), engine)
+    server, health_servicer, address = await _start_server(config, service, secret)
+    link = ControlPlaneLink(
+        config.control_plane_url,
+        config.fleet_token,
+        address,
+        config.name,
+        service.load_report,
+        on_state=lambda _: service.set_draining(link.draining),
+        secret=secret,
+        revision=resolved.revision,
+    )
+    await _register(link, config.role, resolved.model)
+    state.worker_id = link.worker_id
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    data = f", KV data port {receiver.host}:{receiver.port}" if receiver else ""
+    log.info(
+        "%s worker %s serving %s on %s%s; %d KV blocks of %d tokens on %s",
+        config.role,
+        link.worker_id,
+        resolved.model,
+        address,
+        data,
+        engine.kv.num_blocks,
+        engine.kv.block_size,
+        config.engine.device,
+    )
+    tasks = [asyncio.create_task(link.heartbeat_forever()), asyncio.create_task(engine.run())]
+    try:
+        await _until_stopped()
+        await _drain(link, service, health_servicer, server)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await link.close()
+        await engine.connector.close()  # closes the data port and the tier's client, removes shm files
+        executor.shutdown(wait=False)
+        if isinstance(engine.runner, TensorParallelRunner):
+            engine.runner.close()  # the followers leave their loops and exit
 
+
+async def _start_server(
+    config: WorkerConfig, service: WorkerService, secret: WorkerSecret
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, str]:
     server = worker_server(
         secret,
         options=[
@@ -198,62 +180,36 @@ async def serve(
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound_port = server.add_insecure_port(f"{host}:{port}")
+    bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
-    address = f"{host}:{bound_port}"
+    return server, health_servicer, f"{config.host}:{bound_port}"
 
-    link = ControlPlaneLink(
-        control_plane_url,
-        fleet_token,
-        address,
-        name,
-        service.load_report,
-        on_state=lambda _: service.set_draining(link.draining),
-        secret=secret,
-        revision=resolved.revision,
-    )
+
+async def _register(link: ControlPlaneLink, role: Role, model: str) -> None:
     await link.register_until_accepted()
     if link.fleet.get("model") != model or link.fleet.get("role") != role:
         raise RegistrationError(
             f"the fleet token belongs to a {link.fleet.get('role')} fleet of {link.fleet.get('model')}, "
             f"but this worker is a {role} worker of {model}"
         )
-    state.worker_id = link.worker_id
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    data = f", KV data port {receiver.host}:{receiver.port}" if receiver else ""
-    log.info(
-        "%s worker %s serving %s on %s%s; %d KV blocks of %d tokens on %s",
-        role,
-        link.worker_id,
-        model,
-        address,
-        data,
-        engine.kv.num_blocks,
-        engine.kv.block_size,
-        engine_config.device,
-    )
 
-    tasks = [asyncio.create_task(link.heartbeat_forever()), asyncio.create_task(engine.run())]
+
+async def _until_stopped() -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
 
+
+async def _drain(
+    link: ControlPlaneLink, service: WorkerService, health_servicer: health.aio.HealthServicer, server: grpc.aio.Server
+) -> None:
     link.draining = True
     service.set_draining(True)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     try:
-        await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        try:
-            await link.heartbeat()
-        except httpx.HTTPError as error:
-            log.warning("could not tell the control plane this worker drains: %s", describe_error(error))
-        await server.stop(DRAIN_GRACE_S)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await link.close()
-        await engine.connector.close()  # closes the data port and the tier's client, removes shm files
-        executor.shutdown(wait=False)
-        if isinstance(engine.runner, TensorParallelRunner):
-            engine.runner.close()  # the followers leave their loops and exit
+        await link.heartbeat()
+    except httpx.HTTPError as error:
+        log.warning("could not tell the control plane this worker drains: %s", describe_error(error))
+    await server.stop(DRAIN_GRACE_S)

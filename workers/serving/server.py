@@ -117,10 +117,12 @@ def _priority(value: int) -> int:
     return BATCH if value == worker_pb2.PRIORITY_BATCH else INTERACTIVE
 
 
-CONNECTOR_OF_ROLE: dict[Role, type] = {
+# The one place a role names its KV hand-off connector: workers.serving.kv_hand_off builds it, and a
+# service checks the engine it serves against it.
+HAND_OFF_OF_ROLE: dict[Role, type[PrefillConnector] | type[DecodeConnector] | None] = {
     Role.PREFILL: PrefillConnector,
     Role.DECODE: DecodeConnector,
-    Role.COLOCATED: type(None),
+    Role.COLOCATED: None,
 }
 
 
@@ -135,10 +137,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         parts = parts_of(engine.connector)
         hand_offs = [part for part in parts if isinstance(part, PrefillConnector | DecodeConnector)]
         connector = hand_offs[0] if len(hand_offs) == 1 else None
-        wanted = CONNECTOR_OF_ROLE[state.role]
-        if len(hand_offs) > 1 or not isinstance(connector, wanted):
+        wanted = HAND_OFF_OF_ROLE[state.role]
+        if len(hand_offs) > 1 or not isinstance(connector, wanted or type(None)):
             raise ValueError(
-                f"a {state.role} worker's engine takes a {wanted.__name__} as its KV hand-off connector, "
+                f"a {state.role} worker's engine takes {wanted.__name__ if wanted else 'none'} as its KV hand-off "
+                "connector, "
                 f"not {' and '.join(type(part).__name__ for part in hand_offs) or 'none'}"
             )
         self._sender = connector if isinstance(connector, PrefillConnector) else None
