@@ -4,9 +4,9 @@ containers, two pods) may see the same /dev/shm and the same files, yet an opera
 of their own, whose KV goes over the network.
 
 A worker's host id is what the operator sets (`--host-id`, `DIPTYCH_HOST_ID`, or `host_id` of
-`workers.serving.config.WorkerConfig`); by default a hash of the machine id and the inode of the worker's network namespace, which two
-namespaces never share. Workers of one machine that should hand KV over through shared memory across
-namespaces are given one host id.
+`workers.serving.config.WorkerConfig`); by default a hash of the machine id and the inode of the worker's
+network namespace, which two namespaces never share. Workers of one machine that should hand KV over
+through shared memory across namespaces are given one host id.
 """
 
 import hashlib
