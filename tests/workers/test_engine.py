@@ -16,6 +16,7 @@ from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvChunk, KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.runner.kv_pool import kv_layout_of
 
 
@@ -219,7 +220,8 @@ async def test_kv_saved_during_a_chunked_prefill_is_loaded_by_another_engine_and
 
 @pytest.fixture
 def data_port(tiny_model):
-    receiver = KvReceiver(KvInbox(arrival_timeout=10.0), kv_layout_of(tiny_model.config, 16, torch.float32))
+    timeouts = KvTimeouts(arrival_s=10.0, hello_answer_s=12.0)
+    receiver = KvReceiver(KvInbox(timeouts), kv_layout_of(tiny_model.config, 16, torch.float32), timeouts=timeouts)
     receiver.start()
     yield receiver
     receiver.close()

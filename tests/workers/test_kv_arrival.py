@@ -16,6 +16,7 @@ from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.sender import KvSender
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.kv_connector.wire import KvTransferError
 
 PROMPT = list(range(100, 120))  # 5 blocks of 4
@@ -23,14 +24,15 @@ PROMPT = list(range(100, 120))  # 5 blocks of 4
 
 @pytest.fixture
 def connector():
-    receiver = KvReceiver(KvInbox(arrival_timeout=0.3), LAYOUT, io_timeout=0.5)
+    timeouts = KvTimeouts(io_s=0.5, arrival_s=0.3)
+    receiver = KvReceiver(KvInbox(timeouts), LAYOUT, timeouts=timeouts)
     receiver.start()
     yield DecodeConnector(receiver)
     receiver.close()
 
 
 async def test_a_cache_that_arrives_is_returned_and_stays_registered_until_forgotten(connector):
-    sender = KvSender(LAYOUT, io_timeout=1.0)
+    sender = KvSender(LAYOUT, KvTimeouts(io_s=1.0))
     waiting = asyncio.ensure_future(connector.arrival("req-1", TOKEN, 8, timeout=5.0))
     await asyncio.sleep(0.05)
     outgoing = sender.open("req-1", TOKEN, PROMPT[:8], Peer(connector.receiver.host, connector.receiver.port, False))
@@ -54,7 +56,7 @@ async def test_a_cache_that_never_comes_times_out_and_the_call_and_its_pinned_bl
 
 
 async def test_a_failed_transfer_says_why_and_forgets_the_call(connector):
-    sender = KvSender(LAYOUT, io_timeout=1.0)
+    sender = KvSender(LAYOUT, KvTimeouts(io_s=1.0))
     waiting = asyncio.ensure_future(connector.arrival("req-1", TOKEN, 8, timeout=5.0))
     await asyncio.sleep(0.05)
     outgoing = sender.open("req-1", TOKEN, PROMPT[:8], Peer(connector.receiver.host, connector.receiver.port, False))

@@ -38,6 +38,7 @@ from workers.kv_connector.decode import DecodeConnector
 from workers.kv_connector.prefill import PrefillConnector
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.kv_connector.wire import (
     FIRST_BLOCK,
     FRAME,
@@ -307,9 +308,12 @@ class StagingRunner:
         return BlocksRead()  # a host pool: the copy is done
 
 
+HAND_OFF_TIMEOUTS = KvTimeouts(io_s=1.0, arrival_s=2.0, hello_answer_s=3.0)  # both sides of the transfers
+
+
 @pytest.fixture
 def receiver():
-    rx = KvReceiver(KvInbox(arrival_timeout=2.0), LAYOUT, io_timeout=1.0)
+    rx = KvReceiver(KvInbox(HAND_OFF_TIMEOUTS), LAYOUT, timeouts=HAND_OFF_TIMEOUTS)
     rx.start()
     yield rx
     rx.close()
@@ -317,7 +321,7 @@ def receiver():
 
 @pytest.fixture(params=[False, True], ids=["tcp", "shm"])
 def sender(request):
-    tx = KvSender(LAYOUT, io_timeout=1.0, hello_timeout=3.0)
+    tx = KvSender(LAYOUT, HAND_OFF_TIMEOUTS)
     tx.send_from_pool = False  # chunks copied to host buffers (the shm path always is)
     tx.allow_shm = request.param
     yield tx

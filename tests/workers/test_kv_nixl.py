@@ -29,7 +29,10 @@ from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender
 from workers.kv_connector.shm import ShmSend
 from workers.kv_connector.tcp import TcpFromPool
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.kv_connector.wire import FRAME, KvTransferError, recv_json
+
+TIMEOUTS = KvTimeouts(io_s=2.0, arrival_s=0.5, hello_answer_s=1.5)  # both sides of the tests' transfers
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def prefill_agent() -> RegisteredStaging:
 
 @pytest.fixture
 def receiver(decode_agent):
-    rx = KvReceiver(KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=2.0, nixl=decode_agent)
+    rx = KvReceiver(KvInbox(TIMEOUTS), LAYOUT, timeouts=TIMEOUTS, nixl=decode_agent)
     rx.start()
     yield rx
     rx.close()
@@ -56,7 +59,7 @@ def receiver(decode_agent):
 
 @pytest.fixture
 def sender(prefill_agent):
-    tx = KvSender(LAYOUT, io_timeout=2.0, hello_timeout=1.5, nixl=prefill_agent)
+    tx = KvSender(LAYOUT, TIMEOUTS, nixl=prefill_agent)
     yield tx
     tx.close()
 
@@ -105,7 +108,8 @@ def test_only_the_blocks_the_decode_worker_lacks_are_written(receiver, sender):
 
 
 def test_a_decode_worker_without_an_agent_refuses_a_nixl_hello_on_both_sides(sender):
-    rx = KvReceiver(KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=1.0)  # no NIXL agent
+    timeouts = KvTimeouts(io_s=1.0, arrival_s=0.5)
+    rx = KvReceiver(KvInbox(timeouts), LAYOUT, timeouts=timeouts)  # no NIXL agent
     rx.start()
     try:
         arrived = expect(rx)

@@ -16,6 +16,7 @@ import torch
 from tests.workers.kv_wire import LAYOUT, TOKEN, hello
 from workers.kv_connector.receiver import KvInbox, KvReceiver
 from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.kv_connector.wire import FRAME, MAGIC, MAX_HELLO_BYTES, KvTransferError, checksum
 
 
@@ -31,8 +32,9 @@ class RecordingStaging(StagingPool):
         return super().acquire(nbytes)
 
 
-def make_receiver(**options) -> KvReceiver:
-    receiver = KvReceiver(KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=0.5, staging=RecordingStaging(), **options)
+def make_receiver(hello_s: float = 5.0, **options) -> KvReceiver:
+    timeouts = KvTimeouts(io_s=0.5, hello_s=hello_s, arrival_s=0.5)
+    receiver = KvReceiver(KvInbox(timeouts), LAYOUT, timeouts=timeouts, staging=RecordingStaging(), **options)
     receiver.start()
     return receiver
 
@@ -119,7 +121,7 @@ def test_a_size_is_not_even_considered_without_the_transfer_token(receiver):
 
 
 def test_connections_beyond_the_limit_are_refused_and_idle_ones_closed_after_the_hello_timeout():
-    receiver = make_receiver(max_connections=3, hello_timeout=0.5)
+    receiver = make_receiver(max_connections=3, hello_s=0.5)
     idle = [connect(receiver) for _ in range(3)]
     try:
         with connect(receiver) as extra:
@@ -140,7 +142,7 @@ def test_connections_beyond_the_limit_are_refused_and_idle_ones_closed_after_the
 
 def test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_hello_timeout():
     """Each byte comes well within the idle timeout; the hello as a whole must still arrive in time."""
-    receiver = make_receiver(hello_timeout=0.5)
+    receiver = make_receiver(hello_s=0.5)
     try:
         data = hello(num_tokens=8)
         with connect(receiver) as sock:

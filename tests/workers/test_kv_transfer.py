@@ -23,9 +23,12 @@ from workers.kv_connector import shm
 from workers.kv_connector.receiver import KvInbox, KvReceiver, ReceivedKv
 from workers.kv_connector.sender import KvSender, peer_from_endpoint
 from workers.kv_connector.staging import StagingPool
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.kv_connector.wire import FRAME, KvTransferError, checksum
 from workers.runner.kv_pool import BlocksRead
 from workers.runner.model_runner import ModelRunner
+
+TIMEOUTS = KvTimeouts(io_s=0.5, arrival_s=0.5, hello_answer_s=1.5)  # both sides of the tests' transfers
 
 
 class PoolRunner:
@@ -47,7 +50,7 @@ class PoolRunner:
 
 @pytest.fixture
 def receiver():
-    rx = KvReceiver(KvInbox(arrival_timeout=0.5), LAYOUT, io_timeout=0.5)
+    rx = KvReceiver(KvInbox(TIMEOUTS), LAYOUT, timeouts=TIMEOUTS)
     rx.start()
     yield rx
     rx.close()
@@ -55,7 +58,7 @@ def receiver():
 
 @pytest.fixture
 def sender():
-    tx = KvSender(LAYOUT, io_timeout=0.5, hello_timeout=1.5)
+    tx = KvSender(LAYOUT, TIMEOUTS)
     yield tx
     tx.close()
 

@@ -27,8 +27,6 @@ from workers.kv_connector.sender import KvSender, OutgoingKv, peer_from_endpoint
 from workers.kv_connector.wire import KvTransferError
 from workers.runner.kv_pool import KvSource
 
-ENDPOINT_TIMEOUT_S = 5.0  # for a decode worker's answer to GetKvEndpoint
-
 # Why a transfer stops without a first token, as its decode worker reports it.
 ABORT_REASONS = {
     FinishReason.STOPPED: "the request finished at its first token; no KV follows",
@@ -67,7 +65,7 @@ class PrefillConnector(KvConnector):
             async with grpc.aio.insecure_channel(decode_address) as channel:
                 endpoint = await worker_pb2_grpc.WorkerStub(channel).GetKvEndpoint(
                     worker_pb2.KvEndpointRequest(challenge=challenge),
-                    timeout=ENDPOINT_TIMEOUT_S,
+                    timeout=self.sender.timeouts.endpoint_s,
                     metadata=secret.metadata(),
                 )
         except grpc.aio.AioRpcError as error:

@@ -1,10 +1,10 @@
 """The receiving side of the KV data path: the decode worker's data port.
 
 The receiver hands a cache over only when every block arrived and every checksum matched, so a half-
-received cache is never decoded. Both sides time out after `io_timeout` seconds without progress.
+received cache is never decoded. Both sides time out after `KvTimeouts.io_s` seconds without progress.
 
 Nothing is allocated for a peer before it proved it may send, since the port is reachable before any
-gRPC credential is checked: the hello is small and bounded and must arrive whole within `hello_timeout`;
+gRPC credential is checked: the hello is small and bounded and must arrive whole within `KvTimeouts.hello_s`;
 the transfer token is checked, and the declared size against what the waiting decode request needs and
 the KV pool holds, before the prompt is read or a buffer is taken; and the number of open data
 connections is bounded (one thread each), beyond which connections are refused.
@@ -33,6 +33,7 @@ from workers.kv_connector.paths import BytesByPath, ReceivePath, blocks_in
 from workers.kv_connector.shm import SegmentReader, ShmReceive, make_probe, remove_file
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tcp import TcpReceive
+from workers.kv_connector.timeouts import DEFAULT_KV_TIMEOUTS, KvTimeouts
 from workers.kv_connector.wire import (
     ABORT,
     CHUNK,
@@ -98,10 +99,10 @@ class _Slot:
 
 class KvInbox:
     """Where decode requests wait for their KV. Thread-safe: transfers arrive on receiver threads.
-    A transfer may arrive before its request registers; it then waits up to `arrival_timeout`."""
+    A transfer may arrive before its request registers; it then waits up to `timeouts.arrival_s`."""
 
-    def __init__(self, arrival_timeout: float = 5.0) -> None:
-        self._arrival_timeout = arrival_timeout
+    def __init__(self, timeouts: KvTimeouts = DEFAULT_KV_TIMEOUTS) -> None:
+        self._arrival_timeout = timeouts.arrival_s
         self._slots: dict[str, _Slot] = {}
         self._changed = threading.Condition()
 
@@ -164,19 +165,19 @@ class KvReceiver:
         layout: KvLayout,
         host: str = "127.0.0.1",
         port: int = 0,
-        io_timeout: float = 5.0,
+        timeouts: KvTimeouts = DEFAULT_KV_TIMEOUTS,
         staging: StagingPool | None = None,
         max_tokens: int | None = None,
         max_connections: int = MAX_DATA_CONNECTIONS,
-        hello_timeout: float = 5.0,
         nixl: RegisteredStaging | None = None,
         host_id: str = "",
     ) -> None:
         self.inbox = inbox
         self.host_id = host_identity.host_id(host_id)  # written into the shared-memory probe
         self.layout = layout
-        self.io_timeout = io_timeout
-        self.hello_timeout = hello_timeout  # the whole hello must arrive within it
+        self.timeouts = timeouts
+        self.io_timeout = timeouts.io_s
+        self.hello_timeout = timeouts.hello_s  # the whole hello must arrive within it
         self.max_tokens = max_tokens
         self.staging = staging or StagingPool()
         self.nixl = nixl  # receive buffers this worker's NIXL agent registered, when it has one

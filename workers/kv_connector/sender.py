@@ -21,6 +21,7 @@ from workers.kv_connector.paths import BytesByPath, SendPath, StagedChunk
 from workers.kv_connector.shm import SharedSegments, ShmSend, probe_matches
 from workers.kv_connector.staging import StagingPool
 from workers.kv_connector.tcp import TcpFromBuffer, TcpFromPool
+from workers.kv_connector.timeouts import DEFAULT_KV_TIMEOUTS, KvTimeouts
 from workers.kv_connector.wire import (
     FIRST_BLOCK,
     KvTransferError,
@@ -244,8 +245,7 @@ class KvSender:
     def __init__(
         self,
         layout: KvLayout,
-        io_timeout: float = 5.0,
-        hello_timeout: float = 10.0,
+        timeouts: KvTimeouts = DEFAULT_KV_TIMEOUTS,
         allow_shm: bool = True,
         pin: bool = False,
         nixl: RegisteredStaging | None = None,
@@ -254,8 +254,9 @@ class KvSender:
         self.layout = layout
         self.host_id = host_identity.host_id(host_id)  # shared memory only to decode workers of this id
         self.send_from_pool = not pin  # a host-memory KV pool: TCP sends read its blocks directly
-        self.io_timeout = io_timeout
-        self.hello_timeout = hello_timeout  # above the receiver's arrival timeout
+        self.timeouts = timeouts
+        self.io_timeout = timeouts.io_s
+        self.hello_timeout = timeouts.hello_answer_s
         self.allow_shm = allow_shm
         self.staging = StagingPool(pin=pin)
         self.segments = SharedSegments()

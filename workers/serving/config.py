@@ -6,6 +6,7 @@ from pathlib import Path
 
 from diptych_common.artifacts import DEFAULT_CACHE
 from workers.engine.core import EngineConfig
+from workers.kv_connector.timeouts import KvTimeouts
 from workers.serving.server import Role
 
 
@@ -31,6 +32,7 @@ class WorkerConfig:
     threads: int = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
     kv_port: int = 0  # decode workers: the KV data port (0: a free one)
+    kv_timeouts: KvTimeouts = field(default_factory=KvTimeouts)
     metrics_port: int = 0  # 0: no metrics server
     kv_tier: str = ""
     tensor_parallel: int = 1

@@ -31,10 +31,11 @@ def build_connector(
     hand_off = HAND_OFF_OF_ROLE[config.role]
     if hand_off is DecodeConnector:
         receiver = KvReceiver(
-            KvInbox(),
+            KvInbox(config.kv_timeouts),
             layout,
             host=config.host,
             port=config.kv_port,
+            timeouts=config.kv_timeouts,
             staging=StagingPool(pin=config.cuda),
             max_tokens=engine.kv.num_blocks * engine.kv.block_size,
             nixl=nixl_staging(config.kv_nixl, "decode", config.host, pin=config.cuda),
@@ -44,7 +45,9 @@ def build_connector(
         connectors.append(DecodeConnector(receiver))
     if hand_off is PrefillConnector:
         nixl = nixl_staging(config.kv_nixl, "prefill", config.host, config.cuda)
-        sender = KvSender(layout, allow_shm=config.kv_shm, pin=config.cuda, nixl=nixl, host_id=config.host_id)
+        sender = KvSender(
+            layout, config.kv_timeouts, allow_shm=config.kv_shm, pin=config.cuda, nixl=nixl, host_id=config.host_id
+        )
         connectors.append(PrefillConnector(sender))
     if config.kv_tier:
         client = TierClient(config.kv_tier, tier_namespace(model, layout), layout.block_nbytes, secret)

@@ -47,7 +47,6 @@ from workers.structured.compiler import GrammarCompiler, GrammarRejected
 
 log = logging.getLogger(__name__)
 
-KV_ARRIVAL_TIMEOUT_S = 30.0
 LOAD_MIN_INTERVAL_S = 0.05
 LOAD_MAX_INTERVAL_S = 1.0
 MAX_TOP_LOGPROBS = 20
@@ -431,7 +430,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 request.request_id,
                 request.transfer_token,
                 request.prompt_tokens,
-                _remaining(context, KV_ARRIVAL_TIMEOUT_S),
+                _remaining(context, self._receiver.receiver.timeouts.kv_wait_s),
                 self._engine.kv,
                 list(request.prompt_token_ids),
                 request.cache_salt,
