@@ -50,8 +50,16 @@ class Store:
     def __init__(self, memory_mib: int) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "diptych_server.cli", "kv-tier", "--port", self.address.split(":")[1]]
-            + ["--memory-mib", str(memory_mib)],
+            [
+                sys.executable,
+                "-m",
+                "diptych_server.cli",
+                "kv-tier",
+                "--port",
+                self.address.split(":")[1],
+                "--memory-mib",
+                str(memory_mib),
+            ],
             env={**os.environ, "DIPTYCH_WORKER_RPC_SECRET": SECRET},
             stderr=subprocess.DEVNULL,
         )

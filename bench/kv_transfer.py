@@ -47,14 +47,14 @@ import xxhash
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
-from workers.engine.kv_transfer import KvTransferParams, Peer  # noqa: E402
+from workers.engine.kv_transfer import KvTransferParams, Peer
 from workers.kv_connector.interfaces import LOOPBACK
-from workers.kv_connector.nixl import nixl_staging  # noqa: E402
-from workers.kv_connector.receiver import KvInbox, KvReceiver  # noqa: E402
-from workers.kv_connector.sender import KvSender  # noqa: E402
-from workers.kv_connector.wire import SOCKET_BUFFER_BYTES  # noqa: E402
+from workers.kv_connector.nixl import nixl_staging
+from workers.kv_connector.receiver import KvInbox, KvReceiver
+from workers.kv_connector.sender import KvSender
+from workers.kv_connector.wire import SOCKET_BUFFER_BYTES
 from workers.runner.kv_pool import KvLayout
-from workers.runner.model_runner import ModelRunner  # noqa: E402
+from workers.runner.model_runner import ModelRunner
 
 LAYOUT = KvLayout(num_layers=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)
 CHUNKS = 4  # the prefill computes the prompt in this many chunks; each is sent as soon as staged

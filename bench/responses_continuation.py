@@ -32,11 +32,50 @@ from bench.live_platform import MODES, start_platform
 from diptych_server.stack import REPO_ROOT
 
 MODEL = "diptych-tiny"
-WORDS = (
-    "cache block prefix token model worker gateway prompt decode prefill turn reply question answer memory "
-    "batch stream latency budget region fleet kernel tensor vector sample greedy context window history "
-    "reuse store fetch route pin hash salt chain layer head value key query"
-).split()
+WORDS = [
+    "cache",
+    "block",
+    "prefix",
+    "token",
+    "model",
+    "worker",
+    "gateway",
+    "prompt",
+    "decode",
+    "prefill",
+    "turn",
+    "reply",
+    "question",
+    "answer",
+    "memory",
+    "batch",
+    "stream",
+    "latency",
+    "budget",
+    "region",
+    "fleet",
+    "kernel",
+    "tensor",
+    "vector",
+    "sample",
+    "greedy",
+    "context",
+    "window",
+    "history",
+    "reuse",
+    "store",
+    "fetch",
+    "route",
+    "pin",
+    "hash",
+    "salt",
+    "chain",
+    "layer",
+    "head",
+    "value",
+    "key",
+    "query",
+]
 
 
 def log(message: str) -> None:

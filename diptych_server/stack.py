@@ -4,6 +4,7 @@
 Each process logs to its own file under the state directory.
 """
 
+import contextlib
 import json
 import os
 import secrets
@@ -250,10 +251,8 @@ class Stack:
                 process.send_signal(sig)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for process in processes:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             _kill_session(process)  # a straggler, or what a stopped process left behind in its session
 
     def _spawn(self, name: str, args: list[str], **env: str) -> None:
@@ -294,8 +293,6 @@ class Stack:
 def _kill_session(process: subprocess.Popen) -> None:
     """SIGKILL for every process in the session `process` leads (started with start_new_session, the
     session's and group's id is its pid; Linux keeps that id unused while any member lives), then reaps it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()

@@ -8,7 +8,7 @@ their end (up to DRAIN_GRACE_S), usage is flushed (or spooled), then the process
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -63,9 +63,9 @@ class GatewayConfig:
     skip_split_below: int = 0
     prefill_overflow_tokens: int = 0
     routing_policy: str = DEFAULT_POLICY  # a name in gateway.routing.policies.POLICIES
-    timeouts: Timeouts = Timeouts()
-    slo: SloTargets = SloTargets()  # the autoscaling signals' TTFT and TPOT targets
-    autoscale_policy: ScalingPolicy = ScalingPolicy()
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    slo: SloTargets = field(default_factory=SloTargets)  # the autoscaling signals' TTFT and TPOT targets
+    autoscale_policy: ScalingPolicy = field(default_factory=ScalingPolicy)
 
 
 async def serve(config: GatewayConfig) -> None:

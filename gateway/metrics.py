@@ -109,7 +109,7 @@ AUTOSCALE_KV_UTILISATION = Gauge(
 AUTOSCALE_SLO_ATTAINMENT = Gauge(
     "diptych_autoscale_slo_attainment",
     "Share of this gateway's recent requests meeting the SLO target (ttft: the prefill's fleet, tpot: the decode's)",
-    _FLEET + ["slo"],
+    [*_FLEET, "slo"],
 )
 
 

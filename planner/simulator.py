@@ -113,7 +113,7 @@ class _Pricer:
 class _Job:
     """One request's stay on one worker."""
 
-    __slots__ = ("request", "prompt_left", "position", "blocks", "prefill_only")
+    __slots__ = ("blocks", "position", "prefill_only", "prompt_left", "request")
 
     def __init__(self, request: int, prompt_tokens: int, prompt_left: int, blocks: int, prefill_only: bool) -> None:
         self.request = request
@@ -125,18 +125,18 @@ class _Job:
 
 class _Worker:
     __slots__ = (
-        "index",
-        "role",
-        "waiting",
-        "prompting",
-        "rows",
-        "offset_sum",
-        "finishes",
-        "step_no",
-        "plan",
         "busy",
-        "run",
         "done_event",
+        "finishes",
+        "index",
+        "offset_sum",
+        "plan",
+        "prompting",
+        "role",
+        "rows",
+        "run",
+        "step_no",
+        "waiting",
     )
 
     def __init__(self, index: int, role: str) -> None:

@@ -122,7 +122,7 @@ def render(report: ChaosReport) -> str:
     else:
         verdict = "every delivered token billed once"
         verdict += "" if report.batches is None else ", every answered batch line billed once and no other"
-    return "\n".join(lines + ["", f"Verdict: {verdict}."])
+    return "\n".join([*lines, "", f"Verdict: {verdict}."])
 
 
 def _batch_rows(report: ChaosReport) -> list[tuple[str, object]]:

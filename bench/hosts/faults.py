@@ -7,6 +7,7 @@ after `down_s`:
   partition    the gateway's host cut off from the control plane (its address blackholed), under load
 """
 
+import contextlib
 import os
 import signal
 import time
@@ -48,10 +49,8 @@ def kill_host(platform: HostsPlatform, host: str) -> None:
         if name in platform.stack.processes:
             platform.stack.kill_process(name)
     for pid in ip("netns", "pids", namespace, check=False).stdout.split():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def restart_host(platform: HostsPlatform, host: str, timeout_s: float = 180.0) -> None:

@@ -16,6 +16,7 @@ outside loopback and the harness's own namespaces is ever addressed.
 """
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -78,10 +79,8 @@ def sweep_leftovers() -> list[str]:
     found = harness_namespaces() + harness_links()
     for namespace in harness_namespaces():
         for pid in ip("netns", "pids", namespace, check=False).stdout.split():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         ip("netns", "delete", namespace, check=False)
     for link in harness_links():  # a veth whose namespace went is gone with it already
         ip("link", "delete", link, check=False)
@@ -181,10 +180,8 @@ class Network:
     def _install_teardown(self) -> None:
         atexit.register(self.teardown)
         for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: the context manager and atexit still tear down
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-            except ValueError:
-                pass  # not the main thread: the context manager and atexit still tear down
 
     def _on_signal(self, signum: int, frame: object) -> None:
         previous = self._previous_handlers.get(signum)
@@ -196,9 +193,7 @@ class Network:
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
-            try:
+            with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler)  # type: ignore[arg-type]
-            except (ValueError, TypeError):
-                pass
         self._previous_handlers.clear()
         atexit.unregister(self.teardown)

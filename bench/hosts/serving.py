@@ -111,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = []
     for mode in args.modes:
         log(f"starting the {mode} fleet across hosts")
-        with tempfile.TemporaryDirectory(prefix=f"diptych-hosts-{mode}-") as state_dir:
-            with multi_host_platform(Path(state_dir), colocated=mode == "colocated") as platform:
-                figures.append(asyncio.run(measure(platform, mode, args)))
+        with (
+            tempfile.TemporaryDirectory(prefix=f"diptych-hosts-{mode}-") as state_dir,
+            multi_host_platform(Path(state_dir), colocated=mode == "colocated") as platform,
+        ):
+            figures.append(asyncio.run(measure(platform, mode, args)))
     print(table(figures))
     if args.json:
         args.json.write_text(json.dumps([dataclasses.asdict(f) for f in figures], indent=2))

@@ -53,8 +53,39 @@ def pseudo_word_corpus(seed: int = 0, draws: int = 40000) -> list[str]:
     """Deterministic text with enough distinct words for a 32000-token vocabulary, each word repeated
     by a Zipf-like count so that the merges come out in a stable order. Built here, so nothing is downloaded."""
     rng = random.Random(seed)
-    onsets = "b c d f g h j k l m n p r s t v w z br cl dr fl gr pl pr st tr sh ch th".split()
-    vowels = "a e i o u ai ea ou io".split()
+    onsets = [
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "j",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "z",
+        "br",
+        "cl",
+        "dr",
+        "fl",
+        "gr",
+        "pl",
+        "pr",
+        "st",
+        "tr",
+        "sh",
+        "ch",
+        "th",
+    ]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
     codas = ["", "n", "r", "s", "t", "l", "m", "nd", "st", "ck"]
 
     def word() -> str:

@@ -9,6 +9,7 @@ highest desired count over the gateways (infra/helm/diptych's prometheus-adapter
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -197,7 +198,5 @@ def _forget(key: FleetKey) -> None:
 
 
 def _remove(gauge, *labels: str) -> None:
-    try:
+    with contextlib.suppress(KeyError):  # never set
         gauge.remove(*labels)
-    except KeyError:
-        pass  # never set

@@ -339,7 +339,7 @@ def _within_budget(tokens: list[SampledToken], room: int) -> list[SampledToken]:
     last = tokens[room - 1]
     if not last.finished:
         last = dataclasses.replace(last, finished=True, finished_by_eos=False)
-    return tokens[: room - 1] + [last]
+    return [*tokens[: room - 1], last]
 
 
 def _fail_on_lost_kv(decode_tokens: CallTokens, kv_task: asyncio.Task) -> None:

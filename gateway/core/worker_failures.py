@@ -28,7 +28,7 @@ class FailuresOf:
     """`with FailuresOf(worker, phase):` around a read from a worker call: a timeout or a failed call
     leaves it as a WorkerFailure that blames `worker`. A class, not a generator: it wraps every read."""
 
-    __slots__ = ("worker", "phase")
+    __slots__ = ("phase", "worker")
 
     def __init__(self, worker: WorkerInfo, phase: str) -> None:
         self.worker = worker

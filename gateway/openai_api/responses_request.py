@@ -364,9 +364,9 @@ def _tool_choice(value) -> tuple[ToolChoice | None, str | dict]:
         return None, "auto"
     if isinstance(value, str) and value in ("auto", "none", "required"):
         return ToolChoice(value), value
-    if isinstance(value, dict) and value.get("type") == "function" and set(value) == {"type", "name"}:
-        if isinstance(value["name"], str):
-            return ToolChoice("function", value["name"]), {"type": "function", "name": value["name"]}
+    named = isinstance(value, dict) and value.get("type") == "function" and set(value) == {"type", "name"}
+    if named and isinstance(value["name"], str):
+        return ToolChoice("function", value["name"]), {"type": "function", "name": value["name"]}
     if isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"] != "function":
         raise HttpError(
             f'tool_choice of type {_shown(value["type"])} is not offered; use "auto", "none", '

@@ -78,7 +78,7 @@ def test_billing_more_than_delivered_is_overbilled_fails_the_run_and_names_each_
 
 
 def test_two_events_for_one_request_and_phase_are_doubled():
-    result = reconcile([_record("r1", 5)], _billed("r1", 5) + [LedgerEvent("r1", "decode", ORG_A, 5)])
+    result = reconcile([_record("r1", 5)], [*_billed("r1", 5), LedgerEvent("r1", "decode", ORG_A, 5)])
     assert result.doubled == 1 and result.failed
 
 

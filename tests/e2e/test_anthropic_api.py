@@ -146,9 +146,11 @@ def test_the_client_raises_its_matching_exceptions(live):
         with pytest.raises(anthropic.NotFoundError) as missing:
             client.messages.create(model="claude-9", max_tokens=4, messages=QUESTION)
         assert missing.value.type == "not_found_error"
-    with anthropic.Anthropic(api_key="dip_not-a-key", base_url=url, max_retries=0) as wrong:
-        with pytest.raises(anthropic.AuthenticationError):
-            wrong.messages.create(model=MODEL, max_tokens=4, messages=QUESTION)
+    with (
+        anthropic.Anthropic(api_key="dip_not-a-key", base_url=url, max_retries=0) as wrong,
+        pytest.raises(anthropic.AuthenticationError),
+    ):
+        wrong.messages.create(model=MODEL, max_tokens=4, messages=QUESTION)
     limited_key = new_key(live, requests_per_minute=1)["key"]
     with anthropic.Anthropic(api_key=limited_key, base_url=url, max_retries=0) as limited:
         answered = limited.messages.with_raw_response.create(model=MODEL, max_tokens=2, messages=QUESTION)
@@ -158,6 +160,8 @@ def test_the_client_raises_its_matching_exceptions(live):
             limited.messages.create(model=MODEL, max_tokens=2, messages=QUESTION)
         assert int(refused.value.response.headers["retry-after"]) >= 1
     reader_key = new_key(live, scopes=("admin:read",))["key"]
-    with anthropic.Anthropic(api_key=reader_key, base_url=url, max_retries=0) as reader:
-        with pytest.raises(anthropic.PermissionDeniedError):
-            reader.messages.create(model=MODEL, max_tokens=2, messages=QUESTION)
+    with (
+        anthropic.Anthropic(api_key=reader_key, base_url=url, max_retries=0) as reader,
+        pytest.raises(anthropic.PermissionDeniedError),
+    ):
+        reader.messages.create(model=MODEL, max_tokens=2, messages=QUESTION)

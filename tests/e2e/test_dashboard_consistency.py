@@ -80,7 +80,20 @@ def test_the_period_s_spend_is_the_same_in_every_section_however_its_rows_round(
 
 DAY = r"\d{4}-\d{2}-\d{2}"
 MOMENT = rf"{DAY} \d{{2}}:\d{{2}} UTC"
-MONTHS = "January February March April May June July August September October November December".split()
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 
 
 def shown_text(page: Page) -> str:

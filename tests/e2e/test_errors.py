@@ -46,18 +46,22 @@ def gateway_requests(live, code: str | None = None) -> float:
 def test_bad_input_is_refused_by_the_gateway_with_a_precise_error(live, params, error, message):
     code = "NOT_FOUND" if error is diptych.NotFoundError else "INVALID_ARGUMENT"
     before = gateway_requests(live, code)
-    with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"], max_retries=0) as client:
-        with pytest.raises(error) as raised:
-            client.completions.create(**params)
+    with (
+        diptych.Client(api_key=live.api_key, base_url=live.gateways["split"], max_retries=0) as client,
+        pytest.raises(error) as raised,
+    ):
+        client.completions.create(**params)
     assert raised.value.code == code and message in raised.value.message
     assert gateway_requests(live, code) == before + 1, "the gateway did not record refusing it"
 
 
 def test_a_negative_max_tokens_is_refused_by_the_sdk_before_it_is_sent(live):
     before = gateway_requests(live)
-    with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"], max_retries=0) as client:
-        with pytest.raises(ValueError, match="-1"):
-            client.completions.create(model="diptych-tiny", prompt="hi", max_tokens=-1)
+    with (
+        diptych.Client(api_key=live.api_key, base_url=live.gateways["split"], max_retries=0) as client,
+        pytest.raises(ValueError, match="-1"),
+    ):
+        client.completions.create(model="diptych-tiny", prompt="hi", max_tokens=-1)
     assert gateway_requests(live) == before
 
 
@@ -73,9 +77,11 @@ def test_a_request_without_an_api_key_is_unauthenticated(live):
 
 def test_a_wrong_api_key_is_unauthenticated(live):
     before = gateway_requests(live, "UNAUTHENTICATED")
-    with diptych.Client(api_key="dip_not-a-real-key", base_url=live.gateways["split"], max_retries=0) as client:
-        with pytest.raises(diptych.AuthenticationError):
-            client.completions.create(model="diptych-tiny", prompt="hi", max_tokens=2)
+    with (
+        diptych.Client(api_key="dip_not-a-real-key", base_url=live.gateways["split"], max_retries=0) as client,
+        pytest.raises(diptych.AuthenticationError),
+    ):
+        client.completions.create(model="diptych-tiny", prompt="hi", max_tokens=2)
     assert gateway_requests(live, "UNAUTHENTICATED") == before + 1
 
 

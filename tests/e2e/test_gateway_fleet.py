@@ -92,9 +92,9 @@ class Fleet:
         text = httpx.get(self.metrics_url, timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                    total += float(line.split()[-1])
+            named = line.startswith((name + " ", name + "{"))
+            if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.split()[-1])
         return total
 
     def channel(self) -> grpc.aio.Channel:
@@ -159,7 +159,7 @@ async def test_a_repeated_long_prefix_goes_to_the_prefill_worker_that_holds_it(f
     block_size = fleet.load("prefill-0").block_size
     assert block_size, "the prefill workers publish no prefix cache (Load.block_size is 0)"
     prefix = long_prompt(1, 320)
-    holder = (await complete(fleet, prefix + [5, 6, 7], 2)).usage.prefill.worker_id
+    holder = (await complete(fleet, [*prefix, 5, 6, 7], 2)).usage.prefill.worker_id
     deadline = time.monotonic() + 5  # the holder publishes the prefix's blocks in its next load report
     last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]  # salted per organization
     while last_block not in fleet.load(fleet.name_of(holder)).prefix_cache.block_hashes:
@@ -179,14 +179,14 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     block_size = fleet.load("prefill-0").block_size
     assert block_size, "the prefill workers publish no prefix cache (Load.block_size is 0)"
     prefix = long_prompt(2, 320)
-    holder = (await complete(fleet, prefix + [5], 2)).usage.prefill.worker_id
+    holder = (await complete(fleet, [*prefix, 5], 2)).usage.prefill.worker_id
     holder_name = fleet.name_of(holder)
     deadline = time.monotonic() + 5
     last_block = block_hashes(prefix, block_size, fleet.credentials.organization_id)[-1]  # salted per organization
     while last_block not in fleet.load(holder_name).prefix_cache.block_hashes:
         assert time.monotonic() < deadline, "the prefill worker never published the prompt's blocks"
         await asyncio.sleep(0.05)
-    prompts = [prefix + [10 + i, 20 + i] for i in range(8)]
+    prompts = [[*prefix, 10 + i, 20 + i] for i in range(8)]
     routed_before = fleet.metric("diptych_gateway_routing_decisions_total")
     fleet.stack.processes[holder_name].send_signal(signal.SIGSTOP)
     try:
@@ -202,7 +202,7 @@ async def test_a_hot_prefix_holder_sheds_requests_to_the_other_worker_and_keeps_
     assert 2 <= on_holder <= 6, f"{on_holder} of 8 on the prefix holder"
     for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == generate_reference(model, prompt, 3)
-    assert (await complete(fleet, prefix + [99], 2)).usage.prefill.worker_id == holder
+    assert (await complete(fleet, [*prefix, 99], 2)).usage.prefill.worker_id == holder
 
 
 async def test_concurrent_requests_spread_over_both_prefill_and_decode_workers(fleet, reference):
@@ -236,8 +236,9 @@ async def test_cancelling_a_grpc_stream_frees_the_sequence_on_both_workers(fleet
 
 async def test_an_http_client_that_disconnects_frees_the_sequence_on_both_workers(fleet):
     watch = fleet.watch_cancellation(LONG_OUTPUT)
-    async with httpx.AsyncClient(timeout=30) as client:
-        async with client.stream(
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream(
             "POST",
             f"{fleet.http_url}/completions",
             headers={"Authorization": f"Bearer {fleet.credentials.api_key}"},
@@ -249,13 +250,14 @@ async def test_an_http_client_that_disconnects_frees_the_sequence_on_both_worker
                 "temperature": 0,
                 "stream": True,
             },
-        ) as response:
-            assert response.status_code == 200
-            chunks = 0
-            async for line in response.aiter_lines():
-                chunks += line.startswith("data: ")
-                if chunks >= 5:
-                    break
+        ) as response,
+    ):
+        assert response.status_code == 200
+        chunks = 0
+        async for line in response.aiter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 5:
+                break
     await asyncio.to_thread(watch.assert_freed, 60)
 
 

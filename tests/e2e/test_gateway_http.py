@@ -90,9 +90,11 @@ def test_streaming_completion_without_usage(client, reference):
 
 def test_errors_are_openai_shaped(live):
     base_url = live.http_urls["split"]
-    with openai.OpenAI(api_key="dip_not-a-key", base_url=base_url, max_retries=0) as wrong:
-        with pytest.raises(openai.AuthenticationError) as raised:
-            wrong.models.list()
+    with (
+        openai.OpenAI(api_key="dip_not-a-key", base_url=base_url, max_retries=0) as wrong,
+        pytest.raises(openai.AuthenticationError) as raised,
+    ):
+        wrong.models.list()
     assert raised.value.body["code"] == "invalid_api_key"
     with openai.OpenAI(api_key=live.api_key, base_url=base_url, max_retries=0) as client:
         with pytest.raises(openai.NotFoundError) as raised:

@@ -58,9 +58,11 @@ def test_requests_per_minute_per_key_over_grpc_and_http(live):
     retry_after_ms = int(dict(refused.trailing_metadata())["retry-after-ms"])
     assert 0 < retry_after_ms <= 30_000  # one request comes back every 30 s at 2 per minute
     assert "API key limit of 2 requests per minute" in refused.details() and "retry after" in refused.details()
-    with openai.OpenAI(api_key=key, base_url=live.http_urls["split"], max_retries=0) as client:
-        with pytest.raises(openai.RateLimitError) as raised:
-            client.completions.create(model=MODEL, prompt="limits", max_tokens=2)
+    with (
+        openai.OpenAI(api_key=key, base_url=live.http_urls["split"], max_retries=0) as client,
+        pytest.raises(openai.RateLimitError) as raised,
+    ):
+        client.completions.create(model=MODEL, prompt="limits", max_tokens=2)
     response = raised.value.response
     assert 1 <= int(response.headers["Retry-After"]) <= 30
     assert raised.value.body["type"] == "rate_limit_error" and raised.value.body["code"] == "rate_limit_exceeded"

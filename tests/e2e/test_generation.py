@@ -58,11 +58,13 @@ def test_text_prompt_is_tokenized_as_the_model_tokenizer_does(live, reference, m
 def test_stream_delivers_each_token_and_ends_with_usage(live, reference):
     model, _ = reference
     prompt = random_prompts(seed=3)[5]
-    with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client:
-        with client.completions.create(
+    with (
+        diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client,
+        client.completions.create(
             model="diptych-tiny", prompt=prompt, max_tokens=16, temperature=0, stream=True
-        ) as stream:
-            chunks = list(stream)
+        ) as stream,
+    ):
+        chunks = list(stream)
     token_ids = [t for chunk in chunks for t in chunk.token_ids]
     assert token_ids == generate_reference(model, prompt, 16)
     assert all(chunk.usage is None and chunk.finish_reason is None for chunk in chunks[:-1])

@@ -107,7 +107,7 @@ def replace_weights_with_another_model(directory: Path) -> None:
 
 
 def test_registering_a_directory_without_a_config_is_refused_and_changes_nothing(platform, tmp_path):
-    stack, api_key, gateway = platform
+    stack, api_key, _gateway = platform
     result = subprocess.run(
         [sys.executable, "-m", "diptych_server.cli", "model", "register", "empty", str(tmp_path)],
         env=stack.env(),

@@ -58,15 +58,17 @@ def test_posting_the_same_usage_batch_twice_counts_it_once(live):
 def test_usage_of_a_cancelled_stream_counts_the_tokens_delivered(live):
     max_tokens = 1000  # with the prompt, all of diptych-tiny's context: the stream is left far from its end
     watch = live.watch_cancellation(max_tokens)
-    with diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client:
-        with client.completions.create(
+    with (
+        diptych.Client(api_key=live.api_key, base_url=live.gateways["split"]) as client,
+        client.completions.create(
             model="diptych-tiny", prompt=[11] * 20, max_tokens=max_tokens, ignore_eos=True, temperature=0, stream=True
-        ) as stream:
-            received = []
-            for chunk in stream:
-                received.append(chunk)
-                if len(received) == 5:
-                    break
+        ) as stream,
+    ):
+        received = []
+        for chunk in stream:
+            received.append(chunk)
+            if len(received) == 5:
+                break
     watch.assert_freed(prompt_tokens=20)
     events = {e["phase"]: e for e in usage_events(live, received[0].id, expected=2)}
     assert events["prefill"]["tokens"] == 20

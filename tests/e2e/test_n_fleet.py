@@ -68,16 +68,16 @@ async def test_a_prompt_cache_key_keeps_its_prefill_worker_over_the_prefix_holde
     assert elsewhere, "no request went to the other prefill worker"
     held = elsewhere[0]
     # Without the key, a prompt extending `held` goes to the worker holding it ...
-    plain = await complete(fleet, held + [7, 8, 9], 2)
+    plain = await complete(fleet, [*held, 7, 8, 9], 2)
     assert plain.usage.prefill.worker_id != key_worker and plain.usage.cached_tokens > 0
     # ... and so does one with another key, which is another session: ordinary routing ...
-    other = await keyed_completion(fleet, held + [7, 8, 11], "session-b")
+    other = await keyed_completion(fleet, [*held, 7, 8, 11], "session-b")
     assert other.usage.prefill.worker_id == plain.usage.prefill.worker_id
     # ... but with the first key, to the key's worker, which computes it whole. (Asked last: afterwards
     # both workers hold the prefix, and ordinary routing may pick either.)
-    kept = await keyed_completion(fleet, held + [7, 8, 10], "session-a")
+    kept = await keyed_completion(fleet, [*held, 7, 8, 10], "session-a")
     assert kept.usage.prefill.worker_id == key_worker and kept.usage.cached_tokens == 0
-    assert kept.tokens == generate_reference(model, held + [7, 8, 10], 2)
+    assert kept.tokens == generate_reference(model, [*held, 7, 8, 10], 2)
 
 
 async def keyed_completion(fleet, prompt: list[int], key: str) -> Completion:  # noqa: F811

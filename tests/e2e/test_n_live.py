@@ -181,7 +181,7 @@ def test_an_idempotency_key_replays_every_choice(live):
 
 
 def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context_or_its_end_of_sequence(live, reference):
-    _, tokenizer = reference
+    _, _tokenizer = reference
     with openai.OpenAI(api_key=live.api_key, base_url=live.http_urls["colocated"], max_retries=0) as client:
         chat = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "go on"}], temperature=0

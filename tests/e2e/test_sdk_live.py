@@ -55,11 +55,13 @@ def test_completion_chat_and_models(live, mode):
 
 @pytest.mark.parametrize("mode", ["split", "colocated"])
 def test_stream_carries_one_request_id_and_ends_with_usage(live, mode):
-    with client_for(live, mode) as client:
-        with client.completions.create(
+    with (
+        client_for(live, mode) as client,
+        client.completions.create(
             model=MODEL, prompt="Once upon", max_tokens=12, ignore_eos=True, stream=True
-        ) as stream:
-            chunks = list(stream)
+        ) as stream,
+    ):
+        chunks = list(stream)
     assert {chunk.id for chunk in chunks} == {stream.request_id} and stream.request_id
     assert [chunk.finish_reason for chunk in chunks[:-1]] == [None] * (len(chunks) - 1)
     last = chunks[-1]
@@ -70,11 +72,13 @@ def test_stream_carries_one_request_id_and_ends_with_usage(live, mode):
 
 def test_leaving_a_stream_early_cancels_generation(live):
     watch = live.watch_cancellation(LONG_OUTPUT)
-    with client_for(live) as client:
-        with client.completions.create(
+    with (
+        client_for(live) as client,
+        client.completions.create(
             model=MODEL, prompt=PROMPT_IDS, max_tokens=LONG_OUTPUT, ignore_eos=True, stream=True
-        ) as stream:
-            received = [chunk for chunk, _ in zip(stream, range(3), strict=False)]
+        ) as stream,
+    ):
+        received = [chunk for chunk, _ in zip(stream, range(3), strict=False)]
     assert len(received) == 3
     watch.assert_freed(prompt_tokens=len(PROMPT_IDS))
 

@@ -6,6 +6,7 @@ Its processes are found by pid (the descendants of `up`, each with its start tim
 pid is not taken for a survivor) and, as a second net, by the state directory in their environment.
 """
 
+import contextlib
 import os
 import re
 import select
@@ -140,10 +141,8 @@ class Up:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)  # `up` leads a session of its own
         for pid in self.survivors():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.wait()
 
 

@@ -161,7 +161,7 @@ async def test_a_request_without_anthropic_version_is_served(gateway):
 
 
 async def test_an_unknown_model_is_a_not_found_error(gateway):
-    status, headers, payload = await post(gateway, MESSAGES, {**VALID, "model": "claude-9"})
+    status, _headers, payload = await post(gateway, MESSAGES, {**VALID, "model": "claude-9"})
     assert status == 404
     assert_anthropic_error(payload, "not_found_error")
     assert "model 'claude-9' does not exist" in payload["error"]["message"]

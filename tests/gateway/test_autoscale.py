@@ -284,7 +284,7 @@ def test_a_bad_policy_is_refused_naming_what_is_wrong(data, message):
 def test_an_unreadable_policy_file_is_refused_naming_it(tmp_path):
     path = tmp_path / "policy.json"
     path.write_text("{not json")
-    with pytest.raises(PolicyError, match="policy.json"):
+    with pytest.raises(PolicyError, match=r"policy.json"):
         load_policy(path)
 
 

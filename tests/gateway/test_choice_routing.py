@@ -22,11 +22,11 @@ def test_a_pinned_choice_goes_to_its_first_choice_s_workers_while_they_are_usabl
     fleet = two_by_two()
     fleet.report("p1", cached=block_hashes(PREFIX, BLOCK))  # the prefix router would pick p1 and d1
     router = fleet.router()
-    pinned = RouteRequest("m", PREFIX + [1], 16, pin=Pin("p2", "d2"))
+    pinned = RouteRequest("m", [*PREFIX, 1], 16, pin=Pin("p2", "d2"))
     route = router.route(pinned)
     assert (route.prefill.id, route.decode.id) == ("p2", "d2")
     # A pinned worker that failed this request is avoided: ordinary routing decides.
-    route = router.route(RouteRequest("m", PREFIX + [1], 16, frozenset({"p2", "d2"}), pin=Pin("p2", "d2")))
+    route = router.route(RouteRequest("m", [*PREFIX, 1], 16, frozenset({"p2", "d2"}), pin=Pin("p2", "d2")))
     assert (route.prefill.id, route.decode.id) == ("p1", "d1")
     # One that drains is no candidate.
     fleet.report("p2", draining=True)
@@ -50,11 +50,11 @@ def test_requests_sharing_a_prompt_cache_key_go_to_its_prefill_worker_over_the_p
     first = router.route(session(other, "chat-1", avoid={"p1"}))  # the key's first request lands on p2
     assert first.prefill.id == "p2"
     fleet.report("p1", cached=block_hashes(PREFIX, BLOCK, "org"))
-    assert router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org")).prefill.id == "p1"
+    assert router.route(RouteRequest("m", [*PREFIX, 1], 16, cache_salt="org")).prefill.id == "p1"
     # The key wins over p1's prefix: the session's own prompts meet on p2.
-    assert router.route(session(PREFIX + [1], "chat-1")).prefill.id == "p2"
+    assert router.route(session([*PREFIX, 1], "chat-1")).prefill.id == "p2"
     # Another organization's key of the same name is another session.
-    assert router.route(RouteRequest("m", PREFIX + [1], 16, session_key="org2:chat-1")).prefill.id == "p1"
+    assert router.route(RouteRequest("m", [*PREFIX, 1], 16, session_key="org2:chat-1")).prefill.id == "p1"
 
 
 def test_a_prompt_cache_key_s_worker_that_is_overloaded_or_gone_yields_to_ordinary_routing():

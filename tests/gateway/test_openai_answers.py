@@ -42,9 +42,11 @@ async def gateway(tmp_path):
 async def serving(tmp_path, tiny_model, executor):  # noqa: F811
     """A gateway over one colocated worker of the built-in model, and the official client pointed at it."""
     roles = {"colocated-0": Role.COLOCATED}
-    async with responses_gateway(tmp_path, tiny_model, executor, roles, ServingMode.COLOCATED) as gw:
-        async with openai.AsyncOpenAI(api_key=API_KEY, base_url=gw.base_url, max_retries=0) as client:
-            yield gw, client
+    async with (
+        responses_gateway(tmp_path, tiny_model, executor, roles, ServingMode.COLOCATED) as gw,
+        openai.AsyncOpenAI(api_key=API_KEY, base_url=gw.base_url, max_retries=0) as client,
+    ):
+        yield gw, client
 
 
 def metric(name: str, **labels: str) -> float:
@@ -112,7 +114,7 @@ def test_the_fingerprint_names_the_model_and_its_revision():
 
 @pytest.mark.parametrize("tier", [None, "auto", "default"])
 async def test_a_chat_answer_carries_its_service_tier_and_fingerprint(serving, tier):
-    gateway, client = serving
+    _gateway, client = serving
     extra = {} if tier is None else {"service_tier": tier}
     answer = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, **extra
@@ -122,7 +124,7 @@ async def test_a_chat_answer_carries_its_service_tier_and_fingerprint(serving, t
 
 
 async def test_every_streamed_chunk_carries_them(serving):
-    gateway, client = serving
+    _gateway, client = serving
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Hi"}],
@@ -137,7 +139,7 @@ async def test_every_streamed_chunk_carries_them(serving):
 
 
 async def test_a_completion_carries_its_fingerprint(serving):
-    gateway, client = serving
+    _gateway, client = serving
     answer = await client.completions.create(model=MODEL, prompt="Hello", max_tokens=3)
     assert answer.system_fingerprint == system_fingerprint(ModelInfo(MODEL, f"builtin:{MODEL}", 1024))
 
@@ -268,7 +270,7 @@ async def test_a_failed_request_is_timed_with_its_outcome(gateway):
 
 
 async def test_a_served_request_counts_its_prompt_tokens_and_is_timed_to_its_last_byte(serving):
-    gateway, client = serving
+    _gateway, client = serving
     whole = {"model": MODEL, "api": "chat.completions", "outcome": "OK"}
     streamed_before = metric("diptych_gateway_request_duration_seconds_count", **whole)
     prompt_before = metric("diptych_gateway_prompt_tokens_total", model=MODEL)

@@ -52,7 +52,7 @@ def test_the_prefill_worker_holding_the_longest_prefix_wins():
     fleet = two_by_two()
     fleet.report("p2", cached=block_hashes(PREFIX, BLOCK)[:10])
     fleet.report("p1", cached=block_hashes(PREFIX, BLOCK)[:4])
-    route = fleet.router().route(request(PREFIX + [7, 8, 9]))
+    route = fleet.router().route(request([*PREFIX, 7, 8, 9]))
     assert route.prefill.id == "p2" and route.matched_tokens == 160 and route.decision is Decision.SPLIT
 
 
@@ -63,11 +63,11 @@ def test_a_hot_worker_loses_new_prompts_but_keeps_affinity_for_the_others():
     fleet.report("p2", cached=block_hashes(other, BLOCK), queue_depth=0)
     router = fleet.router()
     # p1 holds PREFIX but six requests wait on it: the 256 tokens are cheaper to recompute on p2.
-    assert router.route(request(PREFIX + [1])).prefill.id == "p2"
+    assert router.route(request([*PREFIX, 1])).prefill.id == "p2"
     # A prompt cached on p2 still goes to p2; p1's queue changed nothing about p2's affinity.
-    assert router.route(request(other + [1])).prefill.id == "p2"
+    assert router.route(request([*other, 1])).prefill.id == "p2"
     fleet.report("p1", cached=block_hashes(PREFIX, BLOCK), queue_depth=1)
-    assert router.route(request(PREFIX + [1])).prefill.id == "p1"
+    assert router.route(request([*PREFIX, 1])).prefill.id == "p1"
 
 
 def test_requests_in_flight_from_this_gateway_count_before_the_next_report():
@@ -143,7 +143,7 @@ def test_a_prompt_the_decode_worker_holds_skips_the_split():
     fleet = two_by_two()
     fleet.report("d1", cached=block_hashes(PREFIX, BLOCK))
     fleet.report("d2", active_sequences=3)
-    route = fleet.router(skip_split_below=32).route(request(PREFIX + [1, 2]))
+    route = fleet.router(skip_split_below=32).route(request([*PREFIX, 1, 2]))
     assert route.decision is Decision.SPLIT_SKIPPED and route.prefill.id == "d1" and route.matched_tokens == 256
 
 
@@ -222,9 +222,9 @@ def test_prefix_affinity_holds_within_an_organization_and_never_across():
     fleet = two_by_two()
     fleet.report("p2", cached=block_hashes(PREFIX, BLOCK, "org-a"))
     router = fleet.router()
-    same = router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org-a"))
+    same = router.route(RouteRequest("m", [*PREFIX, 1], 16, cache_salt="org-a"))
     assert same.prefill.id == "p2" and same.matched_tokens == 256
-    other = router.route(RouteRequest("m", PREFIX + [1], 16, cache_salt="org-b"))
+    other = router.route(RouteRequest("m", [*PREFIX, 1], 16, cache_salt="org-b"))
     assert other.matched_tokens == 0 and other.prefill.id == "p1"
 
 
@@ -237,7 +237,7 @@ def test_a_continuation_right_after_its_request_ended_finds_the_worker_that_hold
     first = router.route(request(PREFIX[:64]))
     assert (first.prefill.id, first.decision) == ("p1", Decision.SPLIT)
     conversation = PREFIX[:104]  # 64 prompt tokens, 40 output tokens: the last never fed back
-    continuation = request(conversation + [9, 9, 9])
+    continuation = request([*conversation, 9, 9, 9])
     assert router.route(continuation).prefill.id == "p1"  # before the end: only p1 holds any of it
     router.note_finished(first, conversation, "")
     routed = router.route(continuation)

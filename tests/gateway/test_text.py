@@ -42,7 +42,7 @@ def test_a_stop_string_ends_the_text_before_it_and_never_leaks(tokenizer, stop):
 
 def test_the_earliest_of_several_stop_strings_wins(tokenizer):
     ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
-    deltas, stream = stream_text(tokenizer, ids, stop=["café", "cache"])
+    deltas, _stream = stream_text(tokenizer, ids, stop=["café", "cache"])
     assert "".join(deltas) == TEXT[: TEXT.index("cache")]
 
 

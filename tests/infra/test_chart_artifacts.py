@@ -81,5 +81,5 @@ def test_an_s3_store_reaches_the_control_plane_and_the_workers_with_its_credenti
 def test_an_access_key_without_its_secret_key_fails_naming_it():
     values = install_values(artifacts=S3)
     values["secrets"].update(awsAccessKeyId="AKIAEXAMPLE")
-    with pytest.raises(Exception, match="secrets.awsSecretAccessKey"):
+    with pytest.raises(Exception, match=r"secrets.awsSecretAccessKey"):
         render(values)

@@ -211,6 +211,6 @@ def test_bootstrap_issues_new_credentials_for_a_fresh_database(db, tmp_path):
 def test_bootstrap_refuses_a_credentials_file_it_did_not_write(db, tmp_path, content):
     path = tmp_path / "bootstrap.json"
     path.write_text(content)
-    with pytest.raises(CommandError, match="--credentials-file .* is not a JSON object bootstrap wrote"):
+    with pytest.raises(CommandError, match=r"--credentials-file .* is not a JSON object bootstrap wrote"):
         _bootstrap(path)
     assert path.read_text() == content

@@ -16,6 +16,7 @@ and the package indexes (Debian's, PyPI, npm) reachable. It takes 4 to 5 minutes
 DIPTYCH_IMAGE_TEST=1 is set: CI (.ci/run) sets it (docs/deploy.md, "Building from local files").
 """
 
+import contextlib
 import json
 import os
 import re
@@ -256,17 +257,13 @@ def stop(servers: dict[str, subprocess.Popen], workdir: Path) -> None:
             _signal_group(server, signal.SIGKILL)
             server.wait(10)
     for pid in processes_rooted_under(workdir):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _signal_group(server: subprocess.Popen, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signum)  # started with a session of its own: its group id is its pid
-    except ProcessLookupError:
-        pass
 
 
 def unmount_under(folder: Path) -> None:

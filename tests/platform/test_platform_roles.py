@@ -79,7 +79,7 @@ def test_api_key_scopes_enforce_the_permission_table(org_a, make_bearer_client, 
 
 
 def test_developer_sees_and_revokes_only_own_keys(org_a, key_a):
-    client, membership = member_client(org_a, "developer")
+    client, _membership = member_client(org_a, "developer")
     created = client.post("/api/v1/api-keys", {"name": "mine", "scopes": ["inference", "admin:read"]}, format="json")
     assert created.status_code == 201
     assert [key["id"] for key in client.get("/api/v1/api-keys").data["data"]] == [created.data["id"]]
@@ -199,7 +199,7 @@ def test_staff_user_without_organization(staff_client):
 
 
 def test_audit_log_records_who_did_what_and_only_owners_read_it(org_a, owner, client_a, key_a):
-    client, membership = owner
+    client, _membership = owner
     created = client_a.post("/api/v1/api-keys", {"name": "audited", "scopes": ["inference"]}, format="json").data
     client.post(f"/api/v1/api-keys/{created['id']}/revoke")
     client.put("/api/v1/spend-limit", {"limit_micros": 7}, format="json")

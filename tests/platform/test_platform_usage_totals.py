@@ -46,7 +46,7 @@ def test_the_range_total_is_the_period_s_invoice_total_and_its_keys_add_up_to_it
 ):
     ingest_half_micros(internal_client, make_usage_event, key_a, second_key)
     usage_rollup()
-    first, now = this_period_moments()
+    first, _now = this_period_moments()
     days = {"start": first.date().isoformat(), "end": timezone.now().date().isoformat()}
     costs = client_a.get(COSTS_URL).data
     # Lines: prefill 10 tokens (1.0), cached 20 (0.5 -> 1), decode 2 (0.8 -> 1), batch decode 3 (0.6 -> 1).

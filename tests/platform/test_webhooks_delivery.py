@@ -8,6 +8,7 @@ The receiver is on loopback and speaks plain HTTP, which the operator's settings
 DIPTYCH_WEBHOOKS_ALLOW_PRIVATE=1 and DIPTYCH_WEBHOOKS_ALLOW_HTTP=1 would.
 """
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -112,7 +113,7 @@ def test_a_delivery_failing_twice_succeeds_on_its_third_try_and_reaches_the_appl
     (handed_on,) = receiver.application  # deduplicated by webhook-id
     assert handed_on.type == "batch.completed" and handed_on.id == event.public_id
     assert handed_on.data.id == "batch_abc" and handed_on.object == "event"
-    gaps = [later.received_at - earlier.received_at for earlier, later in zip(tries, tries[1:], strict=False)]
+    gaps = [later.received_at - earlier.received_at for earlier, later in itertools.pairwise(tries)]
     assert gaps[0] >= FIRST_RETRY_S and gaps[1] >= 3 * FIRST_RETRY_S  # the backoff, never shorter
 
     assert delivery.attempts == 3 and delivery.next_attempt_at is None and delivery.delivered_at is not None

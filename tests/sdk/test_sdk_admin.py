@@ -220,9 +220,11 @@ def test_answers_that_break_the_contract(http, client, reply):
 
 
 def test_unreachable_admin_api(closed_port):
-    with diptych.Client(api_key="k", admin_url=f"http://127.0.0.1:{closed_port}", max_retries=1) as client:
-        with pytest.raises(diptych.APIConnectionError) as raised:
-            client.admin.billing.current()
+    with (
+        diptych.Client(api_key="k", admin_url=f"http://127.0.0.1:{closed_port}", max_retries=1) as client,
+        pytest.raises(diptych.APIConnectionError) as raised,
+    ):
+        client.admin.billing.current()
     assert raised.value.code == "connection_error" and type(raised.value) is diptych.APIConnectionError
 
 

@@ -211,9 +211,11 @@ def test_silent_stream_times_out_and_is_cancelled(server, client, silent_from):
     quick = client.with_options(stream_idle_timeout=0.3)
     received = []
     started = time.monotonic()
-    with pytest.raises(diptych.APITimeoutError, match="stream_idle_timeout") as raised:
-        with quick.completions.create(model="m", prompt="x", stream=True) as stream:
-            received.extend(chunk.text for chunk in stream)
+    with (
+        pytest.raises(diptych.APITimeoutError, match="stream_idle_timeout") as raised,
+        quick.completions.create(model="m", prompt="x", stream=True) as stream,
+    ):
+        received.extend(chunk.text for chunk in stream)
     assert time.monotonic() - started < CANCEL_SEEN_S, "the SDK waited for the call's deadline, not its idle timeout"
     assert received == [f"t{index}" for index in range(silent_from)]
     assert raised.value.idempotency_key == server.servicer.requests[0].idempotency_key

@@ -80,9 +80,11 @@ def test_a_refusal_from_the_server_reaches_the_caller_as_the_server_sent_it(serv
     words and the id it issued, which the SDK had no other way to learn."""
     issued_id = f"req_{uuid.uuid4().hex}"
     server.servicer.script = [refuse(status, "the gateway says no", issued_id)]
-    with diptych.Client(api_key="sk-test", base_url=server.base_url, max_retries=0, timeout=5) as client:
-        with pytest.raises(diptych.DiptychError) as raised:
-            client.completions.create(model="m", prompt="x", idempotency_key="order-7")
+    with (
+        diptych.Client(api_key="sk-test", base_url=server.base_url, max_retries=0, timeout=5) as client,
+        pytest.raises(diptych.DiptychError) as raised,
+    ):
+        client.completions.create(model="m", prompt="x", idempotency_key="order-7")
     error = raised.value
     assert type(error) is EXPECTED[status]
     assert (error.code, error.message, error.request_id) == (status.name, "the gateway says no", issued_id)

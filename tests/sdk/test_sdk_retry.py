@@ -121,9 +121,11 @@ def test_retry_after_is_honoured_and_bounded():
 def test_closed_port_raises_connection_error_after_retries(closed_port, caplog):
     caplog.set_level(logging.INFO, logger="diptych")
     started = time.monotonic()
-    with diptych.Client(api_key="k", base_url=f"127.0.0.1:{closed_port}", timeout=2.0, max_retries=1) as client:
-        with pytest.raises(diptych.APIConnectionError) as raised:
-            client.completions.create(model="m", prompt="hi", idempotency_key="closed-1")
+    with (
+        diptych.Client(api_key="k", base_url=f"127.0.0.1:{closed_port}", timeout=2.0, max_retries=1) as client,
+        pytest.raises(diptych.APIConnectionError) as raised,
+    ):
+        client.completions.create(model="m", prompt="hi", idempotency_key="closed-1")
     assert time.monotonic() - started < 3.0
     assert type(raised.value) is diptych.APIConnectionError
     assert (raised.value.code, raised.value.idempotency_key, raised.value.request_id) == (

@@ -86,9 +86,8 @@ def test_a_streamed_list_parses_to_a_page_that_walks_the_next_pages(http, admin)
 
 def test_an_error_status_raises_on_entering_the_block(http, admin):
     http.script = [Reply(status=404, body={"error": {"type": "not_found", "message": "no such key"}})]
-    with pytest.raises(diptych.NotFoundError):
-        with admin.admin.api_keys.with_streaming_response.retrieve("gone"):
-            pytest.fail("the block must not run")
+    with pytest.raises(diptych.NotFoundError), admin.admin.api_keys.with_streaming_response.retrieve("gone"):
+        pytest.fail("the block must not run")
 
 
 def test_nothing_is_sent_before_entering_the_block(http, admin):

@@ -182,7 +182,7 @@ def test_a_file_being_downloaded_never_appears_under_its_real_name(store, s3_end
 
 def test_a_store_sending_more_than_the_listed_size_is_cut_off_and_nothing_is_kept(store, s3_endpoint, tmp_path):
     store.put_object(Bucket=BUCKET, Key=PREFIX + "config.json", Body=FILES["config.json"] * 4)
-    with pytest.raises(ArtifactError, match="more than the 24 bytes the manifest lists for config.json"):
+    with pytest.raises(ArtifactError, match=r"more than the 24 bytes the manifest lists for config.json"):
         ensure(ArtifactCache(tmp_path), manifest_of(s3_endpoint))
     directory = tmp_path / MODEL / REVISION
     assert not (directory / "config.json").exists() and leftovers(directory) == []

@@ -104,7 +104,7 @@ async def test_requests_arriving_while_others_decode_match_generate(start_engine
     late_handles = add_greedy(engine, "l", late, late_counts)
     rests = await asyncio.gather(*(collect(h) for h in handles + late_handles))
     for first, prompt, count, rest in zip(firsts, early, counts, rests[: len(early)], strict=True):
-        assert [first.token_id] + rest == reference(prompt, count)
+        assert [first.token_id, *rest] == reference(prompt, count)
     for prompt, count, output in zip(late, late_counts, rests[len(early) :], strict=True):
         assert output == reference(prompt, count)
     await settle(engine)

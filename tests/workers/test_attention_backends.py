@@ -121,7 +121,7 @@ def test_auto_takes_paged_cpu_for_float32_on_the_cpu_gather_elsewhere_and_naming
     assert choose_backend("auto", cpu, torch.float32, 16) == "paged-cpu"
     assert choose_backend("auto", cpu, torch.bfloat16, 16) == "gather"
     assert choose_backend("gather", cpu, torch.float32, 16) == "gather"
-    with pytest.raises(AttentionBackendUnavailable, match="float32 pools, not torch.bfloat16"):
+    with pytest.raises(AttentionBackendUnavailable, match=r"float32 pools, not torch.bfloat16"):
         choose_backend("paged-cpu", cpu, torch.bfloat16, 16)
     with pytest.raises(AttentionBackendUnavailable, match="runs on the CPU, not on cuda"):
         choose_backend("paged-cpu", torch.device("cuda"), torch.float32, 16)
@@ -226,7 +226,7 @@ def test_a_non_finite_key_reaches_the_rows_that_see_it_and_no_other(bad_position
 
 def test_the_operator_refuses_a_block_table_outside_the_pool_before_writing_anything():
     inputs = [StepInput([7], 13, [9, 2, 30, 5], True)]
-    layer_kv, query, key, value = step_tensors(inputs)
+    layer_kv, query, _key, _value = step_tensors(inputs)
     out = torch.full_like(query, 5.0)
     args = [torch.tensor(values) for values in ([0], [13], [0, 4], [9, 2, 32, 5])]
     with pytest.raises(RuntimeError, match="block id 32 is outside the pool"):

@@ -88,9 +88,9 @@ async def test_prompts_longer_than_the_budget_are_chunked_and_still_exact(make_e
 async def test_a_shared_prefix_is_computed_once_and_reported(make_engine, reference):
     engine = make_engine(token_budget=512)
     prefix = prompts([64], salt=3)[0]
-    first = prefix + [11, 12, 13]
+    first = [*prefix, 11, 12, 13]
     await run_all(engine, [first], [5])
-    second = prefix + [21, 22, 23, 24, 25]
+    second = [*prefix, 21, 22, 23, 24, 25]
     outputs, handles = await run_all(engine, [second], [7])
     assert outputs[0] == reference(second, 7)
     assert handles[0].request.num_cached_tokens == 64
@@ -337,9 +337,9 @@ async def test_seeded_sampling_continues_after_a_migration(make_engine):
 async def test_an_identical_prompt_of_another_organization_gets_no_cached_tokens(make_engine, reference):
     engine = make_engine(token_budget=512)
     secret = prompts([256], salt=4)[0]
-    await run_all(engine, [secret + [1]], [2], cache_salt="org-a")
-    outputs, handles = await run_all(engine, [secret + [2]], [3], cache_salt="org-b")
+    await run_all(engine, [[*secret, 1]], [2], cache_salt="org-a")
+    outputs, handles = await run_all(engine, [[*secret, 2]], [3], cache_salt="org-b")
     assert handles[0].request.num_cached_tokens == 0
-    assert outputs[0] == reference(secret + [2], 3)
-    _, handles = await run_all(engine, [secret + [3]], [2], cache_salt="org-a")
+    assert outputs[0] == reference([*secret, 2], 3)
+    _, handles = await run_all(engine, [[*secret, 3]], [2], cache_salt="org-a")
     assert handles[0].request.num_cached_tokens == 256  # the same organization still hits

@@ -62,7 +62,7 @@ async def test_a_failed_transfer_says_why_and_forgets_the_call(connector):
     outgoing = sender.open("req-1", TOKEN, PROMPT[:8], Peer(connector.receiver.host, connector.receiver.port, False))
     send_in_background(outgoing)
     outgoing.abort("the prefill request was cancelled")
-    with pytest.raises(KvTransferError, match="the KV cache transfer failed: .*was cancelled") as raised:
+    with pytest.raises(KvTransferError, match=r"the KV cache transfer failed: .*was cancelled") as raised:
         await waiting
     assert raised.value.code is grpc.StatusCode.ABORTED
 
@@ -76,7 +76,7 @@ async def test_a_call_without_its_prompt_length_is_refused_before_anything_is_re
 
 async def test_a_decode_worker_that_cannot_be_reached_is_unavailable_and_not_remembered():
     connector = PrefillConnector(KvSender(LAYOUT))
-    with pytest.raises(KvTransferError, match="could not reach the decode worker at 127.0.0.1:9") as raised:
+    with pytest.raises(KvTransferError, match=r"could not reach the decode worker at 127.0.0.1:9") as raised:
         await connector.resolve("127.0.0.1:9", WorkerSecret("a secret"))
     assert raised.value.code is grpc.StatusCode.UNAVAILABLE
     assert connector.peer("127.0.0.1:9") is None

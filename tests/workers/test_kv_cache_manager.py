@@ -38,9 +38,9 @@ def test_full_blocks_are_named_by_the_shared_hash_chain_and_found_again():
     kv.allocate("a", 10)
     kv.cache_full_blocks("a", prompt, 10)
     assert kv.cached_block_hashes() == block_hashes(prompt, SIZE)  # the gateway's names, exactly
-    hit = kv.find_prefix(tokens(8) + [7, 7, 7])
+    hit = kv.find_prefix([*tokens(8), 7, 7, 7])
     assert hit.num_tokens(SIZE) == 8 and hit.blocks == kv.block_tables["a"][:2]
-    assert kv.find_prefix([1] + tokens(9)).blocks == []  # a different first token shares nothing
+    assert kv.find_prefix([1, *tokens(9)]).blocks == []  # a different first token shares nothing
     # A prompt that is exactly the cached blocks keeps its last token to compute.
     assert kv.find_prefix(tokens(8)).num_tokens(SIZE) == 4
 
@@ -49,7 +49,7 @@ def test_shared_blocks_are_counted_and_freed_only_by_their_last_user():
     kv = KVCacheManager(num_blocks=8, block_size=SIZE)
     kv.allocate("a", 9)
     kv.cache_full_blocks("a", tokens(9), 9)
-    hit = kv.find_prefix(tokens(8) + [1, 2])
+    hit = kv.find_prefix([*tokens(8), 1, 2])
     assert kv.allocate("b", 10, hit)
     shared = kv.block_tables["a"][:2]
     assert kv.block_tables["b"][:2] == shared and [b.ref_count for b in shared] == [2, 2]
@@ -67,12 +67,12 @@ def test_freed_named_blocks_serve_hits_until_evicted_least_recently_used_first()
         kv.free(name)
     assert kv.num_free_blocks == 4 and len(kv.cached_block_hashes()) == 4
     version = kv.pool.version
-    hit = kv.find_prefix(tokens(8, 500) + [1])
+    hit = kv.find_prefix([*tokens(8, 500), 1])
     assert kv.allocate("again", 9, hit)  # revives both cached blocks of "new", takes one more
     assert kv.num_free_blocks == 1
     # The block taken was the least recently freed: "old"'s tail (a request's tail goes first), so its
     # head still serves hits.
-    assert kv.find_prefix(tokens(8, 0) + [1]).num_tokens(SIZE) == SIZE
+    assert kv.find_prefix([*tokens(8, 0), 1]).num_tokens(SIZE) == SIZE
     assert kv.pool.version > version
     kv.free("again")
     assert kv.num_free_blocks == 4
@@ -83,7 +83,7 @@ def test_a_revived_block_is_not_counted_as_free_twice():
     kv.allocate("a", 8)
     kv.cache_full_blocks("a", tokens(8), 8)
     kv.free("a")
-    hit = kv.find_prefix(tokens(8) + [1])
+    hit = kv.find_prefix([*tokens(8), 1])
     # Two blocks are free only because they are the cached hit: 2 cached + 2 new > 3 blocks.
     assert not kv.allocate("b", 16, hit)
     assert all(b.ref_count == 0 for b in kv.pool.blocks) and kv.num_free_blocks == 3
@@ -110,10 +110,10 @@ def test_cached_blocks_are_found_only_under_the_salt_that_named_them():
     kv.allocate("a", 12)
     kv.cache_full_blocks("a", prompt, 12, salt="org-a")
     assert kv.cached_block_hashes() == block_hashes(prompt, SIZE, "org-a")  # the gateway's salted names
-    assert kv.find_prefix(prompt + [1], salt="org-a").num_tokens(SIZE) == 12
+    assert kv.find_prefix([*prompt, 1], salt="org-a").num_tokens(SIZE) == 12
     # Another organization's identical prompt, and an unsalted one, hit nothing.
-    assert kv.find_prefix(prompt + [1], salt="org-b").blocks == []
-    assert kv.find_prefix(prompt + [1]).blocks == []
+    assert kv.find_prefix([*prompt, 1], salt="org-b").blocks == []
+    assert kv.find_prefix([*prompt, 1]).blocks == []
 
 
 def test_blocks_named_after_a_prefix_hit_continue_the_salted_chain():
@@ -121,11 +121,11 @@ def test_blocks_named_after_a_prefix_hit_continue_the_salted_chain():
     kv.allocate("a", 8)
     kv.cache_full_blocks("a", tokens(8), 8, salt="org-a")
     longer = tokens(16)
-    hit = kv.find_prefix(longer + [1], salt="org-a")
+    hit = kv.find_prefix([*longer, 1], salt="org-a")
     kv.allocate("b", 17, hit)
     kv.cache_full_blocks("b", longer, 16, salt="org-a")
-    assert kv.find_prefix(longer + [1], salt="org-a").num_tokens(SIZE) == 16
-    assert kv.find_prefix(longer + [1], salt="org-b").blocks == []
+    assert kv.find_prefix([*longer, 1], salt="org-a").num_tokens(SIZE) == 16
+    assert kv.find_prefix([*longer, 1], salt="org-b").blocks == []
 
 
 def test_salted_chains_differ_from_the_first_block_on_and_the_empty_salt_is_the_plain_chain():

@@ -175,7 +175,7 @@ async def test_pinned_blocks_survive_pressure_that_would_evict_them(workers, ref
     # worker's answer came, those from the end of its own prefix hit (the first turn's prompt): a chunk
     # staged across the held end leaves whole. Never the whole prompt.
     assert moved in (blocks(len(second_prompt)) - held, blocks(len(second_prompt)) - len(first_prompt) // BLOCK)
-    assert [prefill_events[0].first_token.token_id] + rest == reference(second_prompt, 6)
+    assert [prefill_events[0].first_token.token_id, *rest] == reference(second_prompt, 6)
 
 
 # ---- the pin goes back on every path --------------------------------------------------------------
@@ -232,7 +232,7 @@ async def assert_pin_released(decode_worker, call, code: grpc.StatusCode) -> Non
 async def test_a_cancelled_call_releases_its_pinned_blocks(decode_worker):
     prompt = prompts([100], salt=36)[0]
     await served_first_turn(decode_worker, prompt)
-    call = register(decode_worker, "c", b"k" * 32, prompt + [9, 9])
+    call = register(decode_worker, "c", b"k" * 32, [*prompt, 9, 9])
     total = decode_worker.engine.kv.num_blocks
     assert await wait_until(lambda: free_blocks(decode_worker) == total - 6)
     call.cancel()
@@ -243,7 +243,7 @@ async def test_a_cancelled_call_releases_its_pinned_blocks(decode_worker):
 async def test_a_call_whose_kv_never_comes_releases_its_pinned_blocks_at_its_deadline(decode_worker):
     prompt = prompts([100], salt=36)[0]
     await served_first_turn(decode_worker, prompt)
-    call = register(decode_worker, "late", b"k" * 32, prompt + [9, 9], timeout=1.0)
+    call = register(decode_worker, "late", b"k" * 32, [*prompt, 9, 9], timeout=1.0)
     total = decode_worker.engine.kv.num_blocks
     assert await wait_until(lambda: free_blocks(decode_worker) == total - 6)
     await assert_pin_released(decode_worker, call, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -472,7 +472,7 @@ def test_a_reply_claiming_more_blocks_than_allowed_is_refused(sender, claim):
     ("first_block", "prompt", "frame_first", "match"),
     [
         (3, None, None, "starts at block 3, but this worker holds only the first 2"),
-        (2, [PROMPT[0] + 1] + PROMPT[1:], None, "another prompt than the one its decode request declared"),
+        (2, [PROMPT[0] + 1, *PROMPT[1:]], None, "another prompt than the one its decode request declared"),
         (2, PROMPT, 3, "out of order"),
         (2, PROMPT, 1, "out of order"),
     ],
@@ -573,9 +573,9 @@ def test_a_reservation_pins_the_held_prefix_and_becomes_the_block_table():
     held_ids = kv.block_ids("first")[:3]
     kv.free("first")
     assert kv.num_free_blocks == 8
-    assert kv.reserve_prefix("next", tokens + [1, 2], "other-org") == 0  # named under another salt
+    assert kv.reserve_prefix("next", [*tokens, 1, 2], "other-org") == 0  # named under another salt
     kv.release_reservation("next")
-    assert kv.reserve_prefix("next", tokens + [1, 2], "org") == 3
+    assert kv.reserve_prefix("next", [*tokens, 1, 2], "org") == 3
     assert kv.num_free_blocks == 5
     assert kv.allocate("pressure", 20)  # every free block: the reserved ones are not among them
     assert not set(kv.block_ids("pressure")) & set(held_ids)

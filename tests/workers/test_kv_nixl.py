@@ -248,5 +248,5 @@ def test_an_agent_for_a_loopback_worker_listens_and_advertises_only_loopback(rol
 
 
 def test_an_address_no_interface_holds_is_refused_before_ucx_starts():
-    with pytest.raises(ValueError, match="no network interface of this host holds 203.0.113.9"):
+    with pytest.raises(ValueError, match=r"no network interface of this host holds 203.0.113.9"):
         nixl_staging("on", "decode", "203.0.113.9")

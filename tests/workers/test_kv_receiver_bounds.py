@@ -194,10 +194,9 @@ def test_a_hello_with_a_field_of_the_wrong_type_is_refused_as_malformed_without_
 ):
     arrived = queue.Queue()
     receiver.inbox.expect("req-1", TOKEN, arrived.put, 20)
-    with caplog.at_level("ERROR", logger="workers.kv_connector.receiver"):
-        with connect(receiver) as sock:
-            sock.sendall(hello(**{"num_tokens": 8, field: value}))
-            answer = reply(sock)
+    with caplog.at_level("ERROR", logger="workers.kv_connector.receiver"), connect(receiver) as sock:
+        sock.sendall(hello(**{"num_tokens": 8, field: value}))
+        answer = reply(sock)
     assert answer["code"] == "INVALID_ARGUMENT"
     assert complaint is None or complaint in answer["error"]
     assert not [r for r in caplog.records if r.exc_info], "a malformed hello logged a traceback"

@@ -244,7 +244,7 @@ async def test_the_store_refuses_bad_input_with_a_specific_error(tier_in_process
 
 
 async def test_the_client_ships_puts_once_and_fetches_checked_runs(tier_in_process):
-    address, store = tier_in_process
+    address, _store = tier_in_process
     client = TierClient(address, NAMESPACE, BLOCK, WorkerSecret(SECRET))
     try:
         client.put([(n, block(n)) for n in range(4)])
@@ -291,8 +291,19 @@ class StoreProcess:
         self.address = f"127.0.0.1:{self.port}"
         self.log = disk.parent / "store.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.kv_tier.server", "--port", str(self.port), "--memory-mib", str(memory_mib)]
-            + ["--disk-dir", str(disk), "--disk-mib", "64"],
+            [
+                sys.executable,
+                "-m",
+                "workers.kv_tier.server",
+                "--port",
+                str(self.port),
+                "--memory-mib",
+                str(memory_mib),
+                "--disk-dir",
+                str(disk),
+                "--disk-mib",
+                "64",
+            ],
             env={**os.environ, "DIPTYCH_WORKER_RPC_SECRET": SECRET},
             stderr=self.log.open("wb"),
         )
@@ -413,7 +424,7 @@ async def test_another_organization_never_hits_the_tier(store, start_workers, re
     tokens, cached = await generate(b, "b", prompt, 4, salt="org-b")
     assert cached == 0 and b.engine.stats().tier.hit_tokens == 0
     assert b.engine.stats().tier.queried_tokens == 112 and tokens == reference(prompt, 4)
-    _, cached = await generate(b, "b2", prompt + [5], 4, salt="org-a")
+    _, cached = await generate(b, "b2", [*prompt, 5], 4, salt="org-a")
     assert cached == 112  # the same organization does
 
 
@@ -506,7 +517,7 @@ async def test_tier_blocks_load_after_a_local_hit_that_grew_and_are_dropped_when
 async def test_a_request_refused_after_its_fetch_leaves_nothing_held(engine_with_tier, tiny_model):
     engine, tier = engine_with_tier
     prompt = prompts([60], salt=83)[0]
-    for request_id, tokens in (("unknown-token", prompt + [10**6]), ("empty", [])):
+    for request_id, tokens in (("unknown-token", [*prompt, 10**6]), ("empty", [])):
         tier.hold(request_id, tier_kv_for(tiny_model, prompt, 0, 2))
         request = EngineRequest(request_id, tokens, SamplingParams(temperature=0.0, max_tokens=2))
         try:

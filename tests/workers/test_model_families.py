@@ -217,5 +217,5 @@ def test_other_architectures_are_refused_at_load_before_their_weights_are_read(n
 
 def test_a_runner_refuses_a_model_of_another_family_by_name():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
-    with pytest.raises(UnsupportedModelError, match="architecture GPT2LMHeadModel .* is not supported"):
+    with pytest.raises(UnsupportedModelError, match=r"architecture GPT2LMHeadModel .* is not supported"):
         ModelRunner(model, num_blocks=4, block_size=16)

@@ -66,7 +66,7 @@ async def test_a_connector_defining_only_the_four_required_hooks_does_nothing_in
 
 
 def test_a_connector_must_define_build_meta_request_finished_stats_and_close():
-    with pytest.raises(TypeError, match="build_meta.*close.*request_finished.*stats"):
+    with pytest.raises(TypeError, match=r"build_meta.*close.*request_finished.*stats"):
         KvConnector()
 
 

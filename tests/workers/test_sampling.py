@@ -137,8 +137,8 @@ def test_seeded_rows_drawn_together_each_draw_what_they_draw_alone():
     together = sample(values, params, indices)
     assert together == [sample(values[row : row + 1], [params[row]], [indices[row]])[0] for row in range(12)]
     # ... and among greedy and unseeded rows
-    mixed = params[:6] + [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)] + params[6:10]
-    picks = sample(torch.cat([values[:6], values[:2], values[6:10]]), mixed, indices[:6] + [0, 0] + indices[6:10])
+    mixed = [*params[:6], SamplingParams(temperature=0.0), SamplingParams(temperature=1.0), *params[6:10]]
+    picks = sample(torch.cat([values[:6], values[:2], values[6:10]]), mixed, [*indices[:6], 0, 0, *indices[6:10]])
     assert picks[:6] + picks[8:] == together[:10]
 
 

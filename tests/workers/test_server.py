@@ -35,10 +35,10 @@ async def test_split_requests_match_generate_and_report_transfer_and_cache_hits(
 async def test_cached_prompts_are_shared_within_an_organization_only(workers, reference):
     prefill, decode = workers
     secret = prompts([256], salt=22)[0]
-    await split(prefill, decode, "a1", secret + [1], 2, cache_salt="org-a")
-    prefill_events, _ = await split(prefill, decode, "b1", secret + [2], 2, cache_salt="org-b")
+    await split(prefill, decode, "a1", [*secret, 1], 2, cache_salt="org-a")
+    prefill_events, _ = await split(prefill, decode, "b1", [*secret, 2], 2, cache_salt="org-b")
     assert prefill_events[0].first_token.cached_tokens == 0
-    prefill_events, _ = await split(prefill, decode, "a2", secret + [3], 2, cache_salt="org-a")
+    prefill_events, _ = await split(prefill, decode, "a2", [*secret, 3], 2, cache_salt="org-a")
     assert prefill_events[0].first_token.cached_tokens == 256
     # The decode worker names the KV it received under the organization too: its Generate hits for
     # the same organization only.
@@ -48,7 +48,7 @@ async def test_cached_prompts_are_shared_within_an_organization_only(workers, re
             async for e in decode.stub.Generate(
                 worker_pb2.GenerateWork(
                     request_id=f"g-{salt}",
-                    prompt_token_ids=secret + [4],
+                    prompt_token_ids=[*secret, 4],
                     sampling=sampling(2),
                     cache_salt=salt,
                 )

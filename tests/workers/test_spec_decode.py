@@ -156,7 +156,7 @@ def test_a_step_with_drafts_gives_each_position_the_logits_of_decoding_it_alone(
     [first] = prefilled(verifying, [30])
     prefilled(alone, [30])
     drafts = [40, 41, 42]  # positions 30..33, over the sequence's two blocks and a third
-    table = first.block_ids + [60]
+    table = [*first.block_ids, 60]
     logits = verifying.execute([StepInput(first.token_ids + drafts, 30, table, True, len(drafts))])
     assert logits.shape == (4, tiny_model.config.vocab_size)
     one_at_a_time = [

@@ -5,6 +5,7 @@ the padding block, block-table rows written only where they grew, and greedy tok
 `transformers` generate through the engine."""
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -29,7 +30,7 @@ def test_captured_row_counts_pad_a_step_of_32_rows_or_more_by_a_quarter_at_most(
     assert counts[:11] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert counts[-1] == 512 and 96 in counts and 288 in counts
     past_32 = counts[counts.index(32) :]
-    assert all(later - earlier <= earlier // 4 for earlier, later in zip(past_32, past_32[1:], strict=False))
+    assert all(later - earlier <= earlier // 4 for earlier, later in itertools.pairwise(past_32))
     assert capture_row_counts(6) == [1, 2, 4, 6]
 
 

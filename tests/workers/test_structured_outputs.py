@@ -39,7 +39,7 @@ SCHEMA = {
     "required": ["name", "age", "ok"],
     "additionalProperties": False,
 }
-PROMPTS = [[0, 5, 6, 7, 8], [0, 40, 41, 42, 43, 44, 45, 46, 47], [0] + list(range(100, 140))]
+PROMPTS = [[0, 5, 6, 7, 8], [0, 40, 41, 42, 43, 44, 45, 46, 47], [0, *list(range(100, 140))]]
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,7 +101,7 @@ def test_a_degree_the_kv_heads_cannot_split_over_is_refused(degree, message):
 
 def test_a_degree_that_does_not_divide_the_attention_heads_is_refused_before_any_follower_starts():
     config = Qwen3Config(**{**COMMON, "num_attention_heads": 6, "num_key_value_heads": 6, "head_dim": 8})
-    with pytest.raises(ShardingError, match="the model's 6 attention heads do not split evenly over .* degree of 4"):
+    with pytest.raises(ShardingError, match=r"the model's 6 attention heads do not split evenly over .* degree of 4"):
         check_shardable(config, 4)
     model = build_builtin_model(DIPTYCH_TINY)
     started = time.monotonic()
@@ -113,7 +114,7 @@ def test_a_degree_that_does_not_divide_the_attention_heads_is_refused_before_any
 def test_a_runner_refuses_a_model_that_was_not_sharded_for_its_degree():
     from workers.models.sharding import Shard
 
-    with pytest.raises(ShardingError, match="not the .* of one rank of 2: shard it with"):
+    with pytest.raises(ShardingError, match=r"not the .* of one rank of 2: shard it with"):
         ModelRunner(build_builtin_model(DIPTYCH_TINY), 4, 16, shard=Shard(0, 2, lambda tensor: tensor))
 
 
@@ -341,5 +342,5 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]  # a zombie waits only for reaping
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # a zombie waits only for reaping
     return state != "Z"

@@ -243,7 +243,7 @@ def test_greedy_tokens_on_triton_are_those_of_transformers_generate(tiny_model, 
 
 
 def test_triton_is_chosen_when_asked_for_and_auto_never_takes_it_on_the_cpu():
-    assert triton_attention.INTERPRETED == (not torch.cuda.is_available())
+    assert (not torch.cuda.is_available()) == triton_attention.INTERPRETED
     if not torch.cuda.is_available():
         assert choose_backend("triton", CPU, torch.float32, 16) == "triton"
         assert choose_backend("triton", CPU, torch.bfloat16, 16) == "triton"
@@ -251,7 +251,7 @@ def test_triton_is_chosen_when_asked_for_and_auto_never_takes_it_on_the_cpu():
             choose_backend("triton", torch.device("cuda"), torch.bfloat16, 16)
     assert choose_backend("auto", CPU, torch.float32, 16) == "paged-cpu"
     assert choose_backend("auto", CPU, torch.bfloat16, 16) == "gather"
-    with pytest.raises(AttentionBackendUnavailable, match="not torch.int8"):
+    with pytest.raises(AttentionBackendUnavailable, match=r"not torch.int8"):
         choose_backend("triton", CPU, torch.int8, 16)
 
 

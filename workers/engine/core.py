@@ -44,7 +44,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -119,7 +119,7 @@ class EngineStats:
     kv_bytes_received_by_path: dict[str, int]
     draft_tokens_proposed: int = 0  # speculative decoding: drafts verified in a step
     draft_tokens_accepted: int = 0  # of those, the ones equal to the target's own pick
-    tier: TierStats = TierStats()  # the shared KV tier's (all 0 without one)
+    tier: TierStats = field(default_factory=TierStats)  # the shared KV tier's (all 0 without one)
 
     @property
     def waiting(self) -> int:
@@ -374,9 +374,9 @@ class Engine:
         drafting = self.proposer is not None and self.config.speculative is not None
         for chunk in out.chunks:
             request = chunk.request
-            if chunk.samples and not request.prefill_only:
-                if request.constraint is not None or (drafting and _draftable(request)):
-                    return False
+            sampled_here = chunk.samples and not request.prefill_only
+            if sampled_here and (request.constraint is not None or (drafting and _draftable(request))):
+                return False
         return True
 
     def _connector_step_done(self, out: SchedulerOutput) -> None:
@@ -529,7 +529,7 @@ class Engine:
                 wanted.append((result, DraftRequest(request.request_id, token_ids, count)))
         try:
             proposals = self.proposer.propose([draft_request for _, draft_request in wanted])
-        except Exception:  # noqa: BLE001 - drafts are optional: the requests decode on without them
+        except Exception:
             log.exception("the draft proposer raised; this step's requests decode their next token without drafts")
             return
         for (result, draft_request), drafts in zip(wanted, proposals, strict=True):

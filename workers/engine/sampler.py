@@ -147,16 +147,17 @@ class Sampler:
         failed: dict[int, RequestFailed] = {}
         try:
             _adjust(adjusted, rows, changed, slot_of, self.counts)
-        except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
+        except Exception:
             adjusted = logits.clone()
             for index in changed:
                 if failure := _alone(rows, index, lambda i=index: _adjust(adjusted, rows, [i], slot_of, self.counts)):
                     failed[index] = failure
         for index in changed:
             constraint = rows[index].constraint
-            if constraint is not None and index not in failed:
-                if failure := _alone(rows, index, lambda i=index, c=constraint: apply_grammar_mask(adjusted[i], c)):
-                    failed[index] = failure
+            if constraint is None or index in failed:
+                continue
+            if failure := _alone(rows, index, lambda i=index, c=constraint: apply_grammar_mask(adjusted[i], c)):
+                failed[index] = failure
         return adjusted, failed
 
     def _draw(self, logits: torch.Tensor, rows: list[SamplingRow], failed: dict[int, RequestFailed]) -> torch.Tensor:
@@ -166,12 +167,12 @@ class Sampler:
         indices = [row.token_index for row in rows]
         try:
             return draw(logits, params, indices)
-        except Exception:  # noqa: BLE001 - the rows that raised are found, logged and failed one by one
+        except Exception:
             picks = []
             for index in range(len(rows)):
                 try:
                     picks.append(draw(logits[index : index + 1], params[index : index + 1], indices[index : index + 1]))
-                except Exception as error:  # noqa: BLE001 - its own failure: logged, and the request fails alone
+                except Exception as error:
                     log.exception("sampling request %s raised", rows[index].request_id)
                     failed[index] = RequestFailed(f"sampling its output token {indices[index]} raised {error!r}")
                     picks.append(torch.zeros(1, dtype=torch.long, device=logits.device))
@@ -238,7 +239,7 @@ def _alone(rows: list[SamplingRow], index: int, change) -> RequestFailed | None:
     """Runs one row's change; when it raises, that row's request fails alone (logged)."""
     try:
         change()
-    except Exception as error:  # noqa: BLE001 - its own failure: logged, and the request fails alone
+    except Exception as error:
         log.exception("adjusting the logits of request %s raised", rows[index].request_id)
         return RequestFailed(f"adjusting its logits for output token {rows[index].token_index} raised {error!r}")
     return None

@@ -15,6 +15,7 @@ from the block the sender names (no later than the first block the call lacks), 
 exactly there, and under the prompt the call declared.
 """
 
+import contextlib
 import hmac
 import logging
 import socket
@@ -202,10 +203,8 @@ class KvReceiver:
 
     def close(self) -> None:
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._listener.close()
         if self.shm_probe_name:
             remove_file(self.shm_probe_name)

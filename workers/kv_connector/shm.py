@@ -11,6 +11,7 @@ Files are named /dev/shm/diptych-kv-<pid>-...: a worker removes its own when it 
 removes those of processes that no longer run.
 """
 
+import contextlib
 import hmac
 import mmap
 import os
@@ -155,10 +156,8 @@ class SegmentReader:
 
 def _close(mapping: mmap.mmap) -> None:
     """Unmaps now, or, while a transfer still reads through a view of it, when that view goes."""
-    try:
+    with contextlib.suppress(BufferError):
         mapping.close()
-    except BufferError:
-        pass
 
 
 # ---- the probe: whether a sender shares this host's /dev/shm ------------------------------------------
@@ -213,7 +212,5 @@ def sweep_stale_files() -> int:
 
 def remove_file(name: str) -> None:
     """Removes a file's name; a segment's memory goes once every mapping of it is closed."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass

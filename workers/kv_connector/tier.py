@@ -164,7 +164,7 @@ class TierConnector(KvConnector):
         self._staging += 1
         try:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._copy_out, puts)
-        except Exception:  # noqa: BLE001 - the tier is a cache: the blocks are just not shared
+        except Exception:
             log.exception("copying %d blocks out for the KV tier failed", len(puts))
         finally:
             self._staging -= 1

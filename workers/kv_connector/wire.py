@@ -23,6 +23,7 @@ answers "held_blocks" (the sender then sends no first block and every block). "t
 in the same way: a receiver ignores keys it does not know, and a hello without one starts no trace link.
 """
 
+import contextlib
 import json
 import socket
 import struct
@@ -180,10 +181,8 @@ def send_json(sock: socket.socket, message: dict) -> None:
 
 def try_send_json(sock: socket.socket, message: dict) -> None:
     """Sends a last word to a peer that may already be gone."""
-    try:
+    with contextlib.suppress(OSError):
         send_json(sock, message)
-    except OSError:
-        pass
 
 
 def recv_json(sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, deadline: float | None = None) -> dict:

@@ -130,9 +130,14 @@ class DecodeGraphs:
             block = s.start // size  # the block of the token's slot, and the last the row attends over
             table = s.block_ids[: block + 1]
             rows.append(
-                [s.token_ids[0], s.start, table[-1], s.start % size]
-                + table
-                + padding_row[PADDED_COLUMNS + len(table) :]
+                [
+                    s.token_ids[0],
+                    s.start,
+                    table[-1],
+                    s.start % size,
+                    *table,
+                    *padding_row[PADDED_COLUMNS + len(table) :],
+                ]
             )
         rows += [padding_row] * (batch - count)
         self._host[:batch, : PADDED_COLUMNS + width] = torch.tensor(rows)

@@ -40,10 +40,10 @@ class LoadCollector(Collector):
         queue = GaugeMetricFamily(
             "diptych_worker_queue_depth",
             "Requests waiting on this worker, by priority class",
-            labels=labels + ["priority"],
+            labels=[*labels, "priority"],
         )
-        queue.add_metric(values + ["interactive"], load.waiting_interactive)
-        queue.add_metric(values + ["batch"], load.waiting_batch)
+        queue.add_metric([*values, "interactive"], load.waiting_interactive)
+        queue.add_metric([*values, "batch"], load.waiting_batch)
         yield queue
         yield gauge("diptych_worker_active_sequences", "Sequences running on this worker", load.active_sequences)
         yield gauge("diptych_worker_kv_blocks_free", "Free KV cache blocks", load.kv_blocks_free)
@@ -65,11 +65,11 @@ class LoadCollector(Collector):
         by_path = CounterMetricFamily(
             "diptych_worker_kv_path_bytes",
             "KV cache bytes moved between workers, by direction and data path (tcp, shm, nixl)",
-            labels=labels + ["direction", "data_path"],
+            labels=[*labels, "direction", "data_path"],
         )
         for direction, moved in (("sent", load.kv_bytes_sent_by_path), ("received", load.kv_bytes_received_by_path)):
             for data_path, nbytes in sorted(moved.items()):
-                by_path.add_metric(values + [direction, data_path], nbytes)
+                by_path.add_metric([*values, direction, data_path], nbytes)
         yield by_path
         yield counter(
             "diptych_worker_prefix_cache_hit_tokens",

@@ -348,10 +348,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 changed.clear()
                 await asyncio.sleep(LOAD_MIN_INTERVAL_S)
                 until_due = max(0.0, LOAD_MAX_INTERVAL_S - (time.monotonic() - last_sent))
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), until_due)
-                except TimeoutError:
-                    pass
         finally:
             self._engine.unwatch_load(changed)
 

@@ -159,9 +159,9 @@ def batch_finish_if_done(*, batch: Batch, now: datetime) -> bool:
     ended. A cancelled or expired batch first gets the answers of the lines it sent, so that a line that
     ran is reported with its answer."""
     batch.refresh_from_db()
-    if batch.status == BatchStatus.CANCELLING or now >= batch.expires_at:
-        if lines_sent_unanswered_count(batch=batch):
-            return False
+    ending = batch.status == BatchStatus.CANCELLING or now >= batch.expires_at
+    if ending and lines_sent_unanswered_count(batch=batch):
+        return False
     if batch.status == BatchStatus.CANCELLING:
         final, reason = BatchStatus.CANCELLED, "batch_cancelled"
     elif now >= batch.expires_at:

@@ -18,7 +18,7 @@ from .resources.batches import AsyncBatches, AsyncFiles, Batches, Files
 from .resources.responses import AsyncResponses, Responses
 from .types import NOT_GIVEN, NotGiven
 
-__all__ = ["Client", "AsyncClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES", "DEFAULT_STREAM_IDLE_TIMEOUT"]
+__all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_STREAM_IDLE_TIMEOUT", "DEFAULT_TIMEOUT", "AsyncClient", "Client"]
 
 DEFAULT_TIMEOUT: Final = 600.0
 DEFAULT_MAX_RETRIES: Final = 2
@@ -72,9 +72,9 @@ class _BaseClient(ABC):
     def with_options(
         self,
         *,
-        timeout: float | None | _NotGiven = _NOT_GIVEN,
+        timeout: float | _NotGiven | None = _NOT_GIVEN,
         max_retries: int | _NotGiven = _NOT_GIVEN,
-        stream_idle_timeout: float | None | _NotGiven = _NOT_GIVEN,
+        stream_idle_timeout: float | _NotGiven | None = _NOT_GIVEN,
     ) -> Self:
         """A client with other defaults that shares this one's connection (closing either closes it).
 

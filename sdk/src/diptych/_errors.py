@@ -12,22 +12,22 @@ from ._ratelimits import rate_limit_status
 from .types import RateLimitStatus
 
 __all__ = [
-    "DiptychError",
     "APIConnectionError",
-    "StreamInterruptedError",
-    "APITimeoutError",
     "APIResponseValidationError",
     "APIStatusError",
-    "BadRequestError",
+    "APITimeoutError",
     "AuthenticationError",
-    "PermissionDeniedError",
-    "NotFoundError",
+    "BadRequestError",
     "ConflictError",
+    "DiptychError",
+    "InternalServerError",
+    "NotFoundError",
+    "PermissionDeniedError",
     "RateLimitError",
     "ServiceUnavailableError",
-    "InternalServerError",
-    "error_from_rpc",
+    "StreamInterruptedError",
     "error_from_http",
+    "error_from_rpc",
 ]
 
 

@@ -39,7 +39,7 @@ from ._ratelimits import rate_limit_status
 from ._retry import resume_delay
 from .types import CompletionChunk, RateLimitStatus, Usage
 
-__all__ = ["Stream", "AsyncStream"]
+__all__ = ["AsyncStream", "Stream"]
 
 _INCOMPLETE = "The response stream ended before its final message"
 RESUME_TIMEOUT_S = 60.0

@@ -40,9 +40,11 @@ PROMPT_TOKENS = PREFIX_TOKENS + TAIL_TOKENS
 
 @pytest.fixture(scope="module")
 def hosts(namespaces, tmp_path_factory):
-    with own_database(tmp_path_factory.mktemp("tier-hosts-db")) as database_url:
-        with multi_host_platform(tmp_path_factory.mktemp("tier-hosts"), database_url, kv_tier=True) as platform:
-            yield platform
+    with (
+        own_database(tmp_path_factory.mktemp("tier-hosts-db")) as database_url,
+        multi_host_platform(tmp_path_factory.mktemp("tier-hosts"), database_url, kv_tier=True) as platform,
+    ):
+        yield platform
     assert_nothing_left()
 
 

@@ -21,9 +21,11 @@ CROSS_HOST_PATHS = {"nixl", "tcp"}
 
 @pytest.fixture(scope="module")
 def hosts(namespaces, tmp_path_factory):
-    with own_database(tmp_path_factory.mktemp("hosts-db")) as database_url:
-        with multi_host_platform(tmp_path_factory.mktemp("hosts"), database_url) as platform:
-            yield platform
+    with (
+        own_database(tmp_path_factory.mktemp("hosts-db")) as database_url,
+        multi_host_platform(tmp_path_factory.mktemp("hosts"), database_url) as platform,
+    ):
+        yield platform
     assert_nothing_left()
 
 

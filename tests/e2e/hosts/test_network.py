@@ -72,9 +72,8 @@ def test_leftovers_of_an_earlier_run_are_removed_and_reported():
 
 
 def test_an_error_inside_tears_everything_down():
-    with pytest.raises(RuntimeError, match="boom"):
-        with Network(["a", "b"]):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Network(["a", "b"]):
+        raise RuntimeError("boom")
     assert_nothing_left()
 
 

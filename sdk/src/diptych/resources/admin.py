@@ -182,9 +182,9 @@ class Limits(_Resource):
     def update(
         self,
         *,
-        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
-        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
-        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        requests_per_minute: int | NotGiven | None = NOT_GIVEN,
+        input_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
+        output_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
         **options: Unpack[RequestOptions],
     ) -> OrganizationLimits:
         """Sets the limits given (None makes one unlimited) and leaves the others as they are."""
@@ -203,9 +203,9 @@ class Limits(_Resource):
         self,
         key_id: str,
         *,
-        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
-        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
-        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        requests_per_minute: int | NotGiven | None = NOT_GIVEN,
+        input_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
+        output_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
         **options: Unpack[RequestOptions],
     ) -> ApiKeyLimits:
         """Sets the key's limits given (None makes one unlimited) and leaves the others as they are."""
@@ -400,9 +400,9 @@ class AsyncLimits(_AsyncResource[Limits]):
     async def update(
         self,
         *,
-        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
-        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
-        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        requests_per_minute: int | NotGiven | None = NOT_GIVEN,
+        input_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
+        output_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
         **options: Unpack[RequestOptions],
     ) -> OrganizationLimits:
         return await asyncio.to_thread(
@@ -424,9 +424,9 @@ class AsyncLimits(_AsyncResource[Limits]):
         self,
         key_id: str,
         *,
-        requests_per_minute: int | None | NotGiven = NOT_GIVEN,
-        input_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
-        output_tokens_per_minute: int | None | NotGiven = NOT_GIVEN,
+        requests_per_minute: int | NotGiven | None = NOT_GIVEN,
+        input_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
+        output_tokens_per_minute: int | NotGiven | None = NOT_GIVEN,
         **options: Unpack[RequestOptions],
     ) -> ApiKeyLimits:
         return await asyncio.to_thread(

@@ -30,7 +30,7 @@ from ._connections import ControlPlaneConnection
 from ._keyword_parameters import KeywordParameters
 from ._paths import segment
 
-__all__ = ["Files", "AsyncFiles", "Batches", "AsyncBatches", "FileInput"]
+__all__ = ["AsyncBatches", "AsyncFiles", "Batches", "FileInput", "Files"]
 
 # bytes, a path, an open binary file, or (filename, bytes)
 FileInput = bytes | str | os.PathLike[str] | IO[bytes] | tuple[str, bytes]

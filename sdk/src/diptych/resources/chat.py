@@ -18,7 +18,7 @@ from ._connections import GatewayConnection
 from ._generate import create_request, generate, generate_async
 from ._keyword_parameters import KeywordParameters
 
-__all__ = ["Chat", "AsyncChat", "ChatCompletions", "AsyncChatCompletions"]
+__all__ = ["AsyncChat", "AsyncChatCompletions", "Chat", "ChatCompletions"]
 
 _CREATE_PARAMETERS = KeywordParameters(ChatCompletionCreateParams, priority="interactive", ignore_eos=False)
 

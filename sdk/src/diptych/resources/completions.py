@@ -18,7 +18,7 @@ from ._connections import GatewayConnection
 from ._generate import create_request, generate, generate_async
 from ._keyword_parameters import KeywordParameters
 
-__all__ = ["Completions", "AsyncCompletions"]
+__all__ = ["AsyncCompletions", "Completions"]
 
 _CREATE_PARAMETERS = KeywordParameters(CompletionCreateParams, priority="interactive", ignore_eos=False)
 

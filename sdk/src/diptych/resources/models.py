@@ -21,7 +21,7 @@ from ..types import AsyncPage, Model, Page, RequestOptions
 from ._connections import GatewayConnection
 from ._keyword_parameters import KeywordParameters
 
-__all__ = ["Models", "AsyncModels"]
+__all__ = ["AsyncModels", "Models"]
 
 _OPTIONS = KeywordParameters(RequestOptions)
 

@@ -40,7 +40,7 @@ from ._connections import GatewayHttpConnection
 from ._keyword_parameters import KeywordParameters
 from ._paths import segment
 
-__all__ = ["Responses", "AsyncResponses", "ResponseStream", "AsyncResponseStream"]
+__all__ = ["AsyncResponseStream", "AsyncResponses", "ResponseStream", "Responses"]
 
 T = TypeVar("T")
 
