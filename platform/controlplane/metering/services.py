@@ -170,15 +170,6 @@ def _warn_conflicting_duplicate(key: tuple[str, str], earlier: str) -> None:
     )
 
 
-def _organization(public_id: str) -> Organization:
-    organization = Organization.objects.filter(public_id=public_id).first()
-    if organization is None:
-        raise InvalidInput(
-            f"Unknown organization {public_id!r}.", fields={"organization_id": ["Unknown organization."]}
-        )
-    return organization
-
-
 # ---- refusals by a rate limit ------------------------------------------------------------------------------
 
 
