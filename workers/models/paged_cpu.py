@@ -9,10 +9,14 @@ extension cache, keyed by the source and the flags), so a worker pays the compil
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,29 +56,62 @@ def built_library() -> Path:
     """Where the operator's shared library is built (torch's extension cache, TORCH_EXTENSIONS_DIR)."""
     from torch.utils import cpp_extension
 
-    return Path(cpp_extension.get_default_build_root()) / _NAME / f"{_NAME}.so"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / _NAME / f"{_NAME}.so"
 
 
 @functools.cache
 def _load() -> str | None:
     """Builds (or finds built) and loads the operator; None when it is loaded, else why it cannot be."""
-    from torch.utils import cpp_extension
-
-    log.info("loading the paged-cpu attention operator (built once per machine, in about 20 seconds)")
+    library = built_library()
     try:
-        built_library().parent.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=_NAME,
-            sources=[str(_SOURCE)],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],  # the process's OpenMP runtime: torch's own libgomp.so.1, already loaded
-            build_directory=str(built_library().parent),
-            is_python_module=False,
-            verbose=False,
-        )
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with _build_lock(library.parent):
+            if library.exists():
+                _load_built(library)
+            else:
+                _build(library)
     except Exception as error:
         return f"its C++ operator could not be built here: {error}"
     return None
+
+
+@contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """One process of the machine builds at a time. An flock, which the kernel lets go when its holder
+    dies: torch's own lock is a file that a worker killed mid-build leaves behind, and every later
+    worker then waits for it for ever."""
+    with open(directory / "diptych.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _load_built(library: Path) -> None:
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as error:  # a build cut short can leave a library that does not load: built again
+        log.warning("the paged-cpu operator at %s does not load (%s); building it again", library, error)
+        library.unlink()
+        _build(library)
+
+
+def _build(library: Path) -> None:
+    from torch.utils import cpp_extension
+
+    log.info("building the paged-cpu attention operator (once per machine, in about 20 seconds)")
+    (library.parent / "lock").unlink(missing_ok=True)  # torch's lock of a killed build: nobody else builds now
+    cpp_extension.load(
+        name=_NAME,
+        sources=[str(_SOURCE)],
+        extra_cflags=_FLAGS,
+        extra_ldflags=["-fopenmp"],  # the process's OpenMP runtime: torch's own libgomp.so.1, already loaded
+        build_directory=str(library.parent),
+        is_python_module=False,
+        verbose=False,
+    )
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
