@@ -81,6 +81,9 @@ class IdempotencyKeys:
         except GatewayError:
             self._journal.drop_idempotency_key(execution_id)
             raise
+        except asyncio.CancelledError:  # the caller went away; the control plane may have taken the claim
+            self.release(caller.organization_id, key, execution_id)
+            raise
         outcome = claim["outcome"]
         if outcome == "claimed" and not request.resume_request_id:
             return None

@@ -93,6 +93,7 @@ class MessagesApi:
             return await self._whole(admitted, marked)
         finally:
             marked.cancel()
+            self._pipeline.abandon(admitted)  # frees what it holds if it never ran (its client went away first)
 
     @_answering
     async def count_tokens(self, request: web.Request) -> web.Response:

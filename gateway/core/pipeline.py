@@ -3,6 +3,7 @@ limits, run on workers, stream text, settle the limits and report usage. The gRP
 OpenAI-compatible HTTP API both translate to and from this and nothing else.
 """
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -61,6 +62,8 @@ class Admitted:
     protocol: str
     replay: list[GenerationOutput] | None = None  # a completed execution's stored whole answer, per choice
     span: Span = INVALID_SPAN  # the request's root span (gateway.request), ended when its stream ends
+    # Set once `Pipeline.generate` began (it then frees what the request holds) or `Pipeline.abandon` ran.
+    taken: bool = False
 
     @property
     def execution_id(self) -> str:
@@ -97,6 +100,7 @@ class Pipeline:
         self.idempotency = idempotency
         self.draining = False
         self.in_flight = 0
+        self._background: set[asyncio.Task] = set()
 
     async def admit(
         self, authorization: str | None, request: GenerationRequest, protocol: str, peer: str = ""
@@ -122,6 +126,9 @@ class Pipeline:
             model = request.model if request.model in self.registry.models else ""  # no label per unknown name
             count_request(model, "", error.kind.value, protocol)
             span.set_status(StatusCode.ERROR, error.message)
+            span.end()
+            raise
+        except asyncio.CancelledError:  # the client went away while it was being admitted
             span.end()
             raise
         span.set_attributes({"request_id": plan.request_id, "model": plan.model.name, "n": plan.n})
@@ -169,6 +176,9 @@ class Pipeline:
         except GatewayError:
             await self._settle(reservation, 0)
             raise
+        except asyncio.CancelledError:  # the client went away: the claim frees its key itself
+            self._settle_soon(reservation, 0)
+            raise
         if replay is not None:
             await self._settle(reservation, 0)
         return replay
@@ -180,6 +190,9 @@ class Pipeline:
         Each output is counted as delivered, durably, just before it is handed to the protocol; with
         `whole` (the protocol hands the answer over only once it is complete: a non-streaming HTTP
         answer), all of them once the last choice ended, before its answer is stored or handed over."""
+        if admitted.taken:  # a defect of the protocol's: it ran it twice, or after abandoning it
+            raise RuntimeError(f"request {admitted.plan.request_id} was already run or abandoned")
+        admitted.taken = True
         if admitted.replay is not None:
             admitted.span.set_attribute("idempotent_replay", True)
             admitted.span.end()
@@ -234,6 +247,22 @@ class Pipeline:
             if plan.idempotency_key and not complete:  # failed or cancelled: a retry runs anew
                 self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
             await self._settle(admitted.reservation, delivered)
+
+    def abandon(self, admitted: Admitted) -> None:
+        """Frees what an admitted request holds when it will not run (its client went away before it did, or
+        its protocol stopped early): the idempotency key and the reserved output tokens, in the background.
+        Nothing once `generate` began, which frees them when it ends; safe to call more than once."""
+        if admitted.taken:
+            return
+        admitted.taken = True
+        admitted.span.end()
+        if admitted.replay is not None:  # its key and limits were settled as it was admitted
+            return
+        plan = admitted.plan
+        if plan.idempotency_key:
+            self.idempotency.release(plan.organization_id, plan.idempotency_key, plan.request_id)
+        self._settle_soon(admitted.reservation, 0)
+        count_request(plan.model.name, "", "CANCELLED", admitted.protocol)
 
     def _choice_run(self, admitted: Admitted, index: int, whole: bool) -> ChoiceRun:
         plan, trace = choice_plan(admitted.plan, index), RequestTrace(span=admitted.span)
@@ -320,6 +349,12 @@ class Pipeline:
         """Stored before the last response is handed over, so a retry sent by a client that has the answer
         finds it; the execution is complete and billed whether or not that last write succeeds."""
         await self.idempotency.complete(plan.organization_id, plan.idempotency_key, plan.request_id, wholes)
+
+    def _settle_soon(self, reservation: Reservation, completion_tokens: int) -> None:
+        """`_settle` in the background, for a caller that cannot wait (cancelled, or not a coroutine)."""
+        task = asyncio.get_running_loop().create_task(self._settle(reservation, completion_tokens))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _settle(self, reservation: Reservation, completion_tokens: int) -> None:
         try:

@@ -101,10 +101,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     _authorization(context), generation_request(request), "grpc", context.peer()
                 )
                 request_id, executing = admitted.execution_id, True
-                await context.send_initial_metadata(admitted.response_metadata)
-                async with aclosing(self._pipeline.generate(admitted)) as outputs:
-                    async for output in outputs:
-                        yield generate_response(output)
+                try:
+                    await context.send_initial_metadata(admitted.response_metadata)
+                    async with aclosing(self._pipeline.generate(admitted)) as outputs:
+                        async for output in outputs:
+                            yield generate_response(output)
+                finally:
+                    self._pipeline.abandon(admitted)  # frees what it holds if it never ran (the client left first)
                 record.outcome = record.outcome or "OK"  # an idempotent replay, answered without running
             except GatewayError as error:
                 await _abort(context, as_told(error, request_id) if executing else error, request_id)

@@ -119,18 +119,30 @@ class OpenAiApi:
             return error_response(error, prompt_param)
         fingerprint = system_fingerprint(admitted.plan.model)
         shape = Shape(admitted.execution_id, generation_request.model, chat, admitted.plan.tokenizer, fingerprint)
+        answer: Coroutine[None, None, web.StreamResponse]
         if stream:
-            return await self._stream(request, admitted, shape, include_usage, running_usage)
-        if admitted.caller.kind == "batch":
-            return await self._run_to_the_end(self._whole(admitted, shape))
-        return await self._whole(admitted, shape)
+            answer = self._stream(request, admitted, shape, include_usage, running_usage)
+        else:
+            answer = self._whole(admitted, shape)
+        if admitted.caller.kind == "batch" and not stream:
+            return await self._run_to_the_end(self._answer(admitted, answer))
+        return await self._answer(admitted, answer)
+
+    async def _answer(
+        self, admitted: Admitted, answer: Coroutine[None, None, web.StreamResponse]
+    ) -> web.StreamResponse:
+        """`answer`, after which what the request holds is freed if it never ran (its client went away first)."""
+        try:
+            return await answer
+        finally:
+            self._pipeline.abandon(admitted)
 
     def _model_label(self, body: dict) -> str:
         """The body's model where it is one the registry holds (no label per unknown name), else ""."""
         model = body.get("model")
         return model if isinstance(model, str) and model in self._pipeline.registry.models else ""
 
-    async def _run_to_the_end(self, answer: Coroutine[None, None, web.Response]) -> web.Response:
+    async def _run_to_the_end(self, answer: Coroutine[None, None, web.StreamResponse]) -> web.StreamResponse:
         """A batch line runs to its end even when its runner goes away: its answer is then kept under the
         line's idempotency key, and the runner, started again, gets it back without running it twice."""
         task = asyncio.get_running_loop().create_task(answer)

@@ -89,15 +89,19 @@ class ResponsesApi:
             error.rate_limit_metadata = error.rate_limit_metadata or limits
             return error_response(error, "input")
         record.id = response_id_of(admitted.execution_id)
-        if admitted.replay is not None and asked.store:
-            stored = await self._stored_replay(record, admitted)
-            if stored is not None:
-                return stored
-        if asked.background:
-            return await self._start_in_background(admitted, record)
-        if asked.stream:
-            return await self._stream(request, admitted, record, asked)
-        return await self._whole(admitted, record, asked)
+        try:
+            if admitted.replay is not None and asked.store:
+                stored = await self._stored_replay(record, admitted)
+                if stored is not None:
+                    return stored
+            if asked.background:
+                return await self._start_in_background(admitted, record)
+            if asked.stream:
+                return await self._stream(request, admitted, record, asked)
+            return await self._whole(admitted, record, asked)
+        finally:
+            if record.id not in self._running:  # a run in the background frees what it holds itself
+                self._pipeline.abandon(admitted)  # frees what it holds if it never ran (its client went away)
 
     async def _prepare(
         self, caller: Caller, asked: ResponsesRequest, idempotency_key: str
@@ -236,6 +240,7 @@ class ResponsesApi:
         task = asyncio.get_running_loop().create_task(self._run_in_background(admitted, record))
         self._running[record.id] = task
         task.add_done_callback(lambda _: self._running.pop(record.id, None))
+        task.add_done_callback(lambda _: self._pipeline.abandon(admitted))  # a task cancelled before it began
         return web.json_response(response_json(record), headers=_response_headers(admitted))
 
     async def _run_in_background(self, admitted: Admitted, record: ResponseRecord) -> None:
