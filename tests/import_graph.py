@@ -47,34 +47,43 @@ def import_circles(modules: dict[str, Path], source_root: Path = ROOT) -> list[l
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
+    search = _Components(edges)
+    for node in sorted(edges):
+        if node not in search.index:
+            search.visit(node)
+    return search.found
 
-    def visit(node: str) -> None:
+
+class _Components:
+    def __init__(self, edges: dict[str, set[str]]) -> None:
+        self.edges = edges
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.found: list[list[str]] = []
+
+    def visit(self, node: str) -> None:
+        index, low = self.index, self.low
         index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for successor in sorted(edges.get(node, ())):
+        self.stack.append(node)
+        self.on_stack.add(node)
+        for successor in sorted(self.edges.get(node, ())):
             if successor not in index:
-                visit(successor)
+                self.visit(successor)
                 low[node] = min(low[node], low[successor])
-            elif successor in on_stack:
+            elif successor in self.on_stack:
                 low[node] = min(low[node], index[successor])
         if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
+            component = self._pop_through(node)
             if len(component) > 1:
-                found.append(sorted(component))
+                self.found.append(sorted(component))
 
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
+    def _pop_through(self, node: str) -> list[str]:
+        component = []
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            component.append(member)
+            if member == node:
+                return component

@@ -147,20 +147,30 @@ def _check_batch(
             result.misattributed += 1
         if any(n > 1 for n in Counter((e.request_id, e.phase) for e in line_events).values()):
             result.doubled += 1
-        if report is None:
-            result.absent += 1
-            result.billed_not_reported += bool(executions)
-        elif report.file == "output" and report.status_code == 200:
-            result.answered += 1
-            _check_answered(report, executions, by_request, result)
-        else:
-            if report.status_code is None:
-                result.not_run[report.error_code] = result.not_run.get(report.error_code, 0) + 1
-            else:
-                result.refused += 1
-            result.billed_not_reported += bool(executions)
+        _check_outcome(report, executions, by_request, result)
     result.reported_twice += sum(len(found) for found in reports.values())  # custom_ids of no input line
     return claimed
+
+
+def _check_outcome(
+    report: ReportedLine | None,
+    executions: set[str],
+    by_request: dict[str, list[LedgerEvent]],
+    result: BatchReconciliation,
+) -> None:
+    """Counts how the line was reported: absent, answered (and billed as answered), not run or refused."""
+    if report is None:
+        result.absent += 1
+        result.billed_not_reported += bool(executions)
+    elif report.file == "output" and report.status_code == 200:
+        result.answered += 1
+        _check_answered(report, executions, by_request, result)
+    else:
+        if report.status_code is None:
+            result.not_run[report.error_code] = result.not_run.get(report.error_code, 0) + 1
+        else:
+            result.refused += 1
+        result.billed_not_reported += bool(executions)
 
 
 def _check_answered(

@@ -173,8 +173,7 @@ class OpenAiApi:
     async def _stream(
         self, request, admitted, shape: "Shape", include_usage: bool, running_usage: bool
     ) -> web.StreamResponse:
-        """Server-sent events; with `running_usage` (stream_options.continuous_usage_stats) every chunk
-        carries the usage so far: the prompt, and the output tokens of every choice sent until then."""
+        """Server-sent events, as `_Chunks` writes them."""
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -183,34 +182,14 @@ class OpenAiApi:
             }
         )
         await response.prepare(request)
-        prompt_tokens, sent_tokens = len(admitted.plan.prompt_token_ids), 0
-
-        async def send(chunk: dict) -> None:
-            if running_usage:
-                total = prompt_tokens + sent_tokens
-                chunk["usage"] = {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": sent_tokens,
-                    "total_tokens": total,
-                }
-            await send_event(response, chunk)
-
+        chunks = _Chunks(response, shape, include_usage, running_usage, len(admitted.plan.prompt_token_ids))
         try:
             if shape.chat:
                 for index in range(admitted.plan.n):
-                    role = {"role": "assistant", "content": ""}
-                    await send(shape.chunk(role, None, include_usage, index))
+                    await chunks.send(shape.chunk({"role": "assistant", "content": ""}, None, include_usage, index))
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
-                    sent_tokens += len(output.token_ids)
-                    finish = output.finish_reason
-                    if output.tool_calls:
-                        calls = {"tool_calls": tool_call_deltas(output.tool_calls)}
-                        await send(shape.chunk(calls, None, include_usage, output.index))
-                    if output.text or finish or output.logprobs:
-                        await send(shape.chunk(output.text, finish, include_usage, output.index, output.logprobs))
-                    if output.usage is not None and include_usage:
-                        await send_event(response, shape.usage_chunk(output.usage))
+                    await chunks.send_output(output)
         except GatewayError as error:
             await send_event(response, {"error": error_body(as_told(error, admitted.execution_id))})
         except ConnectionError:  # the client went away: leaving the pipeline cancelled the workers' calls
@@ -218,6 +197,40 @@ class OpenAiApi:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+class _Chunks:
+    """The chunks of one stream; with `running_usage` (stream_options.continuous_usage_stats) every chunk
+    carries the usage so far: the prompt, and the output tokens of every choice sent until then."""
+
+    def __init__(
+        self, response: web.StreamResponse, shape: "Shape", include_usage: bool, running_usage: bool, prompt: int
+    ) -> None:
+        self._response, self._shape = response, shape
+        self._include_usage, self._running_usage = include_usage, running_usage
+        self._prompt_tokens, self._sent_tokens = prompt, 0
+
+    async def send_output(self, output: GenerationOutput) -> None:
+        shape, include_usage = self._shape, self._include_usage
+        self._sent_tokens += len(output.token_ids)
+        if output.tool_calls:
+            calls = {"tool_calls": tool_call_deltas(output.tool_calls)}
+            await self.send(shape.chunk(calls, None, include_usage, output.index))
+        if output.text or output.finish_reason or output.logprobs:
+            await self.send(
+                shape.chunk(output.text, output.finish_reason, include_usage, output.index, output.logprobs)
+            )
+        if output.usage is not None and include_usage:
+            await send_event(self._response, shape.usage_chunk(output.usage))
+
+    async def send(self, chunk: dict) -> None:
+        if self._running_usage:
+            chunk["usage"] = {
+                "prompt_tokens": self._prompt_tokens,
+                "completion_tokens": self._sent_tokens,
+                "total_tokens": self._prompt_tokens + self._sent_tokens,
+            }
+        await send_event(self._response, chunk)
 
 
 async def _name_answer(request: web.Request, response: web.StreamResponse) -> None:

@@ -25,6 +25,38 @@ BATCH = 5
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
 
+def _ingest(
+    internal_token: str, batches: list[list[dict]], seed: int, start: threading.Barrier, results: list, errors: list
+) -> None:
+    """Posts every batch of events, in an order of its own, once all the racers are ready."""
+    try:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {internal_token}")
+        order = batches[:]
+        random.Random(seed).shuffle(order)
+        start.wait()
+        for batch in order:
+            response = client.post(INGEST_URL, {"events": batch}, format="json")
+            assert response.status_code == 200, response.content
+            results.append(response.json())
+    except Exception as error:  # reported by the test, with the thread's failure
+        errors.append(error)
+    finally:
+        connection.close()
+
+
+def _close_until(ingests_done: threading.Event, start: threading.Barrier, errors: list) -> None:
+    """Keeps trying until the period exists and is closed, so the close lands in the middle of the ingests."""
+    try:
+        start.wait()
+        while not ingests_done.is_set() and not billing_periods_close():
+            pass
+    except Exception as error:
+        errors.append(error)
+    finally:
+        connection.close()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_racing_ingests_and_close_keep_the_ledger_and_invoice_exact(
     org_a, key_a, tiny_model, internal_token, make_usage_event
@@ -52,36 +84,11 @@ def test_racing_ingests_and_close_keep_the_ledger_and_invoice_exact(
     start = threading.Barrier(INGESTERS + 1)
     ingests_done = threading.Event()
     results, errors = [], []
-
-    def ingest(seed: int) -> None:
-        try:
-            client = APIClient()
-            client.credentials(HTTP_AUTHORIZATION=f"Bearer {internal_token}")
-            order = batches[:]
-            random.Random(seed).shuffle(order)
-            start.wait()
-            for batch in order:
-                response = client.post(INGEST_URL, {"events": batch}, format="json")
-                assert response.status_code == 200, response.content
-                results.append(response.json())
-        except Exception as error:  # reported below, with the thread's failure
-            errors.append(error)
-        finally:
-            connection.close()
-
-    def close() -> None:
-        # Keeps trying until the period exists and is closed, so the close lands in the middle of the ingests.
-        try:
-            start.wait()
-            while not ingests_done.is_set() and not billing_periods_close():
-                pass
-        except Exception as error:
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=ingest, args=(seed,)) for seed in range(INGESTERS)]
-    threads.append(threading.Thread(target=close))
+    threads = [
+        threading.Thread(target=_ingest, args=(internal_token, batches, seed, start, results, errors))
+        for seed in range(INGESTERS)
+    ]
+    threads.append(threading.Thread(target=_close_until, args=(ingests_done, start, errors)))
     for thread in threads:
         thread.start()
     for thread in threads[:INGESTERS]:

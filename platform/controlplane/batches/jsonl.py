@@ -67,17 +67,7 @@ def parse_input_file(content: bytes, *, max_lines: int) -> InputFile:
 
 
 def _parse_line(number: int, row: str) -> tuple[InputLine, str]:
-    try:
-        value = json.loads(row, parse_constant=_refuse_constant)
-        check_depth_and_text(value)
-    except RecursionError:
-        raise _line_refused(number, too_deep_message().rstrip(".")) from None
-    except ParseError as error:
-        raise _line_refused(number, str(error.detail).rstrip(".")) from None
-    except ValueError as error:
-        raise _line_refused(number, f"not valid JSON ({str(error)[:120]})") from None
-    if not isinstance(value, dict):
-        raise _line_refused(number, "must be a JSON object with custom_id, method, url and body")
+    value = _line_value(number, row)
     unknown = sorted(set(value) - LINE_KEYS)
     if unknown:
         raise _line_refused(number, f"unknown field {unknown[0]!r}; a line holds only custom_id, method, url, body")
@@ -97,6 +87,22 @@ def _parse_line(number: int, row: str) -> tuple[InputLine, str]:
     if body.get("stream") not in (None, False):
         raise _line_refused(number, "body.stream must be false or absent: a batch stores whole answers")
     return InputLine(line_number=number, custom_id=custom_id, body=body), url
+
+
+def _line_value(number: int, row: str) -> dict:
+    """The line as a JSON object, within the depth and text limits."""
+    try:
+        value = json.loads(row, parse_constant=_refuse_constant)
+        check_depth_and_text(value)
+    except RecursionError:
+        raise _line_refused(number, too_deep_message().rstrip(".")) from None
+    except ParseError as error:
+        raise _line_refused(number, str(error.detail).rstrip(".")) from None
+    except ValueError as error:
+        raise _line_refused(number, f"not valid JSON ({str(error)[:120]})") from None
+    if not isinstance(value, dict):
+        raise _line_refused(number, "must be a JSON object with custom_id, method, url and body")
+    return value
 
 
 def _refuse_constant(name: str):
