@@ -26,9 +26,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The control plane refuses to start on PostgreSQL without a secret key; tests get a throwaway one.
+# The control plane refuses to start on PostgreSQL without a secret key; tests get a throwaway one. Each
+# test's time goes to .diptych/test-times.xml (JUnit), from which the tiers below were drawn.
+TEST_ENV := DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key}
 test: lint $(DASHBOARD)
-	DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key} $(PY) -m pytest
+	$(TEST_ENV) $(PY) -m pytest --durations=25 --junitxml=.diptych/test-times.xml
 
 install: $(STAMP) $(DASHBOARD)
 
