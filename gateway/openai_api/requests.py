@@ -79,13 +79,7 @@ def to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gener
         fields["max_tokens"] = _integer(body[max_tokens_name], max_tokens_name, 0, UINT32_MAX)
     fields.update(_choices_and_session(body))
     fields.update(_sampling_controls(body, chat))
-    for name in ("temperature", "top_p"):  # at float32 precision, as the gRPC API carries them
-        if body.get(name) is not None:
-            fields[name] = as_float32(_number(body[name], name))
-    if body.get("top_k") is not None:
-        fields["top_k"] = _integer(body["top_k"], "top_k", 0, UINT32_MAX)
-    if body.get("seed") is not None:
-        fields["seed"] = _integer(body["seed"], "seed", 0, UINT64_MAX)
+    fields.update(_draws(body))
     fields["stop"] = _stop(body.get("stop"))
     if body.get("ignore_eos") is not None:
         fields["ignore_eos"] = flag(body, "ignore_eos")
@@ -93,6 +87,19 @@ def to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gener
     if not isinstance(priority, str) or priority not in PRIORITIES:
         raise HttpError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
     return GenerationRequest(model=model, idempotency_key=idempotency_key, priority=PRIORITIES[priority], **fields)
+
+
+def _draws(body: dict) -> dict:
+    """temperature and top_p (at float32 precision, as the gRPC API carries them), top_k and seed."""
+    fields: dict = {}
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None:
+            fields[name] = as_float32(_number(body[name], name))
+    if body.get("top_k") is not None:
+        fields["top_k"] = _integer(body["top_k"], "top_k", 0, UINT32_MAX)
+    if body.get("seed") is not None:
+        fields["seed"] = _integer(body["seed"], "seed", 0, UINT64_MAX)
+    return fields
 
 
 def _length(value) -> int:

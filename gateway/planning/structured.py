@@ -116,15 +116,7 @@ def _tools(request: GenerationRequest) -> tuple[Tool, ...]:
         return ()
     if request.chat is None:
         raise _invalid("tools need a chat (messages): the chat template shows the model its tools")
-    names = set()
-    for index, tool in enumerate(tools):
-        if not _NAME.fullmatch(tool.name):
-            raise _invalid(f"tools[{index}].function.name must be 1 to 64 letters, digits, '_' or '-'")
-        if tool.name in names:
-            raise _invalid(f"tools[{index}].function.name '{tool.name}' is given twice; name each tool once")
-        names.add(tool.name)
-        if tool.parameters:
-            _schema(tool.parameters, f"tools[{index}].function.parameters")
+    names = _tool_names(tools)
     if choice is not None:
         if choice.mode not in TOOL_CHOICES:
             raise _invalid(f"tool_choice is '{choice.mode[:40]}'; use auto, none, required or a function")
@@ -134,6 +126,20 @@ def _tools(request: GenerationRequest) -> tuple[Tool, ...]:
                 f"name one of {', '.join(sorted(names))}"
             )
     return tools
+
+
+def _tool_names(tools: tuple[Tool, ...]) -> set[str]:
+    """The tools' names, each checked to be well formed and given once, and each tool's parameters schema."""
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not _NAME.fullmatch(tool.name):
+            raise _invalid(f"tools[{index}].function.name must be 1 to 64 letters, digits, '_' or '-'")
+        if tool.name in names:
+            raise _invalid(f"tools[{index}].function.name '{tool.name}' is given twice; name each tool once")
+        names.add(tool.name)
+        if tool.parameters:
+            _schema(tool.parameters, f"tools[{index}].function.parameters")
+    return names
 
 
 @lru_cache(maxsize=256)
