@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -108,7 +108,7 @@ def _refusal(response: httpx.Response) -> str:
     return f"the control plane answered {response.status_code} for the model manifest: {response.text}"
 
 
-def parse_manifest(body: dict) -> Manifest:
+def parse_manifest(body: dict[str, Any]) -> Manifest:
     """The manifest in `body`, checked: names that cannot leave the cache, well-formed digests and sizes."""
     try:
         model, revision, source = str(body["model"]), str(body["revision"]), str(body["source"])
@@ -128,7 +128,7 @@ def parse_manifest(body: dict) -> Manifest:
     return Manifest(model, revision, source, files, store)
 
 
-def _parse_store(store: dict) -> ControlPlaneStore | S3Store:
+def _parse_store(store: dict[str, Any]) -> ControlPlaneStore | S3Store:
     if store["kind"] == "control-plane":
         return ControlPlaneStore(str(store["url"]))
     if store["kind"] == "s3":
@@ -296,7 +296,7 @@ class ArtifactCache:
 class _HashingWriter:
     """Hashes what it writes, and refuses more bytes than the manifest lists (a store cannot fill the disk)."""
 
-    def __init__(self, raw: BinaryIO, digest, file: ArtifactFile) -> None:
+    def __init__(self, raw: BinaryIO, digest: "hashlib._Hash", file: ArtifactFile) -> None:
         self._raw, self._digest, self._file = raw, digest, file
         self.written = 0
 

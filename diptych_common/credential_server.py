@@ -1,6 +1,9 @@
 """A gRPC server that only the gateway and other workers may call, for a worker and the KV tier alike:
 every call but the standard health service must carry the worker RPC secret (see diptych_common.worker_credential)."""
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
 import grpc
 
 from diptych_common.worker_credential import WorkerSecret
@@ -8,11 +11,15 @@ from diptych_common.worker_credential import WorkerSecret
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # probes (kubelet, the supervisor) hold no secret
 
 
-class RequireWorkerSecret(grpc.aio.ServerInterceptor):
+class RequireWorkerSecret(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
     def __init__(self, secret: WorkerSecret) -> None:
         self._secret = secret
 
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
@@ -20,7 +27,7 @@ class RequireWorkerSecret(grpc.aio.ServerInterceptor):
         return handler if reason is None else _refusing(handler, reason)
 
 
-def worker_server(secret: WorkerSecret, options: list | None = None) -> grpc.aio.Server:
+def worker_server(secret: WorkerSecret, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Server:
     """A gRPC server that refuses every call without the secret."""
     return grpc.aio.server(interceptors=[RequireWorkerSecret(secret)], options=options)
 
@@ -28,10 +35,10 @@ def worker_server(secret: WorkerSecret, options: list | None = None) -> grpc.aio
 def _refusing(handler: grpc.RpcMethodHandler, reason: str) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that answers UNAUTHENTICATED without running it."""
 
-    async def refuse(request, context):
+    async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
 
-    async def refuse_stream(request, context):
+    async def refuse_stream(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         yield  # an async generator, as a streaming response needs
 

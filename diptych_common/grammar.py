@@ -3,7 +3,7 @@ and the workers (which make every output token follow it): a `Grammar` as llguid
 model's tokenizer as llguidance's."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
@@ -44,7 +44,7 @@ def grammar_error(grammar: Grammar, tokenizer: LLTokenizer) -> str | None:
     return messages[0] if is_error else None
 
 
-def llguidance_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: frozenset[int]) -> LLTokenizer:
+def llguidance_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> LLTokenizer:
     """llguidance's view of a Hugging Face fast tokenizer over a model's `vocab_size` logits (about a
     second for a large vocabulary: build it once). `eos_token_ids`: the tokens that end a sequence (empty:
     the tokenizer's own)."""

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime
+from typing import TextIO
 
 LOG_FORMATS = ("text", "json")
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("diptych_request_id", default="")
@@ -69,7 +70,7 @@ def log_format(chosen: str | None = None) -> str:
     return value
 
 
-def handler_for(format_name: str, stream=None) -> logging.Handler:
+def handler_for(format_name: str, stream: TextIO | None = None) -> logging.Handler:
     """A stderr handler in `format_name` (checked as log_format checks it); Django's LOGGING builds one too."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format(format_name) == "json" else logging.Formatter(_TEXT))

@@ -55,7 +55,9 @@ def start_span(
     return _TRACER.start_span(name, context, kind, attributes=attributes, start_time=start_ns)
 
 
-def record_span(name: str, parent: Span | Context | None, start_ns: int, end_ns: int, **attributes) -> Span:
+def record_span(
+    name: str, parent: Span | Context | None, start_ns: int, end_ns: int, **attributes: str | int | float | bool
+) -> Span:
     """A span for work that already happened (a request's time in a queue, a transfer a thread timed)."""
     span = start_span(name, parent, start_ns, attributes=attributes)
     span.end(end_time=max(start_ns, end_ns))

@@ -9,8 +9,11 @@ prefill worker sends a KV cache only to a worker the control plane registered.
 import hashlib
 import hmac
 import secrets
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from diptych_common.proto.v1 import worker_pb2
 
@@ -39,7 +42,7 @@ class WorkerSecret:
         """What a call to a worker carries."""
         return ((METADATA_KEY, SCHEME + self._value),)
 
-    def refusal(self, metadata) -> str | None:
+    def refusal(self, metadata: grpc.aio.Metadata | None) -> str | None:
         """Why a call with this metadata is refused, or None when it carries the secret."""
         if not self._value:
             return (
@@ -72,7 +75,7 @@ def new_challenge() -> bytes:
     return secrets.token_bytes(CHALLENGE_BYTES)
 
 
-def attach_worker_secret(secret: WorkerSecret) -> list:
+def attach_worker_secret(secret: WorkerSecret) -> list[grpc.aio.ClientInterceptor]:
     """Client interceptors that add the secret to every call on a channel (read at call time, so it
     may arrive after the channel was made). One per kind of call: a grpc.aio channel files an
     interceptor under the first kind it implements only."""
@@ -90,21 +93,32 @@ class _AttachSecret:
         )
 
 
-class _UnaryUnary(_AttachSecret, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, details, request):
+Continuation = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
+
+
+class _UnaryUnary(_AttachSecret, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+    async def intercept_unary_unary(
+        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request: Message
+    ) -> grpc.aio.UnaryUnaryCall:
         return await continuation(self._with_secret(details), request)
 
 
-class _UnaryStream(_AttachSecret, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, details, request):
+class _UnaryStream(_AttachSecret, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+    async def intercept_unary_stream(
+        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request: Message
+    ) -> grpc.aio.UnaryStreamCall:
         return await continuation(self._with_secret(details), request)
 
 
-class _StreamUnary(_AttachSecret, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, details, request_iterator):
+class _StreamUnary(_AttachSecret, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+    async def intercept_stream_unary(
+        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request_iterator: AsyncIterable[Message]
+    ) -> grpc.aio.StreamUnaryCall:
         return await continuation(self._with_secret(details), request_iterator)
 
 
-class _StreamStream(_AttachSecret, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, details, request_iterator):
+class _StreamStream(_AttachSecret, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+    async def intercept_stream_stream(
+        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request_iterator: AsyncIterable[Message]
+    ) -> grpc.aio.StreamStreamCall:
         return await continuation(self._with_secret(details), request_iterator)

@@ -139,7 +139,8 @@ class GenerationRequest:
 def as_float32(value: float) -> float:
     """`value` at float32 precision, as a float field of the contract holds it (beyond float32's range: inf)."""
     try:
-        return struct.unpack("f", struct.pack("f", value))[0]
+        rounded: float = struct.unpack("f", struct.pack("f", value))[0]
+        return rounded
     except OverflowError:
         return float("inf") if value > 0 else float("-inf")
 

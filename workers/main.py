@@ -26,7 +26,7 @@ from workers.kv_connector.shm import sweep_stale_files
 from workers.models.sharding import check_shardable
 from workers.runner.decode_graphs import DecodeGraphSpec
 from workers.runner.kv_pool import kv_layout_of
-from workers.runner.model_loader import load_model
+from workers.runner.model_loader import LoadedModel, load_model
 from workers.runner.model_runner import ModelRunner
 from workers.runner.tensor_parallel import TensorParallelRunner, TensorParallelSpec, launch
 from workers.serving.config import WorkerConfig
@@ -63,7 +63,12 @@ def stop_on_group_lost(why: str) -> None:
     os._exit(FOLLOWER_DIED_EXIT_CODE)
 
 
-def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: TensorParallelLaunch | None = None) -> Engine:
+def build_engine(
+    loaded: LoadedModel,
+    config: EngineConfig,
+    executor: ThreadPoolExecutor,
+    tensor_parallel: TensorParallelLaunch | None = None,
+) -> Engine:
     """The model runner and engine for a loaded model; the KV pool takes `config.kv_cache_mib` (on each
     rank, under tensor parallelism: a rank's pool holds its kv heads, so there are more blocks)."""
     degree = tensor_parallel.degree if tensor_parallel else 1
@@ -87,7 +92,8 @@ def build_engine(loaded, config: EngineConfig, executor, tensor_parallel: Tensor
             log.info("a tensor-parallel worker runs its decode steps eagerly: no CUDA graphs are captured")
         runner = launch(loaded.model, spec, tensor_parallel.on_group_lost)
     else:
-        model = loaded.model.to(config.device)
+        # PreTrainedModel.to is functools.wraps(nn.Module.to), which typeshed types as a callable that binds no self.
+        model = loaded.model.to(config.device)  # type: ignore[arg-type]
         max_blocks = min(num_blocks, -(-loaded.context_length // config.block_size))
         every_step = DecodeGraphSpec(config.max_running, max_blocks, max_tokens=config.token_budget)
         graphs = every_step if config.cuda_graphs else None

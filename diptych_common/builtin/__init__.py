@@ -6,6 +6,7 @@ they need no download. Only plain data lives here: the workers build the torch m
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BUILTIN_SOURCE_PREFIX = "builtin:"
 
@@ -14,7 +15,7 @@ BUILTIN_SOURCE_PREFIX = "builtin:"
 class BuiltinModel:
     name: str
     seed: int
-    llama_config: dict = field(default_factory=dict)
+    llama_config: dict[str, Any] = field(default_factory=dict)  # LlamaConfig keyword arguments, each of its own type
     tokenizer: str = ""  # the committed tokenizer directory it uses: its own name when empty
 
     @property

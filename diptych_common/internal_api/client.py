@@ -44,56 +44,62 @@ class ControlPlaneClient:
 
     # ---- the gateway's ---------------------------------------------------------------------------------
 
-    async def verify_api_key(self, api_key: str) -> dict | None:
+    async def verify_api_key(self, api_key: str) -> dict[str, Any] | None:
         """The key's identity ({api_key_id, organization_id}), or None when the control plane refuses it."""
         response = await self._request(endpoints.API_KEY_VERIFY, json={"api_key": api_key})
         if response.status_code == 401:
             return None
         return _body(response)
 
-    async def registry(self) -> dict:
+    async def registry(self) -> dict[str, Any]:
         return _body(await self._request(endpoints.REGISTRY))
 
     async def worker_rpc_secret(self) -> str:
         """What every call to a worker carries (`authorization: Bearer <secret>`)."""
-        return _body(await self._request(endpoints.WORKER_CREDENTIAL))["worker_rpc_secret"]
+        secret: str = _body(await self._request(endpoints.WORKER_CREDENTIAL))["worker_rpc_secret"]
+        return secret
 
-    async def post_usage_events(self, events: Sequence[UsageEvent], headers: dict[str, str] | None = None) -> dict:
+    async def post_usage_events(
+        self, events: Sequence[UsageEvent], headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """`headers`: a `traceparent` naming the usage.ingest span, when the batch is traced."""
         body = {"events": [event.to_wire() for event in events]}
         return _body(await self._request(endpoints.USAGE_EVENTS, json=body, headers=headers or {}))
 
-    async def post_rate_limit_refusals(self, refusals: Sequence[RefusalReport]) -> dict:
+    async def post_rate_limit_refusals(self, refusals: Sequence[RefusalReport]) -> dict[str, Any]:
         body = {"refusals": [refusal.to_wire() for refusal in refusals]}
         return _body(await self._request(endpoints.RATE_LIMIT_REFUSALS, json=body))
 
-    async def claim_idempotency_key(self, body: dict) -> dict:
+    async def claim_idempotency_key(self, body: dict[str, Any]) -> dict[str, Any]:
         return _body(await self._request(endpoints.IDEMPOTENCY_KEY_CLAIM, json=body))
 
-    async def complete_idempotency_key(self, body: dict) -> dict:
+    async def complete_idempotency_key(self, body: dict[str, Any]) -> dict[str, Any]:
         return _body(await self._request(endpoints.IDEMPOTENCY_KEY_COMPLETE, json=body))
 
-    async def release_idempotency_key(self, body: dict) -> dict:
+    async def release_idempotency_key(self, body: dict[str, Any]) -> dict[str, Any]:
         return _body(await self._request(endpoints.IDEMPOTENCY_KEY_RELEASE, json=body))
 
     # Stored responses (`/v1/responses`), each call naming the organization that owns the response: another
     # organization's id is answered as none (None, False).
 
-    async def store_response(self, body: dict) -> dict:
+    async def store_response(self, body: dict[str, Any]) -> dict[str, Any]:
         """Creates or updates a stored response; the answer holds its status as kept (a cancel stays)."""
         return _body(await self._request(endpoints.RESPONSE_STORE, json=body))
 
-    async def fetch_response(self, organization_id: str, response_id: str) -> dict | None:
+    async def fetch_response(self, organization_id: str, response_id: str) -> dict[str, Any] | None:
         return _found(await self._response_call(endpoints.RESPONSE_FETCH, organization_id, response_id))
 
     async def response_status(self, organization_id: str, response_id: str) -> str | None:
         found = _found(await self._response_call(endpoints.RESPONSE_STATUS, organization_id, response_id))
-        return None if found is None else found["status"]
+        if found is None:
+            return None
+        status: str = found["status"]
+        return status
 
     async def delete_response(self, organization_id: str, response_id: str) -> bool:
         return _found(await self._response_call(endpoints.RESPONSE_DELETE, organization_id, response_id)) is not None
 
-    async def cancel_response(self, organization_id: str, response_id: str) -> dict | None:
+    async def cancel_response(self, organization_id: str, response_id: str) -> dict[str, Any] | None:
         """The response after the cancel; httpx.HTTPStatusError (400) when it cannot be cancelled."""
         response = await self._request(
             endpoints.RESPONSE_CANCEL, {"response_id": response_id}, json={"organization_id": organization_id}
@@ -102,7 +108,7 @@ class ControlPlaneClient:
 
     async def response_input_items(
         self, organization_id: str, response_id: str, query: Mapping[str, str]
-    ) -> dict | None:
+    ) -> dict[str, Any] | None:
         """A page of the response's input items; httpx.HTTPStatusError (400) for a query it refuses."""
         return _found(await self._response_call(endpoints.RESPONSE_INPUT_ITEMS, organization_id, response_id, query))
 
@@ -114,11 +120,11 @@ class ControlPlaneClient:
 
     # ---- the workers' ----------------------------------------------------------------------------------
 
-    async def register_worker(self, *, address: str, name: str, revision: str) -> dict:
+    async def register_worker(self, *, address: str, name: str, revision: str) -> dict[str, Any]:
         body = {"address": address, "name": name, "revision": revision}
         return _body(await self._request(endpoints.WORKER_REGISTER, json=body))
 
-    async def heartbeat(self, worker_id: str, state: str, load: Mapping[str, Any]) -> dict:
+    async def heartbeat(self, worker_id: str, state: str, load: Mapping[str, Any]) -> dict[str, Any]:
         body = {"state": state, **load}
         return _body(await self._request(endpoints.WORKER_HEARTBEAT, {"worker_id": worker_id}, json=body))
 
@@ -156,11 +162,11 @@ class SyncControlPlaneClient:
             base_url=base_url.rstrip("/"), headers=_bearer(token), timeout=timeout, transport=transport
         )
 
-    def artifact_manifest(self) -> dict:
+    def artifact_manifest(self) -> dict[str, Any]:
         """The manifest of the calling fleet's model (with its fleet token)."""
         return _body(self._request(endpoints.ARTIFACT_MANIFEST))
 
-    def model_artifact_manifest(self, model: str) -> dict:
+    def model_artifact_manifest(self, model: str) -> dict[str, Any]:
         """The manifest of any model (with the internal token)."""
         return _body(self._request(endpoints.MODEL_ARTIFACT_MANIFEST, {"model": model}))
 
@@ -209,12 +215,13 @@ def _unless_failed(response: httpx.Response) -> httpx.Response:
     return response
 
 
-def _found(response: httpx.Response) -> Any:
+def _found(response: httpx.Response) -> dict[str, Any] | None:
     """The JSON answer, or None when the control plane answered 404."""
     return None if response.status_code == 404 else _body(response)
 
 
-def _body(response: httpx.Response) -> Any:
+def _body(response: httpx.Response) -> dict[str, Any]:
     """The JSON answer; httpx.HTTPStatusError when the control plane refused the call."""
     response.raise_for_status()
-    return response.json()
+    answer: dict[str, Any] = response.json()
+    return answer

@@ -15,7 +15,7 @@ down by at most `max_step_down`, and never below the fleet's minimum or the plan
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 ROLES = ("prefill", "decode", "colocated")
@@ -254,7 +254,7 @@ def _describe(loads: list[_Pressure]) -> str:
     return ", ".join(p.text for p in loads)
 
 
-def _mean(values) -> float:
+def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
 

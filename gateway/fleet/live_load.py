@@ -57,7 +57,7 @@ class LoadBoard:
         self._channels = channels
         self._live: dict[str, LiveLoad] = {}
         self._roles: dict[str, str] = {}
-        self._watches: dict[str, tuple[str, asyncio.Task]] = {}  # worker id -> (address, watching task)
+        self._watches: dict[str, tuple[str, asyncio.Task[None]]] = {}  # worker id -> (address, watching task)
 
     def sync(self, workers: list[WorkerInfo]) -> None:
         """Watches every worker the registry lists, and stops watching those it no longer lists."""

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from diptych_common.internal_api.client import ControlPlaneClient
 from diptych_common.logs import describe_error
@@ -87,7 +88,7 @@ class Registry:
         if self._on_refresh is not None:
             self._on_refresh(self.workers)
 
-    async def _model_info(self, listed: dict) -> ModelInfo | None:
+    async def _model_info(self, listed: dict[str, Any]) -> ModelInfo | None:
         name, source, revision = listed["name"], listed["source"], listed.get("revision", "")
         created = self._created(listed)
         if source != ARTIFACTS_SOURCE:
@@ -105,7 +106,7 @@ class Registry:
             return known
         return ModelInfo(name, directory, int(listed["context_length"]), revision, created)
 
-    def _created(self, listed: dict) -> int:
+    def _created(self, listed: dict[str, Any]) -> int:
         """When the catalog added the model; where the control plane does not say (an earlier version of
         it), when this gateway first listed the model."""
         if listed.get("created_at"):

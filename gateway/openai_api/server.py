@@ -56,7 +56,7 @@ class _JsonErrorRequestHandler(RequestHandler):
         return response
 
 
-def _error_fields(status: int, exc: BaseException | None) -> dict:
+def _error_fields(status: int, exc: BaseException | None) -> dict[str, str | None]:
     if status >= 500:
         kind = "timeout" if status == 504 else "server_error"
         return {

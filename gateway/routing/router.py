@@ -56,7 +56,9 @@ class RegionWorkers:
 class Lease:
     """A request counted on its workers, and its prompt counted on the worker that computes it."""
 
-    def __init__(self, in_flight: Counter, prompting: Counter, held: list[str], prompt: tuple[str, int]) -> None:
+    def __init__(
+        self, in_flight: Counter[str], prompting: Counter[str], held: list[str], prompt: tuple[str, int]
+    ) -> None:
         self._in_flight = in_flight
         self._prompting = prompting
         self._held = held

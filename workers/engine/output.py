@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from workers.engine.connector import KvSent
 from workers.engine.request import EngineRequest, FinishReason, RequestFailed, RequestStatus
@@ -45,7 +46,8 @@ class RequestHandle:
     sends its KV, the transfer's outcome arrives on `kv_sent` (KvSent, or a KvTransferError)."""
 
     request: EngineRequest
-    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # TokenOutput, or the exception that ended the request (Any: bench.constrained_decoding reads .finished unchecked)
+    outputs: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     compute_ms: float = 0.0
     kv_sent: Future[KvSent] | None = None
 

@@ -19,6 +19,7 @@ sampled from the model's logits as they are, with no copy.
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -235,7 +236,7 @@ def _adjust(
         logits[penalized_rows] = logits[penalized_rows] - penalty
 
 
-def _alone(rows: list[SamplingRow], index: int, change) -> RequestFailed | None:
+def _alone(rows: list[SamplingRow], index: int, change: Callable[..., object]) -> RequestFailed | None:
     """Runs one row's change; when it raises, that row's request fails alone (logged)."""
     try:
         change()

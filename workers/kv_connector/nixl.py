@@ -87,7 +87,7 @@ class NixlTarget:
         return {"ok": True, "nixl_metadata": self.metadata.hex(), "address": self.address, "size": self.size}
 
     @classmethod
-    def from_json(cls, message: dict) -> NixlTarget:
+    def from_json(cls, message: dict[str, Any]) -> NixlTarget:
         try:
             metadata = bytes.fromhex(message["nixl_metadata"])
             address, size = int(message["address"]), int(message["size"])

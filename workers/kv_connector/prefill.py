@@ -82,7 +82,7 @@ class PrefillConnector(KvConnector):
             )
         return self.learn_peer(decode_address, endpoint)
 
-    def learn_peer(self, decode_address: str, endpoint) -> Peer:
+    def learn_peer(self, decode_address: str, endpoint: worker_pb2.KvEndpoint) -> Peer:
         """Checks a decode worker's KvEndpoint (layout, shared memory) and remembers where it is."""
         peer = peer_from_endpoint(
             decode_address, endpoint, self.sender.layout, self.sender.allow_shm, self.sender.host_id

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from diptych_common.proto.v1 import worker_pb2
 from workers.engine.kv_transfer import Peer
 from workers.kv_connector import host_identity
 from workers.kv_connector.nixl import NixlFromPool, NixlSend, RegisteredStaging
@@ -40,7 +41,7 @@ from workers.runner.kv_pool import KvLayout, KvSource
 
 
 def peer_from_endpoint(
-    decode_address: str, endpoint, layout: KvLayout, allow_shm: bool = True, host_id: str = ""
+    decode_address: str, endpoint: worker_pb2.KvEndpoint, layout: KvLayout, allow_shm: bool = True, host_id: str = ""
 ) -> Peer:
     """Checks that the decode worker's KV layout (a worker_pb2.KvEndpoint) matches ours, whether its
     probe file is visible here and names our host id (`host_id`, empty: this process's; then shared

@@ -29,12 +29,16 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
 import xxhash
 
 from workers.runner.kv_pool import KvLayout
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 MAGIC = b"DKV2"
 FRAME = struct.Struct("<cxxxIIQQ")  # kind, first block, block count, offset, checksum
@@ -56,7 +60,7 @@ class KvTransferError(Exception):
         self.code = code
 
 
-def checksum(data) -> int:
+def checksum(data: "ReadableBuffer") -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
@@ -128,7 +132,7 @@ def read_hello(sock: socket.socket, layout: KvLayout, deadline: float) -> Hello:
     return _hello_of(header)
 
 
-def _hello_of(header: dict) -> Hello:
+def _hello_of(header: dict[str, Any]) -> Hello:
     """The hello's fields, each of its type: anything else is a malformed hello, refused as one."""
     request_id, token, num_tokens = header.get("request_id"), header.get("transfer_token"), header.get("num_tokens")
     if not (isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS):
@@ -174,18 +178,20 @@ def abort_frame(reason: str) -> bytes:
 # ---- replies ----------------------------------------------------------------------------------------
 
 
-def send_json(sock: socket.socket, message: dict) -> None:
+def send_json(sock: socket.socket, message: dict[str, Any]) -> None:
     body = json.dumps(message).encode()
     sock.sendall(struct.pack("<I", len(body)) + body)
 
 
-def try_send_json(sock: socket.socket, message: dict) -> None:
+def try_send_json(sock: socket.socket, message: dict[str, Any]) -> None:
     """Sends a last word to a peer that may already be gone."""
     with contextlib.suppress(OSError):
         send_json(sock, message)
 
 
-def recv_json(sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, deadline: float | None = None) -> dict:
+def recv_json(
+    sock: socket.socket, what: str, limit: int = MAX_REPLY_BYTES, deadline: float | None = None
+) -> dict[str, Any]:
     (length,) = struct.unpack("<I", recv_exact(sock, 4, what, deadline))
     if length > limit:
         raise KvTransferError(
@@ -206,7 +212,7 @@ def max_held_blocks(num_tokens: int, block_size: int) -> int:
     return max(0, (num_tokens - 1) // block_size)
 
 
-def held_blocks_of(reply: dict, num_tokens: int, block_size: int) -> int:
+def held_blocks_of(reply: dict[str, Any], num_tokens: int, block_size: int) -> int:
     """The leading blocks the receiver's hello reply says it holds, checked against what it may hold."""
     held = reply.get("held_blocks", 0)
     limit = max_held_blocks(num_tokens, block_size)
@@ -219,17 +225,17 @@ def held_blocks_of(reply: dict, num_tokens: int, block_size: int) -> int:
     return held
 
 
-def error_reply(error: KvTransferError) -> dict:
+def error_reply(error: KvTransferError) -> dict[str, Any]:
     return {"ok": False, "code": error.code.name, "error": str(error)}
 
 
-def check_reply(reply: dict) -> None:
+def check_reply(reply: dict[str, Any]) -> None:
     if not reply.get("ok"):
         code = getattr(grpc.StatusCode, str(reply.get("code")), grpc.StatusCode.UNKNOWN)
         raise KvTransferError(code, f"the decode worker refused the KV cache: {reply.get('error')}")
 
 
-def reply_after_close(sock: socket.socket) -> dict:
+def reply_after_close(sock: socket.socket) -> dict[str, Any]:
     """The receiver's last word after it broke the connection, when it left one."""
     try:
         return recv_json(sock, "the decode worker's reason for closing")

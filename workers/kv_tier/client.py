@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -193,7 +194,8 @@ class TierClient:
     async def _get(self, stub: kv_tier_pb2_grpc.KvTierStub, hashes: list[int]) -> kv_tier_pb2.TierGetReply:
         keys = kv_tier_pb2.TierKeys(namespace=self.namespace, block_hashes=hashes)
         request = kv_tier_pb2.TierGetRequest(keys=keys, max_bytes=MAX_GET_BYTES)
-        return await stub.Get(request, timeout=FETCH_TIMEOUT_S)
+        reply: kv_tier_pb2.TierGetReply = await stub.Get(request, timeout=FETCH_TIMEOUT_S)
+        return reply
 
     async def lookup(self, hashes: list[int]) -> int:
         """How many of the blocks, from the first, the store holds (0 when it cannot be asked)."""
@@ -205,9 +207,10 @@ class TierClient:
         except grpc.aio.AioRpcError as error:
             self._failed("look blocks up in", error)
             return 0
-        return reply.present
+        present: int = reply.present
+        return present
 
-    def _checked_run(self, blocks, hashes: list[int]) -> list[bytes]:
+    def _checked_run(self, blocks: Iterable[kv_tier_pb2.TierBlock], hashes: list[int]) -> list[bytes]:
         """The blocks that answer `hashes` in order, whole and matching their checksum, up to the first that
         does not."""
         run = []

@@ -42,7 +42,9 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
     def __init__(self, store: TierStore) -> None:
         self.store = store
 
-    async def Put(self, request, context):
+    async def Put(
+        self, request: kv_tier_pb2.TierPutRequest, context: grpc.aio.ServicerContext
+    ) -> kv_tier_pb2.TierPutReply:
         await _check_namespace(request.namespace, context)
         await _check_count(len(request.blocks), context)
         for block in request.blocks:
@@ -58,11 +60,15 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
             await context.abort(grpc.StatusCode.DATA_LOSS, f"{error}: the block was damaged on the way")
         return kv_tier_pb2.TierPutReply(stored=stored)
 
-    async def Lookup(self, request, context):
+    async def Lookup(
+        self, request: kv_tier_pb2.TierKeys, context: grpc.aio.ServicerContext
+    ) -> kv_tier_pb2.TierLookupReply:
         keys = await _keys(request, context)
         return kv_tier_pb2.TierLookupReply(present=await asyncio.to_thread(self.store.present, keys))
 
-    async def Get(self, request, context):
+    async def Get(
+        self, request: kv_tier_pb2.TierGetRequest, context: grpc.aio.ServicerContext
+    ) -> kv_tier_pb2.TierGetReply:
         keys = await _keys(request.keys, context)
         limit = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
         found = await asyncio.to_thread(self.store.get_run, keys, limit)
@@ -73,7 +79,7 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
             ]
         )
 
-    def _put(self, request) -> int:
+    def _put(self, request: kv_tier_pb2.TierPutRequest) -> int:
         # the checksum is checked by the store, against the bytes as they arrived
         return sum(
             self.store.put(TierKey(request.namespace, block.block_hash), block.data, block.checksum)
@@ -81,7 +87,7 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
         )
 
 
-async def _check_namespace(namespace: str, context) -> None:
+async def _check_namespace(namespace: str, context: grpc.aio.ServicerContext) -> None:
     if not namespace or len(namespace) > MAX_NAMESPACE_CHARS:
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -89,14 +95,14 @@ async def _check_namespace(namespace: str, context) -> None:
         )
 
 
-async def _check_count(count: int, context) -> None:
+async def _check_count(count: int, context: grpc.aio.ServicerContext) -> None:
     if count > MAX_KEYS_PER_CALL:
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"{count} blocks in one call; at most {MAX_KEYS_PER_CALL}"
         )
 
 
-async def _keys(message, context) -> list[TierKey]:
+async def _keys(message: kv_tier_pb2.TierKeys, context: grpc.aio.ServicerContext) -> list[TierKey]:
     await _check_namespace(message.namespace, context)
     await _check_count(len(message.block_hashes), context)
     return [TierKey(message.namespace, block_hash) for block_hash in message.block_hashes]

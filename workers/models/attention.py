@@ -14,6 +14,7 @@ so a layer only looks its window up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from workers.models.step import StepInput
 
 Window = int | None  # how many keys back a layer's queries see, their own included; None: all of them
+# (keys 0 or values 1, a layer's pool, block tables [batch, n]) → [batch, kv_heads, n * block_size, dim]
+Gather = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def visible(query_positions: torch.Tensor, key_positions: torch.Tensor, window: Window) -> torch.Tensor:
@@ -122,7 +125,7 @@ def attend_prompt_chunks(
     value: torch.Tensor,
     layer_kv: torch.Tensor,
     scale: float,
-    gather,
+    gather: Gather,
 ) -> None:
     """Each prompt chunk's queries attended into its rows of `out`, one SDPA call each."""
     for chunk in chunks:
@@ -215,7 +218,7 @@ class DecodeGroup:
     tables: torch.Tensor  # [batch, widest] block ids, padded
     mask: torch.Tensor  # [batch, 1, 1, widest * block_size]: which gathered keys each input sees
 
-    def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float, gather) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, layer_kv: torch.Tensor, scale: float, gather: Gather) -> torch.Tensor:
         """query [tokens, heads, head_dim] → the group's rows attended [batch, heads, head_dim]."""
         keys, values = gather(0, layer_kv[0], self.tables), gather(1, layer_kv[1], self.tables)
         q = query[self.rows].unsqueeze(2)  # [batch, heads, 1, dim]

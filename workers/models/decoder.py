@@ -32,17 +32,19 @@ Attention = Callable[["DecoderLayer", torch.Tensor, torch.Tensor, torch.Tensor],
 @dataclass(eq=False)
 class DecoderLayer:
     index: int
-    input_norm: Callable
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: Projection  # queries, keys and values stacked, with their biases if any
-    qk_norms: tuple[Callable, Callable] | None  # per-head norms of queries and keys, before the rotary embedding
+    qk_norms: (
+        tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None
+    )  # per-head norms of queries and keys, before the rotary embedding
     head_dim: int
     scale: float  # of the attention scores
     window: Window  # how many keys back this layer's queries see
     o: Projection
-    post_attention_norm: Callable
+    post_attention_norm: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Projection  # the MLP's gate and up projections stacked
     down: Projection
-    act_fn: Callable
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
     # tensor parallel (`workers.models.sharding`): sums o's and down's partial outputs over the group
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
@@ -75,10 +77,12 @@ class DecoderLayer:
 
 @dataclass(eq=False)
 class Decoder:
-    embed: Callable  # token ids [tokens] → hidden [tokens, hidden_size]
-    rotary_embedding: Callable  # the model's: (hidden [1, tokens, ...], positions [1, tokens]) → cos, sin
+    embed: Callable[[torch.Tensor], torch.Tensor]  # token ids [tokens] → hidden [tokens, hidden_size]
+    rotary_embedding: Callable[
+        [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+    ]  # the model's: (hidden [1, tokens, ...], positions [1, tokens]) → cos, sin
     layers: list[DecoderLayer]
-    norm: Callable
+    norm: Callable[[torch.Tensor], torch.Tensor]
     lm_head: Projection
 
     @cached_property

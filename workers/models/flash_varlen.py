@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
@@ -99,7 +100,7 @@ class FlashVarlenPlan:
 
 
 @functools.cache
-def _takes_num_splits(varlen_attn) -> bool:
+def _takes_num_splits(varlen_attn: Callable[..., object]) -> bool:
     """Whether this torch's varlen_attn takes `num_splits`: where it does, the paged path is asked for one
     split, since its automatic split-KV corrupts the output (pytorch #194167, open)."""
     return "num_splits" in inspect.signature(varlen_attn).parameters

@@ -37,7 +37,8 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemm == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            projected: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return projected
         if self.gemm == "mm":
             if x.dim() != 2:  # the decoder's packed tokens are 2-d; anything else is flattened around the product
                 return self(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
@@ -50,7 +51,8 @@ class Projection:
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Applies the stacked projection and returns each linear's output."""
-        return self(x).split(self.sizes, dim=-1)
+        outputs: tuple[torch.Tensor, ...] = self(x).split(self.sizes, dim=-1)
+        return outputs
 
 
 def gemm_for(weight: torch.Tensor) -> str:

@@ -144,7 +144,17 @@ class TritonPlan:
 
 
 def paged_attention(
-    query, key_cache, value_cache, out, query_start, seq_lens, block_table, scale, window, max_query_len, max_seq_len
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    window: Window,
+    max_query_len: int,
+    max_seq_len: int,
 ) -> None:
     """Attends every sequence's query rows over its keys in the pool, into `out`, in one launch (two with
     split-KV). query and out [tokens, heads, head_dim]; key_cache and value_cache [blocks, block_size,
@@ -174,7 +184,17 @@ def kv_splits(programs: int, max_seq_len: int, multiprocessors: int) -> int:
 
 
 def launch_paged_attention(
-    query, key_cache, value_cache, out, query_start, seq_lens, block_table, scale, window, max_query_len, num_splits
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    window: Window,
+    max_query_len: int,
+    num_splits: int,
 ) -> None:
     """`paged_attention` with the number of key segments per tile given (1: no split, no merge)."""
     tokens, heads, head_dim = query.shape
@@ -254,7 +274,16 @@ class Tiles:
         return tokens // self.block_q + max_seqs
 
 
-def _check(query, key_cache, value_cache, out, query_start, seq_lens, block_table, num_splits) -> None:
+def _check(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_splits: int,
+) -> None:
     """Shapes, dtypes and layouts the kernel relies on (nothing of the tensors' contents)."""
     heads, kv_heads, max_seqs = query.shape[1], key_cache.shape[2], seq_lens.shape[0]
     problems = []

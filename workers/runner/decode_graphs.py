@@ -151,7 +151,7 @@ class DecodeGraphs:
     def _step(self, batch: int, width: int) -> None:
         self._logits[:batch].copy_(self._runner.decode_padded(self._batch[:batch, : PADDED_COLUMNS + width]))
 
-    def _capture_one(self, batch: int, width: int, pool) -> torch.cuda.CUDAGraph:
+    def _capture_one(self, batch: int, width: int, pool: torch.cuda._POOL_HANDLE) -> torch.cuda.CUDAGraph:
         device = self._runner.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

@@ -34,7 +34,8 @@ def build_builtin_model(builtin: BuiltinModel, dtype: torch.dtype = torch.float3
     finally:
         torch.random.set_rng_state(generator_state)
     # PreTrainedModel.to is functools.wraps(nn.Module.to), which typeshed types as a callable that binds no self.
-    return model.to(dtype)  # type: ignore[arg-type]
+    moved: LlamaForCausalLM = model.to(dtype)  # type: ignore[arg-type]
+    return moved
 
 
 def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -50,7 +51,7 @@ def load_model(name: str, source: str, dtype: torch.dtype = torch.float32) -> Lo
         family, config = _supported_family(path)
         model = family.causal_lm.from_pretrained(path, config=config, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call, unused-ignore]  # the model classes type eval as unannotated
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id

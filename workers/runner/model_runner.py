@@ -14,18 +14,22 @@ one block more than the KV cache manager hands out (`padding_block`): the padded
 decode step (`decode_padded`, which the runner's `DecodeGraphs` capture on CUDA) write there.
 """
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 
+from workers.models.attention import GROUP_COST_IN_BLOCKS as GROUP_COST_IN_BLOCKS  # bench.step_costs imports it here
 from workers.models.attention import (
-    GROUP_COST_IN_BLOCKS,
     AttentionPlan,
     DecodeGroup,
     GatherBuffers,
+    Window,
     gather_fresh,
     visible,
 )
 from workers.models.backends import StepAttention, choose_backend
+from workers.models.decoder import DecoderLayer
 from workers.models.device_values import on_device
 from workers.models.families import decoder_of
 from workers.models.flash_varlen import FlashVarlenPlan
@@ -37,6 +41,9 @@ from workers.runner.decode_graphs import PADDED_COLUMNS, DecodeGraphs, DecodeGra
 from workers.runner.kv_pool import BlocksRead, kv_layout_of
 from workers.runner.step_buffers import StepBuffers, StepView
 from workers.runner.step_graphs import StepGraphs
+
+# (query, the step's own key and value, the layer's pool, scale, window) → the attended rows, as StepAttention.attend
+AttendStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, Window], torch.Tensor]
 
 
 class ModelRunner:
@@ -145,7 +152,14 @@ class ModelRunner:
             for window in self.decoder.windows
         }
 
-        def attend(query, key, value, layer_kv, scale, window):
+        def attend(
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            layer_kv: torch.Tensor,
+            scale: float,
+            window: Window,
+        ) -> torch.Tensor:
             return groups[window].attend(query, layer_kv, scale, gather_fresh).reshape(batch.shape[0], -1)
 
         return self.decoder.logits(self._forward(token_ids, positions, slots, attend))
@@ -159,14 +173,16 @@ class ModelRunner:
         hidden = self._forward(view.token_ids, view.positions, view.slots, attention.attend)
         return self.decoder.logits(hidden.index_select(0, logit_rows))
 
-    def _forward(self, token_ids, positions, slots, attend) -> torch.Tensor:
+    def _forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: AttendStep
+    ) -> torch.Tensor:
         """The decoder over packed tokens (device tensors; `slots`: each token's slot in the pool, counted
         over its blocks' slots); returns hidden states [tokens, hidden]."""
         decoder = self.decoder
         hidden = decoder.embed(token_ids)
         cos, sin = decoder.rotary(hidden, positions)
 
-        def attention(layer, query, key, value):
+        def attention(layer: DecoderLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             layer_kv = self.kv[layer.index]
             layer_kv[0].view(-1, *key.shape[1:]).index_copy_(0, slots, key)
             layer_kv[1].view(-1, *value.shape[1:]).index_copy_(0, slots, value)

@@ -108,7 +108,7 @@ class StepGraphs:
                     "captured %d of %d step graphs (%.1f s)", done, len(self.row_counts), time.monotonic() - started
                 )
 
-    def _capture_one(self, rows: int, pool) -> torch.cuda.CUDAGraph:
+    def _capture_one(self, rows: int, pool: torch.cuda._POOL_HANDLE) -> torch.cuda.CUDAGraph:
         runner, device = self._runner, self._runner.device
         view = _bounded(runner.step_buffers.load([], rows), rows)
         logit_rows = self._logit_rows[: logit_row_count(rows, self._max_seqs)]

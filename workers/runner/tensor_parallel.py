@@ -109,7 +109,7 @@ class Group:
         self._data.allreduce([tensor]).wait()
         return tensor
 
-    def broadcast_operation(self, operation: list | None = None) -> list:
+    def broadcast_operation(self, operation: list[Any] | None = None) -> list[Any]:
         """Rank 0 sends `operation` (JSON data); every rank returns it. One broadcast of a fixed-size
         message (the JSON's length, then the JSON) carries most operations; a longer JSON is sent again
         whole in a second broadcast."""
@@ -122,10 +122,12 @@ class Group:
         self._broadcast_bytes(message)
         length = int.from_bytes(message[:LENGTH_BYTES], "little")
         if length <= OPERATION_BYTES - LENGTH_BYTES:
-            return json.loads(message[LENGTH_BYTES : LENGTH_BYTES + length])
+            inline_operation: list[Any] = json.loads(message[LENGTH_BYTES : LENGTH_BYTES + length])
+            return inline_operation
         whole = bytearray(payload) if self.rank == 0 else bytearray(length)
         self._broadcast_bytes(whole)
-        return json.loads(whole)
+        whole_operation: list[Any] = json.loads(whole)
+        return whole_operation
 
     def _broadcast_bytes(self, data: bytearray) -> None:
         """Rank 0's bytes into every rank's `data` (in place: the tensor shares its memory)."""
@@ -157,7 +159,7 @@ def _nccl_group(store: dist.Store, rank: int, degree: int) -> _Backend:
 class Followers:
     """Rank 0's view of the follower processes: whether they live, and stopping them."""
 
-    def __init__(self, processes: dict[int, subprocess.Popen]) -> None:
+    def __init__(self, processes: dict[int, subprocess.Popen[bytes]]) -> None:
         self.processes = processes  # by rank
         self._stopping = False
         self._watchers: list[threading.Thread] = []
@@ -178,7 +180,7 @@ class Followers:
             watcher.start()
             self._watchers.append(watcher)
 
-    def _wait(self, rank: int, process: subprocess.Popen, on_death: Callable[[str], None]) -> None:
+    def _wait(self, rank: int, process: subprocess.Popen[bytes], on_death: Callable[[str], None]) -> None:
         code = process.wait()
         if not self._stopping:
             on_death(f"tensor-parallel rank {rank} (pid {process.pid}) exited with code {code}")
@@ -265,7 +267,7 @@ class TensorParallelRunner(ModelRunner):
             log.warning("could not tell the tensor-parallel followers to stop: %s", error)
         self.followers.stop()
 
-    def _send(self, operation: list) -> None:
+    def _send(self, operation: list[Any]) -> None:
         if self._broken is None:
             self._broken = self.followers.died()
         if self._broken is not None:
@@ -342,7 +344,7 @@ def launch(
     return runner
 
 
-def _start_follower(spec: TensorParallelSpec, rank: int, port: int) -> subprocess.Popen:
+def _start_follower(spec: TensorParallelSpec, rank: int, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, **supervisor_env(), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
     command = [
         sys.executable,

@@ -56,7 +56,7 @@ class WorkerLoad:
             ),
         )
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> dict[str, int | float]:
         """The load a heartbeat carries to the control plane."""
         return {
             "queue_depth": self.engine.waiting,

@@ -8,13 +8,17 @@ Wiring: `serve_metrics(port, host, role, lambda: service.load().to_proto(), engi
 service exists.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from diptych_common.proto.v1 import worker_pb2
+
+if TYPE_CHECKING:
+    from workers.engine.core import Engine
 
 
 class LoadCollector(Collector):
@@ -22,17 +26,17 @@ class LoadCollector(Collector):
         self._role = role
         self._load = load
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         load = self._load()
         labels = ["role", "worker_id"]
         values = [self._role, load.worker_id]
 
-        def gauge(name: str, help_text: str, value: float, extra: dict | None = None):
+        def gauge(name: str, help_text: str, value: float, extra: dict[str, str] | None = None) -> GaugeMetricFamily:
             family = GaugeMetricFamily(name, help_text, labels=labels + list(extra or {}))
             family.add_metric(values + list((extra or {}).values()), value)
             return family
 
-        def counter(name: str, help_text: str, value: float):
+        def counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
             family = CounterMetricFamily(name, help_text, labels=labels)
             family.add_metric(values, value)
             return family
@@ -110,7 +114,7 @@ class LoadCollector(Collector):
 class StepMetrics:
     """Duration and size of every engine step, observed through `Engine.on_step`."""
 
-    def __init__(self, role: str, registry=REGISTRY) -> None:
+    def __init__(self, role: str, registry: CollectorRegistry = REGISTRY) -> None:
         self._seconds = Histogram(
             "diptych_worker_step_seconds",
             "Duration of an engine step (one forward pass and its sampling)",
@@ -131,7 +135,9 @@ class StepMetrics:
         self._tokens.observe(tokens)
 
 
-def serve_metrics(port: int | None, host: str, role: str, load: Callable[[], worker_pb2.Load], engine) -> None:
+def serve_metrics(
+    port: int | None, host: str, role: str, load: Callable[[], worker_pb2.Load], engine: "Engine"
+) -> None:
     """Registers the load collector and the step histograms (fed by `engine`) and serves /metrics on
     `port` (nothing when port is None or 0)."""
     if not port:

@@ -4,6 +4,7 @@ its load; registers again when the control plane has forgotten it or marked it d
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -26,7 +27,7 @@ class ControlPlaneLink:
         fleet_token: str,
         address: str,
         name: str,
-        load: Callable[[], dict],
+        load: Callable[[], dict[str, int | float]],
         on_state: Callable[[str], None] = lambda state: None,
         secret: WorkerSecret | None = None,
         http_timeout_s: float = 5.0,
@@ -40,7 +41,7 @@ class ControlPlaneLink:
         self._on_state = on_state  # told the state the control plane holds for this worker
         self.secret = secret or WorkerSecret()  # the worker RPC secret, handed over on registration
         self.worker_id = ""
-        self.fleet: dict = {}
+        self.fleet: dict[str, Any] = {}  # the control plane's JSON description of this worker's fleet
         self.heartbeat_interval = 2.0
         self.draining = False
 

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ from diptych_common.tracing import (
     traceparent_of,
 )
 from diptych_common.worker_credential import WorkerSecret
+from workers.engine.connector import KvSent
 from workers.engine.core import Engine, RequestFailed, RequestHandle, RequestRejected, TokenOutput
 from workers.engine.kv_transfer import KvTransferParams, Peer
 from workers.engine.request import BATCH, INTERACTIVE, EngineRequest
@@ -154,7 +155,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     # ---- serving ------------------------------------------------------------------------------
 
-    async def Prefill(self, request, context):
+    async def Prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.PrefillEvent]:
         span = _call_span("worker.prefill", request.request_id, context)
         with ending(span), _logged_call("prefill", len(request.prompt_token_ids)):
             transfer = start_span("kv.transfer", span, kind=SpanKind.PRODUCER)
@@ -162,7 +165,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 async for event in self._prefill(request, context, span, transfer):
                     yield event
 
-    async def _prefill(self, request, context, span: Span, transfer: Span):
+    async def _prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext, span: Span, transfer: Span
+    ) -> AsyncIterator[worker_pb2.PrefillEvent]:
         """`transfer`: the kv.transfer span, whose context the KV hello carries to the decode worker."""
         await self._admit(context, Role.PREFILL)
         peer = await self._peer(request.decode_address, context)
@@ -216,13 +221,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
         )
 
-    async def Decode(self, request, context):
+    async def Decode(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.TokenEvent]:
         span = _call_span("worker.decode", request.request_id, context)
         with ending(span), _logged_call("decode"):
             async for event in self._decode(request, context, span):
                 yield event
 
-    async def _decode(self, request, context, span: Span):
+    async def _decode(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext, span: Span
+    ) -> AsyncIterator[worker_pb2.TokenEvent]:
         await self._admit(context, Role.DECODE)
         received = await self._await_kv(request, context)
         _record_receive(received, span)
@@ -253,13 +262,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:
             _record_queue_and_compute(engine_request, "decode.compute", span, now_ns())
 
-    async def Generate(self, request, context):
+    async def Generate(
+        self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.TokenEvent]:
         span = _call_span("worker.generate", request.request_id, context)
         with ending(span), _logged_call("generate", len(request.prompt_token_ids)):
             async for event in self._generate(request, context, span):
                 yield event
 
-    async def _generate(self, request, context, span: Span):
+    async def _generate(
+        self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext, span: Span
+    ) -> AsyncIterator[worker_pb2.TokenEvent]:
         await self._admit(context, Role.COLOCATED, Role.DECODE)
         engine_request = EngineRequest(
             request.request_id,
@@ -291,7 +304,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if first_ns:
                 record_span("decode.compute", span, first_ns, now_ns())
 
-    async def StreamTokens(self, request, context):
+    async def StreamTokens(
+        self, request: worker_pb2.TokenStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.TokenBatch]:
         await self._require_role(context, Role.COLOCATED, Role.DECODE)
         if not request.stream_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "TokenStreamRequest.stream_id is empty")
@@ -305,7 +320,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:
             self.token_streams.close(request.stream_id, stream)
 
-    async def _token_stream(self, stream_id: str, context) -> TokenStream | None:
+    async def _token_stream(self, stream_id: str, context: grpc.aio.ServicerContext) -> TokenStream | None:
         """The open token stream a call names; None when it names none (its tokens go on its own stream)."""
         if not stream_id:
             return None
@@ -317,24 +332,31 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
         return stream
 
-    async def _put(self, stream: TokenStream, request_id: str, event: worker_pb2.TokenEvent, context) -> None:
+    async def _put(
+        self, stream: TokenStream, request_id: str, event: worker_pb2.TokenEvent, context: grpc.aio.ServicerContext
+    ) -> None:
         try:
             stream.put(request_id, event)
         except TokenStreamClosed:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the token stream this call names was closed")
 
-    async def GetKvEndpoint(self, request, context):
+    async def GetKvEndpoint(
+        self, request: worker_pb2.KvEndpointRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.KvEndpoint:
         await self._require_role(context, Role.DECODE)
+        assert self._receiver is not None  # a decode worker's (checked when the service was made)
         endpoint = worker_pb2.KvEndpoint(**dataclasses.asdict(self._receiver.endpoint()))
         endpoint.proof = self._secret.endpoint_proof(request.challenge, endpoint)
         return endpoint
 
     # ---- load ---------------------------------------------------------------------------------
 
-    async def GetLoad(self, request, context):
+    async def GetLoad(self, request: worker_pb2.LoadRequest, context: grpc.aio.ServicerContext) -> worker_pb2.Load:
         return self.load().to_proto()
 
-    async def WatchLoad(self, request, context):
+    async def WatchLoad(
+        self, request: worker_pb2.LoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.Load]:
         changed = self._engine.watch_load()
         try:
             last_key, last_sent = None, 0.0
@@ -358,7 +380,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         done = stats.prompt_tokens_computed if self._state.role is Role.PREFILL else stats.tokens_generated
         return WorkerLoad(self._state.worker_id, self._state.draining, self._rate.rate(done), stats)
 
-    def load_report(self) -> dict:
+    def load_report(self) -> dict[str, int | float]:
         """The load a heartbeat carries."""
         return self.load().heartbeat()
 
@@ -397,7 +419,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except GrammarRejected as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"SamplingParams.constraint: {error}")
 
-    async def _outputs(self, handle: RequestHandle, context):
+    async def _outputs(self, handle: RequestHandle, context: grpc.aio.ServicerContext) -> AsyncIterator[TokenOutput]:
         try:
             while True:
                 output = await handle.outputs.get()
@@ -420,7 +442,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(error.code, str(error))
             raise  # (context.abort raises)
 
-    async def _await_kv(self, request, context: grpc.aio.ServicerContext) -> ReceivedKv:
+    async def _await_kv(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext) -> ReceivedKv:
         assert self._receiver is not None  # a decode worker's (checked when the service was made)
         try:
             # Given the prompt, the blocks of it this worker holds are pinned and not sent again.
@@ -437,7 +459,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(error.code, str(error))
             raise  # (context.abort raises)
 
-    async def _admit(self, context, *roles: Role) -> None:
+    async def _admit(self, context: grpc.aio.ServicerContext, *roles: Role) -> None:
         await self._require_role(context, *roles)
         if self._state.draining:
             await context.abort(
@@ -445,7 +467,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 f"worker {self._state.worker_id} is draining: it finishes its requests and takes no new ones",
             )
 
-    async def _require_role(self, context, *roles: Role) -> None:
+    async def _require_role(self, context: grpc.aio.ServicerContext, *roles: Role) -> None:
         if self._state.role not in roles:
             wanted = " or ".join(str(r) for r in roles)
             await context.abort(
@@ -497,11 +519,15 @@ def _record_queue_and_compute(request: EngineRequest, compute: str, parent: Span
 def _record_receive(received: ReceivedKv, span: Span) -> None:
     """kv.receive: under the sender's kv.transfer span when the hello named it, else under this call."""
     parent = context_from_traceparent(received.traceparent) if received.traceparent else span
-    attributes = {"kv_bytes": received.nbytes, "data_path": received.data_path, "first_block": received.first_block}
+    attributes: dict[str, str | int] = {
+        "kv_bytes": received.nbytes,
+        "data_path": received.data_path,
+        "first_block": received.first_block,
+    }
     record_span("kv.receive", parent, received.started_ns or now_ns(), received.finished_ns or now_ns(), **attributes)
 
 
-def _awaitable(future: Future | None) -> asyncio.Future:
+def _awaitable(future: Future[KvSent] | None) -> asyncio.Future[KvSent]:
     if future is None:  # only a request the connector took has a transfer; others failed before it
         raise RuntimeError("the request has no KV transfer")
     return asyncio.wrap_future(future)
@@ -511,9 +537,10 @@ def _without_rate(load: worker_pb2.Load) -> bytes:
     copy = worker_pb2.Load()
     copy.CopyFrom(load)
     copy.tokens_per_second = 0.0
-    return copy.SerializeToString(deterministic=True)
+    serialized: bytes = copy.SerializeToString(deterministic=True)
+    return serialized
 
 
-def _remaining(context, cap: float) -> float:
+def _remaining(context: grpc.aio.ServicerContext, cap: float) -> float:
     remaining = context.time_remaining()
     return cap if remaining is None else max(0.0, min(cap, remaining))
