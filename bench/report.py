@@ -81,7 +81,7 @@ class BenchReport:
         if mode == "split":
             self.split_whole_on_decode = (sum(r.prefill_worker == r.decode_worker for r in done), len(done))
 
-    def add_poisson(self, mode: str, rate: float, summary: RunSummary, results: list[RequestResult]) -> None:
+    def add_poisson(self, mode: str, rate: float, summary: RunSummary) -> None:
         self.poisson.append(PoissonRun(mode, rate, summary, os.getloadavg()[0]))
 
 

@@ -130,7 +130,7 @@ async def _measure_platform_mode(address, api_key, mode, profile, greedy_prompts
             requests = _poisson_requests(profile, run, rate)
             log(f"[{mode}] Poisson {rate:g} req/s: {len(requests)} requests over ~{requests[-1].arrival_s:.0f} s")
             results = await client.replay_open_loop(requests)
-            report.add_poisson(mode, rate, _logged(mode, summarize(results, profile.slo)), results)
+            report.add_poisson(mode, rate, _logged(mode, summarize(results, profile.slo)))
 
         log(
             f"[{mode}] prefix cache: {profile.prefix_samples} cold prompts and {profile.prefix_samples} sharing "
@@ -162,7 +162,7 @@ def _measure_baseline(generate: StaticBatchGenerate, profile: Profile, report: B
             f"{profile.baseline_max_batch}"
         )
         results = generate.replay_open_loop(requests, profile.baseline_max_batch)
-        report.add_poisson(BASELINE, rate, _logged(BASELINE, summarize(results, profile.slo)), results)
+        report.add_poisson(BASELINE, rate, _logged(BASELINE, summarize(results, profile.slo)))
 
 
 def _baseline_closed_loop(generate: StaticBatchGenerate, profile: Profile, repeat: int, count: int):

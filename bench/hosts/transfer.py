@@ -209,10 +209,10 @@ def main() -> None:
         send(args.host, args.data_port, args.sizes_mb, args.repeats)
     else:
         os.environ["UCX_TLS"] = args.ucx_tls
-        print(table(run_across_hosts(args.sizes_mb, args.repeats, transfers)))
+        print(table(run_across_hosts(args.sizes_mb, args.repeats)))
 
 
-def run_across_hosts(sizes_mb: list[int], repeats: int, transfers: int) -> list[dict]:
+def run_across_hosts(sizes_mb: list[int], repeats: int) -> list[dict]:
     me = [sys.executable, "-m", "bench.hosts.transfer", "--sizes-mb", *map(str, sizes_mb), "--repeats", str(repeats)]
     with Network(["prefill", "decode"]) as network:
         prefill, decode = network.hosts["prefill"], network.hosts["decode"]

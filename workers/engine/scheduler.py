@@ -162,7 +162,7 @@ class Scheduler:
             if external:
                 if not self._admit_loaded(request, external, out):
                     return
-            elif not self._admit_cached(request, budget, out):
+            elif not self._admit_cached(request, budget):
                 return
             queue.popleft()
             request.status = RequestStatus.RUNNING
@@ -183,7 +183,7 @@ class Scheduler:
         out.loads.append(request)
         return True
 
-    def _admit_cached(self, request: EngineRequest, budget: int, out: SchedulerOutput) -> bool:
+    def _admit_cached(self, request: EngineRequest, budget: int) -> bool:
         """Admits a request from its prefix cache hit and the blocks right after it that the connector loads
         (fetched from the KV tier); those are cached prefill too, and billed as such. False when the blocks
         are not free yet."""

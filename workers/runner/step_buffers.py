@@ -90,7 +90,7 @@ class StepBuffers:
         size = self._block_size
         return all((step.start + len(step.token_ids) - 1) // size < self.max_blocks for step in inputs)
 
-    def load(self, inputs: list[StepInput], rows: int | None = None, keys: str = "") -> StepView:
+    def load(self, inputs: list[StepInput], rows: int | None = None) -> StepView:
         """Writes the step into the device buffer (padded to `rows` rows, default its own) and returns
         its views. The caller checked `fits`."""
         turn = self._turn
