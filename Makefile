@@ -7,7 +7,7 @@ DASHBOARD := frontend/dist/index.html
 DASHBOARD_SOURCES := $(wildcard frontend/src/*.ts frontend/src/*/*.ts frontend/src/*.css) frontend/index.html \
 	frontend/favicon.svg frontend/package.json frontend/package-lock.json frontend/vite.config.ts frontend/tsconfig.json
 
-.PHONY: up test lint install proto clean bench bench-full
+.PHONY: up test test-fast lint install proto clean bench bench-full
 
 # The serving benchmark (bench/, docs/benchmarks.md): quick on the tiny model, full on the 100 M model.
 bench: $(STAMP)
@@ -31,6 +31,10 @@ lint: $(STAMP)
 TEST_ENV := DIPTYCH_SECRET_KEY=$${DIPTYCH_SECRET_KEY:-tests-only-insecure-key}
 test: lint $(DASHBOARD)
 	$(TEST_ENV) $(PY) -m pytest --durations=25 --junitxml=.diptych/test-times.xml
+
+# The unit tier: no e2e, browser, image or slow tests (markers set in tests/conftest.py); no lint first.
+test-fast: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -m "not e2e and not browser and not image and not slow" -q
 
 install: $(STAMP) $(DASHBOARD)
 

@@ -28,6 +28,33 @@ TESTS = Path(__file__).parent
 # Tiers by what a test needs (pyproject.toml's markers): `make test-fast` leaves these out.
 IMAGE_TESTS = {TESTS / "infra" / "test_image_build.py"}
 BROWSER_FIXTURES = {"browser", "page"}
+# Modules outside tests/e2e that took 10 s or more in a whole run (make test's .diptych/test-times.xml): they
+# start the platform's processes, fuzz an API or search plans.
+SLOW_MODULES = {
+    TESTS / name
+    for name in (
+        "bench/test_bench_smoke.py",
+        "bench/test_chaos_smoke.py",
+        "bench/test_gpu_check.py",
+        "bench/test_phase_costs.py",
+        "bench/test_plan_validation.py",
+        "gateway/test_batch_proxy.py",
+        "infra/test_chart_jobs_probes.py",
+        "planner/test_analytic.py",
+        "planner/test_search.py",
+        "platform/test_platform_batch_input_fuzz.py",
+        "platform/test_platform_gateway_idempotency.py",
+        "platform/test_platform_gateway_idempotency_outage.py",
+        "platform/test_platform_isolation_matrix.py",
+        "platform/test_platform_schemathesis.py",
+        "platform/test_responses_store.py",
+        "platform/test_webhooks_delivery.py",
+        "test_skip_summary.py",
+        "workers/test_step_graphs.py",
+        "workers/test_tensor_parallel.py",
+        "workers/test_triton_attention.py",
+    )
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,3 +66,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         if path in IMAGE_TESTS:
             item.add_marker(pytest.mark.image)
+        if path in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
