@@ -57,14 +57,18 @@ def choice_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") & UINT64_MASK
 
 
+class _Ended:
+    """What a choice's pump puts last on `interleaved`'s queue."""
+
+
 async def interleaved(
     runs: list[ChoiceRun], stream: Callable[[ChoiceRun], AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]]
 ) -> AsyncGenerator[tuple[ChoiceRun, GenerationOutput], None]:
     """Every choice's outputs as they come (`stream` yields each choice's with its run); choices 1..n-1
     start once choice 0 shares its prompt. Raises the first choice's error; closing it cancels every
     choice."""
-    queue: asyncio.Queue = asyncio.Queue()
-    ended = object()
+    queue: asyncio.Queue[tuple[ChoiceRun, GenerationOutput | Exception | _Ended]] = asyncio.Queue()
+    ended = _Ended()
 
     async def pump(run: ChoiceRun) -> None:
         try:
@@ -95,7 +99,7 @@ async def interleaved(
         running = len(runs)
         while running:
             run, item = await queue.get()
-            if item is ended:
+            if isinstance(item, _Ended):
                 running -= 1
             elif isinstance(item, Exception):
                 raise item

@@ -100,7 +100,7 @@ class Pipeline:
         self.idempotency = idempotency
         self.draining = False
         self.in_flight = 0
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def admit(
         self, authorization: str | None, request: GenerationRequest, protocol: str, peer: str = ""

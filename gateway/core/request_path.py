@@ -132,7 +132,9 @@ class RequestPath:
             return True
         return False
 
-    def _after_failure(self, plan, failure: WorkerFailure, produced: list[int], trace: RequestTrace, avoid: set[str]):
+    def _after_failure(
+        self, plan: GenerationPlan, failure: WorkerFailure, produced: list[int], trace: RequestTrace, avoid: set[str]
+    ) -> None:
         names = ", ".join(w.id for w in failure.culprits)
         trace.request_faults += failure.request_fault
         if trace.attempts >= MAX_ATTEMPTS or trace.request_faults >= MAX_REQUEST_FAULTS:
@@ -230,7 +232,9 @@ class RequestPath:
                 return events[: index + 1]
         return events
 
-    async def _kv_delivered(self, prefill_call, prefill: WorkerInfo, decode: WorkerInfo) -> worker_pb2.KvDelivered:
+    async def _kv_delivered(
+        self, prefill_call: grpc.aio.UnaryStreamCall, prefill: WorkerInfo, decode: WorkerInfo
+    ) -> worker_pb2.KvDelivered:
         """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
         be at fault (a dead decode worker makes the push fail): the request moves to another pair."""
         try:
@@ -248,7 +252,9 @@ class RequestPath:
         KV_TRANSFER_SECONDS.observe(delivered.transfer_ms / 1000)
         return delivered
 
-    async def _account_kv(self, kv_task: asyncio.Task, prefill: PhaseRecord, decode: PhaseRecord) -> None:
+    async def _account_kv(
+        self, kv_task: asyncio.Task[worker_pb2.KvDelivered], prefill: PhaseRecord, decode: PhaseRecord
+    ) -> None:
         """Every token is in: the KV cache arrived, so its delivery report only adds to usage."""
         try:
             delivered = await asyncio.wait_for(asyncio.shield(kv_task), self._timeouts.kv_delivery_s)
@@ -298,10 +304,12 @@ class RequestPath:
             unavailable = GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id}: {error}")
             raise WorkerFailure(unavailable, (worker,), dead=False) from None
 
-    async def _read(self, call, worker: WorkerInfo, phase: str, timeout: float):
+    async def _read(
+        self, call: grpc.aio.UnaryStreamCall, worker: WorkerInfo, phase: str, timeout: float
+    ) -> worker_pb2.PrefillEvent:
         with FailuresOf(worker, phase):
             async with asyncio.timeout(timeout):  # no task per message, as wait_for would make
-                message = await call.read()
+                message: worker_pb2.PrefillEvent = await call.read()
         if message is grpc.aio.EOF:
             raise WorkerFailure(
                 GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
@@ -342,7 +350,7 @@ def _within_budget(tokens: list[SampledToken], room: int) -> list[SampledToken]:
     return [*tokens[: room - 1], last]
 
 
-def _fail_on_lost_kv(decode_tokens: CallTokens, kv_task: asyncio.Task) -> None:
+def _fail_on_lost_kv(decode_tokens: CallTokens, kv_task: asyncio.Task[worker_pb2.KvDelivered]) -> None:
     """A KV hand-off that failed fails the decode call's reader, after the tokens that came before it."""
     error = None if kv_task.cancelled() else kv_task.exception()
     if error is not None:

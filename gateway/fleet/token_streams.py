@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class WorkerTokenStream:
     """One open `StreamTokens` call: it hands each token to the call it belongs to."""
 
-    def __init__(self, call, stream_id: str) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, stream_id: str) -> None:
         self.stream_id = stream_id
         self._call = call
         self._calls: dict[str, CallTokens] = {}
@@ -35,7 +35,9 @@ class WorkerTokenStream:
         self._reader = asyncio.create_task(self._read_forever())
 
     @classmethod
-    async def open(cls, stub: worker_pb2_grpc.WorkerStub, metadata, timeout_s: float) -> "WorkerTokenStream | None":
+    async def open(
+        cls, stub: worker_pb2_grpc.WorkerStub, metadata: tuple[tuple[str, str], ...], timeout_s: float
+    ) -> "WorkerTokenStream | None":
         """A stream open on the worker (it answered its first, empty batch); None when the worker does not
         serve token streams. Raises the call's AioRpcError, or TimeoutError, when it could not be opened."""
         stream_id = secrets.token_hex(16)
@@ -91,7 +93,7 @@ class CallTokens:
     deadline is a time it sets, checked by one timer that is moved on only when it fires, so that a token
     costs no timer of its own (an `asyncio.timeout` per token cost more than the rest of the read)."""
 
-    def __init__(self, call, stream: WorkerTokenStream | None, request_id: str) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, stream: WorkerTokenStream | None, request_id: str) -> None:
         self._call = call
         self._stream = stream
         self._request_id = request_id
@@ -121,7 +123,7 @@ class CallTokens:
             raise self._end
         return self._end
 
-    async def read(self, timeout_s: float | None = None):
+    async def read(self, timeout_s: float | None = None) -> worker_pb2.TokenEvent | object:
         """The next event alone, or `grpc.aio.EOF`; raises as `read_ready` does."""
         if not self._ready:
             ready = await self.read_ready(timeout_s)
