@@ -10,9 +10,15 @@ protocol into and out of these types; `core/request_path.py` builds the workers'
 import enum
 import struct
 from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from transformers import PreTrainedTokenizerBase
 
 from diptych_common.grammar import Grammar
 from gateway.fleet.registry import ModelInfo
+
+# A served model's tokenizer: the fast (Rust) one that `AutoTokenizer` loads from the model's directory.
+Tokenizer: TypeAlias = PreTrainedTokenizerBase
 
 
 class ErrorKind(enum.StrEnum):
@@ -168,7 +174,7 @@ class GenerationPlan:
     request_id: str  # the execution's server-issued id
     organization_id: str
     model: ModelInfo
-    tokenizer: object
+    tokenizer: Tokenizer
     prompt_token_ids: list[int]
     sampling: SamplingSpec
     stop: list[str]

@@ -17,6 +17,7 @@ of these is read defensively: a field the control plane does not send means unli
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth_cache import FailedAuthLimiter, LruCache, key_digest, peer_address, whole_seconds
@@ -141,7 +142,7 @@ def _invalid_key() -> GatewayError:
     return GatewayError(ErrorKind.UNAUTHENTICATED, "the API key is not valid: it is unknown, revoked or expired")
 
 
-def caller_from_identity(identity: dict) -> Caller:
+def caller_from_identity(identity: dict[str, Any]) -> Caller:
     limits = identity.get("limits") or {}
     scopes = identity.get("scopes")
     return Caller(
@@ -159,7 +160,7 @@ def caller_from_identity(identity: dict) -> Caller:
     )
 
 
-def _spend(entry) -> Spend:
+def _spend(entry: object) -> Spend:
     if not isinstance(entry, dict):
         return Spend()
     return Spend(
@@ -211,7 +212,7 @@ def _is_line_of_batch(request: GenerationRequest | None, batch_id: str) -> bool:
     )
 
 
-def _rate_limits(entry) -> RateLimits:
+def _rate_limits(entry: object) -> RateLimits:
     if not isinstance(entry, dict):
         return RateLimits()
     return RateLimits(
@@ -221,7 +222,7 @@ def _rate_limits(entry) -> RateLimits:
     )
 
 
-def _optional_int(value) -> int | None:
+def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from typing import Any
 
 from diptych_common.internal_api.client import ControlPlaneClient, ControlPlaneUnavailable
 from gateway.accounts.auth import Caller
@@ -58,7 +59,7 @@ class IdempotencyKeys:
         self._control_plane = control_plane
         self._journal = journal
         self._outage_claims = OutageClaims(control_plane, journal)
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[bool]] = set()
 
     async def claim(
         self, caller: Caller, key: str, request: GenerationRequest, execution_id: str, lease_s: float
@@ -113,7 +114,7 @@ class IdempotencyKeys:
             "this idempotency key was already used with different parameters; use a new key for a new request",
         )
 
-    async def _claim(self, held: HeldKey, body: dict, request: GenerationRequest) -> dict:
+    async def _claim(self, held: HeldKey, body: dict[str, Any], request: GenerationRequest) -> dict[str, Any]:
         """The control plane's answer to the claim; while it cannot be reached, the gateway's own."""
         here = self._outage_claims.find(held.organization_id, held.key)
         if here is not None:
@@ -206,7 +207,7 @@ class IdempotencyKeys:
         for execution in recovered:
             self._journal.drop_outputs(execution.execution_id)
 
-    async def _settle(self, held: HeldKey, answer: dict | None) -> bool:
+    async def _settle(self, held: HeldKey, answer: dict[str, Any] | None) -> bool:
         if answer is None:
             return await self._release(held)
         try:
@@ -238,16 +239,19 @@ def _nothing_stored(execution_id: str) -> GatewayError:
 # {"choices": [one such response per choice, in order]}.
 
 
-def stored_responses(outputs: list[GenerationOutput]) -> dict:
+def stored_responses(outputs: list[GenerationOutput]) -> dict[str, Any]:
     if len(outputs) == 1:
         return stored_response(outputs[0])
     return {"choices": [stored_response(output) for output in outputs]}
 
 
-def interrupted_answer(execution: Recovered) -> dict:
+def interrupted_answer(execution: Recovered) -> dict[str, Any]:
     """The answer of an execution cut mid-way, as billed: the outputs it handed over in one, finish reason
     `interrupted`, and the usage of its events."""
-    answer: dict = {"requestId": execution.execution_id, "finishReason": _FINISH_NAMES[FinishReason.INTERRUPTED]}
+    answer: dict[str, Any] = {
+        "requestId": execution.execution_id,
+        "finishReason": _FINISH_NAMES[FinishReason.INTERRUPTED],
+    }
     text = "".join(output.get("text", "") for output in execution.outputs)
     token_ids = [token for output in execution.outputs for token in output.get("tokenIds", [])]
     logprobs = [entry for output in execution.outputs for entry in output.get("logprobs", [])]
@@ -275,7 +279,7 @@ def interrupted_answer(execution: Recovered) -> dict:
     return answer
 
 
-def replayed_outputs(body: dict) -> list[GenerationOutput]:
+def replayed_outputs(body: dict[str, Any]) -> list[GenerationOutput]:
     if "choices" in body:
         return [replayed_output(choice) for choice in body["choices"]]
     return [replayed_output(body)]
@@ -290,7 +294,7 @@ _FINISH_NAMES = {
 _FINISH_BY_NAME = {name: reason for reason, name in _FINISH_NAMES.items()}
 
 
-def stored_response(output: GenerationOutput) -> dict:
+def stored_response(output: GenerationOutput) -> dict[str, Any]:
     body = _without_defaults(
         {
             "requestId": output.request_id,
@@ -327,11 +331,11 @@ def stored_response(output: GenerationOutput) -> dict:
     return body
 
 
-def stored_logprobs(entries: list[TokenLogprob]) -> list[dict]:
+def stored_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
     return [_stored_logprob(entry) for entry in entries]
 
 
-def _stored_logprob(entry: TokenLogprob) -> dict:
+def _stored_logprob(entry: TokenLogprob) -> dict[str, Any]:
     return {
         "tokenId": entry.token_id,
         "token": entry.token,
@@ -340,16 +344,16 @@ def _stored_logprob(entry: TokenLogprob) -> dict:
     }
 
 
-def _replayed_logprob(body: dict) -> TokenLogprob:
+def _replayed_logprob(body: dict[str, Any]) -> TokenLogprob:
     top = tuple(_replayed_top(t) for t in body.get("topLogprobs", []))
     return TokenLogprob(int(body.get("tokenId", 0)), body.get("token", ""), float(body.get("logprob", 0.0)), top)
 
 
-def _replayed_top(body: dict) -> TopLogprob:
+def _replayed_top(body: dict[str, Any]) -> TopLogprob:
     return TopLogprob(int(body.get("tokenId", 0)), body.get("token", ""), float(body.get("logprob", 0.0)))
 
 
-def replayed_output(body: dict) -> GenerationOutput:
+def replayed_output(body: dict[str, Any]) -> GenerationOutput:
     usage = body.get("usage")
     return GenerationOutput(
         request_id=body.get("requestId", ""),
@@ -371,7 +375,7 @@ def replayed_output(body: dict) -> GenerationOutput:
     )
 
 
-def _phase_usage(body: dict | None) -> PhaseUsage | None:
+def _phase_usage(body: dict[str, Any] | None) -> PhaseUsage | None:
     if body is None:
         return None
     return PhaseUsage(
@@ -383,5 +387,5 @@ def _phase_usage(body: dict | None) -> PhaseUsage | None:
     )
 
 
-def _without_defaults(fields: dict) -> dict:
+def _without_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value not in (None, 0, "", [])}

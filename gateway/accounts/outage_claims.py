@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -37,8 +38,8 @@ HANDOVER_RETRY_S = 1.0
 @dataclasses.dataclass
 class OutageClaim:
     held: HeldKey
-    body: dict | None  # the claim as the control plane takes it; None: claimed there before the outage
-    answer: dict | None = None  # the stored response, once the execution completed
+    body: dict[str, Any] | None  # the claim as the control plane takes it; None: claimed there before the outage
+    answer: dict[str, Any] | None = None  # the stored response, once the execution completed
 
 
 class OutageClaims:
@@ -48,7 +49,7 @@ class OutageClaims:
         self._by_key: dict[tuple[str, str], OutageClaim] = {}
         self._by_execution: dict[str, OutageClaim] = {}
         self._frees: dict[str, HeldKey] = {}  # by execution id: keys the control plane holds, freed here
-        self._handover: asyncio.Task | None = None
+        self._handover: asyncio.Task[None] | None = None
         self.outage = False  # set by the first call that fails; cleared by the first that goes through
 
     def find(self, organization_id: str, key: str) -> OutageClaim | None:
@@ -58,7 +59,7 @@ class OutageClaims:
         return execution_id in self._by_execution
 
     @staticmethod
-    def outcome(claim: OutageClaim, body: dict) -> dict:
+    def outcome(claim: OutageClaim, body: dict[str, Any]) -> dict[str, Any]:
         """What the control plane would answer `body`, a claim of a key held here, in its words."""
         if claim.body is None:  # the key's answer waits here for the control plane, which has its claim
             return {"outcome": "in_flight", "execution_id": claim.held.execution_id}
@@ -72,11 +73,11 @@ class OutageClaims:
             return {"outcome": "claimed", "execution_id": claim.held.execution_id}
         return {"outcome": "in_flight", "execution_id": claim.held.execution_id}
 
-    def claim(self, held: HeldKey, body: dict) -> None:
+    def claim(self, held: HeldKey, body: dict[str, Any]) -> None:
         IDEMPOTENCY_OUTAGE_CLAIMS.inc()
         self._add(OutageClaim(held, body))
 
-    def store(self, held: HeldKey, response: dict) -> None:
+    def store(self, held: HeldKey, response: dict[str, Any]) -> None:
         """The answer of an execution under its key, held here until the control plane takes it."""
         claim = self._by_execution.get(held.execution_id) or self._add(OutageClaim(held, None))
         claim.answer = response
@@ -157,7 +158,9 @@ class OutageClaims:
         self._drop(claim)
         self._journal.drop_idempotency_key(held.execution_id)
 
-    async def _call(self, endpoint: Callable[[dict], Awaitable[dict]], body: dict) -> dict | None:
+    async def _call(
+        self, endpoint: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]], body: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """The call's answer; None when the control plane refused it (4xx), which no retry changes."""
         try:
             answer = await endpoint(body)
@@ -167,7 +170,7 @@ class OutageClaims:
         self.outage = False
         return answer
 
-    def _conflict(self, claim: OutageClaim, taken: dict | None) -> None:
+    def _conflict(self, claim: OutageClaim, taken: dict[str, Any] | None) -> None:
         IDEMPOTENCY_HANDOVER_CONFLICTS.inc()
         log.warning(
             "idempotency key of execution %s, claimed while the control plane was unreachable, had gone to %s: "

@@ -33,7 +33,7 @@ import os
 import sqlite3
 import struct
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -75,7 +75,8 @@ class DeliveredCounts:
         COUNT.pack_into(self._map, slot * COUNT.size, count)
 
     def get(self, slot: int) -> int:
-        return COUNT.unpack_from(self._map, slot * COUNT.size)[0]
+        count: int = COUNT.unpack_from(self._map, slot * COUNT.size)[0]
+        return count
 
     def close(self) -> None:
         self._map.close()
@@ -93,7 +94,7 @@ class Recovered(NamedTuple):
 
     execution_id: str
     events: list[UsageEvent]
-    outputs: list[dict]
+    outputs: list[dict[str, Any]]
 
 
 class HeldKey(NamedTuple):
@@ -103,7 +104,7 @@ class HeldKey(NamedTuple):
     organization_id: str
     key: str
 
-    def as_body(self) -> dict:
+    def as_body(self) -> dict[str, Any]:
         """As the control plane's idempotency endpoints name it."""
         return {"organization_id": self.organization_id, "key": self.key, "execution_id": self.execution_id}
 
@@ -160,7 +161,7 @@ class UsageJournal:
         self._counts.set(self._slots[execution_id], delivered)
 
     def keep_output(
-        self, execution_id: str, text: str, token_ids: list[int], logprobs: list[dict] | None = None
+        self, execution_id: str, text: str, token_ids: list[int], logprobs: list[dict[str, Any]] | None = None
     ) -> None:
         """Appends an output of a keyed execution (`logprobs` as the stored answer writes them), before it
         counts: a count never names a missing output. One short JSON line, a few microseconds."""
@@ -171,7 +172,7 @@ class UsageJournal:
         line = [text, token_ids] if logprobs is None else [text, token_ids, logprobs]
         os.write(descriptor, (_OUTPUT_LINE(line) + "\n").encode())
 
-    def kept_outputs(self, execution_id: str, tokens: int) -> list[dict]:
+    def kept_outputs(self, execution_id: str, tokens: int) -> list[dict[str, Any]]:
         """The outputs an execution kept that hold its first `tokens` output tokens (all it kept, if they
         hold fewer), in the stored answer's names (`text`, `tokenIds`, `logprobs`). An output kept but not
         counted (the gateway stopped between the two) is not among them."""
@@ -179,7 +180,7 @@ class UsageJournal:
             lines = self._outputs_path(execution_id).read_bytes().splitlines()
         except FileNotFoundError:
             return []
-        kept: list[dict] = []
+        kept: list[dict[str, Any]] = []
         for text, token_ids, *logprobs in map(json.loads, lines):
             tokens -= len(token_ids)
             if tokens < 0:
@@ -241,7 +242,7 @@ class UsageJournal:
             [(e.request_id, e.phase, json.dumps(e.to_wire())) for e in events],
         )
 
-    def oldest(self, limit: int) -> list[tuple[int, dict]]:
+    def oldest(self, limit: int) -> list[tuple[int, dict[str, Any]]]:
         """The outbox's oldest events, as the control plane takes them (`UsageEvent.to_wire()`)."""
         rows = self._db.execute("SELECT id, body FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
         return [(row_id, json.loads(body)) for row_id, body in rows]
@@ -253,10 +254,12 @@ class UsageJournal:
         USAGE_SPOOLED.set(self.count())
 
     def count(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+        rows: int = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+        return rows
 
     def unfinished(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
+        rows: int = self._db.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
+        return rows
 
     # ---- idempotency keys held ---------------------------------------------------------------------
 

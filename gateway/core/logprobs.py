@@ -9,23 +9,24 @@ of consecutive tokens gets the text back.
 
 import re
 from functools import lru_cache
+from typing import Any, cast
 
-from gateway.types import TokenLogprob, TopLogprob, WorkerLogprobs
+from gateway.types import Tokenizer, TokenLogprob, TopLogprob, WorkerLogprobs
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def token_logprob(tokenizer, token_id: int, worker: WorkerLogprobs) -> TokenLogprob:
+def token_logprob(tokenizer: Tokenizer, token_id: int, worker: WorkerLogprobs) -> TokenLogprob:
     """A worker's logprobs of `token_id`, with the texts of the token and its alternatives."""
     top = tuple(TopLogprob(other, token_text(tokenizer, other), value) for other, value in worker.top)
     return TokenLogprob(token_id, token_text(tokenizer, token_id), worker.logprob, top)
 
 
-def token_text(tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id])
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return cast(str, tokenizer.decode([token_id]))  # one sequence of ids decodes to a str
 
 
-def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
+def token_bytes(tokenizer: Tokenizer, token_id: int, text: str) -> list[int]:
     """The UTF-8 bytes of the token's text; for a token holding part of a character, its own bytes."""
     if "\ufffd" in text:
         raw = _raw_bytes(tokenizer, token_id)
@@ -34,7 +35,7 @@ def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def _raw_bytes(tokenizer, token_id: int) -> bytes | None:
+def _raw_bytes(tokenizer: Tokenizer, token_id: int) -> bytes | None:
     piece = tokenizer.convert_ids_to_tokens(token_id)
     if not isinstance(piece, str):
         return None
@@ -63,7 +64,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {chr(char): byte for byte, char in zip(printable, chars, strict=True)}
 
 
-def chat_logprobs(tokenizer, logprobs: list[TokenLogprob]) -> dict:
+def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any]:
     """A chat choice's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
     return {
         "content": [
@@ -76,7 +77,7 @@ def chat_logprobs(tokenizer, logprobs: list[TokenLogprob]) -> dict:
     }
 
 
-def _entry(tokenizer, token_id: int, token: str, logprob: float) -> dict:
+def _entry(tokenizer: Tokenizer, token_id: int, token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": token_bytes(tokenizer, token_id, token)}
 
 
@@ -87,7 +88,7 @@ class CompletionLogprobs:
     def __init__(self) -> None:
         self._offset = 0
 
-    def shape(self, logprobs: list[TokenLogprob]) -> dict:
+    def shape(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
         offsets = []
         for entry in logprobs:
             offsets.append(self._offset)

@@ -10,12 +10,15 @@ decodes go straight to the `tokenizers` backend where the transformers tokenizer
 
 from collections.abc import Callable
 from functools import partial
+from typing import cast
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+from gateway.types import Tokenizer
 
-def plain_decoder(tokenizer) -> Callable[[list[int]], str]:
+
+def plain_decoder(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
     """`tokenizer.decode(ids, skip_special_tokens=True)`, from the backend when that is all the tokenizer
     does: a TokenizersBackend that overrides neither decode nor _decode, and whose _decode would not clean
     up spaces (transformers skips the clean-up for BPE models unless forced)."""
@@ -28,10 +31,11 @@ def plain_decoder(tokenizer) -> Callable[[list[int]], str]:
     )
     if plain:
         return partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=True)
-    return partial(tokenizer.decode, skip_special_tokens=True)
+    # decode's annotation covers a batch of sequences too (list[str]); one sequence of ids decodes to a str
+    return cast(Callable[[list[int]], str], partial(tokenizer.decode, skip_special_tokens=True))
 
 
-def _cleans_up_spaces(tokenizer) -> bool:
+def _cleans_up_spaces(tokenizer: Tokenizer) -> bool:
     if not tokenizer.clean_up_tokenization_spaces:
         return False
     forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
@@ -39,7 +43,7 @@ def _cleans_up_spaces(tokenizer) -> bool:
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: list[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
         self._decode = plain_decoder(tokenizer)
         self._stop = stop
         self._hold_back = max((len(s) for s in stop), default=1) - 1

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
+from typing import Any, NoReturn
 
 MAX_BODY_DEPTH = 16  # the deepest legitimate body: messages / a message / content parts / a part
 MAX_BODY_VALUES = 200_000  # a prompt of token ids as long as the longest context, with room to spare
@@ -35,19 +36,19 @@ class TooDeep(ValueError):
     pass
 
 
-async def start_parsers(app=None) -> None:
+async def start_parsers(app: object = None) -> None:
     """Starts the parser processes (an aiohttp on_startup hook), so that no request waits for them."""
     await asyncio.get_running_loop().run_in_executor(_parsers(), int)
 
 
-async def read_body_off_loop(raw: bytes, params: frozenset[str]) -> dict:
+async def read_body_off_loop(raw: bytes, params: frozenset[str]) -> dict[str, Any]:
     """`read_body`, in a parser process when the body is large."""
     if len(raw) <= INLINE_BODY_BYTES:
         return read_body(raw, params)
     return await asyncio.get_running_loop().run_in_executor(_parsers(), read_body, raw, params)
 
 
-def read_body(raw: bytes, params: frozenset[str]) -> dict:
+def read_body(raw: bytes, params: frozenset[str]) -> dict[str, Any]:
     """The request body as a JSON object, or JsonRefused naming the first of `params` at fault: not JSON,
     nested deeper than MAX_BODY_DEPTH, more than MAX_BODY_VALUES values, NaN or Infinity, or a string
     holding a lone UTF-16 surrogate (e.g. "\\ud800"), which is not Unicode text."""
@@ -63,7 +64,7 @@ def read_body(raw: bytes, params: frozenset[str]) -> dict:
     return body
 
 
-def loads_nested(text: str, max_depth: int):
+def loads_nested(text: str, max_depth: int) -> Any:
     """A JSON text from a string field, nesting at most `max_depth` levels: ValueError when it is not JSON or
     escapes a lone UTF-16 surrogate ("\\ud800", which no tokenizer or encoder takes), TooDeep (a ValueError)
     when it nests deeper, before anything recurses through it."""
@@ -94,11 +95,11 @@ def _check_unicode(text: str) -> None:
         raise ValueError("a string holds a lone UTF-16 surrogate, which is not Unicode text") from None
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number; send a finite number")
 
 
-def _check_values(body: dict, params: frozenset[str]) -> None:
+def _check_values(body: dict[str, Any], params: frozenset[str]) -> None:
     _check_text(list(body), None, params)
     pending = [(value, 1, key) for key, value in body.items()]
     values = len(pending)

@@ -7,6 +7,7 @@ client's 400, never a worker's failure after prefill."""
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
@@ -67,7 +68,7 @@ def _structure(request: GenerationRequest) -> Structure:
     return Structure(tool_grammar(called, choice.mode != "auto", parallel, text), tools, named)
 
 
-def _text_schema(response_format: ResponseFormat | None) -> dict | None:
+def _text_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
     """The schema the answer follows when it is not a tool call (None: any text)."""
     if response_format is None or response_format.type == "text":
         return None
@@ -90,7 +91,7 @@ def _json_grammar(response_format: ResponseFormat | None) -> Grammar | None:
     return Grammar(JSON_SCHEMA, response_format.schema)
 
 
-def _schema(text: str, where: str) -> dict:
+def _schema(text: str, where: str) -> dict[str, Any]:
     if not text:
         raise _invalid(f"{where} is required: a JSON schema object")
     if len(text.encode()) > MAX_SCHEMA_BYTES:

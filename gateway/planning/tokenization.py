@@ -14,13 +14,19 @@ import functools
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, TypeVar, TypeVarTuple
 
 from transformers import AutoTokenizer
 
 from diptych_common.builtin import tokenizer_dir_for
+from gateway.types import Tokenizer
+
+Result = TypeVar("Result")
+Args = TypeVarTuple("Args")
 
 TOKENIZER_THREADS = 4
 TENANT_THREADS = 2  # of TOKENIZER_THREADS, the most one tenant's requests hold at once
@@ -58,7 +64,7 @@ class _TenantShare:
 _shares: dict[str, _TenantShare] = {}
 
 
-async def run_off_loop(function, *args, tenant: str | None = None):
+async def run_off_loop(function: Callable[[*Args], Result], *args: *Args, tenant: str | None = None) -> Result:
     """`function(*args)` on the tokenizer threads, awaited without blocking the event loop. With a
     `tenant`, it waits its turn among that tenant's jobs; its thread counts against the tenant until the
     job ends, even when the caller stopped waiting for it (a cancelled job still runs once started)."""
@@ -77,7 +83,7 @@ async def run_off_loop(function, *args, tenant: str | None = None):
     return await asyncio.wrap_future(job)
 
 
-def _job_ended(loop: asyncio.AbstractEventLoop, tenant: str, share: _TenantShare, job: Future) -> None:
+def _job_ended(loop: asyncio.AbstractEventLoop, tenant: str, share: _TenantShare, job: Future[Any]) -> None:
     if not loop.is_closed():
         loop.call_soon_threadsafe(_leave, tenant, share, True)
 
@@ -94,14 +100,14 @@ TOKENIZERS_KEPT = 32  # models' tokenizers kept loaded
 
 
 @lru_cache(maxsize=TOKENIZERS_KEPT)
-def tokenizer_for(source: str):
+def tokenizer_for(source: str) -> Tokenizer:
     return AutoTokenizer.from_pretrained(tokenizer_dir_for(source))
 
 
-_loaded: dict[str, object] = {}  # source -> its tokenizer, once `model_tokenizer` loaded it
+_loaded: dict[str, Tokenizer] = {}  # source -> its tokenizer, once `model_tokenizer` loaded it
 
 
-async def model_tokenizer(source: str):
+async def model_tokenizer(source: str) -> Tokenizer:
     """The source's tokenizer: loaded off the event loop the first time (it reads its files), and after that
     taken as it is, without a hop to a thread and back for every request."""
     tokenizer = _loaded.get(source)
@@ -112,32 +118,39 @@ async def model_tokenizer(source: str):
     return tokenizer
 
 
-def encode_prompt(tokenizer, prompt: str, limit: int | None = None) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, prompt: str, limit: int | None = None) -> list[int]:
     """Tokenizes a completion prompt exactly as the model's tokenizer does by default. TooManyTokens when
     it has `limit` tokens or more."""
     return _token_ids(tokenizer, prompt, True, limit)
 
 
 def encode_chat(
-    tokenizer, messages: list[dict], tools: list[dict] | None = None, limit: int | None = None
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    limit: int | None = None,
 ) -> list[int]:
     """The messages rendered with the model's chat template (which shows the model `tools`, when given),
     tokenized. TooManyTokens when they have `limit` tokens or more."""
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    shown: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
+    text = tokenizer.apply_chat_template(messages, tools=shown, add_generation_prompt=True, tokenize=False)
+    if not isinstance(text, str):  # what tokenize=False returns
+        raise TypeError(f"the chat template rendered a {type(text).__name__}, not text")
     return _token_ids(tokenizer, text, False, limit)
 
 
-def _token_ids(tokenizer, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
+def _token_ids(tokenizer: Tokenizer, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not _encodes_plainly(tokenizer, backend):
-        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        ids: list[int] = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
         _check_length(len(ids), limit)
         return ids
     # What tokenizer(text) does, less what it adds (offsets, an attention mask, Python lists of each):
     # the batch call lets go of the GIL while it encodes; the single-text one does not.
     (encoding,) = backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
     _check_length(len(encoding), limit)
-    return encoding.ids
+    encoded: list[int] = encoding.ids
+    return encoded
 
 
 def _check_length(count: int, limit: int | None) -> None:
@@ -145,7 +158,7 @@ def _check_length(count: int, limit: int | None) -> None:
         raise TooManyTokens(count)
 
 
-def _encodes_plainly(tokenizer, backend) -> bool:
+def _encodes_plainly(tokenizer: Tokenizer, backend: Any) -> bool:
     """Whether the backend encodes as `tokenizer(text)` has it encode: no truncation or padding of its own
     (transformers turns them off for the call), special tokens split as transformers would split them."""
     split = getattr(tokenizer, "split_special_tokens", False)

@@ -11,6 +11,7 @@ always whole and valid against its tool's parameters. With "none" the output is 
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from diptych_common.grammar import JSON_OPTIONS, LARK_GRAMMAR, Grammar
 from gateway.planning.json_body import loads_nested
@@ -21,7 +22,7 @@ MAX_ARGUMENTS_DEPTH = 64  # how deep a call's arguments may nest
 _ANY_TEXT = r"TEXT: /(.|\n)*/ & ~/<tool_call>(.|\n)*/"
 
 
-def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict:
+def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict[str, Any]:
     """The JSON schema of a list of calls of `tools` (one call at most unless `parallel`)."""
     calls = [
         {
@@ -38,18 +39,18 @@ def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict:
     return schema
 
 
-def tool_parameters(tool: Tool) -> dict:
+def tool_parameters(tool: Tool) -> dict[str, Any]:
     return json.loads(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
 
 
-def _own_document(tool: Tool) -> dict:
+def _own_document(tool: Tool) -> dict[str, Any]:
     """The tool's parameters as a schema document of their own inside the list of calls: without an `$id`
     their `$ref`s ("#", "#/$defs/...") would point into the list of calls rather than into the parameters
     (a `{"$ref": "#"}` made the list of calls its own arguments, which no parser could finish)."""
     return {"$id": f"urn:diptych:tool:{tool.name}", **tool_parameters(tool)}
 
 
-def tool_grammar(tools: tuple[Tool, ...], required: bool, parallel: bool, text: dict | None) -> Grammar:
+def tool_grammar(tools: tuple[Tool, ...], required: bool, parallel: bool, text: dict[str, Any] | None) -> Grammar:
     """The output's grammar: a block of calls of `tools`; unless `required`, or else text (any text that
     does not start with the marker, or a JSON value of the schema `text` when a response_format asks)."""
     calls = json.dumps({**calls_schema(tools, parallel), "x-guidance": JSON_OPTIONS})
@@ -61,7 +62,7 @@ def tool_grammar(tools: tuple[Tool, ...], required: bool, parallel: bool, text: 
     return Grammar(LARK_GRAMMAR, "\n".join(rules))
 
 
-def template_tools(tools: tuple[Tool, ...]) -> list[dict]:
+def template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
     """The tools as chat templates take them (`tools=`)."""
     return [
         {
@@ -72,7 +73,7 @@ def template_tools(tools: tuple[Tool, ...]) -> list[dict]:
     ]
 
 
-def template_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
+def template_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     """An assistant message's earlier calls as chat templates take them (arguments as an object); ValueError
     (TooDeep when they nest deeper than MAX_ARGUMENTS_DEPTH) when a call's arguments are not JSON."""
     return [
@@ -102,7 +103,7 @@ def parse_calls(text: str, tools: tuple[Tool, ...]) -> tuple[ToolCall, ...]:
     )
 
 
-def _is_call(call, names: set[str]) -> bool:
+def _is_call(call: object, names: set[str]) -> bool:
     return isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments"), dict)
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import math
 import re
 import uuid
+from typing import Any
 
 from gateway.fleet.registry import ModelInfo, Registry
 from gateway.planning.json_body import TooDeep
@@ -18,6 +19,8 @@ from gateway.types import (
     GenerationRequest,
     Priority,
     SamplingSpec,
+    Tokenizer,
+    Tool,
     as_float32,
 )
 
@@ -151,7 +154,9 @@ def max_prompt_bytes(model: ModelInfo) -> int:
     return min(MAX_PROMPT_BYTES, PROMPT_BYTES_PER_TOKEN * model.context_length)
 
 
-async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelInfo, tenant: str) -> list[int]:
+async def _prompt_token_ids(
+    request: GenerationRequest, tokenizer: Tokenizer, model: ModelInfo, tenant: str
+) -> list[int]:
     """The prompt's token ids, fewer than the context holds; tokenizing and chat templates run off the event
     loop, on the tenant's share of its threads, after the size checks."""
     if request.prompt_token_ids is not None:
@@ -169,14 +174,14 @@ async def _prompt_token_ids(request: GenerationRequest, tokenizer, model: ModelI
     raise _invalid("set one of prompt, prompt_token_ids or chat")
 
 
-def _encode_chat(chat: list[ChatMessage], tools, tokenizer, model: ModelInfo) -> list[int]:
+def _encode_chat(chat: list[ChatMessage], tools: tuple[Tool, ...], tokenizer: Tokenizer, model: ModelInfo) -> list[int]:
     """The chat checked, rendered with its tools and tokenized, all on a tokenizer thread: the tool calls'
     arguments and the tools' schemas it parses may be megabytes of JSON."""
     messages = _chat_messages(chat, tokenizer, model)
     return encode_chat(tokenizer, messages, template_tools(tools), model.context_length)
 
 
-def _checked_token_ids(ids: list[int], tokenizer, model: ModelInfo) -> list[int]:
+def _checked_token_ids(ids: list[int], tokenizer: Tokenizer, model: ModelInfo) -> list[int]:
     if not ids:
         raise _invalid("prompt_token_ids must not be empty")
     if len(ids) >= model.context_length:
@@ -188,7 +193,7 @@ def _checked_token_ids(ids: list[int], tokenizer, model: ModelInfo) -> list[int]
     return list(ids)
 
 
-def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> list[dict]:
+def _chat_messages(messages: list[ChatMessage], tokenizer: Tokenizer, model: ModelInfo) -> list[dict[str, Any]]:
     if not messages:
         raise _invalid("chat.messages must hold at least one message")
     if not tokenizer.chat_template:
@@ -208,9 +213,9 @@ def _chat_messages(messages: list[ChatMessage], tokenizer, model: ModelInfo) -> 
     return [_template_message(index, message) for index, message in enumerate(messages)]
 
 
-def _template_message(index: int, message: ChatMessage) -> dict:
+def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
     """A message as the chat template takes it: an assistant's tool calls, a tool's answer with its call id."""
-    rendered: dict = {"role": CHAT_ROLES[message.role], "content": message.content}
+    rendered: dict[str, Any] = {"role": CHAT_ROLES[message.role], "content": message.content}
     if message.tool_calls:
         if message.role != "assistant":
             raise _invalid(f"chat.messages[{index}] has tool_calls, which only an assistant message may have")
