@@ -4,8 +4,10 @@ limits, idempotency keys, routing, metering), its outputs and errors answered in
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from functools import wraps
+from typing import Any
 
 from aiohttp import web
 
@@ -50,11 +52,14 @@ def add_routes(app: web.Application, pipeline: Pipeline) -> None:
     app.router.add_route("*", MESSAGES_PATH + "/{rest:.*}", api.not_served)
 
 
-def _answering(handler):
+_Handler = Callable[["MessagesApi", web.Request], Awaitable[web.StreamResponse]]
+
+
+def _answering(handler: _Handler) -> _Handler:
     """A defect of ours is a 500 in Anthropic's shape (the HTTP app's own middleware would answer OpenAI's)."""
 
     @wraps(handler)
-    async def answer(self, request: web.Request) -> web.StreamResponse:
+    async def answer(self: "MessagesApi", request: web.Request) -> web.StreamResponse:
         try:
             return await handler(self, request)
         except Exception:
@@ -128,7 +133,7 @@ class MessagesApi:
             new_answer_id(),
         )
 
-    async def _whole(self, admitted: Admitted, marked: asyncio.Future) -> web.Response:
+    async def _whole(self, admitted: Admitted, marked: asyncio.Future[int]) -> web.Response:
         texts: list[str] = []
         token_ids: list[int] = []
         last: GenerationOutput | None = None
@@ -152,7 +157,9 @@ class MessagesApi:
         )
         return web.json_response(message, headers=answer_headers(admitted.response_metadata))
 
-    async def _stream(self, request: web.Request, admitted: Admitted, marked: asyncio.Future) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, admitted: Admitted, marked: asyncio.Future[int]
+    ) -> web.StreamResponse:
         """message_start carries the prompt's tokens as input_tokens and no cache figures: the platform reports
         the cached tokens once the request ends, and message_delta carries the final usage."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -190,11 +197,11 @@ class MessagesApi:
             pass
         return response
 
-    def _count_marked_tokens(self, asked: MessagesRequest, plan: GenerationPlan) -> asyncio.Future:
+    def _count_marked_tokens(self, asked: MessagesRequest, plan: GenerationPlan) -> asyncio.Future[int]:
         """The prompt's tokens up to the last cache breakpoint, counted beside the generation (0 at once
         without a breakpoint)."""
         if asked.cache_prefix is None:
-            done: asyncio.Future = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             done.set_result(0)
             return done
         return asyncio.ensure_future(self._marked_tokens(asked.cache_prefix, plan))
@@ -213,7 +220,7 @@ def _usage(plan: GenerationPlan, last: GenerationOutput, token_ids: list[int]) -
     return last.usage or Usage(len(plan.prompt_token_ids), len(token_ids), 0)
 
 
-async def _json_body(request: web.Request, known: frozenset[str]) -> dict:
+async def _json_body(request: web.Request, known: frozenset[str]) -> dict[str, Any]:
     raw = await read_body(request)
     try:
         return await read_body_off_loop(raw, known)

@@ -37,7 +37,7 @@ def shared_prefix_length(first: list[int], second: list[int]) -> int:
     return shared
 
 
-def usage_json(usage: Usage, marked: int) -> dict:
+def usage_json(usage: Usage, marked: int) -> dict[str, int]:
     """Anthropic's usage of a request whose prompt has `marked` tokens up to its last breakpoint."""
     read = usage.cached_tokens
     creation = max(0, min(marked, usage.prompt_tokens) - read)

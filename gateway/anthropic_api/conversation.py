@@ -16,6 +16,7 @@ The `cache_control` marks are found here too: the prompt's prefix up to the last
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.anthropic_api.params import BadRequest, shown
 from gateway.types import ChatMessage, ToolCall
@@ -82,7 +83,7 @@ class Conversation:
     last_mark: CacheMark | None  # the last of its cache_control marks (the tools' given to `read`)
 
 
-def read(system, messages, tool_marks: list[CacheMark], request_mark: bool) -> Conversation:
+def read(system: object, messages: object, tool_marks: list[CacheMark], request_mark: bool) -> Conversation:
     """The conversation, checked. `tool_marks`: the tools' cache_control marks; `request_mark`: the
     request's own `cache_control`, which marks the last block of the last turn."""
     if not isinstance(messages, list) or not messages:
@@ -132,7 +133,9 @@ def _tool_message(result: ToolResult) -> ChatMessage:
     return ChatMessage("tool", text, tool_call_id=result.tool_use_id)
 
 
-def _append(turns: list[Turn], marks: list[CacheMark], role: str, blocks: list[tuple[Block, bool]], source: str):
+def _append(
+    turns: list[Turn], marks: list[CacheMark], role: str, blocks: list[tuple[Block, bool]], source: str
+) -> None:
     """Adds a message's blocks (each with whether it carries a cache mark), to the last turn when it has
     the same role."""
     if turns and turns[-1].role == role:
@@ -145,7 +148,7 @@ def _append(turns: list[Turn], marks: list[CacheMark], role: str, blocks: list[t
     turns.append(Turn(role, before + tuple(block for block, _ in blocks), source))
 
 
-def _system_blocks(system) -> list[tuple[Block, bool]]:
+def _system_blocks(system: object) -> list[tuple[Block, bool]]:
     if isinstance(system, str):
         return [(Text(system), False)] if system else []
     if isinstance(system, list):
@@ -153,7 +156,7 @@ def _system_blocks(system) -> list[tuple[Block, bool]]:
     raise BadRequest("system must be a string or a list of text blocks")
 
 
-def _message(message, where: str) -> tuple[str, list[tuple[Block, bool]]]:
+def _message(message: object, where: str) -> tuple[str, list[tuple[Block, bool]]]:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object with role and content")
     only(message, ("role", "content"), where)
@@ -172,7 +175,7 @@ def _message(message, where: str) -> tuple[str, list[tuple[Block, bool]]]:
     return role, [_block(block, role, f"{where}.content[{i}]") for i, block in enumerate(content)]
 
 
-def _block(block, role: str, where: str) -> tuple[Block, bool]:
+def _block(block: Any, role: str, where: str) -> tuple[Block, bool]:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text":
         return _text_block(block, where)
@@ -190,7 +193,7 @@ def _block(block, role: str, where: str) -> tuple[Block, bool]:
     raise BadRequest(f"{where} is a {kind} block: {advice}")
 
 
-def _text_block(block, where: str) -> tuple[Text, bool]:
+def _text_block(block: object, where: str) -> tuple[Text, bool]:
     if not isinstance(block, dict) or block.get("type") != "text":
         raise BadRequest(f'{where} must be a text block {{"type": "text", "text": ...}}')
     only(block, ("type", "text", "cache_control", "citations"), where)
@@ -202,7 +205,7 @@ def _text_block(block, where: str) -> tuple[Text, bool]:
     return Text(text), cache_mark(block.get("cache_control"), f"{where}.cache_control")
 
 
-def _tool_use(block: dict, where: str) -> tuple[ToolUse, bool]:
+def _tool_use(block: dict[str, Any], where: str) -> tuple[ToolUse, bool]:
     only(block, ("type", "id", "name", "input", "cache_control", "caller", "toolset_name"), where)
     use_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
     if not isinstance(use_id, str) or not TOOL_USE_ID.fullmatch(use_id):
@@ -220,7 +223,7 @@ def _tool_use(block: dict, where: str) -> tuple[ToolUse, bool]:
     )
 
 
-def _tool_result(block: dict, where: str) -> tuple[ToolResult, bool]:
+def _tool_result(block: dict[str, Any], where: str) -> tuple[ToolResult, bool]:
     only(block, ("type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"), where)
     use_id, content, is_error = block.get("tool_use_id"), block.get("content"), block.get("is_error", False)
     if not isinstance(use_id, str) or not use_id:
@@ -239,7 +242,7 @@ def _tool_result(block: dict, where: str) -> tuple[ToolResult, bool]:
     return ToolResult(use_id, text, is_error), marked or any(mark for _, mark in inner)
 
 
-def cache_mark(control, where: str) -> bool:
+def cache_mark(control: object, where: str) -> bool:
     """Whether a `cache_control` value (at `where`) sets a breakpoint."""
     if control is None:
         return False
@@ -295,7 +298,7 @@ def _check_results(turn: Turn, asked: list[str], seen: set[str]) -> None:
         )
 
 
-def only(value: dict, fields: tuple[str, ...], where: str) -> None:
+def only(value: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
     for key in value:
         if key not in fields:
             name = key if len(key) <= 40 and key.isprintable() else shown(key)

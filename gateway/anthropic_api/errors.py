@@ -4,6 +4,7 @@ exception (BadRequestError, AuthenticationError, NotFoundError, RateLimitError, 
 
 import math
 import uuid
+from typing import Any
 
 from aiohttp import web
 
@@ -31,14 +32,14 @@ def new_answer_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
-def error_body(kind: str, message: str, request_id: str, code: str | None = None) -> dict:
-    error: dict = {"type": kind, "message": message}
+def error_body(kind: str, message: str, request_id: str, code: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": kind, "message": message}
     if code is not None:
         error["details"] = {"error_code": code}
     return {"type": "error", "error": error, "request_id": request_id}
 
 
-def gateway_error_body(error: GatewayError, request_id: str) -> dict:
+def gateway_error_body(error: GatewayError, request_id: str) -> dict[str, Any]:
     _, kind = STATUS.get(error.kind, (500, "api_error"))
     spent = error.kind is ErrorKind.RESOURCE_EXHAUSTED and error.message.startswith("spend limit")
     return error_body(kind, error.message, request_id, SPEND_LIMIT_CODE if spent else None)

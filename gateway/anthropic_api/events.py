@@ -15,6 +15,7 @@ or, once the stream started, an `error` event for a failure, and nothing after i
 """
 
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -30,7 +31,7 @@ class MessageEvents:
         self._blocks = 0  # content blocks started
         self._text_open = False
 
-    async def start(self, message: dict) -> None:
+    async def start(self, message: dict[str, Any]) -> None:
         await self._send("message_start", {"type": "message_start", "message": message})
         await self._send("ping", {"type": "ping"})
 
@@ -50,14 +51,14 @@ class MessageEvents:
             await self._delta({"type": "input_json_delta", "partial_json": call.arguments})
             await self._stop_block()
 
-    async def finish(self, stop: tuple[str | None, str | None], usage: dict) -> None:
+    async def finish(self, stop: tuple[str | None, str | None], usage: dict[str, Any]) -> None:
         await self._close_text()
         reason, sequence = stop
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage}
         await self._send("message_delta", delta)
         await self._send("message_stop", {"type": "message_stop"})
 
-    async def error(self, body: dict) -> None:
+    async def error(self, body: dict[str, Any]) -> None:
         await self._send("error", body)
 
     async def _close_text(self) -> None:
@@ -65,13 +66,13 @@ class MessageEvents:
             self._text_open = False
             await self._stop_block()
 
-    async def _start_block(self, block: dict) -> None:
+    async def _start_block(self, block: dict[str, Any]) -> None:
         self._blocks += 1
         await self._send(
             "content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block}
         )
 
-    async def _delta(self, delta: dict) -> None:
+    async def _delta(self, delta: dict[str, Any]) -> None:
         await self._send("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
 
     async def _stop_block(self) -> None:
@@ -82,6 +83,6 @@ class MessageEvents:
         """The open block's index."""
         return self._blocks - 1
 
-    async def _send(self, event: str, data: dict) -> None:
+    async def _send(self, event: str, data: dict[str, Any]) -> None:
         payload = json.dumps(data, separators=(",", ":"))
         await self._response.write(f"event: {event}\ndata: {payload}\n\n".encode())

@@ -3,6 +3,8 @@ never ignored. Here: the keys each endpoint knows, the refusals of Anthropic fea
 serve (extended thinking, containers, MCP servers, priority capacity, ...), and the anthropic-version and
 anthropic-beta headers. The honoured keys are read and checked in `requests.py` and `conversation.py`."""
 
+from typing import Any
+
 from aiohttp import web
 
 SERVED = frozenset(
@@ -43,7 +45,7 @@ COUNT_TOKENS = frozenset({"model", "messages", "system", "tools", "tool_choice",
 ANTHROPIC_VERSIONS = ("2023-06-01", "2026-10-21")
 SERVICE_TIERS = ("auto", "standard_only")  # what every request gets here: standard capacity
 
-_OFF: dict[str, tuple] = {  # each unserved key's values that ask for nothing
+_OFF: dict[str, tuple[object, ...]] = {  # each unserved key's values that ask for nothing
     "thinking": (None, {"type": "disabled"}),
     "container": (None,),
     "mcp_servers": (None, []),
@@ -92,7 +94,7 @@ def check_headers(request: web.Request) -> None:
             raise BadRequest(f"{name} {shown(request.headers[name])}: {advice}")
 
 
-def check_keys(body: dict, known: frozenset[str], endpoint: str) -> None:
+def check_keys(body: dict[str, Any], known: frozenset[str], endpoint: str) -> None:
     """Refuses a key `known` lacks, an unserved key set to anything but its off value, and a service tier
     other than standard capacity."""
     for key in body:
@@ -108,11 +110,11 @@ def check_keys(body: dict, known: frozenset[str], endpoint: str) -> None:
         )
 
 
-def shown(value) -> str:
+def shown(value: object) -> str:
     """A client's value, short enough to quote in an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _same(value, off) -> bool:
+def _same(value: object, off: object) -> bool:
     return type(value) is type(off) and value == off

@@ -8,6 +8,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 from gateway.anthropic_api import conversation
 from gateway.anthropic_api.conversation import CacheMark, Conversation, cache_mark, chat_messages, cut_after, only
@@ -44,7 +45,7 @@ class MessagesRequest:
     cache_prefix: GenerationRequest | None
 
 
-def messages_request(body: dict, idempotency_key: str) -> MessagesRequest:
+def messages_request(body: dict[str, Any], idempotency_key: str) -> MessagesRequest:
     check_keys(body, MESSAGES, "/v1/messages")
     model = _model(body.get("model"))
     max_tokens = _max_tokens(body.get("max_tokens"))
@@ -66,7 +67,7 @@ def messages_request(body: dict, idempotency_key: str) -> MessagesRequest:
     return MessagesRequest(generation, _flag(body.get("stream"), "stream"), _cache_prefix(generation, asked))
 
 
-def count_tokens_request(body: dict) -> GenerationRequest:
+def count_tokens_request(body: dict[str, Any]) -> GenerationRequest:
     """The conversation to count the prompt tokens of. tool_choice is checked but not compiled: the chat
     template shows the model the tools whatever it says, so the count is the same."""
     check_keys(body, COUNT_TOKENS, "/v1/messages/count_tokens")
@@ -92,13 +93,13 @@ def _rendered_only(model: str, chat: list[ChatMessage], tools: tuple[Tool, ...])
     return GenerationRequest(model=model, chat=chat, tools=tools, tool_choice=ToolChoice("none") if tools else None)
 
 
-def _model(model) -> str:
+def _model(model: object) -> str:
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required: the name of a model from GET /v1/models")
     return model
 
 
-def _max_tokens(value) -> int:
+def _max_tokens(value: object) -> int:
     if value is None:
         raise BadRequest("max_tokens is required: the most tokens the answer may hold")
     if value == 0 and _is_int(value):
@@ -106,7 +107,7 @@ def _max_tokens(value) -> int:
     return _integer(value, "max_tokens", 1, UINT32_MAX)
 
 
-def _stop_sequences(value) -> list[str]:
+def _stop_sequences(value: object) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
@@ -118,7 +119,7 @@ def _stop_sequences(value) -> list[str]:
     return value
 
 
-def _tools(value) -> tuple[tuple[Tool, ...], list[CacheMark]]:
+def _tools(value: object) -> tuple[tuple[Tool, ...], list[CacheMark]]:
     """The client tools, and the cache marks among them."""
     if value is None:
         return (), []
@@ -138,7 +139,7 @@ def _tools(value) -> tuple[tuple[Tool, ...], list[CacheMark]]:
     return tuple(tools), marks
 
 
-def _tool(entry, where: str) -> Tool:
+def _tool(entry: object, where: str) -> Tool:
     if not isinstance(entry, dict):
         raise BadRequest(f"{where} must be an object {{name, description, input_schema}}")
     if entry.get("type") not in (None, "custom"):
@@ -166,7 +167,7 @@ def _tool(entry, where: str) -> Tool:
     return Tool(name, description, json.dumps(schema), strict)
 
 
-def _tool_choice(value, tools: tuple[Tool, ...]) -> dict:
+def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> dict[str, Any]:
     """GenerationRequest's tool_choice and parallel_tool_calls. With no tools, auto and none ask nothing."""
     if value is None:
         return {}
@@ -184,15 +185,15 @@ def _tool_choice(value, tools: tuple[Tool, ...]) -> dict:
     disable = _flag(value.get("disable_parallel_tool_use"), "tool_choice.disable_parallel_tool_use")
     if not tools and kind in ("auto", "none"):
         return {}
-    fields: dict = {"tool_choice": ToolChoice(TOOL_CHOICES[kind], name)}
+    fields: dict[str, Any] = {"tool_choice": ToolChoice(TOOL_CHOICES[kind], name)}
     if disable and tools:
         fields["parallel_tool_calls"] = False
     return fields
 
 
-def _sampling(body: dict) -> dict:
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     """temperature, top_p and top_k, at the precision the gRPC contract carries them."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     temperature = body.get("temperature")
     if temperature is not None:
         if not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE:
@@ -207,7 +208,7 @@ def _sampling(body: dict) -> dict:
     return fields
 
 
-def _metadata(metadata) -> dict:
+def _metadata(metadata: object) -> dict[str, Any]:
     """metadata.user_id labels the request in usage (GenerationRequest.client_request_id)."""
     if metadata is None:
         return {}
@@ -225,7 +226,7 @@ def _metadata(metadata) -> dict:
     return {"client_request_id": user_id}
 
 
-def _flag(value, name: str) -> bool:
+def _flag(value: object, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
@@ -233,17 +234,17 @@ def _flag(value, name: str) -> bool:
     return value
 
 
-def _integer(value, name: str, low: int, high: int) -> int:
+def _integer(value: object, name: str, low: int, high: int) -> int:
     if not _is_int(value) or not low <= value <= high:
         raise BadRequest(f"{name} must be an integer from {low} to {high}")
     return value
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     """A finite number that a float holds (an integer of 400 digits does not)."""
     if _is_int(value):
         return abs(value) <= FLOAT_MAX

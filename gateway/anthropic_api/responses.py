@@ -7,8 +7,9 @@ continue the text sent with the stop sequence they stopped at.
 """
 
 import json
+from typing import Any
 
-from gateway.types import FinishReason, GenerationOutput, ToolCall
+from gateway.types import FinishReason, GenerationOutput, Tokenizer, ToolCall
 
 MESSAGE_ID_PREFIX = "msg_"
 TOOL_USE_ID_PREFIX = "toolu_"
@@ -19,18 +20,18 @@ def message_id(execution_id: str) -> str:
     return MESSAGE_ID_PREFIX + execution_id.removeprefix("exec_")
 
 
-def tool_use_block(call: ToolCall) -> dict:
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
     use_id = TOOL_USE_ID_PREFIX + call.id.removeprefix("call_")
     return {"type": "tool_use", "id": use_id, "name": call.name, "input": json.loads(call.arguments)}
 
 
-def content_blocks(text: str, calls: tuple[ToolCall, ...]) -> list[dict]:
-    blocks = [{"type": "text", "text": text}] if text else []
+def content_blocks(text: str, calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     return blocks + [tool_use_block(call) for call in calls]
 
 
 def stop_reason(
-    last: GenerationOutput, text: str, token_ids: list[int], stop: list[str], tokenizer
+    last: GenerationOutput, text: str, token_ids: list[int], stop: list[str], tokenizer: Tokenizer
 ) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of an answer whose text is `text`, its tokens `token_ids`, its last output
     `last`."""
@@ -44,10 +45,10 @@ def stop_reason(
     return ("stop_sequence", matched) if matched is not None else ("end_turn", None)
 
 
-def matched_stop(text: str, token_ids: list[int], stop: list[str], tokenizer) -> str | None:
+def matched_stop(text: str, token_ids: list[int], stop: list[str], tokenizer: Tokenizer) -> str | None:
     """The stop sequence the tokens' text holds right after `text`, the text sent (None: it ended otherwise)."""
     decoded = tokenizer.decode(token_ids, skip_special_tokens=True)
-    if not decoded.startswith(text):
+    if not isinstance(decoded, str) or not decoded.startswith(text):  # one sequence of ids decodes to a str
         return None
     rest = decoded[len(text) :]
     return next((sequence for sequence in stop if rest.startswith(sequence)), None)
@@ -56,10 +57,10 @@ def matched_stop(text: str, token_ids: list[int], stop: list[str], tokenizer) ->
 def message_json(
     execution_id: str,
     model: str,
-    content: list[dict],
+    content: list[dict[str, Any]],
     stop: tuple[str | None, str | None],
-    usage: dict,
-) -> dict:
+    usage: dict[str, Any],
+) -> dict[str, Any]:
     reason, sequence = stop
     return {
         "id": message_id(execution_id),

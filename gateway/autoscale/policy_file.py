@@ -20,6 +20,7 @@ same fleet take precedence. Unknown keys and bad values are refused with a messa
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from gateway.autoscale.decision import ROLES, FleetKey, FleetLimits, ScalingPolicy, Targets
 
@@ -93,7 +94,7 @@ def _planned_baselines(entry: object, where: str) -> dict[FleetKey, int]:
     return {FleetKey(entry["model"], role, region): int(count or 0) for role, count in counts.items()}
 
 
-def _list(data: dict, name: str, where: str) -> list:
+def _list(data: dict[str, Any], name: str, where: str) -> list[Any]:
     values = data.get(name, [])
     if not isinstance(values, list):
         raise PolicyError(f"{where}: {name} must be a list")
@@ -143,7 +144,7 @@ def _integers(values: object, allowed: set[str], where: str) -> dict[str, int]:
     return picked
 
 
-def _refuse_unknown(values: dict, allowed: set[str], where: str) -> None:
+def _refuse_unknown(values: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(values) - allowed)
     if unknown:
         raise PolicyError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")

@@ -15,6 +15,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import Gauge
 
 from gateway.autoscale.decision import Autoscaler, Decision, FleetKey, FleetSignals, ScalingPolicy, WorkerSignals
 from gateway.fleet.live_load import LoadBoard
@@ -46,6 +49,41 @@ class SloTargets:
             raise ValueError(f"SLO targets must be above 0 (TTFT {self.ttft_s} s, TPOT {self.tpot_s} s)")
 
 
+class _Phase(Protocol):
+    @property
+    def worker(self) -> WorkerInfo: ...
+
+
+class _Trace(Protocol):
+    """Where a request's phases ran, as its trace tells (gateway.core's RequestTrace, which autoscale does not
+    import)."""
+
+    @property
+    def prefill(self) -> _Phase | None: ...
+
+    @property
+    def decode(self) -> _Phase | None: ...
+
+
+class _LoadReport(Protocol):
+    """What the signals read of a worker's load report (worker.proto's Load: autoscale imports no protobuf)."""
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def prompt_tokens_pending(self) -> int: ...
+
+    @property
+    def active_sequences(self) -> int: ...
+
+    @property
+    def kv_blocks_total(self) -> int: ...
+
+    @property
+    def kv_blocks_free(self) -> int: ...
+
+
 def fleet_key(worker: WorkerInfo) -> FleetKey:
     return FleetKey(worker.model, worker.role, worker.region)
 
@@ -58,11 +96,11 @@ class RecentLatencies:
         self.window_s = window_s
         self._seen: dict[tuple[FleetKey, str], deque[tuple[float, float]]] = {}
 
-    def record_ttft(self, trace, seconds: float) -> None:
+    def record_ttft(self, trace: _Trace, seconds: float) -> None:
         if trace.prefill is not None:
             self._record(fleet_key(trace.prefill.worker), "ttft", seconds)
 
-    def record_tpot(self, trace, seconds: float) -> None:
+    def record_tpot(self, trace: _Trace, seconds: float) -> None:
         phase = trace.decode or trace.prefill
         if phase is not None:
             self._record(fleet_key(phase.worker), "tpot", seconds)
@@ -86,7 +124,7 @@ class RecentLatencies:
 RECENT_LATENCIES = RecentLatencies()
 
 
-def worker_signals(load) -> WorkerSignals:
+def worker_signals(load: _LoadReport) -> WorkerSignals:
     """A worker's signals from its live load report."""
     return WorkerSignals(
         queue_depth=load.queue_depth,
@@ -197,6 +235,6 @@ def _forget(key: FleetKey) -> None:
         _remove(AUTOSCALE_SLO_ATTAINMENT, *labels, slo)
 
 
-def _remove(gauge, *labels: str) -> None:
+def _remove(gauge: Gauge, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set
         gauge.remove(*labels)

@@ -127,9 +127,9 @@ class CallTokens:
         """The next event alone, or `grpc.aio.EOF`; raises as `read_ready` does."""
         if not self._ready:
             ready = await self.read_ready(timeout_s)
-            if ready is grpc.aio.EOF:
+            if not isinstance(ready, list):  # grpc.aio.EOF: read_ready raises the errors
                 return ready
-            self._ready = ready  # type: ignore[assignment]
+            self._ready = ready
         return self._ready.pop(0)
 
     def put(self, event: worker_pb2.TokenEvent) -> None:

@@ -6,8 +6,9 @@ cannot parse with UNKNOWN, while malformed protobuf (corrupt wire format, invali
 field) is the client's error and gets INVALID_ARGUMENT saying so.
 """
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -90,11 +91,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
 
-    async def Generate(self, request, context):
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest | MalformedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         with timed_request("grpc") as record:
             if isinstance(request, MalformedRequest):  # refused before the pipeline saw it: counted here
                 count_request("", "", ErrorKind.INVALID_ARGUMENT.value, "grpc")
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
+                return  # abort raises
             request_id, executing = request.request_id, False
             try:
                 admitted = await self._pipeline.admit(
@@ -112,7 +116,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             except GatewayError as error:
                 await _abort(context, as_told(error, request_id) if executing else error, request_id)
 
-    async def ListModels(self, request, context):
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest | MalformedRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
         if isinstance(request, MalformedRequest):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
         try:
@@ -167,9 +173,11 @@ def _chat_message(message: inference_pb2.ChatMessage) -> ChatMessage:
     return ChatMessage(message.role, message.content, calls, message.tool_call_id)
 
 
-def _structured_fields(message: inference_pb2.GenerateRequest) -> dict:
+def _structured_fields(message: inference_pb2.GenerateRequest) -> dict[str, Any]:
     """response_format, tools, tool_choice and parallel_tool_calls, where the client set them."""
-    fields: dict = {"tools": tuple(Tool(t.name, t.description, t.parameters, t.strict) for t in message.tools)}
+    fields: dict[str, Any] = {
+        "tools": tuple(Tool(t.name, t.description, t.parameters, t.strict) for t in message.tools)
+    }
     if message.HasField("response_format"):
         given = message.response_format
         fields["response_format"] = ResponseFormat(given.type or "text", given.json_schema, given.name, given.strict)
@@ -231,15 +239,15 @@ def _phase_usage(phase: PhaseUsage | None) -> inference_pb2.PhaseUsage | None:
     )
 
 
-def _authorization(context) -> str | None:
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata():
         if key == "authorization":
             return value if isinstance(value, str) else None
     return None
 
 
-async def _abort(context, error: GatewayError, request_id: str) -> None:
-    metadata = []
+async def _abort(context: grpc.aio.ServicerContext, error: GatewayError, request_id: str) -> None:
+    metadata: list[tuple[str, str]] = []
     if request_id:
         metadata.append(("request-id", request_id))
     if error.retry_after_ms is not None:

@@ -7,6 +7,7 @@ outputs and errors into OpenAI's shapes. It runs in the gateway's event loop, ne
 import asyncio
 from collections.abc import Coroutine
 from contextlib import aclosing
+from typing import Any
 
 from aiohttp import web
 
@@ -17,7 +18,6 @@ from gateway.metrics import count_request
 from gateway.openai_api.batches import BatchApiProxy
 from gateway.openai_api.errors import (
     aiohttp_errors_as_json,
-    as_told,
     error_body,
     error_response,
     execution_error,
@@ -32,7 +32,7 @@ from gateway.openai_api.server import REQUEST_ID_HEADER, name_answer
 from gateway.openai_api.timing import timed_generations
 from gateway.openai_api.tools import tool_call_deltas
 from gateway.planning.json_body import JsonRefused, read_body_off_loop, start_parsers
-from gateway.types import ErrorKind, GatewayError, GenerationOutput, TokenLogprob
+from gateway.types import ErrorKind, GatewayError, GenerationOutput, TokenLogprob, as_told
 
 
 def build_app(
@@ -63,7 +63,7 @@ def build_app(
 class OpenAiApi:
     def __init__(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
-        self._unattended: set[asyncio.Task] = set()  # batch lines whose runner went away
+        self._unattended: set[asyncio.Task[web.StreamResponse]] = set()  # batch lines whose runner went away
 
     async def health(self, request: web.Request) -> web.Response:
         if self._pipeline.draining:
@@ -98,7 +98,7 @@ class OpenAiApi:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        body: dict = {}
+        body: dict[str, Any] = {}
         prompt_param = "messages" if chat else "prompt"
         try:
             body = await _json_body(request)
@@ -137,7 +137,7 @@ class OpenAiApi:
         finally:
             self._pipeline.abandon(admitted)
 
-    def _model_label(self, body: dict) -> str:
+    def _model_label(self, body: dict[str, Any]) -> str:
         """The body's model where it is one the registry holds (no label per unknown name), else ""."""
         model = body.get("model")
         return model if isinstance(model, str) and model in self._pipeline.registry.models else ""
@@ -171,7 +171,7 @@ class OpenAiApi:
         return web.json_response(shape.whole(parts, usage, asked), headers=_response_headers(admitted))
 
     async def _stream(
-        self, request, admitted, shape: "Shape", include_usage: bool, running_usage: bool
+        self, request: web.Request, admitted: Admitted, shape: "Shape", include_usage: bool, running_usage: bool
     ) -> web.StreamResponse:
         """Server-sent events, as `_Chunks` writes them."""
         response = web.StreamResponse(
@@ -223,7 +223,7 @@ class _Chunks:
         if output.usage is not None and include_usage:
             await send_event(self._response, shape.usage_chunk(output.usage))
 
-    async def send(self, chunk: dict) -> None:
+    async def send(self, chunk: dict[str, Any]) -> None:
         if self._running_usage:
             chunk["usage"] = {
                 "prompt_tokens": self._prompt_tokens,
@@ -237,7 +237,7 @@ async def _name_answer(request: web.Request, response: web.StreamResponse) -> No
     name_answer(response)
 
 
-async def _json_body(request: web.Request) -> dict:
+async def _json_body(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request)
     try:
         return await read_body_off_loop(raw, KNOWN_PARAMS)

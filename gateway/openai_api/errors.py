@@ -4,8 +4,10 @@ Retry-After headers; a path or method the app does not serve, answered with what
 import json
 import logging
 import math
+from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
 
 from gateway.core.pipeline import Admitted
 from gateway.openai_api.requests import PARAMS
@@ -29,7 +31,7 @@ STATUS = {
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error answer has OpenAI's JSON shape: aiohttp's own (unknown path, wrong method) too, and a
     defect of ours is a JSON 500 rather than a text page."""
     try:
@@ -100,7 +102,7 @@ def _refusal(status: int, message: str, code: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def error_body(error: GatewayError, prompt_param: str | None = None) -> dict:
+def error_body(error: GatewayError, prompt_param: str | None = None) -> dict[str, Any]:
     """`prompt_param`: the body field holding the prompt (messages, prompt, input), named by a prompt too long
     for the model's context."""
     if isinstance(error, PromptTooLong):

@@ -5,6 +5,7 @@ checked and refused where bad in `openai_api/requests.py`'s `to_generation_reque
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 COMMON = frozenset(
     {
@@ -62,7 +63,7 @@ class Refusal:
     param: str | None
 
 
-def refusal(body: dict, chat: bool) -> Refusal | None:
+def refusal(body: dict[str, Any], chat: bool) -> Refusal | None:
     """The first parameter of `body` that this platform does not honour, or None."""
     known = CHAT if chat else COMPLETIONS
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
@@ -76,9 +77,9 @@ def refusal(body: dict, chat: bool) -> Refusal | None:
     return None
 
 
-def _unsupported(body: dict) -> Refusal | None:
+def _unsupported(body: dict[str, Any]) -> Refusal | None:
     """OpenAI parameters with no equivalent here; their default values are accepted."""
-    unset: dict[str, tuple] = {
+    unset: dict[str, tuple[Any, ...]] = {
         "audio": (None,),
         "prediction": (None,),
         "web_search_options": (None,),
@@ -112,14 +113,14 @@ def _unsupported(body: dict) -> Refusal | None:
     return None
 
 
-def _modalities(body: dict) -> Refusal | None:
+def _modalities(body: dict[str, Any]) -> Refusal | None:
     value = body.get("modalities")
     if value is None or value == ["text"]:
         return None
     return Refusal('this platform answers in text only; set modalities to ["text"] or remove it', "modalities")
 
 
-def _service_tier(body: dict) -> Refusal | None:
+def _service_tier(body: dict[str, Any]) -> Refusal | None:
     value = body.get("service_tier")
     if value is None or value in SERVICE_TIERS:
         return None
@@ -131,7 +132,7 @@ def _service_tier(body: dict) -> Refusal | None:
     )
 
 
-def _best_of(body: dict) -> Refusal | None:
+def _best_of(body: dict[str, Any]) -> Refusal | None:
     value = body.get("best_of")
     n = body.get("n")
     if value is None or (_is_int(value) and value == (n if n is not None else 1)):
@@ -141,7 +142,7 @@ def _best_of(body: dict) -> Refusal | None:
     )
 
 
-def _stream_options(body: dict) -> Refusal | None:
+def _stream_options(body: dict[str, Any]) -> Refusal | None:
     options = body.get("stream_options")
     if options is None:
         return None
@@ -158,7 +159,7 @@ def _stream_options(body: dict) -> Refusal | None:
     return None
 
 
-def _max_tokens(body: dict) -> Refusal | None:
+def _max_tokens(body: dict[str, Any]) -> Refusal | None:
     given = [body.get(name) for name in ("max_tokens", "max_completion_tokens")]
     if None not in given and given[0] != given[1]:
         return Refusal(
@@ -171,11 +172,11 @@ def _max_tokens(body: dict) -> Refusal | None:
 _CHECKS = (_unsupported, _modalities, _service_tier, _best_of, _stream_options, _max_tokens)
 
 
-def _same(value, default) -> bool:
+def _same(value: object, default: object) -> bool:
     return type(value) is type(default) and value == default
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -2,6 +2,7 @@
 an HttpError naming it."""
 
 import math
+from typing import Any
 
 from gateway.openai_api import params as openai_params
 from gateway.openai_api.tools import BadParam, message_tool_fields, structured_fields
@@ -59,14 +60,14 @@ class HttpError(Exception):
         self.status = status
 
 
-def to_generation_request(body: dict, chat: bool, idempotency_key: str) -> GenerationRequest:
+def to_generation_request(body: dict[str, Any], chat: bool, idempotency_key: str) -> GenerationRequest:
     model = body.get("model")
     if model is None or model == "":
         raise HttpError("model is required: the name of a model from GET /v1/models", "model")
     if not isinstance(model, str):
         raise HttpError("model must be a string: the name of a model from GET /v1/models", "model")
     check_counts(*(_length(body.get(name)) for name in ("stop", "logit_bias", "tools")))
-    fields = {"chat": _chat(body.get("messages"))} if chat else _prompt(body.get("prompt"))
+    fields: dict[str, Any] = {"chat": _chat(body.get("messages"))} if chat else _prompt(body.get("prompt"))
     refused = openai_params.refusal(body, chat)
     if refused is not None:
         raise HttpError(refused.message, refused.param)
@@ -89,9 +90,9 @@ def to_generation_request(body: dict, chat: bool, idempotency_key: str) -> Gener
     return GenerationRequest(model=model, idempotency_key=idempotency_key, priority=PRIORITIES[priority], **fields)
 
 
-def _draws(body: dict) -> dict:
+def _draws(body: dict[str, Any]) -> dict[str, Any]:
     """temperature and top_p (at float32 precision, as the gRPC API carries them), top_k and seed."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             fields[name] = as_float32(_number(body[name], name))
@@ -102,12 +103,12 @@ def _draws(body: dict) -> dict:
     return fields
 
 
-def _length(value) -> int:
+def _length(value: object) -> int:
     """How many entries a list or object holds (0 for anything else: its type is checked where it is read)."""
     return len(value) if isinstance(value, (list, dict)) else 0
 
 
-def _prompt(prompt) -> dict:
+def _prompt(prompt: object) -> dict[str, Any]:
     """The completion's input: {"prompt": text} or {"prompt_token_ids": ids}."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -122,7 +123,7 @@ def _prompt(prompt) -> dict:
     raise HttpError("prompt is required: a string or a list of token ids", "prompt")
 
 
-def _chat(messages) -> list[ChatMessage]:
+def _chat(messages: object) -> list[ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise HttpError("messages must be a non-empty list of {role, content} objects", "messages")
     chat = []
@@ -143,7 +144,7 @@ def _chat(messages) -> list[ChatMessage]:
     return chat
 
 
-def _content(content, index: int) -> str:
+def _content(content: object, index: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -162,9 +163,9 @@ def _content(content, index: int) -> str:
     raise HttpError(f"messages[{index}].content must be a string or a list of text parts", "messages")
 
 
-def _choices_and_session(body: dict) -> dict:
+def _choices_and_session(body: dict[str, Any]) -> dict[str, Any]:
     """n, prompt_cache_key, and user (kept as the request's label in usage)."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     if body.get("n") is not None:
         fields["n"] = _integer(body["n"], "n", 1, MAX_CHOICES)
     key = body.get("prompt_cache_key")
@@ -187,10 +188,10 @@ def _choices_and_session(body: dict) -> dict:
     return fields
 
 
-def _sampling_controls(body: dict, chat: bool) -> dict:
+def _sampling_controls(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     """presence_penalty, frequency_penalty, logit_bias, logprobs and top_logprobs, in the gateway's types
     (their bounds are checked in validation.py, for both APIs)."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) is not None:
             fields[name] = as_float32(_number(body[name], name))
@@ -206,7 +207,7 @@ def _sampling_controls(body: dict, chat: bool) -> dict:
     return fields
 
 
-def _logit_bias(bias) -> dict[int, float]:
+def _logit_bias(bias: object) -> dict[int, float]:
     """OpenAI's {"token id": bias} as {token id: bias}, the bias at float32 precision."""
     if not isinstance(bias, dict):
         raise HttpError('logit_bias must be an object mapping token ids to biases, e.g. {"50256": -100}', "logit_bias")
@@ -223,13 +224,13 @@ def _logit_bias(bias) -> dict[int, float]:
     return parsed
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     """A client's value, short enough to quote in an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _stop(stop) -> list[str]:
+def _stop(stop: object) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
@@ -239,19 +240,19 @@ def _stop(stop) -> list[str]:
     raise HttpError("stop must be a string or a list of strings", "stop")
 
 
-def _integer(value, name: str, low: int, high: int) -> int:
+def _integer(value: object, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise HttpError(f"{name} must be an integer from {low} to {high}", name)
     return value
 
 
-def _number(value, name: str) -> float:
+def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise HttpError(f"{name} must be a number", name)
     return float(value)
 
 
-def flag(body: dict, name: str) -> bool:
+def flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if value is None:
         return False
@@ -260,7 +261,7 @@ def flag(body: dict, name: str) -> bool:
     return value
 
 
-def stream_options(body: dict) -> tuple[bool, bool]:
+def stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
     """(include_usage, continuous_usage_stats) of a streamed request; openai_params refused any other key."""
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):

@@ -18,7 +18,9 @@ import asyncio
 import dataclasses
 import logging
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing, suppress
+from typing import Any
 
 import httpx
 from aiohttp import web
@@ -54,12 +56,15 @@ RESPONSE_ID = re.compile(r"resp_[0-9A-Za-z]{1,59}")
 CONTINUABLE = ("completed", "incomplete")
 INPUT_ITEMS_QUERY = frozenset({"limit", "after", "order", "include"})
 
+# what `_on_stored` answers: action(caller, response_id, query), the answer's JSON body
+StoredAction = Callable[[Caller, str, Mapping[str, str]], Awaitable[dict[str, Any]]]
+
 
 class ResponsesApi:
     def __init__(self, pipeline: Pipeline, store: ResponseStore) -> None:
         self._pipeline = pipeline
         self._store = store
-        self._running: dict[str, asyncio.Task] = {}  # the background responses this gateway runs, by id
+        self._running: dict[str, asyncio.Task[None]] = {}  # the background responses this gateway runs, by id
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self.create)
@@ -159,7 +164,9 @@ class ResponsesApi:
         )
         return generation, record
 
-    async def _earlier(self, caller: Caller, previous_id: str | None) -> tuple[EarlierConversation | None, list[dict]]:
+    async def _earlier(
+        self, caller: Caller, previous_id: str | None
+    ) -> tuple[EarlierConversation | None, list[dict[str, Any]]]:
         """The stored conversation a response continues, and its items (the new response's context)."""
         if previous_id is None:
             return None, []
@@ -246,7 +253,7 @@ class ResponsesApi:
     async def _run_in_background(self, admitted: Admitted, record: ResponseRecord) -> None:
         produced = ProducedOutput()
         watch = asyncio.create_task(self._watch_for_cancel(record, asyncio.current_task()))
-        progress: asyncio.Task | None = None
+        progress: asyncio.Task[str | None] | None = None
         try:
             async with aclosing(self._pipeline.generate(admitted)) as outputs:
                 async for output in outputs:
@@ -270,7 +277,7 @@ class ResponsesApi:
             await progress
         await self._keep(record, create=False)
 
-    async def _watch_for_cancel(self, record: ResponseRecord, run: asyncio.Task | None) -> None:
+    async def _watch_for_cancel(self, record: ResponseRecord, run: asyncio.Task[Any] | None) -> None:
         """Cancels `run` once the stored status says cancelled (a cancel another gateway received)."""
         while run is not None:
             await asyncio.sleep(CANCEL_POLL_S)
@@ -304,7 +311,9 @@ class ResponsesApi:
     async def input_items(self, request: web.Request) -> web.Response:
         return await self._on_stored(request, self._listed, INPUT_ITEMS_QUERY)
 
-    async def _on_stored(self, request: web.Request, action, query_names: frozenset[str] = frozenset()) -> web.Response:
+    async def _on_stored(
+        self, request: web.Request, action: StoredAction, query_names: frozenset[str] = frozenset()
+    ) -> web.Response:
         """Authenticates, checks the id and the query, and answers `action(caller, response_id, query)`."""
         limits = NO_METADATA
         try:
@@ -329,7 +338,7 @@ class ResponsesApi:
             return error_response(unavailable)
         return web.json_response(answer, headers=dict(limits))
 
-    async def _retrieved(self, caller: Caller, response_id: str, query) -> dict:
+    async def _retrieved(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
         if query.get("stream") not in (None, "false"):
             raise HttpError("streaming a stored response is not offered; GET it without stream", "stream")
         if query.get("include"):
@@ -339,7 +348,7 @@ class ResponsesApi:
             raise _not_found(response_id)
         return response_json(record)
 
-    async def _deleted(self, caller: Caller, response_id: str, query) -> dict:
+    async def _deleted(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
         if not await self._store.delete(caller.organization_id, response_id):
             raise _not_found(response_id)
         running = self._running.get(response_id)
@@ -347,7 +356,7 @@ class ResponsesApi:
             running.cancel()
         return {"id": response_id, "object": "response", "deleted": True}
 
-    async def _cancelled(self, caller: Caller, response_id: str, query) -> dict:
+    async def _cancelled(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
         try:
             record = await self._store.cancel(caller.organization_id, response_id)
         except httpx.HTTPStatusError as error:
@@ -361,7 +370,7 @@ class ResponsesApi:
             record = await self._fetch(caller.organization_id, response_id) or record
         return response_json(record)
 
-    async def _listed(self, caller: Caller, response_id: str, query) -> dict:
+    async def _listed(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
         if query.get("include"):
             raise HttpError("include cannot be honoured here; remove it", "include")
         forwarded = {name: query[name] for name in ("limit", "after", "order") if name in query}
@@ -387,18 +396,18 @@ def response_id_of(execution_id: str) -> str:
     return "resp_" + execution_id.removeprefix("exec_")
 
 
-def _failure(error: GatewayError, execution_id: str) -> dict:
+def _failure(error: GatewayError, execution_id: str) -> dict[str, Any]:
     told = as_told(error, execution_id)
     code = "rate_limit_exceeded" if error.kind is ErrorKind.RESOURCE_EXHAUSTED else "server_error"
     return error_object(code, told.message)
 
 
-async def _send(response: web.StreamResponse, events: list[dict]) -> None:
+async def _send(response: web.StreamResponse, events: list[dict[str, Any]]) -> None:
     if events:
         await response.write(b"".join(sse(event) for event in events))
 
 
-async def _json_body(request: web.Request) -> dict:
+async def _json_body(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request)
     try:
         return await read_body_off_loop(raw, KNOWN)
@@ -431,7 +440,7 @@ def _response_headers(admitted: Admitted) -> dict[str, str]:
     return {names.get(key, key): value for key, value in admitted.response_metadata}
 
 
-def _refusal(refused: HttpError | BodyRefused | PromptRefused | GatewayError, limits) -> web.Response:
+def _refusal(refused: HttpError | BodyRefused | PromptRefused | GatewayError, limits: Metadata) -> web.Response:
     if isinstance(refused, HttpError):
         return _refused(refused.status, refused.message, refused.param, limits)
     if isinstance(refused, BodyRefused):
@@ -442,7 +451,7 @@ def _refusal(refused: HttpError | BodyRefused | PromptRefused | GatewayError, li
     return error_response(refused, "input")
 
 
-def _refused(status: int, message: str, param: str | None, limits, code: str | None = None) -> web.Response:
+def _refused(status: int, message: str, param: str | None, limits: Metadata, code: str | None = None) -> web.Response:
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     response = json_error(status, kind, message, param)
     if code is not None:

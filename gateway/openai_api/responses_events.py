@@ -13,9 +13,11 @@ text that may still be a call, and reads the calls at the end, so they come whol
 """
 
 import json
+from typing import Any
 
 from gateway.openai_api.responses_items import function_call_item, output_message, output_text_part
 from gateway.openai_api.responses_objects import ProducedOutput, ResponseRecord, response_json
+from gateway.types import ToolCall
 
 
 class ResponseEvents:
@@ -25,14 +27,14 @@ class ResponseEvents:
         self._sequence = 0
         self._message_open = False
 
-    def opening(self) -> list[dict]:
+    def opening(self) -> list[dict[str, Any]]:
         response = response_json(self._record)
         return [
             self._event("response.created", response=response),
             self._event("response.in_progress", response=response),
         ]
 
-    def text(self, delta: str) -> list[dict]:
+    def text(self, delta: str) -> list[dict[str, Any]]:
         """The events of a text delta the produced output took in (none for no text)."""
         if not delta:
             return []
@@ -40,7 +42,7 @@ class ResponseEvents:
         where = {"item_id": self._produced.message_id, "output_index": 0, "content_index": 0}
         return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=[])]
 
-    def closing(self) -> list[dict]:
+    def closing(self) -> list[dict[str, Any]]:
         """The events after the last output: the message and the calls done, then the record's own ending
         (completed or incomplete; the record was finished first)."""
         produced, events = self._produced, []
@@ -61,10 +63,10 @@ class ResponseEvents:
         kind = "response.incomplete" if self._record.status == "incomplete" else "response.completed"
         return [*events, self._event(kind, response=response_json(self._record))]
 
-    def failed(self) -> list[dict]:
+    def failed(self) -> list[dict[str, Any]]:
         return [self._event("response.failed", response=response_json(self._record))]
 
-    def _open_message(self) -> list[dict]:
+    def _open_message(self) -> list[dict[str, Any]]:
         if self._message_open:
             return []
         self._message_open = True
@@ -80,7 +82,7 @@ class ResponseEvents:
             ),
         ]
 
-    def _call(self, index: int, item_id: str, call) -> list[dict]:
+    def _call(self, index: int, item_id: str, call: ToolCall) -> list[dict[str, Any]]:
         where = {"item_id": item_id, "output_index": index}
         return [
             self._event(
@@ -95,13 +97,13 @@ class ResponseEvents:
             ),
         ]
 
-    def _event(self, kind: str, **fields) -> dict:
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return event
 
 
-def sse(event: dict) -> bytes:
+def sse(event: dict[str, Any]) -> bytes:
     """One event as OpenAI sends it: its type on an `event:` line, the event as JSON on the `data:` line."""
     data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
     return f"event: {event['type']}\ndata: {data}\n\n".encode()

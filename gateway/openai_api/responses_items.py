@@ -8,6 +8,7 @@ answers one. Consecutive function calls after an assistant's message belong to t
 """
 
 import uuid
+from typing import Any
 
 from gateway.openai_api.tools import BadParam
 from gateway.types import ChatMessage, ToolCall
@@ -23,7 +24,7 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def input_items(value) -> list[dict]:
+def input_items(value: object) -> list[dict[str, Any]]:
     """The request's `input` (a string: one user message) as items with ids; BadParam naming `input`."""
     if isinstance(value, str):
         return [_message_item("user", [value])]
@@ -32,7 +33,7 @@ def input_items(value) -> list[dict]:
     return [_item(item, index) for index, item in enumerate(value)]
 
 
-def _item(item, index: int) -> dict:
+def _item(item: object, index: int) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise BadParam(
             f"input[{index}] must be an object: a message, a function_call or a function_call_output", "input"
@@ -65,7 +66,7 @@ def _item(item, index: int) -> dict:
     )
 
 
-def _message(item: dict, index: int) -> dict:
+def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
     role = item.get("role")
     if role not in MESSAGE_ROLES:
         raise BadParam(f"input[{index}].role must be one of {', '.join(MESSAGE_ROLES)}", "input")
@@ -89,21 +90,21 @@ def _message(item: dict, index: int) -> dict:
     return _message_item(role, texts)
 
 
-def _message_item(role: str, texts: list[str]) -> dict:
+def _message_item(role: str, texts: list[str]) -> dict[str, Any]:
     kind = "output_text" if role == "assistant" else "input_text"
     parts = [{"type": kind, "text": text, **({"annotations": []} if role == "assistant" else {})} for text in texts]
     return {"id": new_item_id("msg"), "type": "message", "role": role, "status": "completed", "content": parts}
 
 
-def _strings(item: dict, index: int, names: tuple[str, ...]) -> dict[str, str]:
-    fields = {name: item.get(name) for name in names}
-    missing = [name for name, value in fields.items() if not isinstance(value, str)]
+def _strings(item: dict[str, Any], index: int, names: tuple[str, ...]) -> dict[str, str]:
+    strings = {name: value for name in names if isinstance(value := item.get(name), str)}
+    missing = [name for name in names if name not in strings]
     if missing:
         raise BadParam(f"input[{index}] ({item.get('type')}) needs {missing[0]} as a string", "input")
-    return fields  # type: ignore[return-value]
+    return strings
 
 
-def _given_id(item: dict, index: int) -> str | None:
+def _given_id(item: dict[str, Any], index: int) -> str | None:
     given = item.get("id")
     if given is None:
         return None
@@ -112,7 +113,7 @@ def _given_id(item: dict, index: int) -> str | None:
     return given
 
 
-def _output_text(output, index: int) -> str:
+def _output_text(output: object, index: int) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list) and all(
@@ -122,12 +123,12 @@ def _output_text(output, index: int) -> str:
     raise BadParam(f"input[{index}].output must be a string or a list of input_text parts", "input")
 
 
-def item_text(item: dict) -> str:
+def item_text(item: dict[str, Any]) -> str:
     """The text of a message item's parts."""
     return "".join(part.get("text", "") for part in item.get("content", ()))
 
 
-def chat_messages(items: list[dict], instructions: str | None) -> list[ChatMessage]:
+def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[ChatMessage]:
     """The items as chat messages: the instructions first (a system message), function calls in the assistant
     turn they follow, function call outputs as tool messages."""
     messages = [ChatMessage("system", instructions)] if instructions is not None else []
@@ -149,7 +150,7 @@ def chat_messages(items: list[dict], instructions: str | None) -> list[ChatMessa
 
 def output_items(
     message_id: str, text: str, calls: tuple[ToolCall, ...], call_item_ids: list[str], status: str
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The output: the message (unless the answer is calls alone), then each call as a function_call item."""
     items = []
     if text or not calls:
@@ -160,7 +161,7 @@ def output_items(
     return items
 
 
-def output_message(message_id: str, text: str, status: str) -> dict:
+def output_message(message_id: str, text: str, status: str) -> dict[str, Any]:
     return {
         "id": message_id,
         "type": "message",
@@ -170,11 +171,11 @@ def output_message(message_id: str, text: str, status: str) -> dict:
     }
 
 
-def output_text_part(text: str) -> dict:
+def output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict:
+def function_call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
     return {
         "id": item_id,
         "type": "function_call",

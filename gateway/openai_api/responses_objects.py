@@ -3,9 +3,12 @@ the control plane stores), and what a running response has produced so far (`Pro
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from gateway.openai_api.responses_items import new_item_id, output_items
 from gateway.types import FinishReason, GenerationOutput, ToolCall, Usage
+
+Value = TypeVar("Value")
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
@@ -38,7 +41,7 @@ class ProducedOutput:
         """completed, or incomplete when max_output_tokens (or the context) cut it."""
         return "incomplete" if self.finish_reason is FinishReason.LENGTH else "completed"
 
-    def items(self, status: str | None = None) -> list[dict]:
+    def items(self, status: str | None = None) -> list[dict[str, Any]]:
         status = status or self.status
         return output_items(self.message_id, "".join(self.text), self.tool_calls, self.call_item_ids, status)
 
@@ -51,19 +54,19 @@ class ResponseRecord:
     organization_id: str
     api_key_id: str
     model: str
-    request: dict  # the request's options, echoed (ResponsesRequest.echoed)
-    metadata: dict
-    context_items: list[dict]  # the conversation before this response's input (its previous responses')
-    input_items: list[dict]
+    request: dict[str, Any]  # the request's options, echoed (ResponsesRequest.echoed)
+    metadata: dict[str, str]
+    context_items: list[dict[str, Any]]  # the conversation before this response's input (its previous responses')
+    input_items: list[dict[str, Any]]
     prompt_token_ids: list[int]
     status: str = "in_progress"
     created_at: int = field(default_factory=lambda: int(time.time()))
     completed_at: int | None = None
-    output_items: list[dict] = field(default_factory=list)
+    output_items: list[dict[str, Any]] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
-    usage: dict | None = None
-    error: dict | None = None
-    incomplete_details: dict | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
 
     def ended(self, produced: ProducedOutput) -> None:
         """The record of a response whose generation ended (completed, or incomplete)."""
@@ -71,7 +74,7 @@ class ResponseRecord:
         if produced.status == "incomplete":
             self.incomplete_details = {"reason": "max_output_tokens"}
 
-    def finish(self, status: str, produced: ProducedOutput, error: dict | None = None) -> None:
+    def finish(self, status: str, produced: ProducedOutput, error: dict[str, Any] | None = None) -> None:
         self.status = status
         self.output_items = produced.items("incomplete" if status in ("cancelled", "failed") else None)
         self.output_token_ids = list(produced.token_ids)
@@ -81,7 +84,7 @@ class ResponseRecord:
             self.completed_at = int(time.time())
 
 
-def usage_json(usage: Usage) -> dict:
+def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         # No cache writes are priced here: every computed full block is kept, at no charge.
@@ -92,7 +95,7 @@ def usage_json(usage: Usage) -> dict:
     }
 
 
-def response_json(record: ResponseRecord) -> dict:
+def response_json(record: ResponseRecord) -> dict[str, Any]:
     """OpenAI's Response object."""
     request = record.request
     return {
@@ -129,10 +132,10 @@ def response_json(record: ResponseRecord) -> dict:
     }
 
 
-def _or(value, default):
+def _or(value: Value | None, default: Value) -> Value:
     return default if value is None else value
 
 
-def error_object(code: str, message: str) -> dict:
+def error_object(code: str, message: str) -> dict[str, Any]:
     """A failed response's `error`: OpenAI's codes say server_error or rate_limit_exceeded for what fails here."""
     return {"code": code, "message": message}

@@ -20,7 +20,9 @@ is refused (context_length_exceeded); with "auto" the oldest items are dropped, 
 it fits.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -30,7 +32,7 @@ from gateway.planning.json_body import TooDeep
 from gateway.planning.tokenization import encode_chat
 from gateway.planning.tools import template_calls, template_tools
 from gateway.planning.validation import CHAT_ROLES, max_prompt_bytes
-from gateway.types import ChatMessage, Tool
+from gateway.types import ChatMessage, Tokenizer, Tool
 
 TURN_MARKER = "\u2063diptych-assistant-turn\u2063"
 
@@ -50,8 +52,8 @@ class EarlierConversation:
 
     model: str
     token_ids: list[int]  # its prompt and its output, as generated
-    items_before_output: list[dict]  # the items it was asked about: the conversation before it, and its input
-    output_items: list[dict]
+    items_before_output: list[dict[str, Any]]  # the items it was asked about: the conversation before it, and its input
+    output_items: list[dict[str, Any]]
     instructions: str | None
     tools: tuple[Tool, ...]
 
@@ -65,11 +67,11 @@ class Prompt:
 
 
 def response_prompt(
-    tokenizer,
+    tokenizer: Tokenizer,
     model: ModelInfo,
     instructions: str | None,
     tools: tuple[Tool, ...],
-    items: list[dict],
+    items: list[dict[str, Any]],
     earlier: EarlierConversation | None,
     output_room: int,
     truncate: bool,
@@ -92,10 +94,10 @@ def response_prompt(
     return _whole(tokenizer, model, instructions, tools, every_item, output_room, truncate)
 
 
-def following_turn(tokenizer, earlier: EarlierConversation, items: list[dict]) -> list[int] | None:
+def following_turn(tokenizer: Tokenizer, earlier: EarlierConversation, items: list[dict[str, Any]]) -> list[int] | None:
     """The token ids that follow the earlier conversation's own (prompt and output) for the new turn `items`;
     None where the template does not render the earlier turns as a prefix of the whole conversation."""
-    tools = template_tools(earlier.tools) or None
+    tools: list[dict[Any, Any] | Callable[..., Any]] | None = [*template_tools(earlier.tools)] or None
     head = template_messages(chat_messages(earlier.items_before_output, earlier.instructions))
     marked = [*head, {"role": "assistant", "content": TURN_MARKER}, *template_messages(chat_messages(items, None))]
     try:
@@ -103,17 +105,26 @@ def following_turn(tokenizer, earlier: EarlierConversation, items: list[dict]) -
         whole = tokenizer.apply_chat_template(marked, tools=tools, add_generation_prompt=True, tokenize=False)
     except TemplateError:
         return None
+    if not isinstance(before, str) or not isinstance(whole, str):  # what tokenize=False returns
+        raise TypeError("the chat template rendered something other than text")
     if not whole.startswith(before + TURN_MARKER) or whole.count(TURN_MARKER) != 1:
         return None
     tail = whole[len(before) + len(TURN_MARKER) :]
     eos = tokenizer.eos_token
     if eos and earlier.token_ids and earlier.token_ids[-1] == tokenizer.eos_token_id and tail.startswith(eos):
         tail = tail[len(eos) :]
-    return tokenizer(tail, add_special_tokens=False)["input_ids"]
+    ids: list[int] = tokenizer(tail, add_special_tokens=False)["input_ids"]
+    return ids
 
 
 def _whole(
-    tokenizer, model: ModelInfo, instructions: str | None, tools, items: list[dict], output_room: int, truncate: bool
+    tokenizer: Tokenizer,
+    model: ModelInfo,
+    instructions: str | None,
+    tools: tuple[Tool, ...],
+    items: list[dict[str, Any]],
+    output_room: int,
+    truncate: bool,
 ) -> Prompt:
     """The whole conversation rendered; with `truncate`, the fewest oldest items left out that make it fit."""
     items = _within_bytes(items, model) if truncate else items
@@ -141,7 +152,7 @@ def _whole(
     )
 
 
-def _kept(items: list[dict], dropped: int) -> list[dict]:
+def _kept(items: list[dict[str, Any]], dropped: int) -> list[dict[str, Any]]:
     """The items after the `dropped` oldest, without function call outputs whose calls were dropped."""
     kept = items[dropped:]
     while len(kept) > 1 and kept[0]["type"] == "function_call_output":
@@ -149,7 +160,9 @@ def _kept(items: list[dict], dropped: int) -> list[dict]:
     return kept
 
 
-def _render(tokenizer, instructions: str | None, tools, items: list[dict]) -> list[int]:
+def _render(
+    tokenizer: Tokenizer, instructions: str | None, tools: tuple[Tool, ...], items: list[dict[str, Any]]
+) -> list[int]:
     messages = template_messages(chat_messages(items, instructions))
     try:
         return encode_chat(tokenizer, messages, template_tools(tools))
@@ -157,11 +170,11 @@ def _render(tokenizer, instructions: str | None, tools, items: list[dict]) -> li
         raise PromptRefused(f"the model's chat template cannot render this conversation: {str(error)[:200]}") from None
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Chat messages as the chat template takes them (as the chat completions front renders them)."""
     rendered = []
     for message in messages:
-        entry: dict = {"role": CHAT_ROLES[message.role], "content": message.content}
+        entry: dict[str, Any] = {"role": CHAT_ROLES[message.role], "content": message.content}
         if message.tool_calls:
             try:
                 entry["tool_calls"] = template_calls(message.tool_calls)
@@ -179,7 +192,7 @@ def _fits(ids: list[int], model: ModelInfo, output_room: int) -> bool:
     return len(ids) + output_room <= model.context_length
 
 
-def _item_bytes(item: dict) -> int:
+def _item_bytes(item: dict[str, Any]) -> int:
     if item["type"] == "message":
         text = item_text(item)
     elif item["type"] == "function_call":
@@ -189,7 +202,7 @@ def _item_bytes(item: dict) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def _check_bytes(items: list[dict], model: ModelInfo, truncate: bool) -> None:
+def _check_bytes(items: list[dict[str, Any]], model: ModelInfo, truncate: bool) -> None:
     """The new turn alone must fit the model's byte bound (a conversation before it is dropped to fit)."""
     size, limit = sum(_item_bytes(item) for item in items), max_prompt_bytes(model)
     if size > limit and not (truncate and len(items) > 1):
@@ -199,7 +212,7 @@ def _check_bytes(items: list[dict], model: ModelInfo, truncate: bool) -> None:
         )
 
 
-def _within_bytes(items: list[dict], model: ModelInfo) -> list[dict]:
+def _within_bytes(items: list[dict[str, Any]], model: ModelInfo) -> list[dict[str, Any]]:
     """The newest items whose text fits the model's byte bound (at least the last one)."""
     limit, size, start = max_prompt_bytes(model), 0, len(items)
     while start > 0 and size + _item_bytes(items[start - 1]) <= limit:

@@ -4,6 +4,7 @@ never ignored (docs/api-parameters.md, "Responses")."""
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.openai_api.requests import UINT32_MAX, UINT64_MAX, HttpError
 from gateway.openai_api.responses_items import MAX_INPUT_ITEMS, input_items
@@ -91,7 +92,7 @@ class ResponsesRequest:
     Response object echoes them; the other fields are what the generation runs with."""
 
     model: str
-    items: list[dict]  # the input, as items with ids (responses_items.py)
+    items: list[dict[str, Any]]  # the input, as items with ids (responses_items.py)
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -109,12 +110,12 @@ class ResponsesRequest:
     previous_response_id: str | None = None
     user: str = ""
     prompt_cache_key: str = ""
-    tools_json: list[dict] = field(default_factory=list)
-    tool_choice_json: str | dict = "auto"
-    text_json: dict = field(default_factory=lambda: {"format": {"type": "text"}, "verbosity": "medium"})
+    tools_json: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice_json: str | dict[str, Any] = "auto"
+    text_json: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}, "verbosity": "medium"})
 
     @property
-    def echoed(self) -> dict:
+    def echoed(self) -> dict[str, Any]:
         """The request's options as the stored response keeps them and the Response object shows them."""
         return {
             "instructions": self.instructions,
@@ -135,7 +136,7 @@ class ResponsesRequest:
         }
 
 
-def to_responses_request(body: dict) -> ResponsesRequest:
+def to_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     _refuse_unknown_and_unsupported(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -179,7 +180,7 @@ def to_responses_request(body: dict) -> ResponsesRequest:
     )
 
 
-def _refuse_unknown_and_unsupported(body: dict) -> None:
+def _refuse_unknown_and_unsupported(body: dict[str, Any]) -> None:
     for key in body:
         if key not in KNOWN:
             shown = key if len(key) <= 64 else key[:61] + "..."
@@ -200,7 +201,7 @@ def _refuse_unknown_and_unsupported(body: dict) -> None:
         )
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -209,7 +210,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _check_stream_options(body: dict, stream: bool) -> None:
+def _check_stream_options(body: dict[str, Any], stream: bool) -> None:
     options = body.get("stream_options")
     if options is None:
         return
@@ -225,7 +226,7 @@ def _check_stream_options(body: dict, stream: bool) -> None:
             )
 
 
-def _input(value) -> list[dict]:
+def _input(value: object) -> list[dict[str, Any]]:
     if isinstance(value, list) and len(value) > MAX_INPUT_ITEMS:
         raise HttpError(f"input holds {len(value)} items; send at most {MAX_INPUT_ITEMS}", "input")
     try:
@@ -234,7 +235,7 @@ def _input(value) -> list[dict]:
         raise HttpError(error.message, error.param) from None
 
 
-def _instructions(value) -> str | None:
+def _instructions(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
@@ -244,7 +245,7 @@ def _instructions(value) -> str | None:
     return value
 
 
-def _optional_integer(body: dict, name: str, low: int, high: int) -> int | None:
+def _optional_integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -253,7 +254,7 @@ def _optional_integer(body: dict, name: str, low: int, high: int) -> int | None:
     return value
 
 
-def _optional_float32(body: dict, name: str) -> float | None:
+def _optional_float32(body: dict[str, Any], name: str) -> float | None:
     value = body.get(name)
     if value is None:
         return None
@@ -262,7 +263,7 @@ def _optional_float32(body: dict, name: str) -> float | None:
     return as_float32(float(value))
 
 
-def _metadata(value) -> dict[str, str]:
+def _metadata(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     problem = None
@@ -277,15 +278,15 @@ def _metadata(value) -> dict[str, str]:
     return dict(value)
 
 
-def _truncation(value) -> str:
+def _truncation(value: object) -> str:
     if value is None:
         return "disabled"
-    if value not in TRUNCATIONS:
+    if not isinstance(value, str) or value not in TRUNCATIONS:
         raise HttpError("truncation must be 'disabled' or 'auto' (drop the oldest items to fit)", "truncation")
     return value
 
 
-def _previous_response_id(value) -> str | None:
+def _previous_response_id(value: object) -> str | None:
     if value is None:
         return None
     if (
@@ -299,7 +300,7 @@ def _previous_response_id(value) -> str | None:
     return value
 
 
-def _label(value) -> str:
+def _label(value: object) -> str:
     """user: the request's label in usage, as on chat completions."""
     if value in (None, ""):
         return ""
@@ -312,7 +313,7 @@ def _label(value) -> str:
     return value
 
 
-def _prompt_cache_key(value) -> str:
+def _prompt_cache_key(value: object) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -322,7 +323,7 @@ def _prompt_cache_key(value) -> str:
     return value
 
 
-def function_tools(value) -> tuple[tuple[Tool, ...], list[dict]]:
+def function_tools(value: object) -> tuple[tuple[Tool, ...], list[dict[str, Any]]]:
     """OpenAI's Responses tools (flat: {"type": "function", "name": ...}) in the gateway's types, and as the
     response echoes them (which this reads back the same)."""
     if value is None:
@@ -359,7 +360,7 @@ def function_tools(value) -> tuple[tuple[Tool, ...], list[dict]]:
     return tools, echoed
 
 
-def _tool_choice(value) -> tuple[ToolChoice | None, str | dict]:
+def _tool_choice(value: Any) -> tuple[ToolChoice | None, str | dict[str, Any]]:
     if value is None:
         return None, "auto"
     if isinstance(value, str) and value in ("auto", "none", "required"):
@@ -378,7 +379,7 @@ def _tool_choice(value) -> tuple[ToolChoice | None, str | dict]:
     )
 
 
-def _text(value) -> tuple[ResponseFormat | None, dict]:
+def _text(value: object) -> tuple[ResponseFormat | None, dict[str, Any]]:
     """text.format in the chat form (response_format) the planning reads, and text as the response echoes it."""
     if value is None:
         value = {}
@@ -408,14 +409,14 @@ def _text(value) -> tuple[ResponseFormat | None, dict]:
 
 
 def _structured(
-    response_format: ResponseFormat | None, tools: tuple[Tool, ...], choice: ToolChoice | None, parallel
-) -> dict:
+    response_format: ResponseFormat | None, tools: tuple[Tool, ...], choice: ToolChoice | None, parallel: object
+) -> dict[str, Any]:
     if parallel is not None and not isinstance(parallel, bool):
         raise HttpError("parallel_tool_calls must be true or false", "parallel_tool_calls")
     return {"response_format": response_format, "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}
 
 
-def _chat_structured(fields: dict) -> dict:
+def _chat_structured(fields: dict[str, Any]) -> dict[str, Any]:
     """The chat front's reading of response_format and tools, its errors named as this endpoint names them."""
     try:
         return chat_structured_fields(fields)
@@ -427,7 +428,7 @@ def _chat_structured(fields: dict) -> dict:
         raise HttpError(message.replace("].function.", "]."), param) from None
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     """A client's value, short enough to quote in an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -5,6 +5,7 @@ each call names the organization that owns the response, and another organizatio
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -32,7 +33,8 @@ class ResponseStore:
         give_up_at = asyncio.get_running_loop().time() + STORE_PATIENCE_S
         while True:
             try:
-                return (await self._control_plane.store_response(body))["status"]
+                status: str | None = (await self._control_plane.store_response(body))["status"]
+                return status
             except ControlPlaneUnavailable as error:
                 if asyncio.get_running_loop().time() + STORE_RETRY_S > give_up_at:
                     raise StoreFailed(f"the control plane is unreachable: {error}") from None
@@ -54,11 +56,13 @@ class ResponseStore:
         found = await self._control_plane.cancel_response(organization_id, response_id)
         return None if found is None else record_from_wire(found)
 
-    async def input_items(self, organization_id: str, response_id: str, query: Mapping[str, str]) -> dict | None:
+    async def input_items(
+        self, organization_id: str, response_id: str, query: Mapping[str, str]
+    ) -> dict[str, Any] | None:
         return await self._control_plane.response_input_items(organization_id, response_id, query)
 
 
-def record_wire(record: ResponseRecord) -> dict:
+def record_wire(record: ResponseRecord) -> dict[str, Any]:
     return {
         "id": record.id,
         "organization_id": record.organization_id,
@@ -81,7 +85,7 @@ def record_wire(record: ResponseRecord) -> dict:
     }
 
 
-def record_from_wire(body: dict) -> ResponseRecord:
+def record_from_wire(body: dict[str, Any]) -> ResponseRecord:
     return ResponseRecord(
         id=body["id"],
         organization_id=body["organization_id"],

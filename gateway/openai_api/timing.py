@@ -3,6 +3,7 @@
 request was counted with. One observation per request, none per token."""
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gateway.metrics import timed_request
 from gateway.openai_api.errors import STATUS
@@ -19,7 +20,7 @@ _OUTCOME_OF_STATUS = {status: kind.value for kind, (status, _) in STATUS.items()
 
 
 @web.middleware
-async def timed_generations(request: web.Request, handler) -> web.StreamResponse:
+async def timed_generations(request: web.Request, handler: Handler) -> web.StreamResponse:
     api = _generating_api(request)
     if api is None:
         return await handler(request)

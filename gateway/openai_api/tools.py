@@ -3,6 +3,7 @@ parallel_tool_calls and the tool fields of chat messages read into the gateway's
 here, for meaning in `structured.py`), and tool calls written back as a message's or a stream's."""
 
 import json
+from typing import Any
 
 from gateway.types import ResponseFormat, Tool, ToolCall, ToolChoice
 
@@ -16,9 +17,9 @@ class BadParam(Exception):
         self.param = param
 
 
-def structured_fields(body: dict) -> dict:
+def structured_fields(body: dict[str, Any]) -> dict[str, Any]:
     """GenerationRequest's response_format, tools, tool_choice and parallel_tool_calls, where the body sets them."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     if body.get("response_format") is not None:
         fields["response_format"] = _response_format(body["response_format"])
     if body.get("tools") is not None:
@@ -32,7 +33,7 @@ def structured_fields(body: dict) -> dict:
     return fields
 
 
-def _response_format(value) -> ResponseFormat:
+def _response_format(value: object) -> ResponseFormat:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise BadParam(
             'response_format must be an object such as {"type": "json_object"}; type is text, json_object or '
@@ -54,7 +55,7 @@ def _response_format(value) -> ResponseFormat:
     return ResponseFormat("json_schema", schema, name, strict)
 
 
-def _tools(value) -> tuple[Tool, ...]:
+def _tools(value: object) -> tuple[Tool, ...]:
     if not isinstance(value, list):
         raise BadParam('tools must be a list of {"type": "function", "function": {...}}', "tools")
     tools = []
@@ -74,7 +75,7 @@ def _tools(value) -> tuple[Tool, ...]:
     return tuple(tools)
 
 
-def _tool_choice(value) -> ToolChoice:
+def _tool_choice(value: Any) -> ToolChoice:
     if isinstance(value, str) and value in TOOL_CHOICE_MODES:
         return ToolChoice(value)
     function = value.get("function") if isinstance(value, dict) else None
@@ -86,9 +87,9 @@ def _tool_choice(value) -> ToolChoice:
     )
 
 
-def message_tool_fields(message: dict, index: int) -> dict:
+def message_tool_fields(message: dict[str, Any], index: int) -> dict[str, Any]:
     """ChatMessage's tool_calls (an assistant's) and tool_call_id (a tool's answer), where set."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     calls = message.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
@@ -102,7 +103,7 @@ def message_tool_fields(message: dict, index: int) -> dict:
     return fields
 
 
-def _call(call, index: int) -> ToolCall:
+def _call(call: Any, index: int) -> ToolCall:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not all(isinstance(function.get(k), str) for k in ("name", "arguments")):
         raise BadParam(
@@ -113,10 +114,10 @@ def _call(call, index: int) -> ToolCall:
     return ToolCall(str(call.get("id", "")), function["name"], function["arguments"])
 
 
-def tool_calls_json(calls: tuple[ToolCall, ...]) -> list[dict]:
+def tool_calls_json(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def tool_call_deltas(calls: tuple[ToolCall, ...]) -> list[dict]:
+def tool_call_deltas(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     """A stream's delta.tool_calls: each call whole, with its index."""
     return [{"index": index, **call} for index, call in enumerate(tool_calls_json(calls))]
