@@ -23,7 +23,7 @@ from tests.workers.conftest import prefilled, prompts
 from tests.workers.serving import Worker, sampling, split
 from tests.workers.test_engine import assert_all_blocks_free, collect, greedy, settle
 from workers.engine.core import Engine, EngineConfig
-from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.kv_cache_manager import KVCacheManager, draft_blocks
 from workers.engine.request import EngineRequest
 from workers.engine.sampling import SamplingParams, StopCriteria
 from workers.engine.scheduler import Scheduler
@@ -130,7 +130,7 @@ def test_bad_speculative_settings_are_refused_with_the_reason():
         SpecConfig("draft")
     different_vocabulary = SpecConfig("draft", draft_model="builtin:diptych-100m")
     with pytest.raises(ValueError, match="vocabulary has 32000 tokens, the served model's 512"):
-        build_proposer(different_vocabulary, 512, "cpu")
+        build_proposer(different_vocabulary, 512, "cpu", draft_blocks)
     with pytest.raises(ValueError, match="cannot end in 2 drafts"):
         StepInput([5, 6], 10, [0], True, num_draft_tokens=2)
 
@@ -441,7 +441,7 @@ def _speculating(worker: Worker, spec: SpecConfig) -> Worker:
     """The worker's engine with speculative decoding on (the test harness builds engines without it)."""
     engine = worker.engine
     engine.config = replace(engine.config, speculative=spec)
-    engine.proposer = build_proposer(spec, engine.runner.config.vocab_size, "cpu")
+    engine.proposer = build_proposer(spec, engine.runner.config.vocab_size, "cpu", draft_blocks)
     return worker
 
 
@@ -481,7 +481,7 @@ async def test_split_and_colocated_serving_with_drafts_match_generate(copier, ex
 
 
 def test_the_draft_model_proposes_its_greedy_continuation_batched_and_after_rejections(tiny_model):
-    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size)
+    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size, draft_blocks)
     first, second = prompts([21, 40], salt=5)
     assert proposer.propose([DraftRequest("a", first, 4), DraftRequest("b", second, 3)]) == [
         generate(tiny_model, first, 4),
@@ -498,7 +498,7 @@ def test_the_draft_model_proposes_its_greedy_continuation_batched_and_after_reje
 
 
 def test_a_request_the_draft_pool_has_no_room_for_gets_no_drafts(tiny_model):
-    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size, kv_cache_mib=0)  # one block
+    proposer = DraftModelProposer(tiny_model, tiny_model.config.vocab_size, draft_blocks, kv_cache_mib=0)  # one block
     short, long = prompts([9, 40], salt=6)
     assert proposer.propose([DraftRequest("long", long, 4), DraftRequest("short", short, 4)]) == [
         [],

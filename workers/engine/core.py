@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.engine.connector import KvConnector, TierStats
-from workers.engine.kv_cache_manager import KVCacheManager
+from workers.engine.kv_cache_manager import KVCacheManager, draft_blocks
 from workers.engine.output import (
     OutputProcessor,
     RequestHandle,
@@ -177,7 +177,7 @@ class Engine:
         # request with drafts has one row per draft more
         self.on_logits: Callable[[list[EngineRequest], torch.Tensor], None] | None = None
         spec = config.speculative
-        self.proposer = build_proposer(spec, runner.config.vocab_size, config.device) if spec else None
+        self.proposer = build_proposer(spec, runner.config.vocab_size, config.device, draft_blocks) if spec else None
 
     @property
     def tokens_generated(self) -> int:

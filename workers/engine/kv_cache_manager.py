@@ -249,3 +249,9 @@ class KVCacheManager:
     def reserved_blocks(self, request_id: str) -> int:
         hit = self._reservations.get(request_id)
         return len(hit.blocks) if hit is not None else 0
+
+
+def draft_blocks(num_blocks: int, block_size: int) -> KVCacheManager:
+    """The block tables of a draft model's pool (spec_decode/draft_model.py): without a prefix cache, since
+    a request's draft KV is kept only while it drafts step after step."""
+    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)

@@ -13,11 +13,10 @@ pool has no room for gets no drafts.
 import torch
 from transformers import PreTrainedModel
 
-from workers.engine.kv_cache_manager import KVCacheManager
 from workers.models.step import StepInput
 from workers.runner.kv_pool import kv_layout_of
 from workers.runner.model_runner import ModelRunner
-from workers.spec_decode.proposer import DraftRequest
+from workers.spec_decode.proposer import DraftRequest, NewDraftBlocks
 
 BLOCK_SIZE = 16
 DEFAULT_KV_CACHE_MIB = 128
@@ -28,6 +27,7 @@ class DraftModelProposer:
         self,
         model: PreTrainedModel,
         target_vocab_size: int,
+        new_blocks: NewDraftBlocks,
         device: str = "cpu",
         kv_cache_mib: int = DEFAULT_KV_CACHE_MIB,
     ) -> None:
@@ -40,18 +40,18 @@ class DraftModelProposer:
         layout = kv_layout_of(model.config, BLOCK_SIZE, next(model.parameters()).dtype)
         num_blocks = max(1, (kv_cache_mib << 20) // layout.block_nbytes)
         self.runner = ModelRunner(model.eval(), num_blocks, BLOCK_SIZE, device)
-        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
+        self.kv = new_blocks(num_blocks, BLOCK_SIZE)
         self.max_positions: int = model.config.max_position_embeddings
         self._computed: dict[str, list[int]] = {}  # per request, the tokens whose KV its blocks hold
 
     @classmethod
-    def load(cls, source: str, target_vocab_size: int, device: str) -> "DraftModelProposer":
+    def load(cls, source: str, target_vocab_size: int, new_blocks: NewDraftBlocks, device: str) -> "DraftModelProposer":
         """Loads the draft model from `source` (builtin:<name> or a model directory) onto `device`."""
         from workers.runner.model_loader import load_model
 
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         loaded = load_model(f"draft model {source}", source, dtype=dtype)
-        return cls(loaded.model.to(device), target_vocab_size, device)  # type: ignore[arg-type]
+        return cls(loaded.model.to(device), target_vocab_size, new_blocks, device)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
