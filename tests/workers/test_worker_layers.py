@@ -1,11 +1,12 @@
 """The worker's packages depend one way: models ← runner ← the engine's parts ← serving ← the processes' mains.
 
 Every module under workers/ is parsed, imports inside functions and under TYPE_CHECKING included. The
-model code (`models`) knows nothing of runners; the runner (`runner`) nothing of engines or services; the
-engine with its KV connectors, speculative decoding and the KV tier's client side never reach the gRPC
-service (`serving`); only a process's entry point (`workers.main`, the KV tier's own server) wires it all,
-and nothing imports an entry point. No worker module imports the gateway, the control plane, the planner,
-the process launcher or the benchmarks, and the modules' imports (those for type checking too) form no circle.
+model code (`models`) knows nothing of runners; the runner (`runner`) nothing of engines or services;
+speculative decoding nothing of the engine that calls it; the engine with its KV connectors, speculative
+decoding and the KV tier's client side never reach the gRPC service (`serving`); only a process's entry
+point (`workers.main`, the KV tier's own server) wires it all, and nothing imports an entry point. No
+worker module imports the gateway, the control plane, the planner, the process launcher or the
+benchmarks, and the modules' imports (those for type checking too) form no circle.
 """
 
 from pathlib import Path
@@ -23,7 +24,10 @@ ALLOWED: dict[str, frozenset[str]] = {  # group → the groups its modules may i
     # The engine owns the connector interface it calls (engine/connector.py): the connectors import the
     # engine, never the other way.
     "engine": frozenset({"engine", "spec_decode", "runner", "models", "structured"}),
-    **{part: ENGINE_PARTS | {"runner", "models", "structured", "kv_tier"} for part in ENGINE_PARTS - {"engine"}},
+    "kv_connector": ENGINE_PARTS | {"runner", "models", "structured", "kv_tier"},
+    # The engine lends the draft model what it needs of the engine (its pool's block tables): speculative
+    # decoding sits below the engine that calls it.
+    "spec_decode": frozenset({"spec_decode", "runner", "models"}),
     "serving": ENGINE_PARTS | {"serving", "runner", "models", "structured", "kv_tier"},
 }
 OTHER_FIRST_PARTY = {"gateway", "controlplane", "planner", "diptych_server", "bench", "tests", "diptych"}
