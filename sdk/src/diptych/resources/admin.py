@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import date, datetime
 from functools import cached_property, partial
 from typing import Any, Generic, TypeVar, Unpack
@@ -51,6 +51,7 @@ from ..types import (
     UsageGroupBy,
 )
 from ._connections import ControlPlaneConnection
+from ._control_plane import ControlPlaneResource, from_json
 from ._keyword_parameters import KeywordParameters
 from ._paths import segment
 
@@ -64,38 +65,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-def _json(convert: Callable[[object], T]) -> Callable[[StreamedAPIResponse[Any]], T]:
-    return lambda response: convert(json_body(response))
-
-
-class _Resource:
-    def __init__(self, client: ControlPlaneConnection) -> None:
-        self._client = client
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        parse: Callable[[StreamedAPIResponse[Any]], T],
-        options: RequestOptions | PostRequestOptions,
-        *,
-        query: Mapping[str, object] | None = None,
-        body: object = None,
-    ) -> T:
-        client = self._client
-        return client._admin_transport.request(
-            method,
-            path,
-            parse=parse,
-            query=query,
-            body=body,
-            options=options,
-            timeout=client.timeout,
-            max_retries=client.max_retries,
-        )
-
-
-class Usage(_Resource):
+class Usage(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> UsageWithRawResponse:
         return UsageWithRawResponse(self)
@@ -118,11 +88,11 @@ class Usage(_Resource):
             raise ValueError(f"group_by must be one of {', '.join(_GROUPS)}, not {group_by!r}")
         query = {"start": _day(start), "end": _day(end), "group_by": group_by}
         return self._request(
-            "GET", "/usage/daily", _json(daily_usage_from_json), _OPTIONS.complete(options), query=query
+            "GET", "/usage/daily", from_json(daily_usage_from_json), _OPTIONS.complete(options), query=query
         )
 
 
-class Billing(_Resource):
+class Billing(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> BillingWithRawResponse:
         return BillingWithRawResponse(self)
@@ -134,10 +104,12 @@ class Billing(_Resource):
     @_OPTIONS.expand
     def current(self, **options: Unpack[RequestOptions]) -> BillingSummary:
         """The current period: amount to date, projection, spend limit and the alerts it triggered."""
-        return self._request("GET", "/billing/current", _json(billing_summary_from_json), _OPTIONS.complete(options))
+        return self._request(
+            "GET", "/billing/current", from_json(billing_summary_from_json), _OPTIONS.complete(options)
+        )
 
 
-class SpendLimits(_Resource):
+class SpendLimits(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> SpendLimitsWithRawResponse:
         return SpendLimitsWithRawResponse(self)
@@ -148,7 +120,7 @@ class SpendLimits(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, **options: Unpack[RequestOptions]) -> SpendLimit:
-        return self._request("GET", "/spend-limit", _json(spend_limit_from_json), _OPTIONS.complete(options))
+        return self._request("GET", "/spend-limit", from_json(spend_limit_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def update(self, *, limit_micros: int | None, **options: Unpack[RequestOptions]) -> SpendLimit:
@@ -158,10 +130,12 @@ class SpendLimits(_Resource):
         ):
             raise ValueError(f"limit_micros must be a non-negative integer or None, not {limit_micros!r}")
         body = {"limit_micros": limit_micros}
-        return self._request("PUT", "/spend-limit", _json(spend_limit_from_json), _OPTIONS.complete(options), body=body)
+        return self._request(
+            "PUT", "/spend-limit", from_json(spend_limit_from_json), _OPTIONS.complete(options), body=body
+        )
 
 
-class Limits(_Resource):
+class Limits(ControlPlaneResource):
     """Per-minute rate limits of the organization and of each API key (None: unlimited). Anyone in the
     organization reads them; setting them needs the admin:write scope. The gateway applies a change
     within its key cache time (5 s)."""
@@ -176,7 +150,7 @@ class Limits(_Resource):
 
     @_OPTIONS.expand
     def retrieve(self, **options: Unpack[RequestOptions]) -> OrganizationLimits:
-        return self._request("GET", "/limits", _json(organization_limits_from_json), _OPTIONS.complete(options))
+        return self._request("GET", "/limits", from_json(organization_limits_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def update(
@@ -190,13 +164,13 @@ class Limits(_Resource):
         """Sets the limits given (None makes one unlimited) and leaves the others as they are."""
         body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
         return self._request(
-            "PATCH", "/limits", _json(organization_limits_from_json), _OPTIONS.complete(options), body=body
+            "PATCH", "/limits", from_json(organization_limits_from_json), _OPTIONS.complete(options), body=body
         )
 
     @_OPTIONS.expand
     def retrieve_key(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKeyLimits:
         path = f"/api-keys/{segment(key_id)}/limits"
-        return self._request("GET", path, _json(api_key_limits_from_json), _OPTIONS.complete(options))
+        return self._request("GET", path, from_json(api_key_limits_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def update_key(
@@ -211,7 +185,7 @@ class Limits(_Resource):
         """Sets the key's limits given (None makes one unlimited) and leaves the others as they are."""
         body = _limit_changes(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute)
         path = f"/api-keys/{segment(key_id)}/limits"
-        return self._request("PATCH", path, _json(api_key_limits_from_json), _OPTIONS.complete(options), body=body)
+        return self._request("PATCH", path, from_json(api_key_limits_from_json), _OPTIONS.complete(options), body=body)
 
 
 def _limit_changes(requests: object, input_tokens: object, output_tokens: object) -> dict[str, int | None]:
@@ -232,7 +206,7 @@ def _limit_changes(requests: object, input_tokens: object, output_tokens: object
     return changes
 
 
-class ApiKeys(_Resource):
+class ApiKeys(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> ApiKeysWithRawResponse:
         return ApiKeysWithRawResponse(self)
@@ -271,21 +245,23 @@ class ApiKeys(_Resource):
             body["scopes"] = list(scopes)
         if project_id is not None:
             body["project_id"] = project_id
-        return self._request("POST", "/api-keys", _json(api_key_from_json), _POST_OPTIONS.complete(options), body=body)
+        return self._request(
+            "POST", "/api-keys", from_json(api_key_from_json), _POST_OPTIONS.complete(options), body=body
+        )
 
     @_OPTIONS.expand
     def retrieve(self, key_id: str, **options: Unpack[RequestOptions]) -> ApiKey:
         path = f"/api-keys/{segment(key_id)}"
-        return self._request("GET", path, _json(api_key_from_json), _OPTIONS.complete(options))
+        return self._request("GET", path, from_json(api_key_from_json), _OPTIONS.complete(options))
 
     @_POST_OPTIONS.expand
     def revoke(self, key_id: str, **options: Unpack[PostRequestOptions]) -> ApiKey:
         """Revokes the key at once; the gateway refuses it within seconds."""
         path = f"/api-keys/{segment(key_id)}/revoke"
-        return self._request("POST", path, _json(api_key_from_json), _POST_OPTIONS.complete(options))
+        return self._request("POST", path, from_json(api_key_from_json), _POST_OPTIONS.complete(options))
 
 
-class Invoices(_Resource):
+class Invoices(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> InvoicesWithRawResponse:
         return InvoicesWithRawResponse(self)
@@ -310,7 +286,7 @@ class Invoices(_Resource):
     @_OPTIONS.expand
     def retrieve(self, invoice_id: str, **options: Unpack[RequestOptions]) -> Invoice:
         path = f"/invoices/{segment(invoice_id)}"
-        return self._request("GET", path, _json(invoice_from_json), _OPTIONS.complete(options))
+        return self._request("GET", path, from_json(invoice_from_json), _OPTIONS.complete(options))
 
 
 class Admin:

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import cached_property, partial
 from pathlib import Path
 from typing import IO, Any, TypeVar, Unpack
@@ -27,6 +27,7 @@ from .._response import (
 )
 from ..types import AsyncCursorPage, Batch, CursorPage, FileObject, PostRequestOptions, RequestOptions
 from ._connections import ControlPlaneConnection
+from ._control_plane import ControlPlaneResource, from_json
 from ._keyword_parameters import KeywordParameters
 from ._paths import segment
 
@@ -41,40 +42,7 @@ _POST_OPTIONS = KeywordParameters(PostRequestOptions)
 T = TypeVar("T")
 
 
-def _json(convert: Callable[[object], T]) -> Callable[[StreamedAPIResponse[Any]], T]:
-    return lambda response: convert(json_body(response))
-
-
-class _Resource:
-    def __init__(self, client: ControlPlaneConnection) -> None:
-        self._client = client
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        parse: Callable[[StreamedAPIResponse[Any]], T],
-        options: RequestOptions | PostRequestOptions,
-        *,
-        query: Mapping[str, object] | None = None,
-        body: object = None,
-        content: tuple[bytes, str] | None = None,
-    ) -> T:
-        client = self._client
-        return client._admin_transport.request(
-            method,
-            path,
-            parse=parse,
-            query=query,
-            body=body,
-            content=content,
-            options=options,
-            timeout=client.timeout,
-            max_retries=client.max_retries,
-        )
-
-
-class Files(_Resource):
+class Files(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> FilesWithRawResponse:
         return FilesWithRawResponse(self)
@@ -94,12 +62,12 @@ class Files(_Resource):
         name, content = _read(file)
         multipart = _multipart(fields, name, content)
         return self._request(
-            "POST", "/files", _json(file_from_json), {**options, "extra_body": None}, content=multipart
+            "POST", "/files", from_json(file_from_json), {**options, "extra_body": None}, content=multipart
         )
 
     @_OPTIONS.expand
     def retrieve(self, file_id: str, **options: Unpack[RequestOptions]) -> FileObject:
-        return self._request("GET", f"/files/{segment(file_id)}", _json(file_from_json), _OPTIONS.complete(options))
+        return self._request("GET", f"/files/{segment(file_id)}", from_json(file_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def list(
@@ -128,10 +96,10 @@ class Files(_Resource):
 
     @_OPTIONS.expand
     def delete(self, file_id: str, **options: Unpack[RequestOptions]) -> bool:
-        return self._request("DELETE", f"/files/{segment(file_id)}", _json(bool), _OPTIONS.complete(options))
+        return self._request("DELETE", f"/files/{segment(file_id)}", from_json(bool), _OPTIONS.complete(options))
 
 
-class Batches(_Resource):
+class Batches(ControlPlaneResource):
     @cached_property
     def with_raw_response(self) -> BatchesWithRawResponse:
         return BatchesWithRawResponse(self)
@@ -156,12 +124,12 @@ class Batches(_Resource):
             "completion_window": completion_window,
             "metadata": metadata,
         }
-        return self._request("POST", "/batches", _json(batch_from_json), _POST_OPTIONS.complete(options), body=body)
+        return self._request("POST", "/batches", from_json(batch_from_json), _POST_OPTIONS.complete(options), body=body)
 
     @_OPTIONS.expand
     def retrieve(self, batch_id: str, **options: Unpack[RequestOptions]) -> Batch:
         path = f"/batches/{segment(batch_id)}"
-        return self._request("GET", path, _json(batch_from_json), _OPTIONS.complete(options))
+        return self._request("GET", path, from_json(batch_from_json), _OPTIONS.complete(options))
 
     @_OPTIONS.expand
     def list(
@@ -181,7 +149,7 @@ class Batches(_Resource):
     def cancel(self, batch_id: str, **options: Unpack[PostRequestOptions]) -> Batch:
         """Stops sending the batch's requests; those already answered stay in its output file."""
         path = f"/batches/{segment(batch_id)}/cancel"
-        return self._request("POST", path, _json(batch_from_json), _POST_OPTIONS.complete(options))
+        return self._request("POST", path, from_json(batch_from_json), _POST_OPTIONS.complete(options))
 
 
 class AsyncFiles:
