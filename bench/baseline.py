@@ -10,6 +10,7 @@ import time
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
+from typing_extensions import override
 
 from bench.stats import RequestResult
 from bench.workload import BenchRequest
@@ -21,6 +22,7 @@ class _StepClock(StoppingCriteria):
     def __init__(self) -> None:
         self.times: list[float] = []
 
+    @override
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
         # StoppingCriteria declares the legacy torch.BoolTensor, which no tensor operation is typed to return.

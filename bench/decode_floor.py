@@ -34,7 +34,7 @@ BLOCK_SIZE = 16
 
 def _median_ms(fn, repeats: int, device: torch.device) -> float:
     """As bench.step_costs.median_ms, each call ending once the device has finished its work."""
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda _device: None
     return median_ms(lambda: (fn(), synchronize(device)), repeats)
 
 

@@ -93,7 +93,7 @@ def requests_for(args, concurrency: int, vocab_size: int, seed: int) -> list[Ben
 
 async def timed_loop(engine: Engine, requests: list[BenchRequest], concurrency: int) -> LoopRun:
     steps: list[float] = []
-    engine.on_step = lambda tokens, step_ms: steps.append(step_ms)
+    engine.on_step = lambda _tokens, step_ms: steps.append(step_ms)
     started = time.perf_counter()
     outputs = await engine_closed_loop(engine, requests, concurrency)
     seconds = time.perf_counter() - started

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import grpc
@@ -160,7 +160,7 @@ def receiver_process(ready, max_bytes: int, requests: int) -> None:
         tiny_receiver.close()
 
 
-async def _push(request_iterator, context) -> bytes:
+async def _push(request_iterator: AsyncIterator[bytes], _context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
     parts = [part async for part in request_iterator]
     np.frombuffer(b"".join(parts), dtype=np.uint8)  # the cache assembled on the receiving side
     return struct.pack("<Q", sum(len(part) for part in parts))
@@ -258,7 +258,7 @@ async def grpc_stream(port: int, nbytes: int, repeats: int) -> list[float]:
     data = np.ones(nbytes, dtype=np.uint8).tobytes()
     times = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        push = channel.stream_unary(GRPC_PUSH)
+        push: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(GRPC_PUSH)
 
         def chunks():
             for start in range(0, nbytes, GRPC_MESSAGE):

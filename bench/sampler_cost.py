@@ -13,9 +13,9 @@ from workers.engine.sampling import SamplingParams, sample
 
 SHAPES = ((8, 4096), (32, 4096), (8, 32000), (32, 32000))
 KINDS = {
-    "greedy": lambda row: SamplingParams(temperature=0.0),
-    "temperature 1": lambda row: SamplingParams(),
-    "top-p 0.9, top-k 50": lambda row: SamplingParams(temperature=0.8, top_p=0.9, top_k=50),
+    "greedy": lambda _row: SamplingParams(temperature=0.0),
+    "temperature 1": lambda _row: SamplingParams(),
+    "top-p 0.9, top-k 50": lambda _row: SamplingParams(temperature=0.8, top_p=0.9, top_k=50),
     "seeded": lambda row: SamplingParams(seed=row),
 }
 

@@ -165,7 +165,7 @@ async def closed_loop(engine: Engine, prompts: list[list[int]], output_tokens: i
         decode_only.append(all(c.num_tokens - len(c.draft_token_ids) == 1 and c.samples for c in out.chunks))
         return out
 
-    def stepped(tokens: int, step_ms: float) -> None:
+    def stepped(_tokens: int, step_ms: float) -> None:
         figures.steps += 1
         if decode_only[-1]:
             figures.decode_step_ms.append(step_ms)

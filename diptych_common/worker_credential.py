@@ -9,11 +9,10 @@ prefill worker sends a KV cache only to a worker the control plane registered.
 import hashlib
 import hmac
 import secrets
-from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import grpc
-from google.protobuf.message import Message
 
 from diptych_common.proto.v1 import worker_pb2
 
@@ -42,7 +41,7 @@ class WorkerSecret:
         """What a call to a worker carries."""
         return ((METADATA_KEY, SCHEME + self._value),)
 
-    def refusal(self, metadata: grpc.aio.Metadata | None) -> str | None:
+    def refusal(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
         """Why a call with this metadata is refused, or None when it carries the secret."""
         if not self._value:
             return (
@@ -50,7 +49,7 @@ class WorkerSecret:
                 "it refuses every call until it has"
             )
         presented = dict(metadata or ()).get(METADATA_KEY)
-        if not presented or not presented.startswith(SCHEME):
+        if not isinstance(presented, str) or not presented.startswith(SCHEME):
             return (
                 "worker calls need `authorization: Bearer <worker RPC secret>`: only the gateway and other "
                 "workers may call a worker (the control plane hands the secret to them)"
@@ -93,32 +92,56 @@ class _AttachSecret:
         )
 
 
-Continuation = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
+# The interceptors' methods are generic over the call's request and response messages, as grpc's own are.
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 
-class _UnaryUnary(_AttachSecret, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+class _UnaryUnary(_AttachSecret, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(
-        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request: Message
-    ) -> grpc.aio.UnaryUnaryCall:
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, _Request], Awaitable[grpc.aio.UnaryUnaryCall[_Request, _Response]]
+        ],
+        details: grpc.aio.ClientCallDetails,
+        request: _Request,
+    ) -> grpc.aio.UnaryUnaryCall[_Request, _Response]:
         return await continuation(self._with_secret(details), request)
 
 
-class _UnaryStream(_AttachSecret, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+class _UnaryStream(_AttachSecret, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(
-        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request: Message
-    ) -> grpc.aio.UnaryStreamCall:
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, _Request], Awaitable[grpc.aio.UnaryStreamCall[_Request, _Response]]
+        ],
+        details: grpc.aio.ClientCallDetails,
+        request: _Request,
+    ) -> grpc.aio.UnaryStreamCall[_Request, _Response]:
         return await continuation(self._with_secret(details), request)
 
 
-class _StreamUnary(_AttachSecret, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+class _StreamUnary(_AttachSecret, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(
-        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request_iterator: AsyncIterable[Message]
-    ) -> grpc.aio.StreamUnaryCall:
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, AsyncIterable[_Request] | Iterable[_Request]],
+            Awaitable[grpc.aio.StreamUnaryCall[_Request, _Response]],
+        ],
+        details: grpc.aio.ClientCallDetails,
+        request_iterator: AsyncIterable[_Request] | Iterable[_Request],
+    ) -> grpc.aio.StreamUnaryCall[_Request, _Response]:
         return await continuation(self._with_secret(details), request_iterator)
 
 
-class _StreamStream(_AttachSecret, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc, unused-ignore]  # grpc ships no type hints
+class _StreamStream(_AttachSecret, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(
-        self, continuation: Continuation, details: grpc.aio.ClientCallDetails, request_iterator: AsyncIterable[Message]
-    ) -> grpc.aio.StreamStreamCall:
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, AsyncIterable[_Request] | Iterable[_Request]],
+            Awaitable[grpc.aio.StreamStreamCall[_Request, _Response]],
+        ],
+        details: grpc.aio.ClientCallDetails,
+        request_iterator: AsyncIterable[_Request] | Iterable[_Request],
+    ) -> grpc.aio.StreamStreamCall[_Request, _Response]:
         return await continuation(self._with_secret(details), request_iterator)

@@ -327,7 +327,7 @@ def _run_control_plane(args) -> None:
     run_control_plane(args.host, args.port, args.processes)
 
 
-def _run_jobs(args) -> None:
+def _run_jobs(_args: argparse.Namespace) -> None:
     from diptych_server.control_plane import run_jobs
 
     run_jobs()

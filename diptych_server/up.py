@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -189,7 +190,7 @@ def _wait_for_interrupt(stack: Stack) -> None:
         time.sleep(0.5)
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 

@@ -233,7 +233,10 @@ class RequestPath:
         return events
 
     async def _kv_delivered(
-        self, prefill_call: grpc.aio.UnaryStreamCall, prefill: WorkerInfo, decode: WorkerInfo
+        self,
+        prefill_call: grpc.aio.UnaryStreamCall[worker_pb2.PrefillRequest, worker_pb2.PrefillEvent],
+        prefill: WorkerInfo,
+        decode: WorkerInfo,
     ) -> worker_pb2.KvDelivered:
         """The prefill worker's report that the KV cache arrived. When the hand-off fails either side may
         be at fault (a dead decode worker makes the push fail): the request moves to another pair."""
@@ -305,12 +308,16 @@ class RequestPath:
             raise WorkerFailure(unavailable, (worker,), dead=False) from None
 
     async def _read(
-        self, call: grpc.aio.UnaryStreamCall, worker: WorkerInfo, phase: str, timeout: float
+        self,
+        call: grpc.aio.UnaryStreamCall[worker_pb2.PrefillRequest, worker_pb2.PrefillEvent],
+        worker: WorkerInfo,
+        phase: str,
+        timeout: float,
     ) -> worker_pb2.PrefillEvent:
         with FailuresOf(worker, phase):
             async with asyncio.timeout(timeout):  # no task per message, as wait_for would make
-                message: worker_pb2.PrefillEvent = await call.read()
-        if message is grpc.aio.EOF:
+                message = await call.read()
+        if not isinstance(message, worker_pb2.PrefillEvent):  # grpc.aio.EOF
             raise WorkerFailure(
                 GatewayError(ErrorKind.UNAVAILABLE, f"the {phase} worker {worker.id} ended its stream early"),
                 (worker,),

@@ -14,6 +14,7 @@ get calls that carry their own tokens.
 import asyncio
 import logging
 import secrets
+from typing import Any
 
 import grpc
 
@@ -26,7 +27,9 @@ log = logging.getLogger(__name__)
 class WorkerTokenStream:
     """One open `StreamTokens` call: it hands each token to the call it belongs to."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, stream_id: str) -> None:
+    def __init__(
+        self, call: grpc.aio.UnaryStreamCall[worker_pb2.TokenStreamRequest, worker_pb2.TokenBatch], stream_id: str
+    ) -> None:
         self.stream_id = stream_id
         self._call = call
         self._calls: dict[str, CallTokens] = {}
@@ -72,7 +75,8 @@ class WorkerTokenStream:
         ended: object = grpc.aio.EOF
         calls = self._calls
         try:
-            while (batch := await self._call.read()) is not grpc.aio.EOF:  # read(), as `open` began: never mixed
+            # read(), as `open` began: never mixed; what is not a batch is grpc.aio.EOF
+            while isinstance(batch := await self._call.read(), worker_pb2.TokenBatch):
                 WORKER_BYTES_RECEIVED.inc(batch.ByteSize())
                 for token in batch.tokens:
                     tokens = calls.get(token.request_id)
@@ -93,7 +97,12 @@ class CallTokens:
     deadline is a time it sets, checked by one timer that is moved on only when it fires, so that a token
     costs no timer of its own (an `asyncio.timeout` per token cost more than the rest of the read)."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, stream: WorkerTokenStream | None, request_id: str) -> None:
+    def __init__(
+        self,
+        call: grpc.aio.UnaryStreamCall[Any, worker_pb2.TokenEvent],  # a Decode or a Generate call: either request
+        stream: WorkerTokenStream | None,
+        request_id: str,
+    ) -> None:
         self._call = call
         self._stream = stream
         self._request_id = request_id
@@ -204,7 +213,7 @@ class CallTokens:
     async def _read_own_stream(self) -> None:
         """A worker without token streams: the call's own stream carries its tokens, one a message."""
         try:
-            while (event := await self._call.read()) is not grpc.aio.EOF:
+            while isinstance(event := await self._call.read(), worker_pb2.TokenEvent):  # else grpc.aio.EOF
                 WORKER_BYTES_RECEIVED.inc(event.ByteSize())
                 self.put(event)
             self.end(grpc.aio.EOF)

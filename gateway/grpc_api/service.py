@@ -92,7 +92,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._pipeline = pipeline
 
     async def Generate(
-        self, request: inference_pb2.GenerateRequest | MalformedRequest, context: grpc.aio.ServicerContext
+        self,
+        request: inference_pb2.GenerateRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext[
+            inference_pb2.GenerateRequest | MalformedRequest, inference_pb2.GenerateResponse
+        ],
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         with timed_request("grpc") as record:
             if isinstance(request, MalformedRequest):  # refused before the pipeline saw it: counted here
@@ -117,7 +121,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 await _abort(context, as_told(error, request_id) if executing else error, request_id)
 
     async def ListModels(
-        self, request: inference_pb2.ListModelsRequest | MalformedRequest, context: grpc.aio.ServicerContext
+        self,
+        request: inference_pb2.ListModelsRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext[
+            inference_pb2.ListModelsRequest | MalformedRequest, inference_pb2.ListModelsResponse
+        ],
     ) -> inference_pb2.ListModelsResponse:
         if isinstance(request, MalformedRequest):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.description())
@@ -239,14 +247,14 @@ def _phase_usage(phase: PhaseUsage | None) -> inference_pb2.PhaseUsage | None:
     )
 
 
-def _authorization(context: grpc.aio.ServicerContext) -> str | None:
-    for key, value in context.invocation_metadata():
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             return value if isinstance(value, str) else None
     return None
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: GatewayError, request_id: str) -> None:
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: GatewayError, request_id: str) -> None:
     metadata: list[tuple[str, str]] = []
     if request_id:
         metadata.append(("request-id", request_id))

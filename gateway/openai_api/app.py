@@ -65,7 +65,7 @@ class OpenAiApi:
         self._pipeline = pipeline
         self._unattended: set[asyncio.Task[web.StreamResponse]] = set()  # batch lines whose runner went away
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
         if self._pipeline.draining:
             return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
@@ -233,7 +233,7 @@ class _Chunks:
         await send_event(self._response, chunk)
 
 
-async def _name_answer(request: web.Request, response: web.StreamResponse) -> None:
+async def _name_answer(_request: web.Request, response: web.StreamResponse) -> None:
     name_answer(response)
 
 

@@ -348,7 +348,7 @@ class ResponsesApi:
             raise _not_found(response_id)
         return response_json(record)
 
-    async def _deleted(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
+    async def _deleted(self, caller: Caller, response_id: str, _query: Mapping[str, str]) -> dict[str, Any]:
         if not await self._store.delete(caller.organization_id, response_id):
             raise _not_found(response_id)
         running = self._running.get(response_id)
@@ -356,7 +356,7 @@ class ResponsesApi:
             running.cancel()
         return {"id": response_id, "object": "response", "deleted": True}
 
-    async def _cancelled(self, caller: Caller, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
+    async def _cancelled(self, caller: Caller, response_id: str, _query: Mapping[str, str]) -> dict[str, Any]:
         try:
             record = await self._store.cancel(caller.organization_id, response_id)
         except httpx.HTTPStatusError as error:

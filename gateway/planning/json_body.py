@@ -36,7 +36,7 @@ class TooDeep(ValueError):
     pass
 
 
-async def start_parsers(app: object = None) -> None:
+async def start_parsers(_app: object = None) -> None:
     """Starts the parser processes (an aiohttp on_startup hook), so that no request waits for them."""
     await asyncio.get_running_loop().run_in_executor(_parsers(), int)
 

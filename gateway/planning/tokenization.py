@@ -83,7 +83,7 @@ async def run_off_loop(function: Callable[[*Args], Result], *args: *Args, tenant
     return await asyncio.wrap_future(job)
 
 
-def _job_ended(loop: asyncio.AbstractEventLoop, tenant: str, share: _TenantShare, job: Future[Any]) -> None:
+def _job_ended(loop: asyncio.AbstractEventLoop, tenant: str, share: _TenantShare, _job: Future[Any]) -> None:
     if not loop.is_closed():
         loop.call_soon_threadsafe(_leave, tenant, share, True)
 

@@ -30,6 +30,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from typing_extensions import override
+
 from workers.engine.kv_transfer import EMPTY_META, KvConnectorMeta
 
 if TYPE_CHECKING:
@@ -155,6 +157,7 @@ class NullConnector(KvConnector):
 
     moves_kv = False
 
+    @override
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         return EMPTY_META
 

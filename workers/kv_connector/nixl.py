@@ -38,6 +38,7 @@ import grpc
 import numpy as np
 import torch
 import xxhash
+from typing_extensions import override
 
 from workers.kv_connector.interfaces import interface_of
 from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
@@ -316,6 +317,7 @@ class NixlReceive(ReceivePath):
         while not select.select([conn], [], [], 0.0005)[0] and time.monotonic() < deadline:
             self._agent.progress()
 
+    @override
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
         if address_of(target) != self._address + offset:
             raise KvTransferError(

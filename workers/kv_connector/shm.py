@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 import torch
+from typing_extensions import override
 
 from diptych_common.processes import process_alive
 from workers.kv_connector.paths import BufferedSendPath, ReceivePath, StagedChunk
@@ -111,6 +112,7 @@ class ShmReceive(ReceivePath):
     def __init__(self, segment: memoryview) -> None:
         self._segment = segment
 
+    @override
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
         if offset + len(target) > len(self._segment):
             raise KvTransferError(grpc.StatusCode.INVALID_ARGUMENT, "a KV frame points past its segment")

@@ -11,6 +11,7 @@ are copied to pinned host memory first.
 import socket
 
 import xxhash
+from typing_extensions import override
 
 from workers.kv_connector.paths import BufferedSendPath, FromPoolSendPath, PoolChunk, ReceivePath, StagedChunk
 from workers.kv_connector.staging import StagingPool
@@ -52,5 +53,6 @@ class TcpFromBuffer(BufferedSendPath):
 
 
 class TcpReceive(ReceivePath):
+    @override
     def read(self, conn: socket.socket, target: memoryview, offset: int, what: str) -> None:
         recv_into(conn, target, what)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+from typing_extensions import override
 
 from diptych_common.prefix_hash import block_hashes
 from workers.engine.connector import KvConnector, KvConnectorStats, TierStats
@@ -128,6 +129,7 @@ class TierConnector(KvConnector):
             raise ValueError(f"{len(block_ids)} blocks were allocated for {count} fetched blocks to load")
         self._admitted.append((KvLoad(request.request_id, block_ids), fetched.data[:, :, skip : skip + count]))
 
+    @override
     def build_meta(self, out: SchedulerOutput, kv: KVCacheManager) -> KvConnectorMeta:
         admitted, self._admitted = self._admitted, []
         self._loaded_tokens = sum(len(load.block_ids) for load, _ in admitted) * kv.block_size
@@ -149,6 +151,7 @@ class TierConnector(KvConnector):
             if mark is not None:
                 self._marks.append((chunk.start // self._kv.block_size, mark))
 
+    @override
     async def after_update(self, out: SchedulerOutput) -> None:
         """Copies the blocks the step filled (named since the marks) that the tier may lack out of the pool on
         the forward thread, and queues them for the tier."""

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 import grpc
 import httpx
@@ -43,7 +44,9 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
         self.store = store
 
     async def Put(
-        self, request: kv_tier_pb2.TierPutRequest, context: grpc.aio.ServicerContext
+        self,
+        request: kv_tier_pb2.TierPutRequest,
+        context: grpc.aio.ServicerContext[kv_tier_pb2.TierPutRequest, kv_tier_pb2.TierPutReply],
     ) -> kv_tier_pb2.TierPutReply:
         await _check_namespace(request.namespace, context)
         await _check_count(len(request.blocks), context)
@@ -61,13 +64,17 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
         return kv_tier_pb2.TierPutReply(stored=stored)
 
     async def Lookup(
-        self, request: kv_tier_pb2.TierKeys, context: grpc.aio.ServicerContext
+        self,
+        request: kv_tier_pb2.TierKeys,
+        context: grpc.aio.ServicerContext[kv_tier_pb2.TierKeys, kv_tier_pb2.TierLookupReply],
     ) -> kv_tier_pb2.TierLookupReply:
         keys = await _keys(request, context)
         return kv_tier_pb2.TierLookupReply(present=await asyncio.to_thread(self.store.present, keys))
 
     async def Get(
-        self, request: kv_tier_pb2.TierGetRequest, context: grpc.aio.ServicerContext
+        self,
+        request: kv_tier_pb2.TierGetRequest,
+        context: grpc.aio.ServicerContext[kv_tier_pb2.TierGetRequest, kv_tier_pb2.TierGetReply],
     ) -> kv_tier_pb2.TierGetReply:
         keys = await _keys(request.keys, context)
         limit = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
@@ -87,7 +94,7 @@ class KvTierService(kv_tier_pb2_grpc.KvTierServicer):
         )
 
 
-async def _check_namespace(namespace: str, context: grpc.aio.ServicerContext) -> None:
+async def _check_namespace(namespace: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     if not namespace or len(namespace) > MAX_NAMESPACE_CHARS:
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -95,14 +102,14 @@ async def _check_namespace(namespace: str, context: grpc.aio.ServicerContext) ->
         )
 
 
-async def _check_count(count: int, context: grpc.aio.ServicerContext) -> None:
+async def _check_count(count: int, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     if count > MAX_KEYS_PER_CALL:
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"{count} blocks in one call; at most {MAX_KEYS_PER_CALL}"
         )
 
 
-async def _keys(message: kv_tier_pb2.TierKeys, context: grpc.aio.ServicerContext) -> list[TierKey]:
+async def _keys(message: kv_tier_pb2.TierKeys, context: grpc.aio.ServicerContext[Any, Any]) -> list[TierKey]:
     await _check_namespace(message.namespace, context)
     await _check_count(len(message.block_hashes), context)
     return [TierKey(message.namespace, block_hash) for block_hash in message.block_hashes]

@@ -260,7 +260,7 @@ class GatherBuffers:
         return _as_heads(gathered, tables)
 
 
-def gather_fresh(which: int, pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def gather_fresh(_which: int, pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """As GatherBuffers.gather, into new memory: a captured graph must own every buffer it uses."""
     return _as_heads(torch.index_select(pool, 0, tables.reshape(-1)), tables)
 

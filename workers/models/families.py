@@ -57,7 +57,7 @@ def _gemma_refusal(config: PreTrainedConfig) -> str | None:
     return None
 
 
-def _no_refusal(config: PreTrainedConfig) -> str | None:
+def _no_refusal(_config: PreTrainedConfig) -> str | None:
     return None
 
 

@@ -69,8 +69,8 @@ class FlashVarlenPlan:
     def attend(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        _key: torch.Tensor,  # the step's own keys and values, in the pool already
+        _value: torch.Tensor,
         layer_kv: torch.Tensor,
         scale: float,
         window: Window,

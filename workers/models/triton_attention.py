@@ -118,8 +118,8 @@ class TritonPlan:
     def attend(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        _key: torch.Tensor,  # the step's own keys and values, in the pool already
+        _value: torch.Tensor,
         layer_kv: torch.Tensor,
         scale: float,
         window: Window,

@@ -152,10 +152,10 @@ class ModelRunner:
             for window in self.decoder.windows
         }
 
-        def attend(
+        def attend(  # the step's own key and value are in the pool already: attention reads them there
             query: torch.Tensor,
-            key: torch.Tensor,
-            value: torch.Tensor,
+            _key: torch.Tensor,
+            _value: torch.Tensor,
             layer_kv: torch.Tensor,
             scale: float,
             window: Window,

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel
+from typing_extensions import override
 
 from diptych_common.supervision import stop_with_supervisor, supervisor_env
 from workers.models.sharding import Shard, check_shardable, shard_model
@@ -245,6 +246,7 @@ class TensorParallelRunner(ModelRunner):
         self._checked(lambda: self.group.scatter(parts, own))
         super().write_blocks(block_ids, own)
 
+    @override
     def block_views(self, block_ids: list[int]) -> list[memoryview]:
         raise TensorParallelError(
             "a tensor-parallel runner's blocks are spread over processes: read_blocks copies them"

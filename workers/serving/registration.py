@@ -28,7 +28,7 @@ class ControlPlaneLink:
         address: str,
         name: str,
         load: Callable[[], dict[str, int | float]],
-        on_state: Callable[[str], None] = lambda state: None,
+        on_state: Callable[[str], None] = lambda _state: None,
         secret: WorkerSecret | None = None,
         http_timeout_s: float = 5.0,
         revision: str = "",

@@ -14,9 +14,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from opentelemetry.trace import Span, SpanKind
+from typing_extensions import override
 
 from diptych_common.grammar import JSON_OBJECT, JSON_SCHEMA, LARK_GRAMMAR, Grammar
 from diptych_common.logs import bind_request, describe_error
@@ -156,7 +158,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # ---- serving ------------------------------------------------------------------------------
 
     async def Prefill(
-        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.PrefillRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.PrefillRequest, worker_pb2.PrefillEvent],
     ) -> AsyncIterator[worker_pb2.PrefillEvent]:
         span = _call_span("worker.prefill", request.request_id, context)
         with ending(span), _logged_call("prefill", len(request.prompt_token_ids)):
@@ -166,7 +170,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     yield event
 
     async def _prefill(
-        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext, span: Span, transfer: Span
+        self,
+        request: worker_pb2.PrefillRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.PrefillRequest, worker_pb2.PrefillEvent],
+        span: Span,
+        transfer: Span,
     ) -> AsyncIterator[worker_pb2.PrefillEvent]:
         """`transfer`: the kv.transfer span, whose context the KV hello carries to the decode worker."""
         await self._admit(context, Role.PREFILL)
@@ -222,7 +230,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
 
     async def Decode(
-        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.DecodeRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.DecodeRequest, worker_pb2.TokenEvent],
     ) -> AsyncIterator[worker_pb2.TokenEvent]:
         span = _call_span("worker.decode", request.request_id, context)
         with ending(span), _logged_call("decode"):
@@ -230,7 +240,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield event
 
     async def _decode(
-        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext, span: Span
+        self,
+        request: worker_pb2.DecodeRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.DecodeRequest, worker_pb2.TokenEvent],
+        span: Span,
     ) -> AsyncIterator[worker_pb2.TokenEvent]:
         await self._admit(context, Role.DECODE)
         received = await self._await_kv(request, context)
@@ -263,7 +276,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _record_queue_and_compute(engine_request, "decode.compute", span, now_ns())
 
     async def Generate(
-        self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.GenerateWork,
+        context: grpc.aio.ServicerContext[worker_pb2.GenerateWork, worker_pb2.TokenEvent],
     ) -> AsyncIterator[worker_pb2.TokenEvent]:
         span = _call_span("worker.generate", request.request_id, context)
         with ending(span), _logged_call("generate", len(request.prompt_token_ids)):
@@ -271,7 +286,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield event
 
     async def _generate(
-        self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext, span: Span
+        self,
+        request: worker_pb2.GenerateWork,
+        context: grpc.aio.ServicerContext[worker_pb2.GenerateWork, worker_pb2.TokenEvent],
+        span: Span,
     ) -> AsyncIterator[worker_pb2.TokenEvent]:
         await self._admit(context, Role.COLOCATED, Role.DECODE)
         engine_request = EngineRequest(
@@ -305,7 +323,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 record_span("decode.compute", span, first_ns, now_ns())
 
     async def StreamTokens(
-        self, request: worker_pb2.TokenStreamRequest, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.TokenStreamRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.TokenStreamRequest, worker_pb2.TokenBatch],
     ) -> AsyncIterator[worker_pb2.TokenBatch]:
         await self._require_role(context, Role.COLOCATED, Role.DECODE)
         if not request.stream_id:
@@ -320,7 +340,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:
             self.token_streams.close(request.stream_id, stream)
 
-    async def _token_stream(self, stream_id: str, context: grpc.aio.ServicerContext) -> TokenStream | None:
+    async def _token_stream(self, stream_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> TokenStream | None:
         """The open token stream a call names; None when it names none (its tokens go on its own stream)."""
         if not stream_id:
             return None
@@ -333,7 +353,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return stream
 
     async def _put(
-        self, stream: TokenStream, request_id: str, event: worker_pb2.TokenEvent, context: grpc.aio.ServicerContext
+        self,
+        stream: TokenStream,
+        request_id: str,
+        event: worker_pb2.TokenEvent,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
         try:
             stream.put(request_id, event)
@@ -341,7 +365,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the token stream this call names was closed")
 
     async def GetKvEndpoint(
-        self, request: worker_pb2.KvEndpointRequest, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.KvEndpointRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.KvEndpointRequest, worker_pb2.KvEndpoint],
     ) -> worker_pb2.KvEndpoint:
         await self._require_role(context, Role.DECODE)
         assert self._receiver is not None  # a decode worker's (checked when the service was made)
@@ -351,11 +377,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     # ---- load ---------------------------------------------------------------------------------
 
-    async def GetLoad(self, request: worker_pb2.LoadRequest, context: grpc.aio.ServicerContext) -> worker_pb2.Load:
+    @override
+    async def GetLoad(
+        self,
+        request: worker_pb2.LoadRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.LoadRequest, worker_pb2.Load],
+    ) -> worker_pb2.Load:
         return self.load().to_proto()
 
+    @override
     async def WatchLoad(
-        self, request: worker_pb2.LoadRequest, context: grpc.aio.ServicerContext
+        self,
+        request: worker_pb2.LoadRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.LoadRequest, worker_pb2.Load],
     ) -> AsyncIterator[worker_pb2.Load]:
         changed = self._engine.watch_load()
         try:
@@ -392,7 +426,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    async def _add(self, request: EngineRequest, context: grpc.aio.ServicerContext) -> RequestHandle:
+    async def _add(self, request: EngineRequest, context: grpc.aio.ServicerContext[Any, Any]) -> RequestHandle:
         try:
             return await self._engine.submit(request)
         except (RequestRejected, KvTransferError) as error:
@@ -401,7 +435,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise  # (context.abort raises; this says so to the type checker)
 
     async def _constrain(
-        self, request: EngineRequest, sampling: worker_pb2.SamplingParams, context: grpc.aio.ServicerContext
+        self, request: EngineRequest, sampling: worker_pb2.SamplingParams, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """Gives a request with a grammar its matcher, past the tokens it already produced (compiled off
         the event loop: a large schema takes a while)."""
@@ -419,7 +453,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except GrammarRejected as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"SamplingParams.constraint: {error}")
 
-    async def _outputs(self, handle: RequestHandle, context: grpc.aio.ServicerContext) -> AsyncIterator[TokenOutput]:
+    async def _outputs(
+        self, handle: RequestHandle, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[TokenOutput]:
         try:
             while True:
                 output = await handle.outputs.get()
@@ -434,7 +470,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:
             self._engine.abort(handle.request.request_id)
 
-    async def _peer(self, decode_address: str, context: grpc.aio.ServicerContext) -> Peer:
+    async def _peer(
+        self, decode_address: str, context: grpc.aio.ServicerContext[worker_pb2.PrefillRequest, worker_pb2.PrefillEvent]
+    ) -> Peer:
         assert self._sender is not None  # a prefill worker's (checked when the service was made)
         try:
             return await self._sender.resolve(decode_address, self._secret)
@@ -442,7 +480,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(error.code, str(error))
             raise  # (context.abort raises)
 
-    async def _await_kv(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext) -> ReceivedKv:
+    async def _await_kv(
+        self,
+        request: worker_pb2.DecodeRequest,
+        context: grpc.aio.ServicerContext[worker_pb2.DecodeRequest, worker_pb2.TokenEvent],
+    ) -> ReceivedKv:
         assert self._receiver is not None  # a decode worker's (checked when the service was made)
         try:
             # Given the prompt, the blocks of it this worker holds are pinned and not sent again.
@@ -459,7 +501,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(error.code, str(error))
             raise  # (context.abort raises)
 
-    async def _admit(self, context: grpc.aio.ServicerContext, *roles: Role) -> None:
+    async def _admit(self, context: grpc.aio.ServicerContext[Any, Any], *roles: Role) -> None:
         await self._require_role(context, *roles)
         if self._state.draining:
             await context.abort(
@@ -467,7 +509,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 f"worker {self._state.worker_id} is draining: it finishes its requests and takes no new ones",
             )
 
-    async def _require_role(self, context: grpc.aio.ServicerContext, *roles: Role) -> None:
+    async def _require_role(self, context: grpc.aio.ServicerContext[Any, Any], *roles: Role) -> None:
         if self._state.role not in roles:
             wanted = " or ".join(str(r) for r in roles)
             await context.abort(
@@ -476,7 +518,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
 
 
-def _call_span(name: str, request_id: str, context: grpc.aio.ServicerContext) -> Span:
+def _call_span(name: str, request_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> Span:
     """The span of one worker call, under the gateway's attempt span that its metadata names; the task's
     log lines name the request and trace from now on."""
     parent = context_from_metadata(context.invocation_metadata())
@@ -541,6 +583,6 @@ def _without_rate(load: worker_pb2.Load) -> bytes:
     return serialized
 
 
-def _remaining(context: grpc.aio.ServicerContext, cap: float) -> float:
+def _remaining(context: grpc.aio.ServicerContext[Any, Any], cap: float) -> float:
     remaining = context.time_remaining()
     return cap if remaining is None else max(0.0, min(cap, remaining))

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from typing_extensions import override
 
 CHUNK_BYTES = 1 << 20
 
@@ -62,7 +63,7 @@ class ArtifactStore(Protocol):
 
 
 @dataclass(frozen=True)
-class LocalArtifactStore:
+class LocalArtifactStore(ArtifactStore):
     root: Path
 
     def put(self, key: str, source: Path) -> None:
@@ -100,6 +101,7 @@ class LocalArtifactStore:
         except ArtifactNotFound:
             return False
 
+    @override
     def describe(self, *, model: str, revision: str, served_at: str) -> dict[str, Any]:
         return {"kind": "control-plane", "url": served_at}
 
@@ -118,7 +120,7 @@ def _chunks(handle) -> Iterator[bytes]:
 
 
 @dataclass(frozen=True)
-class S3ArtifactStore:
+class S3ArtifactStore(ArtifactStore):
     bucket: str
     prefix: str  # "" or ending in "/"
     endpoint_url: str  # "" for AWS itself
@@ -162,6 +164,7 @@ class S3ArtifactStore:
             raise
         return True
 
+    @override
     def describe(self, *, model: str, revision: str, served_at: str) -> dict[str, Any]:
         return {
             "kind": "s3",

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeAlias
 
 import grpc
 import grpc.aio
@@ -43,8 +43,11 @@ __all__ = ["AsyncStream", "Stream"]
 
 _INCOMPLETE = "The response stream ended before its final message"
 RESUME_TIMEOUT_S = 60.0
-SyncReopen = Callable[[str], grpc.Call]  # opens the replay of an execution (its request id)
-AsyncReopen = Callable[[str], grpc.aio.UnaryStreamCall]
+# A sync unary-stream call: a grpc.Call that iterates its responses (a type grpc's stubs name for type checking only)
+SyncCall: TypeAlias = "grpc._CallIterator[pb.GenerateResponse]"
+AsyncCall: TypeAlias = grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]
+SyncReopen = Callable[[str], SyncCall]  # opens the replay of an execution (its request id)
+AsyncReopen = Callable[[str], AsyncCall]
 
 
 class _StreamState:
@@ -178,7 +181,7 @@ class Stream(_StreamState):
     """
 
     def __init__(
-        self, call: grpc.Call, *, idle_timeout: float | None, idempotency_key: str, reopen: SyncReopen | None = None
+        self, call: SyncCall, *, idle_timeout: float | None, idempotency_key: str, reopen: SyncReopen | None = None
     ) -> None:
         super().__init__(idle_timeout, idempotency_key)
         self._call = call
@@ -280,7 +283,7 @@ class AsyncStream(_StreamState):
 
     def __init__(
         self,
-        call: grpc.aio.UnaryStreamCall,
+        call: AsyncCall,
         *,
         idle_timeout: float | None,
         idempotency_key: str,
@@ -332,7 +335,7 @@ class AsyncStream(_StreamState):
             if self._closed:
                 return None
             raise self._rpc_error(rpc_error) from rpc_error
-        return None if message is grpc.aio.EOF else message
+        return message if isinstance(message, pb.GenerateResponse) else None  # else grpc.aio.EOF
 
     async def _iterate(self) -> AsyncIterator[CompletionChunk]:
         message = self._first if self._first is not None else await self._read()
@@ -362,7 +365,7 @@ class AsyncStream(_StreamState):
             call = self._reopen(self.request_id)
             try:
                 message = await call.read()
-                if message is grpc.aio.EOF:
+                if not isinstance(message, pb.GenerateResponse):  # grpc.aio.EOF
                     raise self._incomplete_error()
                 return self._unseen(message)
             except grpc.RpcError as rpc_error:
