@@ -25,7 +25,7 @@ from gateway.accounts.control_plane_http import AiohttpTransport
 from gateway.accounts.idempotency import IdempotencyKeys
 from gateway.accounts.limits import RateLimiter
 from gateway.accounts.refusals import RefusalReporter
-from gateway.accounts.usage import Reporter, UsageJournal, UsageReporter
+from gateway.accounts.usage import HeldKey, Recovered, Reporter, UsageJournal, UsageReporter
 from gateway.autoscale.decision import ScalingPolicy
 from gateway.autoscale.signals import AutoscaleSignals, SloTargets
 from gateway.core.pipeline import Pipeline
@@ -70,6 +70,33 @@ class GatewayConfig:
 
 async def serve(config: GatewayConfig) -> None:
     start_http_server(config.metrics_port, addr=config.host)
+    parts = await _assemble(config)
+    servers = await _start_servers(config, parts)
+    tasks = _start_background(config, parts)
+    await _until_signalled()
+    await _drain(parts, servers, tasks)
+    log.info("gateway stopped")
+
+
+@dataclass
+class _Parts:
+    """What a gateway process holds, built in order: each part takes some of those before it."""
+
+    control_plane: ControlPlaneClient
+    channels: Channels
+    board: LoadBoard
+    registry: Registry
+    journal: UsageJournal
+    usage: UsageReporter
+    idempotency: IdempotencyKeys
+    limiter: RateLimiter
+    refusals: RefusalReporter
+    pipeline: Pipeline
+    recovered: list[Recovered]  # executions a killed run left unfinished, billed as the process starts
+    held_by_a_killed_run: list[HeldKey]
+
+
+async def _assemble(config: GatewayConfig) -> _Parts:
     control_plane = ControlPlaneClient(config.control_plane_url, config.internal_token, transport=AiohttpTransport())
     channels = Channels()
     await _fetch_worker_secret(control_plane, channels)
@@ -88,13 +115,11 @@ async def serve(config: GatewayConfig) -> None:
     recovered = journal.recover()
     if recovered:
         log.warning("billed %d executions that a previous run of this gateway left unfinished", len(recovered))
-    usage = UsageReporter(control_plane, journal)
     idempotency = IdempotencyKeys(control_plane, journal)
-    held_by_a_killed_run = idempotency.held_by_a_previous_run()
-    if held_by_a_killed_run:
-        log.warning("settling %d idempotency keys that a previous run of this gateway held", len(held_by_a_killed_run))
+    held = idempotency.held_by_a_previous_run()
+    if held:
+        log.warning("settling %d idempotency keys that a previous run of this gateway held", len(held))
     limiter = RateLimiter(config.redis_url)
-    refusals = RefusalReporter(control_plane, limiter.refusals)
     router = Router(
         registry,
         board,
@@ -105,17 +130,42 @@ async def serve(config: GatewayConfig) -> None:
         POLICIES[config.routing_policy](),
     )
     path = RequestPath(channels, board, router, config.timeouts)
-    pipeline = Pipeline(Authenticator(control_plane), registry, limiter, path, journal, idempotency)
+    return _Parts(
+        control_plane=control_plane,
+        channels=channels,
+        board=board,
+        registry=registry,
+        journal=journal,
+        usage=UsageReporter(control_plane, journal),
+        idempotency=idempotency,
+        limiter=limiter,
+        refusals=RefusalReporter(control_plane, limiter.refusals),
+        pipeline=Pipeline(Authenticator(control_plane), registry, limiter, path, journal, idempotency),
+        recovered=recovered,
+        held_by_a_killed_run=held,
+    )
 
+
+@dataclass
+class _Servers:
+    grpc: grpc.aio.Server
+    health: health.aio.HealthServicer
+    http_runner: JsonErrorAppRunner
+    http_site: web.TCPSite
+    batch_api: BatchApiProxy
+
+
+async def _start_servers(config: GatewayConfig, parts: _Parts) -> _Servers:
+    """The gRPC and HTTP servers, serving once both listen."""
     server = grpc.aio.server()
-    add_inference_service(server, pipeline)
+    add_inference_service(server, parts.pipeline)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), server)
     bound_port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     batch_api = BatchApiProxy(config.control_plane_url)
-    app = build_app(pipeline, batch_api, ResponseStore(control_plane))
+    app = build_app(parts.pipeline, batch_api, ResponseStore(parts.control_plane))
     http_runner = JsonErrorAppRunner(app, handler_cancellation=True, access_log=None)
     await http_runner.setup()
     http_site = web.TCPSite(http_runner, config.host, config.http_port)
@@ -129,42 +179,50 @@ async def serve(config: GatewayConfig) -> None:
         config.http_port,
         config.mode,
         config.region,
-        limiter.backend,
-        journal.count(),
+        parts.limiter.backend,
+        parts.journal.count(),
     )
+    return _Servers(server, health_servicer, http_runner, http_site, batch_api)
 
-    autoscale = AutoscaleSignals(registry, board, config.autoscale_policy, config.slo)
-    tasks = [
-        asyncio.create_task(registry.refresh_forever()),
-        asyncio.create_task(usage.flush_forever()),
-        asyncio.create_task(refusals.flush_forever()),
+
+def _start_background(config: GatewayConfig, parts: _Parts) -> list[asyncio.Task[None]]:
+    autoscale = AutoscaleSignals(parts.registry, parts.board, config.autoscale_policy, config.slo)
+    return [
+        asyncio.create_task(parts.registry.refresh_forever()),
+        asyncio.create_task(parts.usage.flush_forever()),
+        asyncio.create_task(parts.refusals.flush_forever()),
         asyncio.create_task(autoscale.publish_forever()),
-        asyncio.create_task(idempotency.settle_held(held_by_a_killed_run, recovered)),
+        asyncio.create_task(parts.idempotency.settle_held(parts.held_by_a_killed_run, parts.recovered)),
     ]
+
+
+async def _until_signalled() -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
 
-    log.info("draining: finishing %d in-flight streams, taking no new ones", pipeline.in_flight)
-    pipeline.draining = True
-    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await http_site.stop()  # no new HTTP connections
-    await asyncio.gather(server.stop(DRAIN_GRACE_S), _wait_idle(pipeline, DRAIN_GRACE_S))
-    await http_runner.cleanup()
-    await batch_api.close()
+
+async def _drain(parts: _Parts, servers: _Servers, tasks: list[asyncio.Task[None]]) -> None:
+    """Finishes the streams in flight, taking no new ones, then flushes usage and closes the parts."""
+    log.info("draining: finishing %d in-flight streams, taking no new ones", parts.pipeline.in_flight)
+    parts.pipeline.draining = True
+    await servers.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await servers.http_site.stop()  # no new HTTP connections
+    await asyncio.gather(servers.grpc.stop(DRAIN_GRACE_S), _wait_idle(parts.pipeline, DRAIN_GRACE_S))
+    await servers.http_runner.cleanup()
+    await servers.batch_api.close()
     for task in tasks:
         task.cancel()
-    await idempotency.wait_idle(5.0)
-    await _last_flush(usage)
-    await _last_flush(refusals)
-    board.close()
-    await limiter.close()
-    await channels.close()
-    await control_plane.close()
-    journal.close()
-    log.info("gateway stopped")
+    await parts.idempotency.wait_idle(5.0)
+    await _last_flush(parts.usage)
+    await _last_flush(parts.refusals)
+    parts.board.close()
+    await parts.limiter.close()
+    await parts.channels.close()
+    await parts.control_plane.close()
+    parts.journal.close()
 
 
 async def _wait_idle(pipeline: Pipeline, grace_s: float) -> None:
