@@ -71,3 +71,28 @@ def test_kv_bytes_show_by_direction_and_data_path():
     assert f'diptych_worker_kv_path_bytes_total{{data_path="nixl",{labels}}} 4096.0' in text
     assert f'diptych_worker_kv_path_bytes_total{{data_path="shm",{labels}}} 512.0' in text
     assert 'direction="received"' not in text  # a prefill worker receives none
+
+
+def test_every_load_figure_is_a_metric_of_its_kind():
+    collector = LoadCollector("decode", lambda: worker_pb2.Load(worker_id="wrk_1"))
+    kinds = {family.name: family.type for family in collector.collect()}
+    gauges = {"queue_depth", "active_sequences", "kv_blocks_free", "kv_blocks_total", "draining"}
+    counters = {
+        "prompt_tokens_computed",
+        "generated_tokens",
+        "kv_sent_bytes",
+        "kv_received_bytes",
+        "kv_path_bytes",
+        "prefix_cache_hit_tokens",
+        "prefix_cache_queried_tokens",
+        "draft_tokens_proposed",
+        "draft_tokens_accepted",
+        "kv_tier_hit_tokens",
+        "kv_tier_queried_tokens",
+        "kv_tier_blocks_put",
+        "kv_tier_blocks_dropped",
+        "kv_tier_errors",
+    }
+    assert kinds == {f"diptych_worker_{name}": "gauge" for name in gauges} | {
+        f"diptych_worker_{name}": "counter" for name in counters
+    }

@@ -21,6 +21,82 @@ if TYPE_CHECKING:
     from workers.engine.core import Engine
 
 
+LoadValue = Callable[[worker_pb2.Load], float]
+
+# (name, help, the value in the worker's Load) of each metric the Load gives as one number
+_GAUGES: tuple[tuple[str, str, LoadValue], ...] = (
+    ("diptych_worker_active_sequences", "Sequences running on this worker", lambda load: load.active_sequences),
+    ("diptych_worker_kv_blocks_free", "Free KV cache blocks", lambda load: load.kv_blocks_free),
+    ("diptych_worker_kv_blocks_total", "KV cache blocks in all", lambda load: load.kv_blocks_total),
+    (
+        "diptych_worker_draining",
+        "1 while the worker finishes its work and takes no new",
+        lambda load: int(load.draining),
+    ),
+)
+# Throughput as counters: rate(diptych_worker_generated_tokens_total[1m]) is tokens per second.
+_COUNTERS: tuple[tuple[str, str, LoadValue], ...] = (
+    (
+        "diptych_worker_prompt_tokens_computed",
+        "Prompt tokens whose KV this worker computed (prefix-cache and KV-tier hits excluded)",
+        lambda load: load.prompt_tokens_computed,
+    ),
+    ("diptych_worker_generated_tokens", "Output tokens this worker sampled", lambda load: load.tokens_generated),
+    ("diptych_worker_kv_sent_bytes", "KV cache bytes sent to decode workers", lambda load: load.kv_bytes_sent),
+    (
+        "diptych_worker_kv_received_bytes",
+        "KV cache bytes received from prefill workers",
+        lambda load: load.kv_bytes_received,
+    ),
+    (
+        "diptych_worker_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache",
+        lambda load: load.prefix_cache.hits_tokens,
+    ),
+    (
+        "diptych_worker_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
+        lambda load: load.prefix_cache.queried_tokens,
+    ),
+    (
+        "diptych_worker_draft_tokens_proposed",
+        "Draft tokens verified (speculative decoding)",
+        lambda load: load.speculative.draft_tokens_proposed,
+    ),
+    (
+        "diptych_worker_draft_tokens_accepted",
+        "Draft tokens equal to the model's own pick (speculative decoding)",
+        lambda load: load.speculative.draft_tokens_accepted,
+    ),
+    (
+        "diptych_worker_kv_tier_hit_tokens",
+        "Prompt tokens loaded from the shared KV tier",
+        lambda load: load.kv_tier.hit_tokens,
+    ),
+    (
+        "diptych_worker_kv_tier_queried_tokens",
+        "Prompt tokens asked of the shared KV tier",
+        lambda load: load.kv_tier.queried_tokens,
+    ),
+    (
+        "diptych_worker_kv_tier_blocks_put",
+        "KV blocks shipped to the shared KV tier",
+        lambda load: load.kv_tier.blocks_put,
+    ),
+    (
+        "diptych_worker_kv_tier_blocks_dropped",
+        "KV blocks not shipped to the shared KV tier (queue full or tier unreachable)",
+        lambda load: load.kv_tier.blocks_dropped,
+    ),
+    (
+        "diptych_worker_kv_tier_errors",
+        "Failed shared KV tier calls and damaged blocks",
+        lambda load: load.kv_tier.errors,
+    ),
+)
+_LABELS = ["role", "worker_id"]
+
+
 class LoadCollector(Collector):
     def __init__(self, role: str, load: Callable[[], worker_pb2.Load]) -> None:
         self._role = role
@@ -28,87 +104,32 @@ class LoadCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         load = self._load()
-        labels = ["role", "worker_id"]
         values = [self._role, load.worker_id]
-
-        def gauge(name: str, help_text: str, value: float, extra: dict[str, str] | None = None) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, help_text, labels=labels + list(extra or {}))
-            family.add_metric(values + list((extra or {}).values()), value)
-            return family
-
-        def counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, help_text, labels=labels)
-            family.add_metric(values, value)
-            return family
-
         queue = GaugeMetricFamily(
             "diptych_worker_queue_depth",
             "Requests waiting on this worker, by priority class",
-            labels=[*labels, "priority"],
+            labels=[*_LABELS, "priority"],
         )
         queue.add_metric([*values, "interactive"], load.waiting_interactive)
         queue.add_metric([*values, "batch"], load.waiting_batch)
         yield queue
-        yield gauge("diptych_worker_active_sequences", "Sequences running on this worker", load.active_sequences)
-        yield gauge("diptych_worker_kv_blocks_free", "Free KV cache blocks", load.kv_blocks_free)
-        yield gauge("diptych_worker_kv_blocks_total", "KV cache blocks in all", load.kv_blocks_total)
-        yield gauge(
-            "diptych_worker_draining", "1 while the worker finishes its work and takes no new", int(load.draining)
-        )
-        # Throughput as counters: rate(diptych_worker_generated_tokens_total[1m]) is tokens per second.
-        yield counter(
-            "diptych_worker_prompt_tokens_computed",
-            "Prompt tokens whose KV this worker computed (prefix-cache and KV-tier hits excluded)",
-            load.prompt_tokens_computed,
-        )
-        yield counter("diptych_worker_generated_tokens", "Output tokens this worker sampled", load.tokens_generated)
-        yield counter("diptych_worker_kv_sent_bytes", "KV cache bytes sent to decode workers", load.kv_bytes_sent)
-        yield counter(
-            "diptych_worker_kv_received_bytes", "KV cache bytes received from prefill workers", load.kv_bytes_received
-        )
+        for name, help_text, value in _GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=_LABELS)
+            gauge.add_metric(values, value(load))
+            yield gauge
+        for name, help_text, value in _COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=_LABELS)
+            counter.add_metric(values, value(load))
+            yield counter
         by_path = CounterMetricFamily(
             "diptych_worker_kv_path_bytes",
             "KV cache bytes moved between workers, by direction and data path (tcp, shm, nixl)",
-            labels=[*labels, "direction", "data_path"],
+            labels=[*_LABELS, "direction", "data_path"],
         )
         for direction, moved in (("sent", load.kv_bytes_sent_by_path), ("received", load.kv_bytes_received_by_path)):
             for data_path, nbytes in sorted(moved.items()):
                 by_path.add_metric([*values, direction, data_path], nbytes)
         yield by_path
-        yield counter(
-            "diptych_worker_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache",
-            load.prefix_cache.hits_tokens,
-        )
-        yield counter(
-            "diptych_worker_prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache",
-            load.prefix_cache.queried_tokens,
-        )
-        speculative, tier = load.speculative, load.kv_tier
-        yield counter(
-            "diptych_worker_draft_tokens_proposed",
-            "Draft tokens verified (speculative decoding)",
-            speculative.draft_tokens_proposed,
-        )
-        yield counter(
-            "diptych_worker_draft_tokens_accepted",
-            "Draft tokens equal to the model's own pick (speculative decoding)",
-            speculative.draft_tokens_accepted,
-        )
-        yield counter(
-            "diptych_worker_kv_tier_hit_tokens", "Prompt tokens loaded from the shared KV tier", tier.hit_tokens
-        )
-        yield counter(
-            "diptych_worker_kv_tier_queried_tokens", "Prompt tokens asked of the shared KV tier", tier.queried_tokens
-        )
-        yield counter("diptych_worker_kv_tier_blocks_put", "KV blocks shipped to the shared KV tier", tier.blocks_put)
-        yield counter(
-            "diptych_worker_kv_tier_blocks_dropped",
-            "KV blocks not shipped to the shared KV tier (queue full or tier unreachable)",
-            tier.blocks_dropped,
-        )
-        yield counter("diptych_worker_kv_tier_errors", "Failed shared KV tier calls and damaged blocks", tier.errors)
 
 
 class StepMetrics:
