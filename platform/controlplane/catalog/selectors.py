@@ -10,6 +10,7 @@ from django.db.models import Prefetch, QuerySet
 from controlplane.catalog.artifact_store import artifact_store
 from controlplane.catalog.models import LIVE_WORKER_STATES, Fleet, Model, ModelFile, Price, PriceTier, Worker
 from controlplane.common.errors import ObjectNotFound
+from controlplane.common.querysets import where_given
 from controlplane.common.tokens import hash_token
 
 
@@ -103,10 +104,7 @@ def worker_list_live(*, now: datetime) -> QuerySet[Worker]:
 def worker_list(*, state: str | None = None, fleet: str | None = None) -> QuerySet[Worker]:
     """Every registered worker, dead ones included (staff view)."""
     workers = Worker.objects.select_related("fleet__model")
-    if state is not None:
-        workers = workers.filter(state=state)
-    if fleet is not None:
-        workers = workers.filter(fleet__name=fleet)
+    workers = where_given(workers, state=state, fleet__name=fleet)
     return workers.order_by("fleet__name", "name", "-registered_at", "id")
 
 
@@ -119,12 +117,7 @@ def worker_get(*, public_id: str) -> Worker:
 
 def price_list(*, model: str | None = None, phase: str | None = None, tier: str | None = None) -> QuerySet[Price]:
     prices = Price.objects.select_related("model")
-    if model is not None:
-        prices = prices.filter(model__name=model)
-    if phase is not None:
-        prices = prices.filter(phase=phase)
-    if tier is not None:
-        prices = prices.filter(tier=tier)
+    prices = where_given(prices, model__name=model, phase=phase, tier=tier)
     return prices.order_by("model__name", "phase", "tier", "-effective_from")
 
 

@@ -6,6 +6,7 @@ from django.db.models import Count, F, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, TruncDate
 
 from controlplane.common.errors import ApplicationError, ObjectNotFound
+from controlplane.common.querysets import where_given
 from controlplane.metering.latency_sql import MillisecondsBetween, PercentileCont
 from controlplane.metering.models import Phase, RateLimitRefusal, UsageEvent
 from controlplane.metering.request_phases import RequestTimeline, request_timeline
@@ -23,16 +24,9 @@ def usage_event_list(
     tier: str | None = None,
 ) -> QuerySet[UsageEvent]:
     events = organization_rows(UsageEvent, organization=organization).select_related("organization", "api_key")
-    if request_id is not None:
-        events = events.filter(request_id=request_id)
-    if client_request_id is not None:
-        events = events.filter(client_request_id=client_request_id)
-    if phase is not None:
-        events = events.filter(phase=phase)
-    if model is not None:
-        events = events.filter(model=model)
-    if tier is not None:
-        events = events.filter(tier=tier)
+    events = where_given(
+        events, request_id=request_id, client_request_id=client_request_id, phase=phase, model=model, tier=tier
+    )
     return events.order_by("-started_at", "-id")
 
 
@@ -74,10 +68,7 @@ def request_counts_daily(
     once); with `project_id`, of that project only."""
     field = REQUEST_GROUP_BY_FIELDS[group_by]
     events = organization_rows(UsageEvent, organization=organization).annotate(day=TruncDate("started_at"))
-    if api_key_kind is not None:
-        events = events.filter(api_key__kind=api_key_kind)
-    if project_id is not None:
-        events = events.filter(project__public_id=project_id)
+    events = where_given(events, api_key__kind=api_key_kind, project__public_id=project_id)
     rows = (
         events.filter(day__gte=start, day__lte=end)
         .values("day", field)
@@ -170,14 +161,13 @@ def request_log(
 ) -> RequestLogPage:
     """The requests that started on the days start..end (UTC, both included), each with its phases."""
     events = organization_rows(UsageEvent, organization=organization)
-    if api_key_id is not None:
-        events = events.filter(api_key__public_id=api_key_id)
-    if project_id is not None:
-        events = events.filter(project__public_id=project_id)
-    if model is not None:
-        events = events.filter(model=model)
-    if client_request_id is not None:
-        events = events.filter(client_request_id=client_request_id)
+    events = where_given(
+        events,
+        api_key__public_id=api_key_id,
+        project__public_id=project_id,
+        model=model,
+        client_request_id=client_request_id,
+    )
     requests = (
         events.values("request_id")
         .annotate(first_started_at=Min("started_at"))
@@ -226,12 +216,7 @@ def latency_percentiles_daily(
     prefills = organization_rows(UsageEvent, organization=organization).filter(
         phase=Phase.PREFILL, started_at__gte=_day_start(start), started_at__lt=_day_start(end + timedelta(days=1))
     )
-    if model is not None:
-        prefills = prefills.filter(model=model)
-    if api_key_id is not None:
-        prefills = prefills.filter(api_key__public_id=api_key_id)
-    if project_id is not None:
-        prefills = prefills.filter(project__public_id=project_id)
+    prefills = where_given(prefills, model=model, api_key__public_id=api_key_id, project__public_id=project_id)
     decode_finished_at = UsageEvent.objects.filter(
         organization=OuterRef("organization"), request_id=OuterRef("request_id"), phase=Phase.DECODE
     ).values("finished_at")[:1]

@@ -1,6 +1,7 @@
 from django.db.models import Q, QuerySet
 
 from controlplane.common.errors import ObjectNotFound, PermissionRefused
+from controlplane.common.querysets import where_given
 from controlplane.tenancy.access import SYSTEM, Principal
 from controlplane.tenancy.models import ApiKey, ApiKeyKind, Organization, Project, ProjectMembership
 from controlplane.tenancy.project_access import project_role, sees_every_project
@@ -79,6 +80,5 @@ def project_api_key_list(*, project: Project, created_by=None) -> QuerySet[ApiKe
     api_keys = organization_rows(ApiKey, organization=project.organization).filter(
         project=project, kind=ApiKeyKind.STANDARD
     )
-    if created_by is not None:
-        api_keys = api_keys.filter(created_by=created_by)
+    api_keys = where_given(api_keys, created_by=created_by)
     return api_keys.order_by("-created_at", "-id")

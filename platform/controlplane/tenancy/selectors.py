@@ -2,6 +2,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
 from controlplane.common.errors import ObjectNotFound
+from controlplane.common.querysets import where_given
 from controlplane.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Organization
 from controlplane.tenancy.scoping import organization_rows
 
@@ -17,10 +18,7 @@ def api_key_list(*, organization: Organization, created_by=None, kind: str | Non
     """The organization's keys; with `created_by`, only the keys that user created; with `kind`, only those
     of that kind."""
     api_keys = organization_rows(ApiKey, organization=organization).select_related("project")
-    if created_by is not None:
-        api_keys = api_keys.filter(created_by=created_by)
-    if kind is not None:
-        api_keys = api_keys.filter(kind=kind)
+    api_keys = where_given(api_keys, created_by=created_by, kind=kind)
     return api_keys.order_by("-created_at", "-id")
 
 
@@ -37,8 +35,7 @@ def api_key_get_by_hash(*, key_hash: str) -> ApiKey | None:
 
 def membership_list(*, organization: Organization, role: str | None = None) -> QuerySet[Membership]:
     memberships = organization_rows(Membership, organization=organization).select_related("user")
-    if role is not None:
-        memberships = memberships.filter(role=role)
+    memberships = where_given(memberships, role=role)
     return memberships.order_by("created_at", "id")
 
 
@@ -70,6 +67,5 @@ def user_get_by_email(*, email: str):
 
 def audit_event_list(*, organization: Organization, action: str | None = None) -> QuerySet[AuditEvent]:
     events = organization_rows(AuditEvent, organization=organization)
-    if action is not None:
-        events = events.filter(action=action)
+    events = where_given(events, action=action)
     return events.order_by("-created_at", "-id")
