@@ -17,12 +17,10 @@ from rest_framework.views import APIView
 from controlplane.batches.jsonl import ENDPOINTS
 from controlplane.batches.models import Batch, File, FilePurpose
 from controlplane.batches.selectors import (
-    MAX_PAGE,
     batch_get,
     batch_list,
     batch_of_runner_key,
     batch_usage,
-    cursor_page,
     file_get,
     file_list,
     request_counts,
@@ -37,7 +35,7 @@ from controlplane.batches.services import (
     file_delete,
     file_upload,
 )
-from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.pagination import CursorQuerySerializer, cursor_list_response
 from controlplane.tenancy.access import Permission, Principal
 from controlplane.tenancy.base_apis import TenantAPIView
 
@@ -158,11 +156,6 @@ class FileDeletedOutputSerializer(serializers.Serializer):
     deleted = serializers.BooleanField()
 
 
-class CursorQuerySerializer(QueryFilterSerializer):
-    after = serializers.CharField(required=False, max_length=64)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PAGE, default=20)
-
-
 class NotABatchRunner(BasePermission):
     """A batch's runner key sends that batch's lines through the gateway, and nothing else: not even its
     organization's files and batches (the only part of this API its inference scope would reach)."""
@@ -176,22 +169,6 @@ class NotABatchRunner(BasePermission):
 
 class BatchApiView(TenantAPIView):
     permission_classes = [*TenantAPIView.permission_classes, NotABatchRunner]
-
-
-def list_response(queryset, serializer_class, request: Request) -> Response:
-    query = CursorQuerySerializer(data=request.query_params)
-    query.is_valid(raise_exception=True)
-    page = cursor_page(queryset, after=query.validated_data.get("after"), limit=query.validated_data["limit"])
-    data = serializer_class(page.items, many=True).data
-    return Response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": page.has_more,
-        }
-    )
 
 
 class FileListCreateApi(BatchApiView):
@@ -213,7 +190,7 @@ class FileListCreateApi(BatchApiView):
         query = self.FileListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         files = file_list(organization=self.organization, purpose=query.validated_data.get("purpose"))
-        return list_response(files, FileOutputSerializer, request)
+        return cursor_list_response(files, FileOutputSerializer, request)
 
     @extend_schema(request=FileUploadInputSerializer, responses={200: FileOutputSerializer})
     def post(self, request: Request) -> Response:
@@ -281,7 +258,7 @@ class BatchListCreateApi(BatchApiView):
 
     @extend_schema(parameters=[CursorQuerySerializer], responses=BatchListOutputSerializer)
     def get(self, request: Request) -> Response:
-        return list_response(batch_list(organization=self.organization), BatchOutputSerializer, request)
+        return cursor_list_response(batch_list(organization=self.organization), BatchOutputSerializer, request)
 
     @extend_schema(request=BatchCreateInputSerializer, responses={200: BatchOutputSerializer})
     def post(self, request: Request) -> Response:

@@ -9,8 +9,6 @@ from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import ApiKey, Organization
 from controlplane.tenancy.scoping import organization_rows
 
-MAX_PAGE = 100
-
 
 @dataclass(frozen=True)
 class RequestCounts:
@@ -31,14 +29,6 @@ class BatchUsage:
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
-
-
-@dataclass(frozen=True)
-class CursorPage:
-    """One page of a list in creation order, newest first; the next page starts `after` the last id."""
-
-    items: list
-    has_more: bool
 
 
 def file_list(*, organization: Organization, purpose: str | None = None) -> QuerySet[File]:
@@ -65,19 +55,6 @@ def batch_get(*, organization: Organization, public_id: str) -> Batch:
     if batch is None:
         raise ObjectNotFound(f"No batch with id {public_id!r}.")
     return batch
-
-
-def cursor_page(queryset: QuerySet, *, after: str | None, limit: int) -> CursorPage:
-    """`limit` rows of `queryset` (newest first) created before the row whose public id is `after`."""
-    rows = queryset.order_by("-id")
-    if after:
-        anchor = rows.filter(public_id=after).values_list("id", flat=True).first()
-        if anchor is None:
-            # A cursor the schema allows (any id) that names nothing here: not found, like the object itself.
-            raise ObjectNotFound(f"after: no object with id {after!r} in this list.", fields={"after": ["Unknown id."]})
-        rows = rows.filter(id__lt=anchor)
-    items = list(rows[: limit + 1])
-    return CursorPage(items=items[:limit], has_more=len(items) > limit)
 
 
 def request_counts(*, batch: Batch) -> RequestCounts:

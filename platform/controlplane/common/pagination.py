@@ -1,7 +1,9 @@
-"""Limit/offset pagination for list endpoints built on APIView: `{"object": "list", "data": [...], "has_more",
-"total"}`."""
+"""Pagination for list endpoints built on APIView: by limit and offset (`{"object": "list", "data": [...],
+"has_more", "total"}`), and by cursor as OpenAI pages (`{"object": "list", "data", "first_id", "last_id",
+"has_more"}`, the next page `after` the last id)."""
 
 from django.db.models import QuerySet
+from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
@@ -9,7 +11,9 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
+from controlplane.common.filters import QueryFilterSerializer
 from controlplane.common.limits import MAX_BIG_INTEGER
+from controlplane.common.querysets import MAX_PAGE, cursor_page
 
 MAX_OFFSET = MAX_BIG_INTEGER  # the database takes a signed 64-bit offset
 
@@ -79,3 +83,25 @@ class PaginatedListMixin:
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+class CursorQuerySerializer(QueryFilterSerializer):
+    after = serializers.CharField(required=False, max_length=64)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PAGE, default=20)
+
+
+def cursor_list_response(queryset: QuerySet, serializer_class: type[Serializer], request: Request) -> Response:
+    """The page of `queryset` the request's `after` and `limit` ask for."""
+    query = CursorQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    page = cursor_page(queryset, after=query.validated_data.get("after"), limit=query.validated_data["limit"])
+    data = serializer_class(page.items, many=True).data
+    return Response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )

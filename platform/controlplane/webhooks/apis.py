@@ -7,12 +7,12 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.common.filters import QueryFilterSerializer
+from controlplane.common.pagination import CursorQuerySerializer, cursor_list_response
 from controlplane.common.strict_input import StrictInputSerializer, TextField
 from controlplane.tenancy.access import Permission
 from controlplane.tenancy.base_apis import TenantAPIView
 from controlplane.webhooks.models import URL_MAX_LENGTH, EventType, WebhookDelivery, WebhookEndpoint
-from controlplane.webhooks.selectors import MAX_PAGE, cursor_page, delivery_list, endpoint_get, endpoint_list
+from controlplane.webhooks.selectors import delivery_list, endpoint_get, endpoint_list
 from controlplane.webhooks.services import (
     endpoint_create,
     endpoint_delete,
@@ -134,27 +134,6 @@ class WebhookEndpointTestResultOutputSerializer(serializers.Serializer):
         return "" if attempt is None else attempt.error
 
 
-class CursorQuerySerializer(QueryFilterSerializer):
-    after = serializers.CharField(required=False, max_length=64)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PAGE, default=20)
-
-
-def list_response(queryset, serializer_class, request: Request) -> Response:
-    query = CursorQuerySerializer(data=request.query_params)
-    query.is_valid(raise_exception=True)
-    page = cursor_page(queryset, after=query.validated_data.get("after"), limit=query.validated_data["limit"])
-    data = serializer_class(page.items, many=True).data
-    return Response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": page.has_more,
-        }
-    )
-
-
 class WebhookApiView(TenantAPIView):
     # No request of these endpoints is larger: a URL, a name and a few event types.
     max_body_bytes = 16 * 1024
@@ -178,7 +157,9 @@ class EndpointListCreateApi(WebhookApiView):
         operation_id="webhooks_list", parameters=[CursorQuerySerializer], responses=WebhookEndpointListOutputSerializer
     )
     def get(self, request: Request) -> Response:
-        return list_response(endpoint_list(organization=self.organization), WebhookEndpointOutputSerializer, request)
+        return cursor_list_response(
+            endpoint_list(organization=self.organization), WebhookEndpointOutputSerializer, request
+        )
 
     @extend_schema(
         request=WebhookEndpointCreateInputSerializer, responses={201: WebhookEndpointWithSecretOutputSerializer}
@@ -262,4 +243,4 @@ class EndpointDeliveryListApi(WebhookApiView):
     @extend_schema(parameters=[CursorQuerySerializer], responses=WebhookDeliveryListOutputSerializer)
     def get(self, request: Request, webhook_id: str) -> Response:
         endpoint = endpoint_get(organization=self.organization, public_id=webhook_id)
-        return list_response(delivery_list(endpoint=endpoint), WebhookDeliveryOutputSerializer, request)
+        return cursor_list_response(delivery_list(endpoint=endpoint), WebhookDeliveryOutputSerializer, request)

@@ -1,4 +1,3 @@
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
@@ -7,16 +6,6 @@ from controlplane.common.errors import ObjectNotFound
 from controlplane.tenancy.models import Organization
 from controlplane.tenancy.scoping import organization_rows
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
-
-MAX_PAGE = 100
-
-
-@dataclass(frozen=True)
-class CursorPage:
-    """One page of a list in creation order, newest first; the next page starts `after` the last id."""
-
-    items: list
-    has_more: bool
 
 
 def endpoint_list(*, organization: Organization) -> QuerySet[WebhookEndpoint]:
@@ -38,18 +27,6 @@ def endpoints_subscribed(*, organization: Organization, event_type: str) -> list
 def delivery_list(*, endpoint: WebhookEndpoint) -> QuerySet[WebhookDelivery]:
     deliveries = WebhookDelivery.objects.filter(endpoint=endpoint).select_related("event")
     return deliveries.prefetch_related("attempt_log").order_by("-id")
-
-
-def cursor_page(queryset: QuerySet, *, after: str | None, limit: int) -> CursorPage:
-    """`limit` rows of `queryset` (newest first) created before the row whose public id is `after`."""
-    rows = queryset.order_by("-id")
-    if after:
-        anchor = rows.filter(public_id=after).values_list("id", flat=True).first()
-        if anchor is None:
-            raise ObjectNotFound(f"after: no object with id {after!r} in this list.", fields={"after": ["Unknown id."]})
-        rows = rows.filter(id__lt=anchor)
-    items = list(rows[: limit + 1])
-    return CursorPage(items=items[:limit], has_more=len(items) > limit)
 
 
 def delivery_ids_overdue(*, now: datetime, grace: timedelta) -> list[int]:
