@@ -11,10 +11,17 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from http.client import HTTPException, HTTPResponse
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
-from ._errors import APIConnectionError, APIResponseValidationError, APITimeoutError, error_from_http
-from ._http import call_timeout, idempotency_key, query_string, request_payload
+from ._errors import APIResponseValidationError
+from ._http import (
+    call_timeout,
+    idempotency_key,
+    open_url,
+    parse_base_url,
+    query_string,
+    request_payload,
+    transport_error,
+)
 from ._response import StreamedAPIResponse, record_headers, streaming_requested
 from ._retry import with_retries
 from ._version import __version__
@@ -23,25 +30,14 @@ from .types import PostRequestOptions, RequestOptions
 R = TypeVar("R")
 
 DEFAULT_HTTP_URL = "http://127.0.0.1:8080/v1"
-
-
-def parse_http_url(http_url: str) -> str:
-    """Checks `http(s)://host[:port][/prefix]` and returns it without a trailing slash."""
-    parts = urlsplit(http_url)
-    try:
-        valid_port = parts.port is None or parts.port > 0
-    except ValueError:
-        valid_port = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not valid_port or parts.query or parts.fragment:
-        raise ValueError(f"http_url {http_url!r} must look like http://host:port/v1 or https://host/v1")
-    return http_url.rstrip("/")
+_SERVICE = "the gateway's HTTP API"
 
 
 class GatewayHttpTransport:
     """Sends requests to the gateway's HTTP API, authenticated with the client's API key."""
 
     def __init__(self, http_url: str, api_key: str) -> None:
-        self.http_url = parse_http_url(http_url)
+        self.http_url = parse_base_url(http_url, "http_url", "http://host:port/v1 or https://host/v1")
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": f"diptych-python/{__version__}"}
         self._opener = urllib.request.build_opener()
 
@@ -84,7 +80,9 @@ class GatewayHttpTransport:
                     with answer.http_response:
                         answer.parse()
                 except (OSError, HTTPException) as failure:
-                    raise _transport_error(failure, idempotent=self._retry_safe(method, headers)) from failure
+                    raise transport_error(
+                        failure, service=_SERVICE, idempotent=self._retry_safe(method, headers)
+                    ) from failure
             return answer
 
         if streaming_requested():
@@ -97,17 +95,7 @@ class GatewayHttpTransport:
         self, method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float | None
     ) -> HTTPResponse:
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        try:
-            return cast(HTTPResponse, self._opener.open(request, timeout=timeout))
-        except urllib.error.HTTPError as failure:
-            raise error_from_http(
-                failure.code,
-                _decode_error(failure.read()),
-                failure.headers,
-                request_id=failure.headers.get("X-Request-Id"),
-            ) from None
-        except (urllib.error.URLError, OSError, HTTPException) as failure:
-            raise _transport_error(failure, idempotent=self._retry_safe(method, headers)) from failure
+        return open_url(self._opener, request, timeout, service=_SERVICE, idempotent=self._retry_safe(method, headers))
 
     @staticmethod
     def _retry_safe(method: str, headers: Mapping[str, str]) -> bool:
@@ -131,15 +119,6 @@ def events(response: StreamedAPIResponse[Any]) -> Iterator[dict[str, object]]:
                 data = []
 
 
-def _transport_error(failure: Exception, *, idempotent: bool) -> APIConnectionError:
-    reason = getattr(failure, "reason", failure)
-    if isinstance(reason, TimeoutError):
-        return APITimeoutError(f"The gateway did not answer in time: {reason}", code="timeout")
-    never_sent = isinstance(reason, ConnectionRefusedError)
-    code = "connection_error" if idempotent or never_sent else "connection_lost"
-    return APIConnectionError(f"Could not reach the gateway's HTTP API: {reason}", code=code)
-
-
 def _decode(raw: bytes, status: int) -> dict[str, object]:
     try:
         body = json.loads(raw)
@@ -148,10 +127,3 @@ def _decode(raw: bytes, status: int) -> dict[str, object]:
     if not isinstance(body, dict):
         raise APIResponseValidationError(f"The gateway answered {status} with JSON that is not an object")
     return body
-
-
-def _decode_error(raw: bytes) -> object:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
-from http.client import HTTPException
+from http.client import HTTPException, HTTPResponse
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
@@ -25,25 +25,60 @@ R = TypeVar("R")
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8000"
 _API_PREFIX = "/api/v1"
+_SERVICE = "the admin API"
 
 
-def parse_admin_url(admin_url: str) -> str:
-    """Checks `http(s)://host[:port][/prefix]` and returns it without a trailing slash."""
-    parts = urlsplit(admin_url)
+def parse_base_url(url: str, name: str, example: str) -> str:
+    """Checks `http(s)://host[:port][/prefix]` and returns it without a trailing slash; ValueError naming the
+    setting (`name`) and how it looks (`example`) otherwise."""
+    parts = urlsplit(url)
     try:
         valid_port = parts.port is None or parts.port > 0
     except ValueError:
         valid_port = False
     if parts.scheme not in ("http", "https") or not parts.hostname or not valid_port or parts.query or parts.fragment:
-        raise ValueError(f"admin_url {admin_url!r} must look like http://host:port or https://host")
-    return admin_url.rstrip("/")
+        raise ValueError(f"{name} {url!r} must look like {example}")
+    return url.rstrip("/")
+
+
+def open_url(
+    opener: urllib.request.OpenerDirector,
+    request: urllib.request.Request,
+    timeout: float | None,
+    *,
+    service: str,
+    idempotent: bool,
+) -> HTTPResponse:
+    """The answer to `request`, or the SDK's error: the server's (by its status) or the connection's."""
+    try:
+        return cast(HTTPResponse, opener.open(request, timeout=timeout))
+    except urllib.error.HTTPError as failure:
+        raise error_from_http(
+            failure.code,
+            _decode_error(failure.read()),
+            failure.headers,
+            request_id=failure.headers.get("X-Request-Id"),
+        ) from None
+    except (urllib.error.URLError, OSError, HTTPException) as failure:
+        raise transport_error(failure, service=service, idempotent=idempotent) from failure
+
+
+def transport_error(failure: Exception, *, service: str, idempotent: bool) -> APIConnectionError:
+    """The error of a call to `service` ("the admin API") whose connection failed: `connection_lost` when the
+    server may have acted on a call that is not safe to repeat."""
+    reason = getattr(failure, "reason", failure)
+    if isinstance(reason, TimeoutError):
+        return APITimeoutError(f"No answer in time from {service}: {reason}", code="timeout")
+    never_sent = isinstance(reason, ConnectionRefusedError)
+    code = "connection_error" if idempotent or never_sent else "connection_lost"
+    return APIConnectionError(f"Could not reach {service}: {reason}", code=code)
 
 
 class AdminTransport:
     """Sends admin API requests authenticated with the client's API key."""
 
     def __init__(self, admin_url: str, api_key: str) -> None:
-        self.admin_url = parse_admin_url(admin_url)
+        self.admin_url = parse_base_url(admin_url, "admin_url", "http://host:port or https://host")
         self._headers = {
             "Authorization": f"Bearer {api_key}",
             "Accept": "application/json",
@@ -86,23 +121,15 @@ class AdminTransport:
 
         def attempt(read: bool) -> StreamedAPIResponse[R]:
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
-            try:
-                answer = StreamedAPIResponse(
-                    self._opener.open(request, timeout=deadline), parse, method=method, url=url
-                )
-                if read:
+            opened = open_url(self._opener, request, deadline, service=_SERVICE, idempotent=retry_safe)
+            answer = StreamedAPIResponse(opened, parse, method=method, url=url)
+            if read:
+                try:
                     with answer.http_response:
                         answer.parse()
-                return answer
-            except urllib.error.HTTPError as failure:
-                raise error_from_http(
-                    failure.code,
-                    _decode_error(failure.read()),
-                    failure.headers,
-                    request_id=failure.headers.get("X-Request-Id"),
-                ) from None
-            except (urllib.error.URLError, OSError, HTTPException) as failure:
-                raise _transport_error(failure, idempotent=retry_safe) from failure
+                except (OSError, HTTPException) as failure:
+                    raise transport_error(failure, service=_SERVICE, idempotent=retry_safe) from failure
+            return answer
 
         if streaming_requested():
             return cast(R, with_retries(lambda: attempt(read=False), max_retries=max_retries))
@@ -167,15 +194,6 @@ def request_payload(
     if body is None:
         return None, None
     return json.dumps(body).encode(), "application/json"
-
-
-def _transport_error(failure: Exception, *, idempotent: bool) -> APIConnectionError:
-    reason = getattr(failure, "reason", failure)
-    if isinstance(reason, TimeoutError):
-        return APITimeoutError(f"The admin API did not answer in time: {reason}", code="timeout")
-    never_sent = isinstance(reason, ConnectionRefusedError)
-    code = "connection_error" if idempotent or never_sent else "connection_lost"
-    return APIConnectionError(f"Could not reach the admin API: {reason}", code=code)
 
 
 def _decode(raw: bytes, status: int) -> object:
